@@ -1,0 +1,3 @@
+"""dpsynth: differentially private synthetic text with the Private Evolution family."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,81 @@
+"""CLI command: dpsynth generate CONFIG --output DIR [--resume]."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+err_console = Console(stderr=True)
+
+
+def _parse_sets(values: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in values:
+        if "=" not in item:
+            raise typer.BadParameter(f"--set {item!r}: use KEY=VALUE, e.g. privacy.epsilon=2")
+        key, raw = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(raw)
+    return out
+
+
+def generate(
+    config: Annotated[Path, typer.Argument(help="run configuration (YAML)")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="run folder")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue a stopped run")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Run a PE-family method (aug_pe, wasp, secpe, zero_shot) and write release/."""
+    from ..api import run_generation
+    from ..config import ConfigError
+
+    output = output or Path("runs") / config.stem
+    try:
+        run_dir = run_generation(config, output, resume=resume,
+                                 overrides=_parse_sets(set_ or []), progress=not quiet)
+    except (ConfigError, FileExistsError) as err:
+        err_console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    except Exception as err:  # noqa: BLE001 - a clear one-line error; details in log.txt
+        name = type(err).__name__
+        if name in {"DataError", "BudgetRefusedError", "BudgetExceededError",
+                    "PrivacyConfigError", "GenerationError"}:
+            err_console.print(f"[red]error:[/red] {err}")
+            err_console.print(f"nothing computed is lost: rerun with --resume -o {output}")
+            raise typer.Exit(2) from None
+        raise
+    summary = json.loads((run_dir / "release" / "summary.json").read_text())
+    privacy = json.loads((run_dir / "release" / "privacy.json").read_text())
+    if as_json:
+        typer.echo(json.dumps({"run_dir": str(run_dir), **summary}))
+        return
+    print_summary(run_dir, summary, privacy)
+
+
+def print_summary(run_dir: Path, summary: dict, privacy: dict) -> None:
+    console = Console()
+    table = Table(title=f"dpsynth {summary['method']}: done", show_header=False)
+    table.add_row("synthetic samples", str(summary["samples"]))
+    eps, delta = privacy["epsilon"], privacy["delta"]
+    eps_text = eps if isinstance(eps, str) else f"{eps:.4g}"
+    table.add_row("privacy spent", f"({eps_text}, {delta:.3g})-DP per {privacy['unit']}"
+                  f" [{privacy.get('accountant')}, noise {privacy.get('noise')}]")
+    if "secret_protection" in privacy:
+        table.add_row("secret protection", str(privacy["secret_protection"].get("summary", "")))
+    table.add_row("LLM calls", str(summary.get("llm_calls", "?")))
+    table.add_row("release", str(run_dir / "release"))
+    table.add_row("synthetic data", str(run_dir / "release" / "synthetic.jsonl"))
+    table.add_row("privacy statement", str(run_dir / "release" / "privacy.json"))
+    console.print(table)
+
+
+def register(root: typer.Typer) -> None:
+    """Add this module's commands to the root app."""
+    root.command("generate")(generate)

@@ -1,0 +1,86 @@
+"""CLI commands: ``dpsynth privacy calibrate`` and ``dpsynth privacy epsilon``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+privacy_app = typer.Typer(
+    name="privacy",
+    help="Noise calibration and privacy accounting for Gaussian releases.",
+    no_args_is_help=True,
+)
+
+_ACCOUNTANTS = ("pld", "rdp", "zcdp", "gdp")
+
+
+def _fail(message: str) -> None:
+    """Print a clear error on stderr and exit with status 2 (bad input)."""
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _check_accountant(kind: str) -> None:
+    if kind not in _ACCOUNTANTS:
+        _fail(f"--accountant must be one of {', '.join(_ACCOUNTANTS)}, got {kind!r}")
+
+
+@privacy_app.command("calibrate")
+def calibrate(
+    epsilon: Annotated[float, typer.Option("--epsilon", help="Target epsilon (> 0).")],
+    delta: Annotated[float, typer.Option("--delta", help="Target delta, in (0, 1).")],
+    steps: Annotated[int, typer.Option("--steps", help="Number of Gaussian releases T.")],
+    sensitivity: Annotated[float, typer.Option("--sensitivity", help="L2 sensitivity.")] = 1.0,
+    accountant: Annotated[str, typer.Option("--accountant", help="pld|rdp|zcdp|gdp")] = "pld",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Smallest Gaussian sigma so that STEPS releases meet (EPSILON, DELTA)."""
+    from dpsynth.privacy import PrivacyConfigError, calibrate_steps
+
+    _check_accountant(accountant)
+    try:
+        sigma = calibrate_steps(epsilon, delta, steps, sensitivity=sensitivity, kind=accountant)
+    except PrivacyConfigError as err:
+        _fail(str(err))
+        return
+    if as_json:
+        typer.echo(json.dumps({"sigma": sigma}))
+    else:
+        typer.echo(
+            f"sigma = {sigma:.4f}  ({steps} Gaussian releases, sensitivity {sensitivity:g}, "
+            f"epsilon {epsilon:g}, delta {delta:g}, accountant {accountant})"
+        )
+
+
+@privacy_app.command("epsilon")
+def epsilon_cmd(
+    sigma: Annotated[float, typer.Option("--sigma", help="Gaussian noise std (> 0).")],
+    delta: Annotated[float, typer.Option("--delta", help="Target delta, in (0, 1).")],
+    steps: Annotated[int, typer.Option("--steps", help="Number of Gaussian releases T.")],
+    sensitivity: Annotated[float, typer.Option("--sensitivity", help="L2 sensitivity.")] = 1.0,
+    accountant: Annotated[str, typer.Option("--accountant", help="pld|rdp|zcdp|gdp")] = "pld",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """epsilon at DELTA of STEPS Gaussian releases with noise SIGMA."""
+    from dpsynth.privacy import PrivacyConfigError, steps_epsilon
+
+    _check_accountant(accountant)
+    try:
+        eps = steps_epsilon(sigma, delta, steps, sensitivity=sensitivity, kind=accountant)
+    except PrivacyConfigError as err:
+        _fail(str(err))
+        return
+    if as_json:
+        typer.echo(json.dumps({"epsilon": eps}))
+    else:
+        typer.echo(
+            f"epsilon = {eps:.4f} at delta {delta:g}  ({steps} Gaussian releases, sigma "
+            f"{sigma:g}, sensitivity {sensitivity:g}, accountant {accountant})"
+        )
+
+
+def register(root: typer.Typer) -> None:
+    """Add the ``privacy`` command group to the root app."""
+    root.add_typer(privacy_app, name="privacy")

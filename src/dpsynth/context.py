@@ -1,0 +1,137 @@
+"""Everything one run needs, opened once: data, labels, privacy session, models, caches.
+
+Models load lazily, so a run that fails validation never pays for a model load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import RunConfig
+from .evolution.textgen import Synthesizer
+from .runs import RunDir
+
+
+class RunContext:
+    """Thin holder of a run's state; the methods and the loop take it as their argument."""
+
+    def __init__(self, config: RunConfig, run: RunDir, dataset: Any, sigma: float,
+                 session: Any, *, progress: bool = True) -> None:
+        self.config = config
+        self.run = run
+        self.dataset = dataset
+        self.sigma = sigma
+        self.session = session
+        self.progress = progress
+        self.label_codes, self.label_classes = dataset.joint_label_codes()
+        self.label_codes = np.asarray(self.label_codes, dtype=np.int64)
+        self.users: np.ndarray | None = None
+        if config.privacy.unit == "user":
+            _, inverse = np.unique(np.asarray(dataset.users), return_inverse=True)
+            self.users = inverse.astype(np.int64)
+
+    def rng_for(self, tag: str) -> np.random.Generator:
+        """A generator for post-processing randomness (selection, styles, masks) derived from
+        the run seed and a tag, so a resumed step makes exactly the same choices."""
+        from .evolution.textgen import stable_seed
+
+        return np.random.default_rng(stable_seed(self.config.privacy.seed, "post", tag))
+
+    # -- labels ----------------------------------------------------------------------------
+    @property
+    def n_labels(self) -> int:
+        return len(self.label_classes)
+
+    def label_dict(self, code: int) -> dict[str, str]:
+        return dict(zip(self.dataset.label_columns, self.label_classes[code], strict=True))
+
+    # -- privacy ---------------------------------------------------------------------------
+    @property
+    def private(self) -> bool:
+        return not math.isinf(self.config.privacy.epsilon)
+
+    def release_gaussian(self, key: str, value: np.ndarray, sensitivity: float,
+                         name: str = "gaussian") -> np.ndarray:
+        """Release value + N(0, (sigma)^2) through the session (stored, accounted, resumable).
+
+        With epsilon = inf the run is declared non-private and the true value is used.
+        """
+        if not self.private:
+            return np.asarray(value, dtype=np.float64)
+        return self.session.gaussian(key, np.asarray(value, dtype=np.float64), sensitivity,
+                                     self.sigma * sensitivity, name=name)
+
+    # -- models ----------------------------------------------------------------------------
+    @cached_property
+    def embedder(self) -> Any:
+        from .embed import Embedder
+
+        self.log(f"loading embedder {self.config.embedder.model}")
+        return Embedder(self.config.embedder.model, cache_dir=self.run.private / "embed-cache",
+                        batch_size=self.config.embedder.batch_size)
+
+    @cached_property
+    def synthesizers(self) -> list[Synthesizer]:
+        from .llm import load_generator
+
+        out = []
+        for i, gen_cfg in enumerate(self.config.generators):
+            self.log(f"loading generator {i}: {gen_cfg.short_name}")
+            generator = load_generator(gen_cfg.spec(),
+                                       cache_path=self.run.private / "llm-cache.sqlite",
+                                       batch_size=gen_cfg.batch_size)
+            out.append(Synthesizer(generator, gen_cfg, self.config.synthesis,
+                                   self.config.privacy.seed))
+        return out
+
+    @cached_property
+    def private_embeddings(self) -> np.ndarray:
+        """Embeddings of the private texts, cached in the private area (mode 0600)."""
+        path = self.run.private / "private-embeddings.npy"
+        if path.is_file():
+            emb = np.load(path)
+            if len(emb) == len(self.dataset):
+                return emb
+        emb = self.embedder.embed(self.dataset.texts, progress=self.progress)
+        with open(path, "wb") as handle:
+            np.save(handle, emb)
+        path.chmod(0o600)
+        return emb
+
+    def embed_synthetic(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embedder.embed(list(texts), progress=self.progress)
+
+    # -- logging ---------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        """Progress note to log.txt (counts and names only; never private text)."""
+        self.run.log(message)
+
+    def llm_counts(self) -> dict[str, int]:
+        total: dict[str, int] = {"requested": 0, "sent": 0, "dropped": 0, "retried": 0}
+        if "synthesizers" not in self.__dict__:
+            return total
+        for synth in self.synthesizers:
+            for key in total:
+                total[key] += getattr(synth.counts, key)
+        calls = 0
+        for synth in self.synthesizers:
+            calls += int(getattr(synth.generator, "misses", 0))
+        total["llm_calls"] = calls
+        return total
+
+
+def demo_data_paths(run: RunDir, rows: int, seed: int) -> dict[str, Path]:
+    """Write the built-in demo corpus into the run's private area (once) and return its paths."""
+    from .demo_corpus import write_demo_corpus
+
+    out = run.private / "demo-data"
+    if not (out / "private.csv").is_file():
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return write_demo_corpus(out, n=rows, seed=seed)
+    return {p.stem: p for p in out.iterdir() if p.suffix in {".csv", ".json"}}

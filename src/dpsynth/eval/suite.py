@@ -1,0 +1,310 @@
+"""The evaluation of one run: fidelity, utility and audits, written as JSON beside the run.
+
+``evaluate_run`` is the orchestration; the metrics are the pure functions of
+:mod:`.fidelity`, :mod:`.utility` and :mod:`.audits`. Output lands in ``RUN_DIR/eval/``:
+``eval.json`` (fidelity and utility) and ``audit.json`` (empirical privacy audits).
+
+The real-data reference (a classifier trained on the private data) and the audits read the
+private data named by the run config. That is the evaluator's own use of the private data,
+outside the release: those numbers are not covered by the run's DP guarantee and should not
+be published with the synthetic data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ..runs import atomic_write_json
+from . import audits as au
+from . import fidelity as fi
+from . import utility as ut
+from .common import EvalInputError, guarded, unavailable
+from .rundata import LabeledTexts, RunRelease, load_private_data, load_run, load_test_data
+
+Classifier = Literal["logreg", "finetune", "both"]
+
+PRIVATE_USE_NOTE = (
+    "The 'private' reference and the audits were computed by the evaluator on the private data "
+    "named in the run config, outside the release; they are not covered by the DP guarantee "
+    "and should not be published with the synthetic data."
+)
+AUDIT_NOTE = (
+    "Empirical audits can show leakage; they cannot prove its absence. The formal guarantee is "
+    "the one in release/privacy.json."
+)
+
+
+def fidelity_block(
+    syn_emb: np.ndarray,
+    real_emb: np.ndarray,
+    syn: LabeledTexts,
+    real: LabeledTexts,
+    k: int = 3,
+    mauve_buckets: int | None = None,
+    with_mauve: bool = True,
+) -> dict[str, Any]:
+    """FID, kNN precision/recall, MAUVE, length and label distributions of one set vs real."""
+    out: dict[str, Any] = {"n": len(syn), "n_real": len(real)}
+    out["fid"] = guarded(fi.fid, syn_emb, real_emb)
+    if len(syn) < syn_emb.shape[1] and len(syn) >= 2:
+        out["fid_note"] = (
+            f"{len(syn)} samples < {syn_emb.shape[1]} dimensions: the covariance is rank "
+            "deficient and FID is biased upward; compare FIDs only at equal sample sizes"
+        )
+    pr = guarded(fi.knn_precision_recall, real_emb, syn_emb, k=k)
+    if isinstance(pr, dict) and "unavailable" in pr:
+        out["precision"] = out["recall"] = pr
+    else:
+        out["precision"], out["recall"] = pr["precision"], pr["recall"]
+    out["knn_k"] = k
+    out["mauve"] = (
+        guarded(fi.mauve_score, syn_emb, real_emb, num_buckets=mauve_buckets)
+        if with_mauve else unavailable("skipped (--no-mauve)")
+    )
+    out["length"] = guarded(fi.length_comparison, syn.texts, real.texts)
+    out["labels"] = {
+        col: guarded(fi.label_comparison, syn.labels.get(col, []), real.labels[col])
+        for col in real.labels
+    }
+    return out
+
+
+def utility_block(
+    train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | None],
+    test_emb: np.ndarray,
+    test: LabeledTexts,
+    classifier: Classifier = "logreg",
+    finetune_epochs: int = 3,
+    finetune_max_train: int | None = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Per label column: each training set's accuracy and macro-F1 on the real test data.
+
+    ``train_sets`` maps a name ("synthetic", "private", "zero_shot") to its embeddings and
+    texts, or None when that set is unavailable. Without label columns, next-token accuracy.
+    """
+    out: dict[str, Any] = {}
+    names = list(train_sets)
+    if not test.labels:
+        out["next_token"] = {
+            name: (
+                guarded(ut.next_token_accuracy, data[1].texts, test.texts)
+                if data is not None else unavailable(f"no {name} data")
+            )
+            for name, data in train_sets.items()
+        }
+        return out
+    kinds = ["logreg", "finetune"] if classifier == "both" else [classifier]
+    for kind in kinds:
+        per_col: dict[str, Any] = {}
+        for col, test_y in test.labels.items():
+            row: dict[str, Any] = {"chance": ut.majority_baseline(test_y)}
+            for name in names:
+                data = train_sets[name]
+                if data is None:
+                    row[name] = unavailable(f"no {name} data")
+                    continue
+                emb, texts = data
+                train_y = texts.labels.get(col)
+                if train_y is None:
+                    row[name] = unavailable(f"the {name} data has no label {col!r}")
+                elif kind == "logreg":
+                    row[name] = guarded(ut.logreg_scores, emb, train_y, test_emb, test_y,
+                                        seed=seed)
+                else:
+                    tx, ty = _cap(texts.texts, train_y, finetune_max_train, seed)
+                    row[name] = guarded(ut.finetune_scores, tx, ty, test.texts, test_y,
+                                        epochs=finetune_epochs, seed=seed)
+            per_col[col] = row
+        out[kind] = per_col
+    return out
+
+
+def _cap(texts: list[str], y: list[str], cap: int | None, seed: int
+         ) -> tuple[list[str], list[str]]:
+    if cap is None or len(texts) <= cap:
+        return texts, y
+    idx = np.sort(np.random.default_rng(seed).choice(len(texts), cap, replace=False))
+    return [texts[i] for i in idx], [y[i] for i in idx]
+
+
+def audit_block(
+    syn_emb: np.ndarray,
+    syn: LabeledTexts,
+    priv_emb: np.ndarray,
+    priv: LabeledTexts,
+    hold_emb: np.ndarray,
+    pii_values: dict[str, list[str]],
+    seed: int = 0,
+) -> dict[str, Any]:
+    """DCR, membership inference and PII leakage (numbers only)."""
+    return {
+        "dcr": guarded(au.dcr_audit, syn_emb, priv_emb, hold_emb, seed=seed),
+        "membership_inference": guarded(au.membership_inference, syn_emb, priv_emb, hold_emb),
+        "pii": au.pii_leakage(syn.texts, priv.texts, pii_values),
+        "pii_columns": sorted(pii_values),
+    }
+
+
+def _embed(embedder: Any, texts: list[str]) -> np.ndarray:
+    if not texts:
+        return np.zeros((0, int(getattr(embedder, "dim", 384))), dtype=np.float32)
+    return np.asarray(embedder.embed(texts), dtype=np.float32)
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    test_path: str | Path | None = None,
+    *,
+    text: str | None = None,
+    labels: list[str] | None = None,
+    classifier: Classifier = "logreg",
+    embedder: Any = None,
+    k: int = 3,
+    finetune_epochs: int = 3,
+    with_mauve: bool = True,
+    with_audits: bool = True,
+    pii_columns: list[str] | None = None,
+    seed: int = 0,
+    write: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Evaluate a run folder against a real test file; returns (eval, audit) dicts.
+
+    Column names default to the run config's data section. Writes ``eval/eval.json`` and
+    (when the private data is reachable and audits are on) ``eval/audit.json``.
+    """
+    say = log or (lambda _msg: None)
+    if classifier not in ("logreg", "finetune", "both"):
+        raise EvalInputError(
+            f"classifier must be logreg, finetune or both, got {classifier!r}"
+        )
+    release = load_run(run_dir)
+    data_cfg = release.data_config
+    text_col = text or str(data_cfg.get("text") or "text")
+    label_cols = list(labels) if labels is not None else release.label_columns
+    missing = [c for c in label_cols if c not in release.synthetic.labels]
+    if missing:
+        raise EvalInputError(
+            f"label column(s) {', '.join(map(repr, missing))} not in the synthetic data "
+            f"(synthetic labels: {', '.join(release.synthetic.labels) or 'none'})"
+        )
+    notes: list[str] = []
+    if release.meta.get("status") != "finished":
+        notes.append(f"run status is {release.meta.get('status')!r}, not 'finished'")
+
+    say("loading the private data named in the run config (evaluator's own use)")
+    private = load_private_data(release, label_cols, pii_columns)
+    if private is None:
+        notes.append(
+            "private data not reachable from the run config: the real-data reference and the "
+            "audits are skipped"
+        )
+    if test_path is None:
+        if private is not None and private.demo_test is not None:
+            test_path = private.demo_test
+            notes.append("test data: the built-in demo corpus's test split")
+        else:
+            raise EvalInputError("give the real test data with --test FILE")
+    test, test_notes = load_test_data(test_path, text_col, label_cols, release.synthetic)
+    notes += test_notes
+
+    if embedder is None:
+        from ..embed import Embedder
+
+        emb_cfg = release.config.get("embedder") or {}
+        embedder = Embedder(str(emb_cfg.get("model", "minilm")))
+    say(f"embedding {len(release.synthetic)} synthetic and {len(test)} test texts")
+    syn_emb = _embed(embedder, release.synthetic.texts)
+    test_emb = _embed(embedder, test.texts)
+    zs_emb = _embed(embedder, release.zero_shot.texts) if release.zero_shot else None
+    priv_emb = _embed(embedder, private.data.texts) if private else None
+
+    say("fidelity")
+    fidelity = {
+        "synthetic": fidelity_block(syn_emb, test_emb, release.synthetic, test, k=k,
+                                    with_mauve=with_mauve),
+        "zero_shot": (
+            fidelity_block(zs_emb, test_emb, release.zero_shot, test, k=k, with_mauve=with_mauve)
+            if release.zero_shot is not None and zs_emb is not None
+            else unavailable("release/zero_shot.jsonl not found")
+        ),
+    }
+    say(f"utility ({classifier})")
+    train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | None] = {
+        "synthetic": (syn_emb, release.synthetic),
+        "private": (priv_emb, private.data) if private and priv_emb is not None else None,
+        "zero_shot": (zs_emb, release.zero_shot)
+        if release.zero_shot is not None and zs_emb is not None else None,
+    }
+    utility = utility_block(train_sets, test_emb, test, classifier=classifier,
+                            finetune_epochs=finetune_epochs, seed=seed)
+
+    privacy = release.privacy or {}
+    result: dict[str, Any] = {
+        "run_id": release.run_id,
+        "run_dir": str(release.root),
+        "method": release.method,
+        "epsilon": privacy.get("epsilon"),
+        "delta": privacy.get("delta"),
+        "test_file": str(test_path),
+        "text_column": text_col,
+        "label_columns": label_cols,
+        "embedder": str(getattr(embedder, "name", type(embedder).__name__)),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "n": {
+            "synthetic": len(release.synthetic),
+            "zero_shot": len(release.zero_shot) if release.zero_shot else 0,
+            "private": len(private.data) if private else None,
+            "test": len(test),
+        },
+        "fidelity": fidelity,
+        "utility": utility,
+        "references": {
+            "private": "same model trained on the real private data (evaluator's own use)",
+            "zero_shot": "same model trained on release/zero_shot.jsonl (no private data, "
+            "epsilon 0)",
+        },
+        "notes": [*notes, PRIVATE_USE_NOTE] if private else notes,
+    }
+
+    audit: dict[str, Any] | None = None
+    if with_audits and private is not None and priv_emb is not None:
+        say("audits")
+        # the holdout must be records the generator never saw: drop test texts that are
+        # also private records
+        private_set = set(private.data.texts)
+        keep = [i for i, t in enumerate(test.texts) if t not in private_set]
+        overlap = len(test) - len(keep)
+        audit = {
+            "run_id": release.run_id,
+            "method": release.method,
+            "holdout": f"{test_path} (real records not used by the run)",
+            "holdout_overlap_removed": overlap,
+            **audit_block(syn_emb, release.synthetic, priv_emb, private.data,
+                          test_emb[keep], private.pii_values, seed=seed),
+            "note": AUDIT_NOTE,
+        }
+        if release.zero_shot is not None and zs_emb is not None:
+            # control: the zero-shot set saw no private data, so its audit is the null level
+            audit["zero_shot_control"] = {
+                "dcr": guarded(au.dcr_audit, zs_emb, priv_emb, test_emb[keep], seed=seed),
+                "membership_inference": guarded(au.membership_inference, zs_emb, priv_emb,
+                                                 test_emb[keep]),
+            }
+    elif with_audits:
+        audit = None
+
+    if write:
+        release.eval_dir.mkdir(exist_ok=True)
+        atomic_write_json(release.eval_dir / "eval.json", result)
+        if audit is not None:
+            atomic_write_json(release.eval_dir / "audit.json", audit)
+    if private is not None and private._tmp is not None:
+        private._tmp.cleanup()
+    return result, audit

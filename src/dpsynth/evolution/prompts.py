@@ -1,0 +1,106 @@
+"""Prompt templates of the PE family, as pure functions of public inputs.
+
+Every prompt is built from an instruction; chat models get it as one user message, plain
+completion models (e.g. the base Gemma 3 270M) get it as text ending in an answer cue.
+Prompts built here may contain synthetic texts (never private ones): the PE methods only ever
+show the generator its own earlier outputs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..config import PromptConfig
+
+ANSWER_CUE = "\n\nText:"
+
+
+def describe_labels(labels: Mapping[str, str], prompts: PromptConfig) -> str:
+    """A sentence naming the label values, from the config's template or a default."""
+    if not labels:
+        return ""
+    if prompts.label_template:
+        return prompts.label_template.format(**labels)
+    return " ".join(f"Its {col.replace('_', ' ')} is {val}." for col, val in labels.items())
+
+
+def zero_shot_instruction(task: str, label_text: str) -> str:
+    """RANDOM_API of Aug-PE: a label-conditioned zero-shot request (METHODS.md 1.2)."""
+    return f"Write {task}. {label_text} Reply with the text only.".replace("  ", " ")
+
+
+def rephrase_instruction(task: str, label_text: str, text: str, style: str) -> str:
+    """VARIATION_API, rephrase with a random style (METHODS.md 1.3e)."""
+    return (f"Rephrase the following {task} in a {style} style, keeping its meaning. "
+            f"{label_text} Reply with the rephrased text only.\n\nText: {text}")
+
+
+def mask_words(text: str, rate: float, rng: np.random.Generator) -> str:
+    """Replace each word by a blank with probability `rate` (at least one word when possible)."""
+    words = text.split()
+    if not words:
+        return text
+    mask = rng.random(len(words)) < rate
+    if not mask.any():
+        mask[rng.integers(len(words))] = True
+    return " ".join("___" if m else w for w, m in zip(words, mask, strict=True))
+
+
+def fill_in_instruction(task: str, label_text: str, masked: str) -> str:
+    """VARIATION_API, fill in randomly masked words (METHODS.md 1.3e)."""
+    return (f"Fill in each blank (___) in the following {task} so that it reads naturally. "
+            f"{label_text} Reply with the completed text only.\n\nText: {masked}")
+
+
+def contrastive_instruction(task: str, label_text: str, good: Sequence[str],
+                            bad: Sequence[str]) -> str:
+    """WASP's contrastive prompt (METHODS.md 2.5): bad and good demonstrations, then a request
+    for a new sample better than the good ones, on label, and diverse in expression."""
+    bad_block = "\n".join(f"{i + 1}. {t}" for i, t in enumerate(bad))
+    good_block = "\n".join(f"{i + 1}. {t}" for i, t in enumerate(good))
+    return (
+        f"Here are examples of {task}. {label_text}\n\n"
+        f"Bad examples (unrealistic or off-topic):\n{bad_block}\n\n"
+        f"Good examples (realistic and on-topic):\n{good_block}\n\n"
+        "Think about what makes the good examples better than the bad ones. Then write one new "
+        f"example of {task} that is better than the good examples, stays on the same topic, "
+        "and is worded differently from all of them. Reply with the new text only."
+    )
+
+
+def render(instruction: str, chat: bool) -> str | tuple[dict[str, str], ...]:
+    """Chat message tuple for chat models; instruction plus an answer cue otherwise."""
+    if chat:
+        return ({"role": "user", "content": instruction},)
+    return instruction + ANSWER_CUE
+
+
+_PREFIX = re.compile(
+    r"^\s*(?:(?:sure|okay|ok|certainly|of course)[,!.]?\s*)?"
+    r"(?:here(?:'s| is| are)[^:\n]{0,80}:\s*)?"
+    r"(?:(?:rephrased|completed|new|the)?\s*(?:text|message|version|review|example)\s*:\s*)?",
+    re.IGNORECASE,
+)
+_REFUSAL = re.compile(
+    r"\b(?:i'?m sorry|i am sorry|i cannot|i can'?t (?:help|assist|write)|as an ai|"
+    r"i'?m unable|i am unable|language model)\b",
+    re.IGNORECASE,
+)
+
+
+def clean_generation(raw: str, min_chars: int, max_chars: int = 2000) -> str | None:
+    """Strip chat artefacts (preambles, quotes, markdown) from a generation; None when the
+    result is empty, a refusal, or shorter than `min_chars`."""
+    text = raw.replace("\r", "").strip()
+    text = _PREFIX.sub("", text, count=1).strip()
+    text = re.sub(r"\*\*|__|^#+\s*", "", text, flags=re.MULTILINE).strip()
+    text = re.split(r"\n\s*\n(?:note|explanation|analysis|---)", text, flags=re.IGNORECASE)[0]
+    if len(text) >= 2 and text[0] in "\"'“" and text[-1] in "\"'”":
+        text = text[1:-1].strip()
+    text = re.sub(r"\s+", " ", text).strip()
+    if len(text) < min_chars or _REFUSAL.search(text):
+        return None
+    return text[:max_chars]

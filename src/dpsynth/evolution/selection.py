@@ -1,0 +1,60 @@
+"""Selection from noisy histograms: pure post-processing of released statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def allocate(total: int, noisy_counts: np.ndarray) -> np.ndarray:
+    """Split `total` samples across labels in proportion to noisy counts (negatives -> 0),
+    by largest remainder so the parts add up to `total` exactly (METHODS.md 1.1).
+
+    If every noisy count is <= 0 the split is uniform.
+    """
+    weights = np.maximum(np.asarray(noisy_counts, dtype=np.float64), 0.0)
+    if weights.sum() <= 0:
+        weights = np.ones_like(weights)
+    exact = total * weights / weights.sum()
+    parts = np.floor(exact).astype(np.int64)
+    remainder = total - int(parts.sum())
+    if remainder > 0:
+        order = np.argsort(-(exact - parts), kind="stable")
+        parts[order[:remainder]] += 1
+    return parts
+
+
+def thresholded(noisy_hist: np.ndarray, theta: float) -> np.ndarray:
+    """H~ <- max(H~ - theta, 0) (METHODS.md 1.3c)."""
+    return np.maximum(np.asarray(noisy_hist, dtype=np.float64) - theta, 0.0)
+
+
+def select_per_label(scores: np.ndarray, labels: np.ndarray, quota: np.ndarray, mode: str,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Indices of kept candidates: per label y, the top quota[y] by score ("rank") or
+    quota[y] draws with replacement proportional to score ("sample"; uniform when all are 0).
+    """
+    kept: list[np.ndarray] = []
+    for label, n_keep in enumerate(quota):
+        idx = np.flatnonzero(labels == label)
+        if n_keep <= 0 or len(idx) == 0:
+            continue
+        s = scores[idx]
+        if mode == "rank":
+            order = np.lexsort((idx, -s))  # ties broken by index, deterministically
+            kept.append(idx[order[: min(n_keep, len(idx))]])
+        elif mode == "sample":
+            p = s / s.sum() if s.sum() > 0 else np.full(len(idx), 1.0 / len(idx))
+            kept.append(rng.choice(idx, size=int(n_keep), replace=True, p=p))
+        else:
+            raise ValueError(f"unknown selection mode {mode!r} (use 'rank' or 'sample')")
+    return np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+
+
+def top_indices(scores: np.ndarray, labels: np.ndarray, per_label: int) -> dict[int, np.ndarray]:
+    """For each label present, the indices of its `per_label` highest-scoring candidates."""
+    out: dict[int, np.ndarray] = {}
+    for label in np.unique(labels):
+        idx = np.flatnonzero(labels == label)
+        order = np.lexsort((idx, -scores[idx]))
+        out[int(label)] = idx[order[:per_label]]
+    return out

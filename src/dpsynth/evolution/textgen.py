@@ -1,0 +1,94 @@
+"""Turning instructions into cleaned texts with one generator: seeding, retries, counting.
+
+Each wanted text has a stable tag ("init/3/17"); its request seed derives from the run seed,
+the tag and the attempt number, so a resumed run sends byte-identical requests and the
+on-disk request cache answers them without a second LLM call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..config import GeneratorConfig, SynthesisConfig
+from .prompts import clean_generation, render
+
+
+def stable_seed(*parts: object) -> int:
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+@dataclass
+class GenerationCounts:
+    requested: int = 0
+    sent: int = 0
+    dropped: int = 0
+    retried: int = 0
+
+    def add(self, other: GenerationCounts) -> None:
+        self.requested += other.requested
+        self.sent += other.sent
+        self.dropped += other.dropped
+        self.retried += other.retried
+
+
+@dataclass
+class Synthesizer:
+    """One generator with its sampling settings."""
+
+    generator: object  # dpsynth.llm.Generator
+    config: GeneratorConfig
+    synthesis: SynthesisConfig
+    seed: int
+    counts: GenerationCounts = field(default_factory=GenerationCounts)
+
+    @property
+    def name(self) -> str:
+        return self.config.short_name
+
+    @property
+    def chat(self) -> bool:
+        if self.config.chat is not None:
+            return self.config.chat
+        return bool(getattr(self.generator, "supports_chat", True))
+
+    def complete(self, instructions: Sequence[str], tags: Sequence[str],
+                 progress: bool = True) -> list[str | None]:
+        """Generate one cleaned text per instruction; None where every attempt failed."""
+        from ..llm import GenerationRequest, SamplingParams
+
+        results: list[str | None] = [None] * len(instructions)
+        pending = list(range(len(instructions)))
+        self.counts.requested += len(instructions)
+        for attempt in range(self.synthesis.retries + 1):
+            if not pending:
+                break
+            if attempt:
+                self.counts.retried += len(pending)
+            requests = [
+                GenerationRequest(
+                    prompt=render(instructions[i], self.chat),
+                    params=SamplingParams(
+                        temperature=self.config.temperature,
+                        top_p=self.config.top_p,
+                        max_new_tokens=self.config.max_new_tokens,
+                        seed=stable_seed(self.seed, self.name, tags[i], attempt),
+                        stop=() if self.chat else ("\n\n",),
+                    ),
+                )
+                for i in pending
+            ]
+            outputs = self.generator.generate(requests, progress=progress)
+            self.counts.sent += len(requests)
+            failed = []
+            for i, raw in zip(pending, outputs, strict=True):
+                text = clean_generation(raw or "", self.synthesis.min_chars)
+                if text is None:
+                    failed.append(i)
+                else:
+                    results[i] = text
+            pending = failed
+        self.counts.dropped += len(pending)
+        return results

@@ -1,0 +1,1 @@
+"""dpsynth.federated"""

@@ -1,0 +1,313 @@
+"""Flower apps for WASP's federated voting: a SecAgg+ ServerApp and a party ClientApp.
+
+Server side (``make_server_app``): broadcasts the public candidates (embeddings, labels) and the
+public round parameters (sigma, P, vote bound), runs flwr's ``SecAggPlusWorkflow`` inside a
+``DefaultWorkflow`` (one round) and hands the *aggregate only* to a ``ServerSink``. The factory
+takes no party data; the workflow unmasks only the sum of the parties' quantised vectors.
+
+Client side (``make_client_app``): a ``ClientApp`` with ``secaggplus_mod``; on the fit stage the
+party computes y_l = h_l + N(0, sigma^2 / P) with its own noise source (core.party_noisy_histogram);
+secaggplus_mod clips, quantises and masks y_l before anything leaves the party.
+
+SecAgg+ weighting: the workflow averages sum_l w_l x_l / sum_l w_l; every party reports weight 1
+(max_weight 1.0, so no weight quantisation error) and the server multiplies the mean by the
+number of contributing parties to recover the sum.
+
+Deployment apps (``server_app`` / ``client_app`` module attributes, see deploy.md) read their
+inputs from the run config (server) and node config (parties).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Message
+from flwr.client import Client, NumPyClient
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp import ClientApp
+from flwr.common import (
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.serverapp import Grid, ServerApp
+
+from dpsynth.federated.core import (
+    FederatedRoundError,
+    InsufficientPartiesError,
+    PartyData,
+    QuantisationPlan,
+    VoteFn,
+    party_noisy_histogram,
+)
+
+CFG_SIGMA = "dpsynth-sigma"
+CFG_NUM_PARTIES = "dpsynth-num-parties"
+CFG_VOTE_BOUND = "dpsynth-vote-bound"
+
+
+class SimulatedDropout(RuntimeError):
+    """Raised by a party's client to simulate a dropout after the SecAgg+ key-sharing stages."""
+
+
+@dataclass
+class ServerSink:
+    """What the server side ends up with: the released aggregate or an error, never per-party data.
+
+    ``observed`` records every array the strategy received (tests check that each one equals the
+    aggregate); ``wire`` optionally records every reply message the server's grid received.
+    """
+
+    released: np.ndarray | None = None
+    parties_present: int = 0
+    error: str | None = None
+    error_kind: type[FederatedRoundError] = FederatedRoundError
+    observed: list[np.ndarray] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def fail(self, message: str, kind: type[FederatedRoundError] = FederatedRoundError) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error, self.error_kind = message, kind
+
+
+def reconstruction_threshold(num_parties: int, min_parties: int) -> int:
+    """SecAgg+ key-reconstruction threshold t = max(2, min(min_parties, P - 1)).
+
+    With t <= P - 1 one dropout still lets the protocol unmask, so the strategy (not a halted
+    protocol) decides release; fewer than t survivors halt SecAgg+ and nothing is unmasked.
+    """
+    return max(2, min(min_parties, num_parties - 1))
+
+
+class SecureSumStrategy(Strategy):
+    """Legacy Strategy for one SecAgg+ round: broadcast candidates, release the sum or refuse."""
+
+    def __init__(self, candidate_embeddings: np.ndarray, candidate_labels: np.ndarray, *,
+                 num_parties: int, min_parties: int, sigma: float, vote_bound: float,
+                 sink: ServerSink, wait_timeout_s: int = 120) -> None:
+        super().__init__()
+        self._candidates = [np.asarray(candidate_embeddings, dtype=np.float32),
+                            np.asarray(candidate_labels, dtype=np.int64)]
+        self.num_parties = num_parties
+        self.min_parties = min_parties
+        self.sigma = float(sigma)
+        self.vote_bound = float(vote_bound)
+        self.sink = sink
+        self.wait_timeout_s = wait_timeout_s
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters(self._candidates)
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        if not client_manager.wait_for(self.num_parties, timeout=self.wait_timeout_s):
+            self.sink.fail(f"only {client_manager.num_available()} of {self.num_parties} parties "
+                           "connected", InsufficientPartiesError)
+            return []
+        clients = client_manager.sample(self.num_parties, self.num_parties)
+        config: dict[str, Scalar] = {CFG_SIGMA: self.sigma, CFG_NUM_PARTIES: self.num_parties,
+                                     CFG_VOTE_BOUND: self.vote_bound}
+        fit_ins = FitIns(parameters, config)
+        return [(c, fit_ins) for c in clients]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        n = len(results)
+        arrays = [parameters_to_ndarrays(res.parameters) for _, res in results]
+        with self.sink.lock:
+            self.sink.observed.extend(a[0].copy() for a in arrays if a)
+        if n == 0:
+            self.sink.fail("no party contributed to the secure sum", InsufficientPartiesError)
+            return None, {}
+        mean = np.asarray(arrays[0][0], dtype=np.float64)
+        if n < self.min_parties:
+            self.sink.fail(
+                f"only {n} of {self.num_parties} parties contributed (minimum {self.min_parties});"
+                " the sum would carry noise variance "
+                f"{n}/{self.num_parties} * sigma^2, nothing released", InsufficientPartiesError)
+            return None, {}
+        with self.sink.lock:
+            self.sink.released = mean * n
+            self.sink.parties_present = n
+        return None, {}
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager) -> list[tuple[ClientProxy, Any]]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, results: list[Any],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        return None, {}
+
+    def evaluate(self, server_round: int,
+                 parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        return None
+
+
+class _ObservedGrid:
+    """Grid proxy that shows every reply message the server receives to an observer (tests)."""
+
+    def __init__(self, grid: Grid, observer: Callable[[list[Message]], None]) -> None:
+        self._grid = grid
+        self._observer = observer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        self._observer(replies)
+        return replies
+
+
+def make_server_app(candidate_embeddings: np.ndarray, candidate_labels: np.ndarray, *,
+                    num_parties: int, min_parties: int, sigma: float, plan: QuantisationPlan,
+                    sink: ServerSink, timeout_s: float | None = 120.0,
+                    wire_observer: Callable[[list[Message]], None] | None = None) -> ServerApp:
+    """ServerApp running one SecAgg+ round; its inputs are public (no party data, no seed)."""
+    threshold = reconstruction_threshold(num_parties, min_parties)
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        strategy = SecureSumStrategy(
+            candidate_embeddings, candidate_labels, num_parties=num_parties,
+            min_parties=min_parties, sigma=sigma, vote_bound=plan.vote_bound, sink=sink)
+        legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1),
+                               strategy=strategy)
+        workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(
+            num_shares=1.0,  # every party shares its keys with all others
+            reconstruction_threshold=threshold,
+            max_weight=1.0,
+            clipping_range=plan.clipping_range,
+            quantization_range=plan.quantization_range,
+            modulus_range=plan.modulus_range,
+            timeout=timeout_s,
+        ))
+        workflow(grid if wire_observer is None else _ObservedGrid(grid, wire_observer), legacy)
+        if sink.released is None:
+            sink.fail(f"SecAgg+ halted: fewer than the reconstruction threshold ({threshold}) of "
+                      f"{num_parties} parties completed the protocol; nothing released",
+                      InsufficientPartiesError)
+
+    return app
+
+
+class _PartyClient(NumPyClient):
+    """One party: computes its noisy local histogram from the broadcast candidates."""
+
+    def __init__(self, party: PartyData, party_index: int, vote_fn: VoteFn, *,
+                 noise_mode: str, seed: int | None, dropped: bool) -> None:
+        self.party = party
+        self.party_index = party_index
+        self.vote_fn = vote_fn
+        self.noise_mode = noise_mode
+        self.seed = seed
+        self.dropped = dropped
+
+    def fit(self, parameters: list[np.ndarray],
+            config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+        if self.dropped:
+            raise SimulatedDropout("simulated party dropout")
+        cand_emb, cand_lab = parameters
+        noisy = party_noisy_histogram(
+            self.party, cand_emb, cand_lab, self.vote_fn,
+            sigma=float(config[CFG_SIGMA]), num_parties=int(config[CFG_NUM_PARTIES]),
+            vote_bound=float(config[CFG_VOTE_BOUND]), noise_mode=self.noise_mode,
+            seed=self.seed, party_index=self.party_index)
+        # Weight 1 for every party (see module docstring); no metrics leave the party.
+        return [noisy], 1, {}
+
+
+PartyLoader = Callable[[Context], tuple[PartyData, int]]
+
+
+def make_client_app(load_party: PartyLoader, vote_fn: VoteFn, *, noise_mode: str = "secure",
+                    seed: int | None = None, drop_parties: Iterable[int] = ()) -> ClientApp:
+    """ClientApp with secaggplus_mod; ``load_party(context) -> (PartyData, party_index)``."""
+    dropped = frozenset(int(i) for i in drop_parties)
+
+    def client_fn(context: Context) -> Client:
+        party, index = load_party(context)
+        return _PartyClient(party, index, vote_fn, noise_mode=noise_mode, seed=seed,
+                            dropped=index in dropped).to_client()
+
+    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+
+
+# ---------------------------------------------------------------------------------------------
+# Deployment entry points (`flwr run`; see deploy.md). Inputs come from config files on each host.
+
+
+def _import_vote_fn(ref: str) -> VoteFn:
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ValueError(f"vote-fn must look like 'package.module:function', got {ref!r}")
+    fn = getattr(importlib.import_module(module), attr)
+    if not callable(fn):
+        raise ValueError(f"vote-fn {ref!r} is not callable")
+    return fn
+
+
+def _deploy_load_party(context: Context) -> tuple[PartyData, int]:
+    path = context.node_config.get("data-path")
+    if not path:
+        raise ValueError("node config 'data-path' (an .npz with embeddings, labels) is required")
+    with np.load(str(path)) as z:
+        party = PartyData(embeddings=z["embeddings"], labels=z["labels"])
+    return party, int(context.node_config.get("party-index", 0))
+
+
+def _deploy_client_fn(context: Context) -> Client:
+    party, index = _deploy_load_party(context)
+    vote_fn = _import_vote_fn(str(context.run_config["vote-fn"]))
+    return _PartyClient(party, index, vote_fn, noise_mode="secure", seed=None,
+                        dropped=False).to_client()
+
+
+client_app = ClientApp(client_fn=_deploy_client_fn, mods=[secaggplus_mod])
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def _deploy_server_main(grid: Grid, context: Context) -> None:
+    """Run one round from run-config inputs; write the released sum (or error) to output-path."""
+    from dpsynth.federated.core import clip_probability_bound, effective_sigma, plan_quantisation
+
+    cfg = context.run_config
+    with np.load(str(cfg["candidates-path"])) as z:
+        cand_emb, cand_lab = z["embeddings"], z["labels"]
+    num_parties = int(cfg["num-parties"])
+    min_parties = int(cfg.get("min-parties", num_parties))
+    sigma = float(cfg["sigma"])
+    plan = plan_quantisation(vote_bound=float(cfg["vote-bound"]), sigma=sigma,
+                             num_parties=num_parties)
+    sink = ServerSink()
+    inner = make_server_app(cand_emb, cand_lab, num_parties=num_parties,
+                            min_parties=min_parties, sigma=sigma, plan=plan, sink=sink)
+    inner(grid, context)
+    out = str(cfg["output-path"])
+    if sink.released is None:
+        raise sink.error_kind(sink.error or "no release")
+    np.savez(out, histogram=sink.released, parties_present=sink.parties_present,
+             effective_sigma=effective_sigma(sigma, sink.parties_present, num_parties),
+             quantization_error_bound=plan.error_bound(sink.parties_present),
+             clip_probability_bound=clip_probability_bound(
+                 plan, sigma, num_parties, int(sink.released.size)))

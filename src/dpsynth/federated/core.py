@@ -1,0 +1,243 @@
+"""Pure (Flower-free) parts of WASP's federated voting: party data, local noisy votes, quantisation.
+
+Federated WASP (METHODS.md section 2, "Federated variant"): party l holds records, computes its
+local vote histogram h_l, adds its own noise share N(0, sigma^2 / P) and only the secure sum
+sum_l (h_l + n_l) = H + N(0, sigma^2) reaches the server (SecAgg+).
+
+Quantisation. SecAgg+ sums integers: each party's noisy vector y_l is clipped to [-C, C] and
+stochastically rounded to the grid Delta * Z with Delta = 2C / R (R = quantization_range). The
+default C is a power of two >= vote_bound + k * sigma / sqrt(P) (k = 10 standard deviations of a
+party's noise share), so Delta is a power of two and dyadic vote weights 2^-q (q <= log2(1/Delta))
+lie exactly on the grid. Consequences:
+
+* error: |released - sum_l y_l| <= n_present * Delta per coordinate (one quantum per party);
+* clipping: with |h_l| <= vote_bound enforced by the party, a party's value is clipped only if its
+  noise exceeds k standard deviations; the probability of any clip in a round is at most
+  ``clip_probability_bound`` = 2 * P * dim * Phi(-k) (about 1.5e-23 per coordinate for k = 10),
+  which the accountant may add to delta; outside that event the released value is the exact
+  (rounded) secure sum;
+* rounding: since h_l lies on the grid, round(h_l + n_l) = h_l + round(n_l) (stochastic rounding
+  commutes with grid shifts), so the rounding perturbation is data-independent noise of at most
+  Delta per party; the accounting treats the total noise as N(0, sigma^2). A fully rigorous
+  treatment of summed discretised Gaussians is the distributed discrete Gaussian of Kairouz, Liu
+  and Steinke (ICML 2021); here Delta / (sigma / sqrt(P)) is about 1e-5 or less.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+VoteFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""vote_fn(party_embeddings, party_labels, candidate_embeddings, candidate_labels) -> flat hist."""
+
+DEFAULT_NOISE_BOUND_SDS = 10.0
+DEFAULT_QUANTIZATION_RANGE = 2**22
+DEFAULT_MODULUS_RANGE = 2**32
+
+
+class FederatedRoundError(RuntimeError):
+    """A federated round did not release anything (protocol halted or too few parties)."""
+
+
+class InsufficientPartiesError(FederatedRoundError):
+    """Fewer parties than the configured minimum contributed: nothing is released."""
+
+
+class VoteBoundError(ValueError):
+    """A party's vote histogram exceeds the public vote bound (would be clipped by data)."""
+
+
+@dataclass
+class PartyData:
+    """One party's private records: unit-norm embeddings [m_l, d] and int label codes [m_l]."""
+
+    embeddings: np.ndarray
+    labels: np.ndarray
+
+    def __post_init__(self) -> None:
+        emb = np.asarray(self.embeddings)
+        lab = np.asarray(self.labels)
+        if emb.ndim != 2:
+            raise ValueError(f"PartyData.embeddings must be 2-D [m, d], got shape {emb.shape}")
+        if lab.ndim != 1 or lab.shape[0] != emb.shape[0]:
+            raise ValueError(
+                f"PartyData.labels must be 1-D with {emb.shape[0]} entries, got shape {lab.shape}"
+            )
+        if not np.issubdtype(lab.dtype, np.integer):
+            raise ValueError(f"PartyData.labels must be integer codes, got dtype {lab.dtype}")
+        self.embeddings = emb.astype(np.float32, copy=False)
+        self.labels = lab.astype(np.int64, copy=False)
+
+    @property
+    def size(self) -> int:
+        return int(self.embeddings.shape[0])
+
+
+@dataclass(frozen=True)
+class QuantisationPlan:
+    """SecAgg+ quantisation parameters (public; identical for every party)."""
+
+    clipping_range: float
+    quantization_range: int
+    modulus_range: int
+    vote_bound: float
+
+    @property
+    def step(self) -> float:
+        """Grid step Delta = 2C / R."""
+        return 2.0 * self.clipping_range / self.quantization_range
+
+    def error_bound(self, n_present: int) -> float:
+        """Max |secure sum - true sum of noisy vectors| per coordinate (one quantum per party)."""
+        return n_present * self.step
+
+
+@dataclass
+class FederatedResult:
+    """Outcome of one federated round: the released secure sum and how to account for it."""
+
+    histogram: np.ndarray
+    parties_present: int
+    num_parties: int
+    sigma: float
+    effective_sigma: float
+    quantization_error_bound: float
+    clipping_range: float
+    clip_probability_bound: float
+
+
+def _next_pow2(x: float) -> float:
+    return float(2.0 ** math.ceil(math.log2(x)))
+
+
+def plan_quantisation(
+    *,
+    vote_bound: float,
+    sigma: float,
+    num_parties: int,
+    clipping_range: float | None = None,
+    quantization_range: int = DEFAULT_QUANTIZATION_RANGE,
+    modulus_range: int = DEFAULT_MODULUS_RANGE,
+    noise_bound_sds: float = DEFAULT_NOISE_BOUND_SDS,
+) -> QuantisationPlan:
+    """Pick C = next power of two >= vote_bound + k * sigma / sqrt(P) unless given."""
+    if num_parties < 2:
+        raise ValueError(f"num_parties must be >= 2 for secure aggregation, got {num_parties}")
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+    if not (math.isfinite(vote_bound) and vote_bound > 0):
+        raise ValueError(f"vote_bound must be finite and > 0, got {vote_bound!r}")
+    if not isinstance(quantization_range, int) or quantization_range < 2:
+        raise ValueError(f"quantization_range must be an int >= 2, got {quantization_range!r}")
+    if num_parties * quantization_range >= modulus_range:
+        raise ValueError(
+            f"num_parties * quantization_range ({num_parties} * {quantization_range}) must be "
+            f"< modulus_range ({modulus_range}) or the secure sum overflows"
+        )
+    if clipping_range is None:
+        clipping_range = _next_pow2(vote_bound + noise_bound_sds * sigma / math.sqrt(num_parties))
+    elif not (math.isfinite(clipping_range) and clipping_range > 0):
+        raise ValueError(f"clipping_range must be finite and > 0, got {clipping_range!r}")
+    return QuantisationPlan(
+        clipping_range=float(clipping_range),
+        quantization_range=quantization_range,
+        modulus_range=modulus_range,
+        vote_bound=float(vote_bound),
+    )
+
+
+def clip_probability_bound(plan: QuantisationPlan, sigma: float, num_parties: int,
+                           dim: int) -> float:
+    """P(any party's value leaves [-C, C]) <= 2 * P * dim * Phi(-(C - B) / (sigma / sqrt(P)))."""
+    margin = plan.clipping_range - plan.vote_bound
+    if margin <= 0:
+        return 1.0
+    if sigma == 0:
+        return 0.0
+    z = margin / (sigma / math.sqrt(num_parties))
+    tail = 0.5 * math.erfc(z / math.sqrt(2.0))
+    return min(1.0, 2.0 * num_parties * dim * tail)
+
+
+def party_seed(seed: int, party_index: int) -> int:
+    """Independent per-party noise seed derived from the round seed (research mode only)."""
+    state = np.random.SeedSequence([int(seed), 0x5EC466, int(party_index)]).generate_state(2)
+    return int(state[0]) << 32 | int(state[1])
+
+
+def party_noise(size: int, std: float, *, noise_mode: str, seed: int | None,
+                party_index: int) -> np.ndarray:
+    """Party l's noise share N(0, std^2) from its own source (seeded per party, or OS CSPRNG)."""
+    from dpsynth.privacy.noise import make_noise_source
+
+    if noise_mode == "seeded":
+        source = make_noise_source("seeded", None if seed is None else party_seed(seed, party_index))
+    elif noise_mode == "secure":
+        source = make_noise_source("secure", None)
+    else:
+        raise ValueError(f"noise_mode must be 'seeded' or 'secure', got {noise_mode!r}")
+    return np.asarray(source.normal(size, scale=std), dtype=np.float64)
+
+
+def local_votes(party: PartyData, candidate_embeddings: np.ndarray,
+                candidate_labels: np.ndarray, vote_fn: VoteFn, vote_bound: float) -> np.ndarray:
+    """Party's local vote histogram h_l, checked against the public vote bound."""
+    hist = np.asarray(
+        vote_fn(party.embeddings, party.labels, candidate_embeddings, candidate_labels),
+        dtype=np.float64,
+    )
+    if hist.ndim != 1:
+        raise ValueError(f"vote_fn must return a flat histogram, got shape {hist.shape}")
+    if not np.all(np.isfinite(hist)):
+        raise ValueError("vote_fn returned non-finite values")
+    if hist.size and float(np.max(np.abs(hist))) > vote_bound:
+        # No values in the message: the histogram is private to the party.
+        raise VoteBoundError(
+            f"a party's vote histogram exceeds the public vote_bound {vote_bound}; raise "
+            "vote_bound (it must bound every coordinate of every party's votes)"
+        )
+    return hist
+
+
+def party_noisy_histogram(party: PartyData, candidate_embeddings: np.ndarray,
+                          candidate_labels: np.ndarray, vote_fn: VoteFn, *, sigma: float,
+                          num_parties: int, vote_bound: float, noise_mode: str,
+                          seed: int | None, party_index: int) -> np.ndarray:
+    """y_l = h_l + N(0, sigma^2 / P): what party l submits (masked) to the secure sum."""
+    if party.size == 0:
+        raise ValueError(f"party {party_index} has no records")
+    hist = local_votes(party, candidate_embeddings, candidate_labels, vote_fn, vote_bound)
+    std = sigma / math.sqrt(num_parties)
+    return hist + party_noise(hist.size, std, noise_mode=noise_mode, seed=seed,
+                              party_index=party_index)
+
+
+def effective_sigma(sigma: float, parties_present: int, num_parties: int) -> float:
+    """Std of the total noise when only parties_present of P noise shares arrive."""
+    return sigma * math.sqrt(parties_present / num_parties)
+
+
+def validate_parties(parties: Sequence[PartyData]) -> int:
+    """Check the party list; return the embedding dimension."""
+    if len(parties) < 2:
+        raise ValueError(f"federated voting needs >= 2 parties, got {len(parties)}")
+    dims = set()
+    for i, p in enumerate(parties):
+        if not isinstance(p, PartyData):
+            raise TypeError(f"parties[{i}] must be PartyData, got {type(p).__name__}")
+        if p.size == 0:
+            raise ValueError(f"parties[{i}] has no records (every party needs >= 1 record)")
+        dims.add(int(p.embeddings.shape[1]))
+    if len(dims) != 1:
+        raise ValueError(f"parties disagree on the embedding dimension: {sorted(dims)}")
+    return dims.pop()
+
+
+def zero_votes(party_embeddings: np.ndarray, party_labels: np.ndarray,
+               candidate_embeddings: np.ndarray, candidate_labels: np.ndarray) -> np.ndarray:
+    """Vote function that casts no votes: concat(H_near, H_far) = 0 (noise-only rounds, tests)."""
+    return np.zeros(2 * len(candidate_embeddings), dtype=np.float64)

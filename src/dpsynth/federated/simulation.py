@@ -1,0 +1,146 @@
+"""Driver: one federated WASP voting round in Flower's simulation engine (Ray backend).
+
+Dropouts: a party that fails after the SecAgg+ key-sharing stages contributes neither its votes
+nor its noise share, so the sum carries N(0, (P_present / P) sigma^2). A round with fewer than
+``min_parties`` contributors (default: all P) is refused (InsufficientPartiesError) and releases
+nothing; with ``min_parties < P`` a smaller round is released and ``effective_sigma`` =
+sqrt(P_present / P) * sigma is what the accountant must use for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpsynth.federated.core import (
+    DEFAULT_MODULUS_RANGE,
+    DEFAULT_QUANTIZATION_RANGE,
+    FederatedResult,
+    PartyData,
+    VoteFn,
+    clip_probability_bound,
+    effective_sigma,
+    plan_quantisation,
+    validate_parties,
+)
+
+_RAY_INIT_ARGS: dict[str, Any] = {
+    "num_cpus": 2,
+    "include_dashboard": False,
+    "object_store_memory": 200 * 1024 * 1024,
+}
+
+
+class _SimulationParties:
+    """Client-side party lookup by the simulation's partition id (never given to the server)."""
+
+    def __init__(self, parties: Sequence[PartyData]) -> None:
+        self.parties = list(parties)
+
+    def __call__(self, context: Any) -> tuple[PartyData, int]:
+        index = int(context.node_config["partition-id"])
+        return self.parties[index], index
+
+
+def federated_noisy_histogram(
+    parties: Sequence[PartyData],
+    candidate_embeddings: np.ndarray,
+    candidate_labels: np.ndarray,
+    vote_fn: VoteFn,
+    sigma: float,
+    *,
+    seed: int | None,
+    noise_mode: str = "seeded",
+    min_parties: int | None = None,
+    clipping_range: float | None = None,
+    quantization_range: int = DEFAULT_QUANTIZATION_RANGE,
+    drop_parties: Sequence[int] = (),
+    vote_bound: float | None = None,
+    modulus_range: int = DEFAULT_MODULUS_RANGE,
+    timeout_s: float | None = 120.0,
+    verbose: bool = False,
+) -> FederatedResult:
+    """Secure sum over parties of (local votes + N(0, sigma^2 / P)) via Flower SecAgg+.
+
+    ``seed`` seeds each party's own noise source (research mode); use a fresh seed per round.
+    ``vote_bound`` is the public bound on any coordinate of one party's vote histogram (default:
+    the largest party size, valid for Top-Q votes with weights 2^-q <= 1; this treats party sizes
+    as public). Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
+    """
+    from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
+
+    num_parties = len(parties)
+    validate_parties(parties)
+    if noise_mode not in ("seeded", "secure"):
+        raise ValueError(f"noise_mode must be 'seeded' or 'secure', got {noise_mode!r}")
+    if min_parties is None:
+        min_parties = num_parties
+    if not 2 <= min_parties <= num_parties:
+        raise ValueError(f"min_parties must be in [2, {num_parties}], got {min_parties}")
+    bad = [i for i in drop_parties if not 0 <= int(i) < num_parties]
+    if bad:
+        raise ValueError(f"drop_parties has indices outside [0, {num_parties}): {bad}")
+    cand_emb = np.asarray(candidate_embeddings, dtype=np.float32)
+    cand_lab = np.asarray(candidate_labels)
+    if cand_emb.ndim != 2 or cand_lab.ndim != 1 or cand_lab.shape[0] != cand_emb.shape[0]:
+        raise ValueError(f"candidate_embeddings [n, d] and candidate_labels [n] disagree: "
+                         f"{cand_emb.shape} vs {cand_lab.shape}")
+    if vote_bound is None:
+        vote_bound = float(max(p.size for p in parties))
+    plan = plan_quantisation(vote_bound=vote_bound, sigma=sigma, num_parties=num_parties,
+                             clipping_range=clipping_range,
+                             quantization_range=quantization_range, modulus_range=modulus_range)
+
+    sink = ServerSink()
+    server_app = make_server_app(cand_emb, cand_lab, num_parties=num_parties,
+                                 min_parties=min_parties, sigma=sigma, plan=plan, sink=sink,
+                                 timeout_s=timeout_s)
+    client_app = make_client_app(_SimulationParties(parties), vote_fn, noise_mode=noise_mode,
+                                 seed=seed, drop_parties=drop_parties)
+    run_flower_simulation(server_app, client_app, num_parties, verbose=verbose)
+
+    if sink.released is None:
+        raise sink.error_kind(sink.error or "federated round released nothing")
+    n = sink.parties_present
+    return FederatedResult(
+        histogram=sink.released,
+        parties_present=n,
+        num_parties=num_parties,
+        sigma=float(sigma),
+        effective_sigma=effective_sigma(sigma, n, num_parties),
+        quantization_error_bound=plan.error_bound(n),
+        clipping_range=plan.clipping_range,
+        clip_probability_bound=clip_probability_bound(plan, sigma, num_parties,
+                                                      int(sink.released.size)),
+    )
+
+
+def run_flower_simulation(server_app: Any, client_app: Any, num_supernodes: int, *,
+                          verbose: bool = False) -> None:
+    """Run Flower's simulation engine (Ray backend, 1 CPU per ClientApp, 2 actors at most)."""
+    import warnings
+
+    from flwr.simulation import run_simulation
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    backend_config: dict[str, Any] = {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": dict(_RAY_INIT_ARGS),
+    }
+    flwr_logger = logging.getLogger("flwr")
+    old_level = flwr_logger.level
+    if not verbose:
+        flwr_logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run_simulation(server_app=server_app, client_app=client_app,
+                           num_supernodes=num_supernodes, backend_name="ray",
+                           backend_config=backend_config,  # type: ignore[arg-type]
+                           verbose_logging=verbose)
+    finally:
+        flwr_logger.setLevel(old_level)

@@ -1,0 +1,205 @@
+"""The generator protocol shared by every LLM backend (local transformers, OpenAI-compatible).
+
+A PE-family method only ever sees :class:`Generator`: a batch of :class:`GenerationRequest`
+in, the same number of strings out, in the same order. Backends differ in how they get there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Messages = tuple[dict[str, str], ...]
+Prompt = str | Messages
+ResultCallback = Callable[[int, str], None]
+"""Called as ``on_result(index, text)`` as soon as request ``index`` of a call has finished."""
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+#: Stop strings added when chat messages were rendered with :func:`render_chat_fallback`,
+#: so that a base model does not go on to write the next turn itself.
+FALLBACK_STOPS = ("\nUser:", "\nSystem:")
+
+
+class GenerationError(RuntimeError):
+    """A generation call failed.
+
+    The message never contains prompt or output text (prompts may hold private records);
+    it names the backend, the cause (e.g. an HTTP status) and how many requests finished.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        completed: int = 0,
+        total: int = 0,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.completed = completed
+        self.total = total
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion.
+
+    ``temperature == 0`` means greedy decoding; ``top_k == 0`` disables top-k;
+    ``seed`` makes a local generation reproducible (see ``LocalGenerator`` for batches).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not self.temperature >= 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("SamplingParams.stop must be a tuple of non-empty strings")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (``stop`` as a list)."""
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+    def without_seed(self) -> SamplingParams:
+        """The same parameters with ``seed=None`` (the key local batches are grouped by)."""
+        return SamplingParams(
+            self.temperature, self.top_p, self.top_k, self.max_new_tokens, self.stop, None
+        )
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt (plain completion text, or chat messages) and how to sample it.
+
+    ``nonce`` is extra cache-key material only (it is never sent to a model): two otherwise
+    identical requests with different nonces are different cache entries.
+    """
+
+    prompt: Prompt
+    params: SamplingParams = field(default_factory=SamplingParams)
+    nonce: str | int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompt, str):
+            return
+        if isinstance(self.prompt, Sequence):
+            msgs = tuple(_check_message(m, i) for i, m in enumerate(self.prompt))
+            if not msgs:
+                raise ValueError("GenerationRequest.prompt: chat messages must not be empty")
+            object.__setattr__(self, "prompt", msgs)
+            return
+        raise TypeError(
+            "GenerationRequest.prompt must be a str or a sequence of "
+            f"{{'role', 'content'}} dicts, got {type(self.prompt).__name__}"
+        )
+
+    @property
+    def is_chat(self) -> bool:
+        return not isinstance(self.prompt, str)
+
+
+def _check_message(m: Any, i: int) -> dict[str, str]:
+    if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+        raise ValueError(f"GenerationRequest.prompt[{i}] must be a dict with 'role' and 'content'")
+    role, content = m["role"], m["content"]
+    if role not in CHAT_ROLES:
+        raise ValueError(f"GenerationRequest.prompt[{i}].role must be one of {CHAT_ROLES}")
+    if not isinstance(content, str):
+        raise ValueError(f"GenerationRequest.prompt[{i}].content must be a str")
+    return {"role": role, "content": content}
+
+
+def render_chat_fallback(messages: Sequence[Mapping[str, str]]) -> str:
+    """Render chat messages as plain text for a model without a chat template.
+
+    The documented fallback template is::
+
+        System: <system content>
+
+        User: <user content>
+
+        Assistant: <assistant content>
+
+        ...
+
+        Assistant:
+
+    i.e. one ``Role: content`` block per message separated by blank lines, ending with an
+    open ``Assistant:`` turn. Generation from such a prompt also stops at
+    :data:`FALLBACK_STOPS` so that the model does not write the next user turn.
+    """
+    parts = [f"{m['role'].capitalize()}: {m['content'].strip()}" for m in messages]
+    parts.append("Assistant:")
+    return "\n\n".join(parts)
+
+
+def apply_stops(text: str, stops: Sequence[str]) -> str:
+    """Cut ``text`` at the earliest occurrence of any stop string (the stop is not kept)."""
+    cut = len(text)
+    for s in stops:
+        i = text.find(s)
+        if 0 <= i < cut:
+            cut = i
+    return text[:cut]
+
+
+def request_key(generator_name: str, request: GenerationRequest, occurrence: int = 0) -> str:
+    """sha256 over (generator name, prompt, params incl. seed, nonce, occurrence index).
+
+    ``occurrence`` numbers identical requests inside one call (0, 1, 2, ...), so that asking
+    for the same prompt k times yields k cache entries rather than one answer repeated.
+    """
+    payload = json.dumps(
+        [
+            generator_name,
+            request.prompt if isinstance(request.prompt, str) else list(request.prompt),
+            request.params.to_dict(),
+            request.nonce,
+            occurrence,
+        ],
+        sort_keys=True,
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Anything that turns a batch of requests into texts.
+
+    ``name`` is a stable id ``"backend:model"`` used in cache keys. ``generate`` returns one
+    string per request in the same order. Backends in this package also accept an optional
+    keyword ``on_result(index, text)`` called as each request finishes, which the request
+    cache uses so that an exception never loses finished work.
+    """
+
+    name: str
+    supports_chat: bool
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], *, progress: bool = True
+    ) -> list[str]: ...

@@ -1,0 +1,402 @@
+"""Privacy accounting: compose the events of a run and convert to (epsilon, delta).
+
+Kinds (METHODS.md section 0):
+
+- ``"pld"`` (default): privacy loss distributions from ``dp_accounting`` (Gaussian, Poisson-
+  subsampled Gaussian, and exponential mechanisms as generic pure eps-DP). zCDP events have no
+  PLD; when a run holds any zCDP or exponential event, epsilon is ALSO computed with the RDP
+  accountant below and the smaller of the two (both sound upper bounds for the same run) is
+  reported. With zCDP events present the reported value is therefore the RDP one.
+- ``"rdp"``: Renyi DP on a grid of orders; Gaussians via ``dp_accounting``; rho-zCDP as
+  RDP(alpha) = rho * alpha (exact); exponential as min(eps, alpha eps^2 / 8) per order (pure DP
+  and bounded-range zCDP, Cesar & Rogers 2021). Conversion to (eps, delta) is
+  ``dp_accounting``'s (Canonne-Kamath-Steinke / Asoodeh et al.).
+- ``"zcdp"``: rho adds up; Gaussian rho = Delta^2 / (2 sigma^2), exponential rho = eps^2 / 8;
+  conversion by :func:`zcdp_to_eps_cks`. Subsampled Gaussians are refused.
+- ``"gdp"``: Gaussian DP closed form, mu = sqrt(sum count (Delta / sigma)^2). Only full-batch
+  Gaussian events (anything else is refused at ``add``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+from scipy import optimize
+from scipy.special import log_ndtr
+
+from .errors import PrivacyConfigError
+from .events import Event, ExponentialEvent, GaussianEvent, ZCDPEvent, params_key
+
+KINDS = ("pld", "rdp", "zcdp", "gdp")
+
+RDP_ORDERS: tuple[float, ...] = tuple(
+    sorted(
+        set(rdp_lib.DEFAULT_RDP_ORDERS)
+        | {1.0 + x / 100.0 for x in range(1, 10)}
+        | {80.0, 96.0, 160.0, 192.0, 2048.0, 4096.0}
+    )
+)
+
+# Above this many discretisation steps of privacy loss, the PLD of pure-DP events is skipped and
+# the (sound) RDP bound is used alone, to keep budget checks fast.
+_PLD_MAX_SPAN = 2_000_000
+
+
+def _check_delta(delta: float) -> None:
+    if not (isinstance(delta, int | float) and 0.0 < delta < 1.0):
+        raise PrivacyConfigError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon >= 0):
+        raise PrivacyConfigError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+
+
+# ----------------------------------------------------------------------------- zCDP conversions
+
+
+def zcdp_to_eps_standard(rho: float, delta: float) -> float:
+    """rho-zCDP -> (eps, delta)-DP (Bun & Steinke 2016, Prop. 1.3):
+    eps = rho + 2 sqrt(rho log(1/delta))."""
+    _check_delta(delta)
+    if rho < 0:
+        raise PrivacyConfigError(f"rho must be >= 0, got {rho!r}")
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def _cks_eps_at(alpha: float, rho: float, delta: float) -> float:
+    """Canonne-Kamath-Steinke 2020 Prop. 12 at order alpha > 1 for RDP(alpha) = alpha * rho:
+    eps = alpha rho + (log(1/delta) + (alpha - 1) log(1 - 1/alpha) - log(alpha)) / (alpha - 1)."""
+    am1 = alpha - 1.0
+    return (
+        alpha * rho
+        + (math.log(1.0 / delta) + am1 * math.log1p(-1.0 / alpha) - math.log(alpha)) / am1
+    )
+
+
+def zcdp_to_eps_cks(rho: float, delta: float) -> float:
+    """rho-zCDP -> (eps, delta)-DP by the tighter conversion of Canonne, Kamath & Steinke 2020
+    (Prop. 12 / Cor. 13), minimised over the order alpha > 1; never above the standard one."""
+    _check_delta(delta)
+    if rho < 0:
+        raise PrivacyConfigError(f"rho must be >= 0, got {rho!r}")
+    if rho == 0:
+        return 0.0
+    # Grid over t = log(alpha - 1), then refine the best cell by bounded scalar minimisation.
+    ts = np.linspace(-12.0, 14.0, 261)
+    vals = [_cks_eps_at(1.0 + math.exp(t), rho, delta) for t in ts]
+    i = int(np.argmin(vals))
+    lo, hi = ts[max(i - 1, 0)], ts[min(i + 1, len(ts) - 1)]
+    res = optimize.minimize_scalar(
+        lambda t: _cks_eps_at(1.0 + math.exp(t), rho, delta),
+        bounds=(lo, hi),
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
+    best = min(float(res.fun), float(vals[i]))
+    return max(0.0, min(best, zcdp_to_eps_standard(rho, delta)))
+
+
+def zcdp_to_delta_cks(rho: float, epsilon: float) -> float:
+    """Smallest delta with rho-zCDP => (epsilon, delta)-DP by the CKS 2020 bound:
+    delta = min_alpha exp((alpha - 1)(alpha rho - eps)) / alpha * (1 - 1/alpha)^(alpha - 1)."""
+    _check_epsilon(epsilon)
+    if rho == 0:
+        return 0.0
+
+    def log_delta(t: float) -> float:
+        a = 1.0 + math.exp(t)
+        return (a - 1.0) * (a * rho - epsilon) + (a - 1.0) * math.log1p(-1.0 / a) - math.log(a)
+
+    ts = np.linspace(-12.0, 14.0, 261)
+    vals = [log_delta(t) for t in ts]
+    i = int(np.argmin(vals))
+    res = optimize.minimize_scalar(
+        log_delta, bounds=(ts[max(i - 1, 0)], ts[min(i + 1, len(ts) - 1)]), method="bounded"
+    )
+    return float(min(1.0, math.exp(min(float(res.fun), vals[i]))))
+
+
+# ------------------------------------------------------------------------------ Gaussian DP
+
+
+def gdp_delta(mu: float, eps: float) -> float:
+    """delta(eps) of mu-GDP (Dong, Roth & Su 2019, Cor. 2.13):
+    Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2), evaluated in log space."""
+    if mu < 0 or not math.isfinite(mu):
+        raise PrivacyConfigError(f"mu must be finite and >= 0, got {mu!r}")
+    _check_epsilon(eps)
+    if mu == 0:
+        return 0.0
+    a = math.exp(float(log_ndtr(-eps / mu + mu / 2.0)))
+    b = math.exp(eps + float(log_ndtr(-eps / mu - mu / 2.0)))
+    return max(0.0, a - b)
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest eps >= 0 with gdp_delta(mu, eps) <= delta (root finding; delta is decreasing)."""
+    _check_delta(delta)
+    if mu == 0 or gdp_delta(mu, 0.0) <= delta:
+        return 0.0
+    hi = max(1.0, mu)
+    while gdp_delta(mu, hi) > delta:
+        hi *= 2.0
+    return float(optimize.brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12))
+
+
+# ----------------------------------------------------------------------------- accountant
+
+
+Groups = dict[tuple, int]
+
+
+def _check_supported(kind: str, event: Event) -> None:
+    if not isinstance(event, GaussianEvent | ExponentialEvent | ZCDPEvent):
+        raise PrivacyConfigError(f"not a privacy event: {type(event).__name__}")
+    label = f"{type(event).__name__}(name={event.name!r})"
+    if kind in ("zcdp", "gdp") and isinstance(event, GaussianEvent) and event.sampling_rate < 1:
+        raise PrivacyConfigError(
+            f"the {kind!r} accountant cannot account the Poisson-subsampled {label} "
+            f"(sampling_rate={event.sampling_rate}); use accountant 'pld' or 'rdp'"
+        )
+    if kind == "gdp" and not isinstance(event, GaussianEvent):
+        raise PrivacyConfigError(
+            f"the 'gdp' accountant only composes Gaussian mechanisms, got {label}; "
+            "use accountant 'pld', 'rdp' or 'zcdp'"
+        )
+
+
+def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
+    """Total RDP curve of the grouped events over ``orders``."""
+    acct = rdp_lib.RdpAccountant(orders=list(orders))
+    total = np.zeros_like(orders, dtype=np.float64)
+    for key, count in groups.items():
+        if key[0] == "gaussian":
+            _, nm, q = key
+            ev: dp_event.DpEvent = dp_event.GaussianDpEvent(nm)
+            if q < 1.0:
+                ev = dp_event.PoissonSampledDpEvent(q, ev)
+            acct.compose(ev, count)
+        elif key[0] == "exponential":
+            eps = key[1]
+            total += count * np.minimum(eps, orders * eps**2 / 8.0)
+        else:
+            total += count * key[1] * orders
+    return total + np.asarray(acct._rdp, dtype=np.float64)
+
+
+def _zcdp_rho(groups: Groups) -> float:
+    rho = 0.0
+    for key, count in groups.items():
+        if key[0] == "gaussian":
+            rho += count / (2.0 * key[1] ** 2)
+        elif key[0] == "exponential":
+            rho += count * key[1] ** 2 / 8.0
+        else:
+            rho += count * key[1]
+    return rho
+
+
+def _gdp_mu(groups: Groups) -> float:
+    return math.sqrt(sum(count / key[1] ** 2 for key, count in groups.items()))
+
+
+class Accountant:
+    """Composes privacy events of one run; see the module docstring for the kinds."""
+
+    def __init__(self, kind: str = "pld", *, value_discretization_interval: float = 1e-4) -> None:
+        if kind not in KINDS:
+            raise PrivacyConfigError(f"accountant kind must be one of {KINDS}, got {kind!r}")
+        self.kind = kind
+        self.value_discretization_interval = value_discretization_interval
+        self.events: list[Event] = []
+        self._groups: Groups = {}
+        self._cache: dict[tuple[str, float], float] = {}
+
+    # -- state ---------------------------------------------------------------------------------
+    def add(self, event: Event) -> None:
+        """Compose one more event (raises PrivacyConfigError when this kind cannot account it)."""
+        _check_supported(self.kind, event)
+        self.events.append(event)
+        key = params_key(event)
+        self._groups[key] = self._groups.get(key, 0) + event.count
+        self._cache.clear()
+
+    def extend(self, events: Iterable[Event]) -> None:
+        """Add several events."""
+        for e in events:
+            self.add(e)
+
+    def copy(self) -> Accountant:
+        """An independent accountant with the same events."""
+        vdi = self.value_discretization_interval
+        new = Accountant(self.kind, value_discretization_interval=vdi)
+        new.events = list(self.events)
+        new._groups = dict(self._groups)
+        new._cache = dict(self._cache)
+        return new
+
+    def __copy__(self) -> Accountant:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict) -> Accountant:
+        return self.copy()
+
+    # -- queries -------------------------------------------------------------------------------
+    def epsilon(self, delta: float) -> float:
+        """Smallest epsilon such that the composed run is (epsilon, delta)-DP (by this kind)."""
+        _check_delta(delta)
+        ck = ("eps", float(delta))
+        if ck not in self._cache:
+            self._cache[ck] = self._epsilon(self._groups, delta)
+        return self._cache[ck]
+
+    def delta(self, epsilon: float) -> float:
+        """Smallest delta such that the composed run is (epsilon, delta)-DP (by this kind)."""
+        _check_epsilon(epsilon)
+        ck = ("delta", float(epsilon))
+        if ck not in self._cache:
+            self._cache[ck] = self._delta(self._groups, epsilon)
+        return self._cache[ck]
+
+    def check(self, event: Event) -> None:
+        """Raise PrivacyConfigError when this kind cannot account ``event`` (nothing is added)."""
+        _check_supported(self.kind, event)
+
+    def epsilon_if_added(self, events: Event | Iterable[Event], delta: float) -> float:
+        """epsilon at ``delta`` if ``events`` were added (the accountant is not changed)."""
+        evs = (
+            [events]
+            if isinstance(events, GaussianEvent | ExponentialEvent | ZCDPEvent)
+            else (list(events))
+        )
+        _check_delta(delta)
+        groups = dict(self._groups)
+        for ev in evs:
+            _check_supported(self.kind, ev)
+            key = params_key(ev)
+            groups[key] = groups.get(key, 0) + ev.count
+        return self._epsilon(groups, delta)
+
+    def rho(self) -> float:
+        """Total zCDP rho (kinds 'zcdp'; also meaningful for 'gdp' without subsampling)."""
+        if self.kind not in ("zcdp", "gdp"):
+            raise PrivacyConfigError(f"rho() needs accountant 'zcdp' or 'gdp', not {self.kind!r}")
+        return _zcdp_rho(self._groups)
+
+    def gdp_mu(self) -> float:
+        """Total mu of the 'gdp' accountant."""
+        if self.kind != "gdp":
+            raise PrivacyConfigError(f"gdp_mu() needs accountant 'gdp', not {self.kind!r}")
+        return _gdp_mu(self._groups)
+
+    def summary(self) -> list[dict]:
+        """One row per mechanism (type, name and parameters), with its total count."""
+        rows: dict[tuple, dict] = {}
+        for e in self.events:
+            d = e.to_dict()
+            count = d.pop("count")
+            k = tuple(sorted(d.items()))
+            if k not in rows:
+                rows[k] = {"mechanism": d.pop("type"), **d, "count": 0}
+                if isinstance(e, GaussianEvent):
+                    rows[k]["mu"] = e.sensitivity / e.sigma
+                if isinstance(e, ExponentialEvent):
+                    rows[k]["rho"] = e.rho
+            rows[k]["count"] += count
+        return list(rows.values())
+
+    # -- internals -----------------------------------------------------------------------------
+    def _epsilon(self, groups: Groups, delta: float) -> float:
+        if not groups:
+            return 0.0
+        if self.kind == "gdp":
+            return gdp_epsilon(_gdp_mu(groups), delta)
+        if self.kind == "zcdp":
+            return zcdp_to_eps_cks(_zcdp_rho(groups), delta)
+        rdp_eps = math.inf
+        if self.kind == "rdp" or any(k[0] != "gaussian" for k in groups):
+            orders = np.asarray(RDP_ORDERS)
+            rdp_eps = float(rdp_lib.compute_epsilon(orders, _rdp_vector(groups, orders), delta)[0])
+        if self.kind == "rdp":
+            return rdp_eps
+        pld = self._pld(groups)
+        if pld is None:
+            return rdp_eps
+        return min(rdp_eps, float(pld.get_epsilon_for_delta(delta)))
+
+    def _delta(self, groups: Groups, epsilon: float) -> float:
+        if not groups:
+            return 0.0
+        if self.kind == "gdp":
+            return gdp_delta(_gdp_mu(groups), epsilon)
+        if self.kind == "zcdp":
+            return zcdp_to_delta_cks(_zcdp_rho(groups), epsilon)
+        rdp_delta = 1.0
+        if self.kind == "rdp" or any(k[0] != "gaussian" for k in groups):
+            orders = np.asarray(RDP_ORDERS)
+            rdp_delta = float(
+                rdp_lib.compute_delta(orders, _rdp_vector(groups, orders), epsilon)[0]
+            )
+        if self.kind == "rdp":
+            return rdp_delta
+        pld = self._pld(groups)
+        if pld is None:
+            return rdp_delta
+        return min(rdp_delta, float(pld.get_delta_for_epsilon(epsilon)))
+
+    def _pld(self, groups: Groups) -> pld_lib.PrivacyLossDistribution | None:
+        """The composed PLD, or None when some event has none (zCDP) or would be too costly."""
+        vdi = self.value_discretization_interval
+        if any(k[0] == "zcdp" for k in groups):
+            return None
+        span = sum(c * k[1] for k, c in groups.items() if k[0] == "exponential") / vdi
+        if span > _PLD_MAX_SPAN:
+            return None
+        parts: list[pld_lib.PrivacyLossDistribution] = []
+        # Full-batch Gaussians compose exactly into one Gaussian with mu^2 = sum count / nm^2.
+        mu2 = sum(c / k[1] ** 2 for k, c in groups.items() if k[0] == "gaussian" and k[2] >= 1.0)
+        if mu2 > 0:
+            parts.append(
+                pld_lib.from_gaussian_mechanism(
+                    standard_deviation=1.0 / math.sqrt(mu2),
+                    sensitivity=1.0,
+                    value_discretization_interval=vdi,
+                )
+            )
+        for key, count in groups.items():
+            if key[0] == "gaussian" and key[2] < 1.0:
+                one = pld_lib.from_gaussian_mechanism(
+                    standard_deviation=key[1],
+                    sensitivity=1.0,
+                    sampling_prob=key[2],
+                    value_discretization_interval=vdi,
+                )
+                parts.append(one.self_compose(count) if count > 1 else one)
+            elif key[0] == "exponential":
+                one = pld_lib.from_privacy_parameters(
+                    pld_common.DifferentialPrivacyParameters(key[1], 0.0),
+                    value_discretization_interval=vdi,
+                )
+                parts.append(one.self_compose(count) if count > 1 else one)
+        total = parts[0]
+        for p in parts[1:]:
+            total = total.compose(p)
+        return total
+
+
+__all__ = [
+    "KINDS",
+    "Accountant",
+    "gdp_delta",
+    "gdp_epsilon",
+    "zcdp_to_delta_cks",
+    "zcdp_to_eps_cks",
+    "zcdp_to_eps_standard",
+]

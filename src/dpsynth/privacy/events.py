@@ -1,0 +1,166 @@
+"""Descriptions of single releases, from the worst case of one record (or one user).
+
+An event says what a mechanism guarantees, not what it computed: the accountant composes events.
+Composition semantics:
+
+- ``count`` is the number of identical sequential compositions of the same mechanism.
+- Overlapping parallel composition (each record takes part in at most L of the parts, e.g.
+  DP-SynRAG's soft clusters, METHODS.md section 4): account the per-part event L times, see
+  :func:`overlapping`.
+- Disjoint parallel composition (the parts partition D, e.g. per-label vote histograms in Aug-PE):
+  account ONE release whose sensitivity covers all parts together (a record changes only its own
+  part, so the joint L2 sensitivity is that of one part). Do not add one event per part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .errors import PrivacyConfigError
+
+
+def _check_count(count: int) -> None:
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+        raise PrivacyConfigError(f"count must be an integer >= 1, got {count!r}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise PrivacyConfigError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _coerce(obj: Any, *names: str) -> None:
+    """Store numeric fields as plain floats/ints (JSON-ready, numpy scalars accepted)."""
+    for n in names:
+        v = getattr(obj, n)
+        object.__setattr__(obj, n, int(v) if n == "count" else float(v))
+
+
+class _EventMixin:
+    """JSON round trip shared by the event dataclasses."""
+
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (inverse: :func:`event_from_dict` or ``cls.from_dict``)."""
+        return {"type": self.TYPE, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        """Rebuild an event of this class from ``to_dict()`` output."""
+        if d.get("type", cls.TYPE) != cls.TYPE:
+            raise PrivacyConfigError(f"expected event type {cls.TYPE!r}, got {d.get('type')!r}")
+        fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = set(d) - fields - {"type"}
+        if unknown:
+            raise PrivacyConfigError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
+        return cls(**{k: v for k, v in d.items() if k in fields})
+
+
+@dataclass(frozen=True)
+class GaussianEvent(_EventMixin):
+    """Gaussian mechanism f(D) + N(0, sigma^2 I) with L2 sensitivity Delta, optionally on a
+    Poisson subsample with rate q, composed ``count`` times. Alone: mu-GDP, mu = Delta / sigma."""
+
+    TYPE: ClassVar[str] = "gaussian"
+    sigma: float
+    sensitivity: float
+    count: int = 1
+    sampling_rate: float = 1.0
+    name: str = "gaussian"
+
+    def __post_init__(self) -> None:
+        _check_positive("sigma", self.sigma)
+        _check_positive("sensitivity", self.sensitivity)
+        _check_count(self.count)
+        _check_positive("sampling_rate", self.sampling_rate)
+        _coerce(self, "sigma", "sensitivity", "count", "sampling_rate")
+        if not (0.0 < self.sampling_rate <= 1.0):
+            raise PrivacyConfigError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / Delta."""
+        return self.sigma / self.sensitivity
+
+
+@dataclass(frozen=True)
+class ExponentialEvent(_EventMixin):
+    """Exponential mechanism (softmax(u / tau) with utility sensitivity Delta_u): pure eps-DP with
+    eps = 2 Delta_u / tau, and eps^2/8-zCDP via bounded range (Cesar & Rogers 2021)."""
+
+    TYPE: ClassVar[str] = "exponential"
+    epsilon: float
+    count: int = 1
+    name: str = "exponential"
+
+    def __post_init__(self) -> None:
+        _check_positive("epsilon", self.epsilon)
+        _check_count(self.count)
+        _coerce(self, "epsilon", "count")
+
+    @property
+    def rho(self) -> float:
+        """zCDP parameter of one application: eps^2 / 8."""
+        return self.epsilon**2 / 8.0
+
+
+@dataclass(frozen=True)
+class ZCDPEvent(_EventMixin):
+    """A mechanism given directly as rho-zCDP (RDP of order alpha is rho * alpha), e.g. one private
+    token of DP-SynRAG: rho = (1/2) (c / tau)^2 (METHODS.md section 4)."""
+
+    TYPE: ClassVar[str] = "zcdp"
+    rho: float
+    count: int = 1
+    name: str = "zcdp"
+
+    def __post_init__(self) -> None:
+        _check_positive("rho", self.rho)
+        _check_count(self.count)
+        _coerce(self, "rho", "count")
+
+
+Event = GaussianEvent | ExponentialEvent | ZCDPEvent
+
+_TYPES: dict[str, type] = {
+    "gaussian": GaussianEvent,
+    "exponential": ExponentialEvent,
+    "zcdp": ZCDPEvent,
+}
+
+
+def event_from_dict(d: dict[str, Any]) -> Event:
+    """Inverse of ``event.to_dict()``."""
+    kind = d.get("type")
+    if kind not in _TYPES:
+        raise PrivacyConfigError(f"event type must be one of {sorted(_TYPES)}, got {kind!r}")
+    return _TYPES[kind].from_dict(d)
+
+
+def overlapping(event: Event, times: int) -> Event:
+    """Overlapping parallel composition: each record is in at most ``times`` parts, each part
+    released by ``event``; equivalent (for the worst-case record) to ``times`` compositions."""
+    _check_count(times)
+    return dataclasses.replace(event, count=event.count * times)
+
+
+def params_key(event: Event) -> tuple:
+    """The mechanism's parameters without count and name (events with equal keys compose as
+    one self-composition)."""
+    if isinstance(event, GaussianEvent):
+        return ("gaussian", float(event.noise_multiplier), float(event.sampling_rate))
+    if isinstance(event, ExponentialEvent):
+        return ("exponential", float(event.epsilon))
+    if isinstance(event, ZCDPEvent):
+        return ("zcdp", float(event.rho))
+    raise PrivacyConfigError(f"not a privacy event: {type(event).__name__}")

@@ -1,0 +1,148 @@
+"""Noise sources: a seeded one for reproducible experiments and a secure one for real releases.
+
+Floating-point caveat (Mironov 2012, "On significance of the least significant bits for
+differential privacy"): noise drawn as IEEE doubles does not have exactly the distribution the
+proofs assume; the set of reachable outputs can depend on the true value and leak it. Both sources
+here sample continuous distributions in floating point and share that caveat. The secure source
+removes the *predictability* of the noise (no seed, OS entropy) but not the floating-point
+artefacts; a discrete Gaussian sampler (Canonne-Kamath-Steinke 2020) would be the remedy and is not
+implemented.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from scipy.special import ndtri
+
+Size = int | tuple[int, ...]
+
+_TWO_POW_53 = float(2**53)
+
+
+@runtime_checkable
+class NoiseSource(Protocol):
+    """Where every random draw of a DP mechanism comes from."""
+
+    mode: str
+
+    def normal(self, size: Size, scale: float = 1.0) -> np.ndarray:
+        """Gaussian N(0, scale^2) draws of the given shape."""
+        ...
+
+    def uniform(self, size: Size) -> np.ndarray:
+        """Uniform draws in [0, 1)."""
+        ...
+
+    def gumbel(self, size: Size) -> np.ndarray:
+        """Standard Gumbel draws (location 0, scale 1)."""
+        ...
+
+    def choice(self, probs: np.ndarray) -> int:
+        """Index i drawn with probability probs[i] / sum(probs)."""
+        ...
+
+
+def _check_scale(scale: float) -> None:
+    if not np.isfinite(scale) or scale < 0:
+        raise ValueError(f"noise scale must be finite and >= 0, got {scale!r}")
+
+
+def _inverse_cdf_choice(probs: np.ndarray, u: float) -> int:
+    """Inverse-CDF sampling of a categorical distribution from one uniform u in [0, 1)."""
+    p = np.asarray(probs, dtype=np.float64).ravel()
+    if p.size == 0 or np.any(~np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
+        raise ValueError("choice: probs must be finite, >= 0 and not all zero")
+    cdf = np.cumsum(p)
+    idx = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    # Guard against round-off at the top end and skip zero-probability tail entries.
+    idx = min(idx, p.size - 1)
+    while p[idx] == 0 and idx > 0:
+        idx -= 1
+    return idx
+
+
+class SeededNoise:
+    """Reproducible noise from numpy's PCG64 generator; for experiments and tests only."""
+
+    mode = "seeded"
+
+    def __init__(self, seed: int | None = 0) -> None:
+        self.seed = seed
+        self._seq = np.random.SeedSequence(seed)
+        self._rng = np.random.Generator(np.random.PCG64(self._seq))
+
+    def spawn(self, key: str) -> SeededNoise:
+        """An independent stream determined by (seed, key): a resumed run draws the same noise
+        for the same key and never reuses another key's noise."""
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
+        child = SeededNoise.__new__(SeededNoise)
+        child.seed = self.seed
+        child._seq = np.random.SeedSequence([*self._seq.generate_state(4), *words])
+        child._rng = np.random.Generator(np.random.PCG64(child._seq))
+        return child
+
+    def normal(self, size: Size, scale: float = 1.0) -> np.ndarray:
+        _check_scale(scale)
+        return self._rng.normal(0.0, 1.0, size) * scale
+
+    def uniform(self, size: Size) -> np.ndarray:
+        return self._rng.random(size)
+
+    def gumbel(self, size: Size) -> np.ndarray:
+        return self._rng.gumbel(0.0, 1.0, size)
+
+    def choice(self, probs: np.ndarray) -> int:
+        return _inverse_cdf_choice(probs, float(self._rng.random()))
+
+
+class SecureNoise:
+    """Unpredictable noise from the OS entropy pool (os.urandom); cannot be seeded.
+
+    Uniforms carry 53 random bits; Gaussians are ndtri(U) (inverse normal CDF) of open-interval
+    uniforms (k + 1/2) / 2^53, Gumbels are -log(-log U). See the module docstring for the
+    floating-point caveat.
+    """
+
+    mode = "secure"
+
+    def spawn(self, key: str) -> SecureNoise:
+        """Secure noise has no state to derive: every draw is fresh OS entropy."""
+        return self
+
+    @staticmethod
+    def _bits53(n: int) -> np.ndarray:
+        raw = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+        return raw >> np.uint64(11)
+
+    def _open_uniform(self, size: Size) -> np.ndarray:
+        n = int(np.prod(size)) if not isinstance(size, int) else size
+        u = (self._bits53(n).astype(np.float64) + 0.5) / _TWO_POW_53
+        return u.reshape(size)
+
+    def normal(self, size: Size, scale: float = 1.0) -> np.ndarray:
+        _check_scale(scale)
+        return ndtri(self._open_uniform(size)) * scale
+
+    def uniform(self, size: Size) -> np.ndarray:
+        n = int(np.prod(size)) if not isinstance(size, int) else size
+        return (self._bits53(n).astype(np.float64) / _TWO_POW_53).reshape(size)
+
+    def gumbel(self, size: Size) -> np.ndarray:
+        return -np.log(-np.log(self._open_uniform(size)))
+
+    def choice(self, probs: np.ndarray) -> int:
+        return _inverse_cdf_choice(probs, float(self.uniform(1)[0]))
+
+
+def make_noise_source(mode: str = "seeded", seed: int | None = 0) -> NoiseSource:
+    """Build a noise source: "seeded" (numpy PCG64(seed)) or "secure" (OS entropy, no seed)."""
+    if mode == "seeded":
+        return SeededNoise(seed)
+    if mode == "secure":
+        return SecureNoise()
+    raise ValueError(f"noise mode must be 'seeded' or 'secure', got {mode!r}")

@@ -1,0 +1,172 @@
+"""A run is a folder.
+
+    RUN_DIR/
+      config.yaml      the resolved configuration
+      run.json         run id, method, status, dataset fingerprint, times
+      stats.jsonl      one line of aggregate statistics per iteration (safe to share)
+      log.txt          progress log; never holds private text
+      private/         mode 0700: noise draws, checkpoints, caches of private embeddings and
+                       prompts; nothing here may leave the machine
+      release/         only what is safe to share: synthetic data, privacy.json, summary.json
+
+Every file is written atomically (write to a temp file, fsync, rename) so that a crash leaves
+either the old or the new version, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write, fsync, rename: readers see the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_json(path: Path, obj: Any, mode: int | None = None) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n",
+                      mode)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]], mode: int | None = None) -> int:
+    lines = [json.dumps(row, ensure_ascii=False, default=_jsonable) for row in rows]
+    atomic_write_text(path, "".join(line + "\n" for line in lines), mode)
+    return len(lines)
+
+
+class RunDir:
+    """Paths and small persistent pieces of one run."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def private(self) -> Path:
+        return self.root / "private"
+
+    @property
+    def release(self) -> Path:
+        return self.root / "release"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def stats_path(self) -> Path:
+        return self.root / "stats.jsonl"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "log.txt"
+
+    def exists(self) -> bool:
+        return self.meta_path.is_file()
+
+    def create(self, config_yaml: str, method: str) -> dict[str, Any]:
+        """Lay out a new run folder; refuses to overwrite an existing run."""
+        if self.exists():
+            raise FileExistsError(
+                f"{self.root} already holds a run: use --resume to continue it, "
+                "or choose another --output"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.private.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.private, 0o700)
+        self.release.mkdir(exist_ok=True)
+        atomic_write_text(self.config_path, config_yaml)
+        meta = {
+            "run_id": uuid.uuid4().hex[:12],
+            "method": method,
+            "status": "running",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "finished": None,
+            "attempts": 1,
+        }
+        atomic_write_json(self.meta_path, meta)
+        return meta
+
+    def meta(self) -> dict[str, Any]:
+        if not self.exists():
+            raise FileNotFoundError(f"{self.root}: not a dpsynth run folder (no run.json)")
+        return json.loads(self.meta_path.read_text(encoding="utf-8"))
+
+    def update_meta(self, **fields: Any) -> dict[str, Any]:
+        meta = self.meta()
+        meta.update(fields)
+        atomic_write_json(self.meta_path, meta)
+        return meta
+
+    # -- checkpoints (private) -------------------------------------------------------------
+    def checkpoint_path(self, name: str) -> Path:
+        return self.private / "checkpoints" / f"{name}.json"
+
+    def save_checkpoint(self, name: str, state: dict[str, Any]) -> None:
+        path = self.checkpoint_path(name)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write_json(path, state, mode=0o600)
+
+    def load_checkpoint(self, name: str) -> dict[str, Any] | None:
+        path = self.checkpoint_path(name)
+        if not path.is_file():
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    # -- statistics (safe to share: aggregates only) -----------------------------------------
+    def append_stats(self, row: dict[str, Any]) -> None:
+        """Record one iteration's aggregates; a resumed iteration replaces its earlier line."""
+        rows = [r for r in self.stats() if r.get("iteration") != row.get("iteration")]
+        rows.append(row)
+        rows.sort(key=lambda r: r.get("iteration", 0))
+        write_jsonl(self.stats_path, rows)
+
+    def stats(self) -> list[dict[str, Any]]:
+        if not self.stats_path.is_file():
+            return []
+        return [json.loads(line) for line in self.stats_path.read_text().splitlines() if line]
+
+    def log(self, message: str) -> None:
+        """Append a progress line. Callers pass counts and names, never private text."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(f"{stamp} {message}\n")
