@@ -64,8 +64,7 @@ def calibrate_sigma(config: RunConfig, method: Any, n_labels: int) -> float:
 def _ledger(config: RunConfig) -> Any:
     from .privacy import BudgetLedger
 
-    path = config.privacy.ledger
-    return BudgetLedger(Path(path)) if path else BudgetLedger.default()
+    return BudgetLedger(config.privacy.ledger)  # None: $DPSYNTH_LEDGER or ~/.dpsynth/
 
 
 def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
@@ -90,16 +89,19 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
         dataset = load_run_data(cfg, run)
         n_labels = len(dataset.joint_label_codes()[1])
         method.validate(cfg, len(dataset), n_labels)
-        sigma = calibrate_sigma(cfg, method, n_labels)
+        sigma = method.prepare(cfg, dataset)
+        if sigma is None:
+            sigma = calibrate_sigma(cfg, method, n_labels)
         fingerprint = dataset.fingerprint()
-        private = method.private_votes and not math.isinf(cfg.privacy.epsilon)
+        private = (method.private_votes and method.dp_guarantee
+                   and not math.isinf(cfg.privacy.epsilon))
         if not resume:
             run.update_meta(dataset_fingerprint=fingerprint, sigma=sigma)
             if private:
                 _ledger(cfg).reserve(fingerprint, meta["run_id"], cfg.privacy.epsilon,
                                      cfg.privacy.delta, cfg.privacy.total_epsilon,
                                      cfg.privacy.total_delta)
-        session = _session(cfg, run)
+        session = _session(cfg, run, method.dp_guarantee)
         ctx = RunContext(cfg, run, dataset, sigma, session, progress=progress)
         run.log(f"method {cfg.method}: {len(dataset)} records, {n_labels} label classes, "
                 f"noise multiplier {sigma:.4g}")
@@ -140,11 +142,12 @@ def _started(meta: dict[str, Any]) -> float:
         return time.time()
 
 
-def _session(cfg: RunConfig, run: RunDir) -> Any:
+def _session(cfg: RunConfig, run: RunDir, dp_target: bool) -> Any:
     from .privacy import Accountant, PrivacySession, make_noise_source
 
-    target = None if math.isinf(cfg.privacy.epsilon) else (cfg.privacy.epsilon,
-                                                           cfg.privacy.delta)
+    target = None
+    if dp_target and not math.isinf(cfg.privacy.epsilon):
+        target = (cfg.privacy.epsilon, cfg.privacy.delta)
     seed = cfg.privacy.seed if cfg.privacy.noise == "seeded" else None
     return PrivacySession(run.private / "releases", Accountant(cfg.privacy.accountant),
                           make_noise_source(cfg.privacy.noise, seed), target=target)
@@ -164,6 +167,10 @@ def _statement(cfg: RunConfig, ctx: RunContext, method: Any) -> dict[str, Any]:
                      "target_delta": cfg.privacy.delta, "unit": cfg.privacy.unit,
                      "accountant": cfg.privacy.accountant, "noise": "none", "mechanisms": [],
                      "note": "NOT PRIVATE: epsilon = inf releases noise-free votes"}
+    elif not method.dp_guarantee:
+        statement = {"target_epsilon": None, "target_delta": None, "unit": cfg.privacy.unit,
+                     "accountant": "secret-protection", "noise": cfg.privacy.noise,
+                     "mechanisms": ctx.session.accountant.summary()}
     else:
         statement = ctx.session.statement(cfg.privacy.unit, target)
     statement["method"] = cfg.method

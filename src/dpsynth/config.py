@@ -147,22 +147,13 @@ class WaspConfig(_Section):
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
 
 
-class SecretConfig(_Section):
-    kind: Literal["pii", "strings", "regex", "random_words"]
-    entities: list[str] = Field(default_factory=list)
-    values: list[str] = Field(default_factory=list)
-    pattern: str | None = None
-    count: int = 10
-    percentile: float = 50.0
-    seed: int = 0
-
-
 class SecPEConfig(_Section):
     """SecPE (METHODS.md section 3)."""
 
-    secrets: list[SecretConfig] = Field(
-        default_factory=lambda: [SecretConfig(kind="pii", entities=["PERSON", "PHONE_NUMBER",
-                                                                    "EMAIL_ADDRESS"])]
+    secrets: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"kind": "pii",
+                                  "entities": ["PERSON", "PHONE_NUMBER", "EMAIL_ADDRESS"]}],
+        description="secret definitions (dpsynth.secrets.SecretSpec)",
     )
     p: float = Field(1e-4, gt=0, lt=1)
     r_over_p: float = Field(10.0, gt=1)
@@ -181,6 +172,9 @@ class RunConfig(_Section):
     wasp: WaspConfig = Field(default_factory=WaspConfig)
     secpe: SecPEConfig = Field(default_factory=SecPEConfig)
     synrag: dict[str, Any] = Field(default_factory=dict)
+    llm_cache: str | None = Field(
+        None, description="request cache shared across runs (default: the run's private area)"
+    )
 
     @field_validator("generators")
     @classmethod

@@ -83,12 +83,17 @@ class RunContext:
         out = []
         for i, gen_cfg in enumerate(self.config.generators):
             self.log(f"loading generator {i}: {gen_cfg.short_name}")
-            generator = load_generator(gen_cfg.spec(),
-                                       cache_path=self.run.private / "llm-cache.sqlite",
-                                       batch_size=gen_cfg.batch_size)
+            extra = {"batch_size": gen_cfg.batch_size} if gen_cfg.backend == "local" else {}
+            generator = load_generator(gen_cfg.spec(), cache_path=self.llm_cache_path, **extra)
             out.append(Synthesizer(generator, gen_cfg, self.config.synthesis,
                                    self.config.privacy.seed))
         return out
+
+    @property
+    def llm_cache_path(self) -> Path:
+        if self.config.llm_cache:
+            return Path(self.config.llm_cache)
+        return self.run.private / "llm-cache.sqlite"
 
     @cached_property
     def private_embeddings(self) -> np.ndarray:

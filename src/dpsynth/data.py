@@ -218,7 +218,10 @@ class CheckReport:
 
 @dataclass
 class _Table:
-    """Requested columns as pandas string Series (NA = missing) with their reported rows."""
+    """Requested columns as pandas ``str`` Series (NA = missing) with their reported rows.
+
+    Pandas' ``str`` dtype is Arrow-backed, so validation runs vectorised, not per value.
+    """
 
     columns: dict[str, pd.Series]
     rows: np.ndarray  # reported row number of each record
@@ -313,9 +316,10 @@ def _read_csv(path: Path, name: str, wanted: Sequence[str], limit: int | None) -
     if missing:
         raise _FileError(missing)
     try:
+        # All columns are parsed (no usecols): with usecols pandas silently drops the extra
+        # fields of a ragged row, e.g. a text cut at an unquoted comma.
         df = pd.read_csv(
             path,
-            usecols=list(dict.fromkeys(wanted)),
             dtype=str,
             keep_default_na=False,
             na_filter=False,
@@ -348,13 +352,13 @@ def _read_csv(path: Path, name: str, wanted: Sequence[str], limit: int | None) -
                 )
             )
         for i, col, k in sorted(bad_cells):
-            msg = (
-                f"not valid UTF-8 ({k} undecodable byte{'s' if k != 1 else ''})"
-                if offsets
-                else "contains U+FFFD replacement characters (text was corrupted by a decoder)"
-            )
-            problems.append(DataProblem(name, int(rows[i]), col, msg))
-    columns = {c: df[c].astype(object) for c in dict.fromkeys(wanted)}
+            if offsets:
+                msg = f"not valid UTF-8 ({k} undecodable byte{'s' if k != 1 else ''})"
+                problems.append(DataProblem(name, int(rows[i]), col, msg))
+            else:  # valid UTF-8 holding U+FFFD: the text was damaged before it was saved
+                msg = "contains U+FFFD replacement characters (damaged by an earlier decoding)"
+                problems.append(DataProblem(name, int(rows[i]), col, msg, severity="warning"))
+    columns = {c: df[c].astype("str") for c in dict.fromkeys(wanted)}
     return _Table(columns, rows, available, problems)
 
 
@@ -404,12 +408,12 @@ def _convert_column(
         if bad is not None and len(problems) < _MAX_PER_KIND:
             problems.append(DataProblem(name, int(rows[i]), col, bad))
         out.append(s if bad is None else "")
-    return pd.Series(out, dtype=object), problems
+    return pd.Series(out, dtype="str"), problems
 
 
 def _read_jsonl(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
     with path.open("rb") as fh:
-        first = fh.read(1 << 16).lstrip()
+        first = fh.read(1 << 16).removeprefix(b"\xef\xbb\xbf").lstrip()
     if not first:
         raise _FileError([DataProblem(name, None, None, "empty file (no records)")])
     if first.startswith(b"["):
@@ -439,6 +443,8 @@ def _read_jsonl(path: Path, name: str, wanted: Sequence[str], limit: int | None)
                     )
                 )
                 continue
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
             try:
@@ -469,7 +475,7 @@ def _read_jsonl(path: Path, name: str, wanted: Sequence[str], limit: int | None)
 
 def _read_json_array(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
     try:
-        with path.open("r", encoding="utf-8") as fh:
+        with path.open("r", encoding="utf-8-sig") as fh:
             data = json.load(fh)
     except UnicodeDecodeError as err:
         raise _FileError(
@@ -538,6 +544,8 @@ def _finish_records(
 
 
 def _read_parquet(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
@@ -563,18 +571,27 @@ def _read_parquet(path: Path, name: str, wanted: Sequence[str], limit: int | Non
             n += batch.num_rows
             if n >= limit:
                 break
-        import pyarrow as pa
-
         table = pa.Table.from_batches(batches, schema=batches[0].schema).slice(0, limit)
     rows = np.arange(1, table.num_rows + 1)
     columns: dict[str, pd.Series] = {}
     problems: list[DataProblem] = []
     for c in cols:
-        columns[c], probs = _convert_column(
-            name, c, table.column(c).to_pylist(), rows, is_text=(c == wanted[0])
-        )
+        col = table.column(c)
+        is_text = c == wanted[0]
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            columns[c] = _arrow_strings(col)
+            continue
+        if not is_text and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+            columns[c] = _arrow_strings(pc.cast(col, pa.string()))
+            continue
+        columns[c], probs = _convert_column(name, c, col.to_pylist(), rows, is_text=is_text)
         problems.extend(probs)
     return _Table(columns, rows, available, problems)
+
+
+def _arrow_strings(col: Any) -> pd.Series:
+    """A pyarrow string column as a pandas string Series, NA for nulls (no Python objects)."""
+    return pd.Series(pd.array(col, dtype="str"))
 
 
 def _read(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
@@ -740,7 +757,11 @@ def _load(
     except _FileError as err:
         return None, err.problems, [], np.zeros(0, dtype=bool)
     errors, warnings, dup = _validate(table, name, text, labels, user, max_chars, on_duplicate)
-    errors = table.problems + errors
+    # a cell that could not be read (bad bytes, wrong type) is reported once, not again as empty
+    read_errors = [q for q in table.problems if q.severity == "error"]
+    warnings = [q for q in table.problems if q.severity != "error"] + warnings
+    unreadable = {(q.row, q.field) for q in read_errors if q.field is not None}
+    errors = read_errors + [q for q in errors if (q.row, q.field) not in unreadable]
     errors.sort(key=lambda q: (q.row is not None, q.row or 0))
     return table, errors, warnings, dup
 
@@ -767,7 +788,7 @@ def load_dataset(
         labels = [labels]
     table, errors, warnings, dup = _load(path, text, labels, user, max_chars, on_duplicate, limit)
     if errors or table is None:
-        raise DataError(errors + warnings)
+        raise DataError(errors)
     keep = ~dup if on_duplicate == "drop" else np.ones(len(table.rows), dtype=bool)
     cols = {c: s[keep].tolist() for c, s in table.columns.items()}
     return Dataset(

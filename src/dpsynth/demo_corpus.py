@@ -429,9 +429,10 @@ def demo_knowledge(seed: int = 0) -> list[dict[str, Any]]:
             mg = int(rng.choice([5, 10, 20, 25, 40, 50, 100, 250]))
             treatment = str(rng.choice(_REGIMENS)).format(drug=drug, mg=mg)
             symptoms = [*real, signature]
+            neutral = [re.sub(r"\bmy\b", "the", x) for x in symptoms]
             description = (
-                f"{name[0].upper() + name[1:]} is a {dept.lower()} condition. Typical symptoms "
-                f"are {', '.join(symptoms[:-1])} and, most characteristic, {signature}. "
+                f"{name} is a {dept.lower()} condition. Typical symptoms are "
+                f"{', '.join(neutral[:-1])} and, most characteristic, {neutral[-1]}. "
                 f"It is treated with {treatment}."
             )
             out.append(

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+MAX_CLASSES_SHOWN = 40
+
 data_app = typer.Typer(
     name="data",
     help="Check private data files and write the built-in demo corpus.",
@@ -72,7 +74,10 @@ def _print_report(summary: dict[str, Any], problems: list[Any], warnings: list[A
         table.add_column("count", justify="right")
         table.add_column("share", justify="right")
         total = max(sum(counts.values()), 1)
-        for cls, n in counts.items():
+        for i, (cls, n) in enumerate(counts.items()):
+            if i == MAX_CLASSES_SHOWN:
+                table.add_row(f"... {len(counts) - i} more", "", "")
+                break
             table.add_row(escape(cls) if cls else "(empty)", f"{n:,}", f"{100 * n / total:.1f}%")
         console.print(table)
     for p in problems:

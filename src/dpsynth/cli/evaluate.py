@@ -1,9 +1,207 @@
-"""CLI commands: evaluate."""
+"""CLI commands: ``dpsynth eval``, ``dpsynth report`` and ``dpsynth compare``."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+_ERRORS = ("EvalInputError", "DataError", "ConfigError")
+
+
+def _fail(err: Exception) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[red]error:[/red] {escape(str(err))}")
+    raise typer.Exit(2)
+
+
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="run folder written by dpsynth generate")],
+    test: Annotated[Path | None, typer.Option(
+        "--test", help="real test data (.csv/.jsonl/.parquet); default for demo runs: the "
+        "demo corpus's test split")] = None,
+    text: Annotated[str | None, typer.Option("--text", help="text column of the test file "
+                                             "(default: the run config's)")] = None,
+    label: Annotated[list[str] | None, typer.Option(
+        "--label", help="label column (repeat; default: the run config's)")] = None,
+    classifier: Annotated[str, typer.Option(
+        "--classifier", help="logreg (default), finetune or both")] = "logreg",
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="fine-tuning epochs")] = 3,
+    k: Annotated[int, typer.Option("--k", min=1, help="k of kNN precision/recall")] = 3,
+    mauve: Annotated[bool, typer.Option("--mauve/--no-mauve", help="compute MAUVE")] = True,
+    audits: Annotated[bool, typer.Option("--audits/--no-audits",
+                                         help="DCR, membership inference, PII")] = True,
+    pii_column: Annotated[list[str] | None, typer.Option(
+        "--pii-column", help="private column holding PII values (repeat; default: columns "
+        "named like name/phone/email)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
+) -> None:
+    """Fidelity, utility and audits of a run against real test data; writes RUN_DIR/eval/."""
+    from rich.console import Console
+
+    from ..eval.suite import evaluate_run
+
+    err = Console(stderr=True)
+    try:
+        result, audit = evaluate_run(
+            run_dir, test, text=text, labels=label or None, classifier=classifier,  # type: ignore[arg-type]
+            k=k, finetune_epochs=epochs, with_mauve=mauve, with_audits=audits,
+            pii_columns=pii_column or None,
+            log=None if as_json else (lambda m: err.print(f"[dim]{m}[/dim]")),
+        )
+    except Exception as exc:  # noqa: BLE001
+        if type(exc).__name__ in _ERRORS:
+            _fail(exc)
+        raise
+    if as_json:
+        typer.echo(json.dumps({"eval": result, "audit": audit}, default=str))
+        return
+    print_eval(result, audit)
+    Console().print(f"written: {Path(run_dir) / 'eval' / 'eval.json'}"
+                    + (f", {Path(run_dir) / 'eval' / 'audit.json'}" if audit else ""))
+
+
+def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
+    """Rich tables for an eval result (fidelity, utility, audits)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..eval.common import fmt_metric, is_unavailable
+
+    console = Console()
+    fid = Table(title=f"Fidelity vs real test ({result['method']}, epsilon {result['epsilon']})")
+    for col in ("set", "n", "FID", "precision", "recall", "MAUVE", "length TV"):
+        fid.add_column(col)
+    for name in ("synthetic", "zero_shot"):
+        block = result["fidelity"].get(name)
+        if not isinstance(block, dict) or is_unavailable(block):
+            fid.add_row(name, "", escape(fmt_metric(block)))
+            continue
+        length = block.get("length")
+        fid.add_row(name, str(block["n"]), *(escape(fmt_metric(block.get(m))) for m in
+                                             ("fid", "precision", "recall", "mauve")),
+                    escape(fmt_metric(length.get("tv") if isinstance(length, dict)
+                                      and "tv" in length else length)))
+    console.print(fid)
+    util = result["utility"]
+    for kind in ("logreg", "finetune"):
+        if kind not in util:
+            continue
+        table = Table(title=f"Utility: {kind} trained on each set, tested on real test data")
+        for col in ("label", "synthetic acc / F1", "private acc / F1", "zero-shot acc / F1",
+                    "chance"):
+            table.add_column(col)
+        for col, row in util[kind].items():
+            cells = []
+            for name in ("synthetic", "private", "zero_shot"):
+                cell = row.get(name)
+                if isinstance(cell, dict) and "accuracy" in cell:
+                    cells.append(f"{cell['accuracy']:.3f} / {cell['macro_f1']:.3f}")
+                else:
+                    cells.append(escape(fmt_metric(cell)))
+            table.add_row(col, *cells, fmt_metric(row.get("chance")))
+        console.print(table)
+    if "next_token" in util:
+        table = Table(title="Utility: next-token accuracy (word bigram LM) on real test text")
+        table.add_column("trained on")
+        table.add_column("accuracy")
+        for name, cell in util["next_token"].items():
+            acc = cell.get("accuracy") if isinstance(cell, dict) and "accuracy" in cell else cell
+            table.add_row(name, escape(fmt_metric(acc)))
+        console.print(table)
+    if audit:
+        table = Table(title="Privacy audits (empirical; cannot prove absence of leakage)")
+        table.add_column("audit")
+        table.add_column("result")
+        dcr, mia, pii = audit.get("dcr"), audit.get("membership_inference"), audit.get("pii")
+        if isinstance(dcr, dict) and "gap" in dcr:
+            table.add_row("DCR gap (holdout - private median)",
+                          f"{dcr['gap']:.4f} (one-sided p {dcr['p_value']:.3g}; near copies "
+                          f"{dcr['near_copies_private']} private / {dcr['near_copies_holdout']} "
+                          "holdout)")
+        else:
+            table.add_row("DCR", escape(fmt_metric(dcr)))
+        if isinstance(mia, dict) and "auc" in mia:
+            tprs = ", ".join(f"TPR@{a}={fmt_metric(v)}" for a, v in mia["tpr_at_fpr"].items())
+            table.add_row("membership inference AUC", escape(f"{mia['auc']:.3f} ({tprs})"))
+        else:
+            table.add_row("membership inference", escape(fmt_metric(mia)))
+        if isinstance(pii, dict):
+            table.add_row("PII leaked (email / phone / name)",
+                          f"{pii['email']['leaked']} / {pii['phone']['leaked']} / "
+                          f"{pii['name']['leaked']} distinct values in "
+                          f"{pii['records_with_any_leak']} of {pii['n_outputs']} records")
+        console.print(table)
+    for note in result.get("notes", []):
+        console.print(f"[dim]note: {escape(note)}[/dim]")
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run folder")],
+    test: Annotated[Path | None, typer.Option(
+        "--test", help="evaluate against this test file first (writes eval/eval.json)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="HTML file to write (default RUN_DIR/eval/report.html)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
+) -> None:
+    """Write one self-contained HTML report (plots inlined) from release/, stats and eval/."""
+    from ..eval.report import write_report
+
+    try:
+        if test is not None:
+            from ..eval.suite import evaluate_run
+
+            evaluate_run(run_dir, test)
+        path = write_report(run_dir, out)
+    except Exception as exc:  # noqa: BLE001
+        if type(exc).__name__ in _ERRORS:
+            _fail(exc)
+        raise
+    if as_json:
+        typer.echo(json.dumps({"report": str(path)}))
+    else:
+        typer.echo(f"report written: {path}")
+
+
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="run folders")],
+    as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
+) -> None:
+    """One table across runs: method, epsilon, samples, FID, MAUVE, accuracies."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..eval.common import fmt_metric
+    from ..eval.report import compare_runs
+
+    rows = compare_runs(run_dirs)
+    if as_json:
+        typer.echo(json.dumps(rows, default=str))
+        return
+    acc_cols = sorted({c for r in rows for c in r.get("accuracy", {})})
+    table = Table(title="dpsynth runs")
+    for col in ("run", "method", "epsilon", "samples", "FID", "MAUVE", *acc_cols, "MIA AUC"):
+        table.add_column(col)
+    for r in rows:
+        if "error" in r:
+            table.add_row(escape(r["run_dir"]), escape(r["error"]))
+            continue
+        table.add_row(
+            escape(Path(r["run_dir"]).name), r["method"], str(r["epsilon"]), str(r["samples"]),
+            fmt_metric(r["fid"]), fmt_metric(r["mauve"]),
+            *(fmt_metric(r["accuracy"].get(c)) for c in acc_cols), fmt_metric(r["mia_auc"]),
+        )
+    Console().print(table)
 
 
 def register(root: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    root.command("eval")(evaluate)
+    root.command("report")(report)
+    root.command("compare")(compare)

@@ -1,9 +1,85 @@
-"""CLI commands: llm."""
+"""CLI commands: ``dpsynth llm serve`` and ``dpsynth llm generate``."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import typer
+
+group = typer.Typer(
+    help="Language models: serve one over an OpenAI-compatible API, or try a prompt.",
+    no_args_is_help=True,
+)
+
+
+def _spec(model: str) -> str | dict[str, Any]:
+    """A model name/directory, or a JSON generator spec such as '{"backend": "openai", ...}'."""
+    if model.lstrip().startswith("{"):
+        try:
+            spec = json.loads(model)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"--model: invalid JSON ({exc.msg})") from exc
+        if not isinstance(spec, dict):
+            raise typer.BadParameter("--model: JSON spec must be an object")
+        return spec
+    return model
+
+
+@group.command("serve")
+def serve_cmd(
+    model: str = typer.Option("smollm2", help="smollm2, gemma3, a model directory or JSON spec"),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
+    port: int = typer.Option(8000, help="TCP port"),
+    batch_size: int = typer.Option(8, help="Local batch size"),
+    max_body_bytes: int = typer.Option(1_000_000, help="Largest accepted request body"),
+) -> None:
+    """Serve a generator at http://HOST:PORT/v1 (chat/completions, completions, models)."""
+    from ..llm import load_generator
+    from ..llm.server import serve
+
+    spec = _spec(model)
+    kwargs: dict[str, Any] = {"batch_size": batch_size} if isinstance(spec, str) else {}
+    gen = load_generator(spec, **kwargs)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
+    serve(gen, host=host, port=port, max_body_bytes=max_body_bytes)
+
+
+@group.command("generate")
+def generate_cmd(
+    prompt: str = typer.Argument(..., help="Prompt text"),
+    model: str = typer.Option("smollm2", help="smollm2, gemma3, a model directory or JSON spec"),
+    chat: bool = typer.Option(True, "--chat/--plain", help="Send as a user message or as text"),
+    max_new_tokens: int = typer.Option(48, help="Tokens to generate"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass"),
+    seed: int | None = typer.Option(None, help="Sampling seed"),
+    n: int = typer.Option(1, help="Number of completions"),
+    as_json: bool = typer.Option(False, "--json", help="Print only JSON"),
+) -> None:
+    """Generate from one prompt (a smoke test of a backend)."""
+    from ..llm import GenerationRequest, SamplingParams, load_generator
+
+    try:
+        params = SamplingParams(
+            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    gen = load_generator(_spec(model))
+    body: str | tuple[dict[str, str], ...] = (
+        ({"role": "user", "content": prompt},) if chat else prompt
+    )
+    reqs = [GenerationRequest(body, params, nonce=k) for k in range(n)]
+    texts = gen.generate(reqs, progress=not as_json)
+    if as_json:
+        typer.echo(json.dumps({"model": gen.name, "outputs": texts}))
+    else:
+        for t in texts:
+            typer.echo(t)
 
 
 def register(root: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add the ``llm`` command group to the root app."""
+    root.add_typer(group, name="llm")

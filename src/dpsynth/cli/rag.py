@@ -1,9 +1,109 @@
-"""CLI commands: rag."""
+"""CLI commands: dpsynth rag build | ask | serve (DP-SynRAG, METHODS.md section 4)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+import yaml
+
+group = typer.Typer(help="DP-SynRAG: a DP synthetic knowledge base, and RAG over it.",
+                    no_args_is_help=True)
+
+
+def _err(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+
+
+@group.command("build")
+def build(
+    config: Annotated[Path, typer.Argument(help="run configuration (YAML) with a synrag section")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="run folder")],
+    resume: Annotated[bool, typer.Option("--resume", help="continue a stopped build")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json."""
+    from ..config import ConfigError
+    from ..rag.build import build_kb
+
+    overrides = {}
+    for item in set_ or []:
+        if "=" not in item:
+            raise typer.BadParameter(f"--set {item!r}: use KEY=VALUE, e.g. synrag.tokens=20")
+        k, v = item.split("=", 1)
+        overrides[k.strip()] = yaml.safe_load(v)
+    echo = None if as_json else (lambda m: typer.echo(m, err=True))
+    try:
+        run_dir = build_kb(config, output, resume=resume, overrides=overrides, echo=echo)
+    except (ConfigError, FileExistsError, FileNotFoundError) as err:
+        _err(str(err))
+        raise typer.Exit(2) from None
+    except Exception as err:  # noqa: BLE001 - one clear line for known errors
+        if type(err).__name__ in {"DataError", "BudgetRefusedError", "BudgetExceededError",
+                                  "PrivacyConfigError", "GenerationError"}:
+            _err(str(err))
+            _err(f"nothing computed is lost: rerun with --resume -o {output}")
+            raise typer.Exit(2) from None
+        raise
+    summary = json.loads((run_dir / "release" / "summary.json").read_text())
+    if as_json:
+        typer.echo(json.dumps({"run_dir": str(run_dir), **summary}))
+        return
+    typer.echo(f"knowledge base: {run_dir / 'release' / 'kb.jsonl'} "
+               f"({summary['kb_passages']} passages from {summary['clusters']} clusters)")
+    typer.echo(f"privacy: ({summary['epsilon']:.4g}, {summary['delta']:g})-DP, "
+               f"statement in {run_dir / 'release' / 'privacy.json'}")
+
+
+@group.command("ask")
+def ask(
+    question: Annotated[str, typer.Argument(help="the question")],
+    kb: Annotated[Path, typer.Option("--kb", help="run folder of a built KB")],
+    k: Annotated[int, typer.Option("-k", help="passages to retrieve")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
+) -> None:
+    """Answer a question from the synthetic KB (no privacy cost: post-processing)."""
+    from ..rag.answer import answer
+
+    try:
+        result = answer(question, kb, k)
+    except FileNotFoundError as err:
+        _err(str(err))
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result, ensure_ascii=False))
+        return
+    typer.echo(result["answer"])
+    for p in result["passages"]:
+        typer.echo(f"  [{p['score']:.3f}] {p['text'][:200]}")
+
+
+@group.command("serve")
+def serve(
+    kb: Annotated[Path, typer.Option("--kb", help="run folder of a built KB")],
+    host: Annotated[str, typer.Option("--host", help="bind address (loopback default)")] =
+    "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8000,
+) -> None:
+    """Serve the KB as a JSON API: GET /health, POST /ask {"question": ..., "k": 3}."""
+    from ..rag.answer import release_dir
+    from ..rag.service import is_loopback
+    from ..rag.service import serve as run_server
+
+    try:
+        release_dir(kb)
+    except FileNotFoundError as err:
+        _err(str(err))
+        raise typer.Exit(2) from None
+    if not is_loopback(host):
+        typer.echo(f"warning: serving on {host} makes the API reachable from other machines",
+                   err=True)
+    run_server(kb, host, port)
 
 
 def register(root: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    root.add_typer(group, name="rag")

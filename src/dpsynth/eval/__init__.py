@@ -1,1 +1,34 @@
-"""dpsynth.eval"""
+"""Evaluation of synthetic text: fidelity, utility, privacy audits and the run report.
+
+Pure metric functions live in :mod:`.fidelity`, :mod:`.utility` and :mod:`.audits`;
+:mod:`.suite` evaluates a run folder, :mod:`.report` renders its HTML page and
+:mod:`.canary` runs the canary audit loop. Heavy libraries load inside the functions.
+"""
+
+from .audits import (
+    count_canary_hits,
+    dcr_audit,
+    insert_canaries,
+    membership_inference,
+    pii_leakage,
+)
+from .common import EvalInputError, MetricUnavailable
+from .fidelity import fid, frechet_distance, knn_precision_recall, mauve_score
+from .utility import finetune_scores, logreg_scores, next_token_accuracy
+
+__all__ = [
+    "EvalInputError",
+    "MetricUnavailable",
+    "count_canary_hits",
+    "dcr_audit",
+    "fid",
+    "finetune_scores",
+    "frechet_distance",
+    "insert_canaries",
+    "knn_precision_recall",
+    "logreg_scores",
+    "mauve_score",
+    "membership_inference",
+    "next_token_accuracy",
+    "pii_leakage",
+]

@@ -167,19 +167,24 @@ def membership_inference(
 # -- PII leakage ----------------------------------------------------------------------------
 
 EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-PHONE_RE = re.compile(r"(?<![\w])\+?\(?\d{1,4}\)?(?:[ .\-]?\(?\d{2,5}\)?){2,5}(?:\s*(?:x|ext\.?)\s*\d{1,5})?")
+PHONE_RE = re.compile(
+    r"(?<![\w])\+?\(?\d{1,4}\)?(?:[ .\-]?\(?\d{2,5}\)?){2,5}(?:\s*(?:x|ext\.?)\s*\d{1,5})?"
+)
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _CAP_PAIR = re.compile(r"\b([A-Z][a-z]+(?:[ '\-][A-Z][a-z]+){1,2})\b")
 _WORDS = re.compile(r"\w+", re.UNICODE)
 
 
 def normalise_phone(raw: str) -> str | None:
-    """Digits of a phone-like match (extension dropped), or None if it is not phone-sized."""
+    """Last 10 digits of a phone-like match (extension and country code dropped), or None."""
     core = re.split(r"\s*(?:x|ext\.?)\s*", raw.strip(), maxsplit=1)[0]
     if _ISO_DATE.match(core):
         return None
     digits = re.sub(r"\D", "", core)
-    return digits if 7 <= len(digits) <= 15 else None
+    if not 7 <= len(digits) <= 15:
+        return None
+    # compare subscriber numbers: "+1 415 555 0199" and "(415) 555-0199" are the same phone
+    return digits[-10:]
 
 
 def find_emails(text: str) -> set[str]:

@@ -24,7 +24,7 @@ from . import audits as au
 from . import fidelity as fi
 from . import utility as ut
 from .common import EvalInputError, guarded, unavailable
-from .rundata import LabeledTexts, RunRelease, load_private_data, load_run, load_test_data
+from .rundata import LabeledTexts, load_private_data, load_run, load_test_data
 
 Classifier = Literal["logreg", "finetune", "both"]
 
@@ -308,3 +308,60 @@ def evaluate_run(
     if private is not None and private._tmp is not None:
         private._tmp.cleanup()
     return result, audit
+
+
+def audit_run(
+    run_dir: str | Path,
+    holdout_path: str | Path | None = None,
+    *,
+    text: str | None = None,
+    embedder: Any = None,
+    pii_columns: list[str] | None = None,
+    seed: int = 0,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Only the audits (DCR, membership inference, PII) of a run; writes eval/audit.json.
+
+    ``holdout_path``: real records the run never saw (non-members), e.g. the test split.
+    """
+    release = load_run(run_dir)
+    data_cfg = release.data_config
+    text_col = text or str(data_cfg.get("text") or "text")
+    private = load_private_data(release, [], pii_columns)
+    if private is None:
+        raise EvalInputError(
+            f"{release.root}: the private data named in config.yaml "
+            f"({data_cfg.get('path')!r}) is not reachable; audits need it"
+        )
+    try:
+        if holdout_path is None:
+            if private.demo_test is None:
+                raise EvalInputError("give the holdout (non-member) records with --holdout FILE")
+            holdout_path = private.demo_test
+        holdout, _ = load_test_data(holdout_path, text_col, [], release.synthetic)
+        if embedder is None:
+            from ..embed import Embedder
+
+            embedder = Embedder(str((release.config.get("embedder") or {}).get("model",
+                                                                               "minilm")))
+        private_set = set(private.data.texts)
+        hold_texts = [t for t in holdout.texts if t not in private_set]
+        syn_emb = _embed(embedder, release.synthetic.texts)
+        priv_emb = _embed(embedder, private.data.texts)
+        hold_emb = _embed(embedder, hold_texts)
+        audit = {
+            "run_id": release.run_id,
+            "method": release.method,
+            "holdout": f"{holdout_path} (real records not used by the run)",
+            "holdout_overlap_removed": len(holdout) - len(hold_texts),
+            **audit_block(syn_emb, release.synthetic, priv_emb, private.data, hold_emb,
+                          private.pii_values, seed=seed),
+            "note": AUDIT_NOTE,
+        }
+    finally:
+        if private._tmp is not None:
+            private._tmp.cleanup()
+    if write:
+        release.eval_dir.mkdir(exist_ok=True)
+        atomic_write_json(release.eval_dir / "audit.json", audit)
+    return audit

@@ -95,8 +95,8 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000) -> str | N
     """Strip chat artefacts (preambles, quotes, markdown) from a generation; None when the
     result is empty, a refusal, or shorter than `min_chars`."""
     text = raw.replace("\r", "").strip()
+    text = re.sub(r"\*\*|^#+\s*", "", text, flags=re.MULTILINE).strip()
     text = _PREFIX.sub("", text, count=1).strip()
-    text = re.sub(r"\*\*|__|^#+\s*", "", text, flags=re.MULTILINE).strip()
     text = re.split(r"\n\s*\n(?:note|explanation|analysis|---)", text, flags=re.IGNORECASE)[0]
     if len(text) >= 2 and text[0] in "\"'“" and text[-1] in "\"'”":
         text = text[1:-1].strip()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,7 +115,11 @@ class SecureSumStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        if not client_manager.wait_for(self.num_parties, timeout=self.wait_timeout_s):
+        # num_available() refreshes the node registry (wait_for alone polls only every 5 s).
+        deadline = time.monotonic() + self.wait_timeout_s
+        while client_manager.num_available() < self.num_parties and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if client_manager.num_available() < self.num_parties:
             self.sink.fail(f"only {client_manager.num_available()} of {self.num_parties} parties "
                            "connected", InsufficientPartiesError)
             return []

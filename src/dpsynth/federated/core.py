@@ -175,7 +175,8 @@ def party_noise(size: int, std: float, *, noise_mode: str, seed: int | None,
     from dpsynth.privacy.noise import make_noise_source
 
     if noise_mode == "seeded":
-        source = make_noise_source("seeded", None if seed is None else party_seed(seed, party_index))
+        pseed = None if seed is None else party_seed(seed, party_index)
+        source = make_noise_source("seeded", pseed)
     elif noise_mode == "secure":
         source = make_noise_source("secure", None)
     else:

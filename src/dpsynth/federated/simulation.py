@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,7 @@ def federated_noisy_histogram(
     modulus_range: int = DEFAULT_MODULUS_RANGE,
     timeout_s: float | None = 120.0,
     verbose: bool = False,
+    wire_observer: Callable[[list[Any]], None] | None = None,
 ) -> FederatedResult:
     """Secure sum over parties of (local votes + N(0, sigma^2 / P)) via Flower SecAgg+.
 
@@ -70,6 +71,7 @@ def federated_noisy_histogram(
     ``vote_bound`` is the public bound on any coordinate of one party's vote histogram (default:
     the largest party size, valid for Top-Q votes with weights 2^-q <= 1; this treats party sizes
     as public). Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
+    ``wire_observer`` (audit/tests) sees every reply message the server receives.
     """
     from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
 
@@ -98,7 +100,7 @@ def federated_noisy_histogram(
     sink = ServerSink()
     server_app = make_server_app(cand_emb, cand_lab, num_parties=num_parties,
                                  min_parties=min_parties, sigma=sigma, plan=plan, sink=sink,
-                                 timeout_s=timeout_s)
+                                 timeout_s=timeout_s, wire_observer=wire_observer)
     client_app = make_client_app(_SimulationParties(parties), vote_fn, noise_mode=noise_mode,
                                  seed=seed, drop_parties=drop_parties)
     run_flower_simulation(server_app, client_app, num_parties, verbose=verbose)
@@ -121,14 +123,14 @@ def federated_noisy_histogram(
 
 def run_flower_simulation(server_app: Any, client_app: Any, num_supernodes: int, *,
                           verbose: bool = False) -> None:
-    """Run Flower's simulation engine (Ray backend, 1 CPU per ClientApp, 2 actors at most)."""
+    """Run Flower's simulation engine (Ray backend, one actor runs all ClientApps in turn)."""
     import warnings
 
     from flwr.simulation import run_simulation
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     backend_config: dict[str, Any] = {
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "client_resources": {"num_cpus": 2, "num_gpus": 0.0},  # one actor
         "init_args": dict(_RAY_INIT_ARGS),
     }
     flwr_logger = logging.getLogger("flwr")

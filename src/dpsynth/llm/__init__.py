@@ -1,1 +1,87 @@
-"""dpsynth.llm"""
+"""LLM backends behind one :class:`Generator` protocol, plus an on-disk request cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .base import (
+    GenerationError,
+    GenerationRequest,
+    Generator,
+    SamplingParams,
+    render_chat_fallback,
+)
+
+__all__ = [
+    "GenerationError",
+    "GenerationRequest",
+    "Generator",
+    "SamplingParams",
+    "load_generator",
+    "render_chat_fallback",
+]
+
+_OPENAI_KEYS = {
+    "base_url",
+    "model",
+    "api_key_env",
+    "chat",
+    "max_concurrency",
+    "timeout",
+    "max_retries",
+    "backoff_base",
+    "backoff_max",
+    "extra_body",
+}
+_LOCAL_KEYS = {"model", "cache_dir", "batch_size", "num_threads"}
+
+
+def load_generator(
+    spec: str | Path | dict[str, Any], *, cache_path: Path | None = None, **kwargs: Any
+) -> Generator:
+    """Build a generator from a name, a directory or a dict.
+
+    * ``"smollm2"`` / ``"gemma3"``: the embedded GGUF models (local transformers backend);
+    * a local HF model directory;
+    * ``{"backend": "local", "model": ..., "batch_size": ...}``;
+    * ``{"backend": "openai", "base_url": ..., "model": ..., "api_key_env": "OPENAI_API_KEY",
+      "chat": true, ...}`` (other keys: see :class:`~dpsynth.llm.openai_compat.OpenAIGenerator`).
+
+    ``kwargs`` go to the backend's constructor. With ``cache_path`` the generator is wrapped in
+    a :class:`~dpsynth.llm.cache.CachedGenerator` over a SQLite file at that path.
+    """
+    gen: Generator
+    if isinstance(spec, dict):
+        conf = dict(spec)
+        backend = conf.pop("backend", "local")
+        conf.update(kwargs)
+        if backend == "openai":
+            unknown = set(conf) - _OPENAI_KEYS
+            if unknown:
+                raise ValueError(f"generator spec: unknown openai keys {sorted(unknown)}")
+            if "base_url" not in conf or "model" not in conf:
+                raise ValueError("generator spec: openai backend needs 'base_url' and 'model'")
+            from .openai_compat import OpenAIGenerator
+
+            gen = OpenAIGenerator(**conf)
+        elif backend == "local":
+            unknown = set(conf) - _LOCAL_KEYS
+            if unknown:
+                raise ValueError(f"generator spec: unknown local keys {sorted(unknown)}")
+            from .local import LocalGenerator
+
+            gen = LocalGenerator(**conf)
+        else:
+            raise ValueError(f"generator spec: unknown backend {backend!r} (local or openai)")
+    elif isinstance(spec, str | Path):
+        from .local import LocalGenerator
+
+        gen = LocalGenerator(spec, **kwargs)
+    else:
+        raise TypeError(f"generator spec must be a str, Path or dict, got {type(spec).__name__}")
+    if cache_path is not None:
+        from .cache import CachedGenerator, RequestCache
+
+        gen = CachedGenerator(gen, RequestCache(Path(cache_path)))
+    return gen

@@ -6,9 +6,10 @@ in, the same number of strings out, in the same order. Backends differ in how th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -203,3 +204,33 @@ class Generator(Protocol):
     def generate(
         self, requests: Sequence[GenerationRequest], *, progress: bool = True
     ) -> list[str]: ...
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Any]:
+    """A rich progress bar on stderr; yields a zero-argument ``advance`` callable."""
+    if not enabled or total <= 0:
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
+    with bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)

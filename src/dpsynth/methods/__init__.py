@@ -5,10 +5,11 @@ from __future__ import annotations
 from ..config import ConfigError
 from .aug_pe import AugPE
 from .base import Method
+from .secpe import SecPE
 from .wasp import Wasp
 from .zero_shot import ZeroShot
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (ZeroShot, AugPE, Wasp)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (ZeroShot, AugPE, Wasp, SecPE)}
 
 
 def get_method(name: str) -> Method:

@@ -17,6 +17,12 @@ class Method:
 
     name: ClassVar[str] = ""
     private_votes: ClassVar[bool] = True
+    dp_guarantee: ClassVar[bool] = True  # False: the method states another guarantee (SecPE)
+
+    def prepare(self, config: RunConfig, dataset: Any) -> float | None:
+        """Method-specific set-up before any model loads; may return the noise multiplier
+        (None: calibrate it from the (epsilon, delta) target over planned_events)."""
+        return None
 
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
         """Raise ConfigError, before any model is loaded, for a config that cannot work."""

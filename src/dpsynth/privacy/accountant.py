@@ -3,10 +3,10 @@
 Kinds (METHODS.md section 0):
 
 - ``"pld"`` (default): privacy loss distributions from ``dp_accounting`` (Gaussian, Poisson-
-  subsampled Gaussian, and exponential mechanisms as generic pure eps-DP). zCDP events have no
-  PLD; when a run holds any zCDP or exponential event, epsilon is ALSO computed with the RDP
-  accountant below and the smaller of the two (both sound upper bounds for the same run) is
-  reported. With zCDP events present the reported value is therefore the RDP one.
+  subsampled Gaussian, and exponential mechanisms as generic pure eps-DP; pessimistic
+  discretisation). epsilon is ALSO computed with the RDP accountant below and the smaller of the
+  two (both sound upper bounds for the same run) is reported; for Gaussian runs that is the PLD
+  value. zCDP events have no PLD: a run holding any is reported by RDP alone.
 - ``"rdp"``: Renyi DP on a grid of orders; Gaussians via ``dp_accounting``; rho-zCDP as
   RDP(alpha) = rho * alpha (exact); exponential as min(eps, alpha eps^2 / 8) per order (pure DP
   and bounded-range zCDP, Cesar & Rogers 2021). Conversion to (eps, delta) is
@@ -20,6 +20,7 @@ Kinds (METHODS.md section 0):
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 
 import numpy as np
@@ -39,9 +40,13 @@ RDP_ORDERS: tuple[float, ...] = tuple(
     sorted(
         set(rdp_lib.DEFAULT_RDP_ORDERS)
         | {1.0 + x / 100.0 for x in range(1, 10)}
-        | {80.0, 96.0, 160.0, 192.0, 2048.0, 4096.0}
+        | {80.0, 96.0, 160.0, 192.0, 384.0, 768.0}
+        | {float(round(x)) for x in np.geomspace(1536.0, 1e6, 30)}
     )
 )
+# dp_accounting's subsampled-Gaussian RDP costs O(order) per integer order; above this order the
+# full-batch Gaussian RDP alpha / (2 nm^2) is used, a valid upper bound (subsampling never hurts).
+_SUBSAMPLED_MAX_ORDER = 1024.0
 
 # Above this many discretisation steps of privacy loss, the PLD of pure-DP events is skipped and
 # the (sound) RDP bound is used alone, to keep budget checks fast.
@@ -49,12 +54,14 @@ _PLD_MAX_SPAN = 2_000_000
 
 
 def _check_delta(delta: float) -> None:
-    if not (isinstance(delta, int | float) and 0.0 < delta < 1.0):
+    if isinstance(delta, bool) or not (isinstance(delta, numbers.Real) and 0.0 < delta < 1.0):
         raise PrivacyConfigError(f"delta must be in (0, 1), got {delta!r}")
 
 
 def _check_epsilon(epsilon: float) -> None:
-    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon >= 0):
+    if isinstance(epsilon, bool) or not (
+        isinstance(epsilon, numbers.Real) and math.isfinite(epsilon) and epsilon >= 0
+    ):
         raise PrivacyConfigError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
 
 
@@ -174,21 +181,24 @@ def _check_supported(kind: str, event: Event) -> None:
 
 def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
     """Total RDP curve of the grouped events over ``orders``."""
-    acct = rdp_lib.RdpAccountant(orders=list(orders))
+    small = orders <= _SUBSAMPLED_MAX_ORDER
+    acct = rdp_lib.RdpAccountant(orders=list(orders[small]))
     total = np.zeros_like(orders, dtype=np.float64)
     for key, count in groups.items():
         if key[0] == "gaussian":
             _, nm, q = key
-            ev: dp_event.DpEvent = dp_event.GaussianDpEvent(nm)
-            if q < 1.0:
-                ev = dp_event.PoissonSampledDpEvent(q, ev)
-            acct.compose(ev, count)
+            if q >= 1.0:
+                total += count * orders / (2.0 * nm**2)
+            else:
+                acct.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(nm)), count)
+                total[~small] += count * orders[~small] / (2.0 * nm**2)
         elif key[0] == "exponential":
             eps = key[1]
             total += count * np.minimum(eps, orders * eps**2 / 8.0)
         else:
             total += count * key[1] * orders
-    return total + np.asarray(acct._rdp, dtype=np.float64)
+    total[small] += np.asarray(acct.rdp, dtype=np.float64)
+    return total
 
 
 def _zcdp_rho(groups: Groups) -> float:
@@ -269,20 +279,32 @@ class Accountant:
         """Raise PrivacyConfigError when this kind cannot account ``event`` (nothing is added)."""
         _check_supported(self.kind, event)
 
-    def epsilon_if_added(self, events: Event | Iterable[Event], delta: float) -> float:
-        """epsilon at ``delta`` if ``events`` were added (the accountant is not changed)."""
+    def _groups_with(self, events: Event | Iterable[Event]) -> Groups:
         evs = (
             [events]
             if isinstance(events, GaussianEvent | ExponentialEvent | ZCDPEvent)
             else (list(events))
         )
-        _check_delta(delta)
         groups = dict(self._groups)
         for ev in evs:
             _check_supported(self.kind, ev)
             key = params_key(ev)
             groups[key] = groups.get(key, 0) + ev.count
-        return self._epsilon(groups, delta)
+        return groups
+
+    def epsilon_if_added(self, events: Event | Iterable[Event], delta: float) -> float:
+        """epsilon at ``delta`` if ``events`` were added (the accountant is not changed)."""
+        _check_delta(delta)
+        return self._epsilon(self._groups_with(events), delta)
+
+    def fits_if_added(self, events: Event | Iterable[Event], epsilon: float, delta: float) -> bool:
+        """Whether the run stays (epsilon, delta)-DP by this kind if ``events`` were added.
+        For 'pld' the cheap RDP bound is tried first (the reported value is never above it)."""
+        _check_delta(delta)
+        groups = self._groups_with(events)
+        if self.kind == "pld" and groups and self._rdp_epsilon(groups, delta) <= epsilon:
+            return True
+        return self._epsilon(groups, delta) <= epsilon
 
     def rho(self) -> float:
         """Total zCDP rho (kinds 'zcdp'; also meaningful for 'gdp' without subsampling)."""
@@ -313,6 +335,16 @@ class Accountant:
         return list(rows.values())
 
     # -- internals -----------------------------------------------------------------------------
+    @staticmethod
+    def _rdp_epsilon(groups: Groups, delta: float) -> float:
+        orders = np.asarray(RDP_ORDERS)
+        return float(rdp_lib.compute_epsilon(orders, _rdp_vector(groups, orders), delta)[0])
+
+    @staticmethod
+    def _rdp_delta(groups: Groups, epsilon: float) -> float:
+        orders = np.asarray(RDP_ORDERS)
+        return float(rdp_lib.compute_delta(orders, _rdp_vector(groups, orders), epsilon)[0])
+
     def _epsilon(self, groups: Groups, delta: float) -> float:
         if not groups:
             return 0.0
@@ -320,12 +352,10 @@ class Accountant:
             return gdp_epsilon(_gdp_mu(groups), delta)
         if self.kind == "zcdp":
             return zcdp_to_eps_cks(_zcdp_rho(groups), delta)
-        rdp_eps = math.inf
-        if self.kind == "rdp" or any(k[0] != "gaussian" for k in groups):
-            orders = np.asarray(RDP_ORDERS)
-            rdp_eps = float(rdp_lib.compute_epsilon(orders, _rdp_vector(groups, orders), delta)[0])
+        rdp_eps = self._rdp_epsilon(groups, delta)
         if self.kind == "rdp":
             return rdp_eps
+        # pld: both bounds are sound for the same run; report the smaller.
         pld = self._pld(groups)
         if pld is None:
             return rdp_eps
@@ -338,12 +368,7 @@ class Accountant:
             return gdp_delta(_gdp_mu(groups), epsilon)
         if self.kind == "zcdp":
             return zcdp_to_delta_cks(_zcdp_rho(groups), epsilon)
-        rdp_delta = 1.0
-        if self.kind == "rdp" or any(k[0] != "gaussian" for k in groups):
-            orders = np.asarray(RDP_ORDERS)
-            rdp_delta = float(
-                rdp_lib.compute_delta(orders, _rdp_vector(groups, orders), epsilon)[0]
-            )
+        rdp_delta = min(1.0, self._rdp_delta(groups, epsilon))
         if self.kind == "rdp":
             return rdp_delta
         pld = self._pld(groups)

@@ -51,6 +51,13 @@ def calibrate_gaussian_sigma(
     def eps_at(s: float) -> float:
         return plan_epsilon(plan, s, delta, kind)
 
+    if kind == "pld":
+        # RDP is looser than the PLD for the same run (pld reports the min of both), so the
+        # cheap RDP calibration gives an upper end; a few PLD evaluations then suffice.
+        hi = calibrate_gaussian_sigma(epsilon, delta, plan, "rdp", tol, sigma_max=sigma_max)
+        lo = 0.8 * hi
+        if eps_at(lo) > epsilon:
+            return _refine(eps_at, epsilon, lo, hi, tol)
     hi = 1.0
     while eps_at(hi) > epsilon:
         hi *= 2.0
@@ -64,8 +71,14 @@ def calibrate_gaussian_sigma(
         if lo < 1e-6:
             return lo
         hi, lo = lo, lo / 2.0
-    # Brent's method on eps(sigma) - epsilon (few accountant calls), then step up to the
-    # nearest sigma on the tol grid that meets the target.
+    return _refine(eps_at, epsilon, lo, hi, tol)
+
+
+def _refine(
+    eps_at: Callable[[float], float], epsilon: float, lo: float, hi: float, tol: float
+) -> float:
+    """Given eps_at(lo) > epsilon >= eps_at(hi): Brent's method on eps(sigma) - epsilon (few
+    accountant calls), then the nearest sigma above the root that meets the target."""
     root = optimize.brentq(lambda s: eps_at(s) - epsilon, lo, hi, xtol=tol / 4.0)
     sigma = min(hi, root + tol / 2.0)
     while eps_at(sigma) > epsilon:

@@ -173,13 +173,20 @@ class BudgetLedger:
             )
             self._save(data)
 
-    def settle(self, run_id: str, epsilon: float, delta: float) -> None:
-        """Record what ``run_id`` actually spent (replaces its reservation in the sums)."""
+    def settle(
+        self, run_id: str, epsilon: float, delta: float, *, dataset: str | None = None
+    ) -> None:
+        """Record what ``run_id`` actually spent (replaces its reservation in the sums); with
+        ``dataset`` only that dataset's entry of the run is settled."""
         epsilon = _check_amount("epsilon", epsilon)
         delta = _check_amount("delta", delta, 1.0)
         with self._locked():
             data = self._load()
-            found = [e for e in data["entries"] if e["run_id"] == run_id]
+            found = [
+                e
+                for e in data["entries"]
+                if e["run_id"] == run_id and (dataset is None or e["dataset"] == dataset)
+            ]
             if not found:
                 raise PrivacyConfigError(f"run {run_id!r} has no reservation in {self.path}")
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -213,13 +213,33 @@ def _pld(sigma: float, support: np.ndarray, probs: np.ndarray, T: int, disc: flo
     from dp_accounting.pld import privacy_loss_distribution as pldm
 
     mask = probs > 0
-    pld = pldm.from_mixture_gaussian_mechanism(
-        standard_deviation=sigma,
-        sensitivities=support[mask].tolist(),
-        sampling_probs=probs[mask].tolist(),
-        pessimistic_estimate=True,
-        value_discretization_interval=disc,
-    )
+    sens, pr = support[mask], probs[mask]
+    if sens.size == 1:
+        # Point mass: the plain Gaussian mechanism (dp_accounting's mixture code can fail its
+        # tail binary search on this degenerate case).
+        pld = pldm.from_gaussian_mechanism(
+            standard_deviation=sigma,
+            sensitivity=float(sens[0]),
+            pessimistic_estimate=True,
+            value_discretization_interval=disc,
+        )
+    else:
+        pld = None
+        for bound in (-50.0, -49.5, -49.0):  # retry on the same tail-search failure
+            try:
+                pld = pldm.from_mixture_gaussian_mechanism(
+                    standard_deviation=sigma,
+                    sensitivities=sens.tolist(),
+                    sampling_probs=pr.tolist(),
+                    pessimistic_estimate=True,
+                    value_discretization_interval=disc,
+                    log_mass_truncation_bound=bound,
+                )
+                break
+            except TypeError:
+                continue
+        if pld is None:
+            raise RuntimeError(f"dp_accounting could not build the mixture PLD at sigma={sigma}")
     return pld.self_compose(T) if T > 1 else pld
 
 
@@ -381,11 +401,17 @@ def calibrate_secret_sigma(
 
     out = np.zeros(n_sec)
     sigma = 0.0
+    verified: list[tuple[float, float, np.ndarray]] = []  # satisfied at the running sigma
     for key in sorted(groups, key=hardness, reverse=True):
         pj, rj, rates = key
         rates_a = np.asarray(rates)
+        desc = np.sort(rates_a)[::-1]
         if math.isinf(eta[groups[key][0]]) or rates_a.size == 0:
             s = 0.0
+        elif not exact_per_secret and sigma > 0 and any(
+            pj <= pv and rj >= rv and _dominated(desc, dv) for pv, rv, dv in verified
+        ):
+            s = sigma  # dominated by a secret already satisfied at sigma (see _dominated)
         elif exact_per_secret or sigma == 0.0:
             s = calibrate_one_sigma(pj, rj, rates_a, T, rel_tol=rel_tol,
                                     discretization=discretization)
@@ -396,4 +422,17 @@ def calibrate_secret_sigma(
                                     discretization=discretization, lower_hint=sigma)
         out[groups[key]] = s
         sigma = max(sigma, s)
+        if s > 0 and len(verified) < 64:
+            verified.append((pj, rj, desc))
     return sigma, out
+
+
+def _dominated(a_desc: np.ndarray, b_desc: np.ndarray) -> bool:
+    """Whether rate multiset a is dominated by b (both sorted descending): |a| <= |b| and
+    a_i <= b_i. Then the pair for a is dominated by the pair for b in every hockey-stick
+    divergence, both directions, hence after T-fold composition too: raising one rate q -> q'
+    writes P_q = (q/q') P_q' + (1 - q/q') A (A = without that record), H is convex, and
+    H(A||Q) <= H(P_q'||Q) because the optimal event is a half-line (likelihood ratio monotone in
+    x) and P_q' is A shifted stochastically upwards (same argument for H(Q||.)). Blow-up is also
+    increasing in p and decreasing in sigma, so B_a(p_a) <= B_b(p_b) <= r_b <= r_a."""
+    return a_desc.size <= b_desc.size and bool(np.all(a_desc <= b_desc[: a_desc.size]))

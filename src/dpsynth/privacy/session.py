@@ -109,6 +109,18 @@ def threshold_log_weights(
     raise PrivacyConfigError(f"threshold mode must be 'grid' or 'interval', got {mode!r}")
 
 
+def sample_threshold(noise: NoiseSource, logw: np.ndarray, points: np.ndarray, mode: str) -> float:
+    """Draw theta from :func:`threshold_log_weights` output: a grid point, or an interval then a
+    uniform point inside it."""
+    if mode == "grid":
+        return float(points[_gumbel_argmax(noise, logw)])
+    if np.isneginf(logw).all():  # empty range (min == max): nothing to choose
+        return float(points[0])
+    j = _gumbel_argmax(noise, logw)
+    u = float(np.asarray(noise.uniform(1)).ravel()[0])
+    return float(points[j] + u * (points[j + 1] - points[j]))
+
+
 # ----------------------------------------------------------------------------- value codec
 
 
@@ -129,6 +141,8 @@ class PrivacySession:
 
     ``target`` = (epsilon, delta): a release that would take epsilon at the target delta above
     the target epsilon raises :class:`BudgetExceededError` before any noise is drawn.
+    When the noise source has ``spawn(key)`` (both built-in sources do), each release draws from
+    a per-key stream: with seeded noise a resumed run can never reuse another key's noise.
     """
 
     def __init__(
@@ -291,8 +305,8 @@ class PrivacySession:
         if self.target is None:
             return
         t_eps, t_delta = self.target
-        new_eps = self.accountant.epsilon_if_added(events, t_delta)
-        if new_eps > t_eps * (1.0 + 1e-9):
+        if not self.accountant.fits_if_added(events, t_eps * (1.0 + 1e-9), t_delta):
+            new_eps = self.accountant.epsilon_if_added(events, t_delta)
             names = ", ".join(sorted({e.name for e in events}))
             raise BudgetExceededError(
                 f"release of {names} would take epsilon to {new_eps:.4f} at delta={t_delta:g}, "
@@ -304,6 +318,11 @@ class PrivacySession:
         self._write(key, events, value)
         for ev in events:
             self.accountant.add(ev)
+
+    def noise_for(self, key: str) -> NoiseSource:
+        """The noise stream of one release key (independent per key; same on resume when
+        seeded). Also for a mechanism's own randomness, e.g. Poisson sampling coins."""
+        return self._noise_for(key)
 
     def _noise_for(self, key: str) -> NoiseSource:
         spawn = getattr(self.noise, "spawn", None)
@@ -397,15 +416,7 @@ class PrivacySession:
             raise PrivacyConfigError(f"target must be an integer >= 0, got {target!r}")
         logw, points = threshold_log_weights(values, int(target), candidates, epsilon, mode)
         self._admit(events)
-        src = self._noise_for(key)
-        if mode == "grid":
-            theta = float(points[_gumbel_argmax(src, logw)])
-        elif np.isneginf(logw).all():  # empty range (min == max): nothing to choose
-            theta = float(points[0])
-        else:
-            j = _gumbel_argmax(src, logw)
-            u = float(np.asarray(src.uniform(1)).ravel()[0])
-            theta = float(points[j] + u * (points[j + 1] - points[j]))
+        theta = sample_threshold(self._noise_for(key), logw, points, mode)
         self._commit(key, events, theta)
         return theta
 

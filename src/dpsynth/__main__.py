@@ -1,0 +1,5 @@
+"""python -m dpsynth"""
+
+from .cli import main
+
+main()

@@ -1,0 +1,5 @@
+"""python -m dpsynth.cli"""
+
+from . import main
+
+main()

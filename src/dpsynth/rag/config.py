@@ -1,0 +1,84 @@
+"""The ``synrag:`` section of a run config (DP-SynRAG, METHODS.md section 4).
+
+Defaults follow the paper (K = 10, R = 500, L = 5, k = 80, T = 70, tau = 1, rho_hist = 0.1,
+eps_theta = 0.4). The clip ``c`` is calibrated so that Theorem 1's total meets the run's
+(epsilon, delta) target unless it is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..config import ConfigError, RunConfig
+
+DEFAULT_REPHRASE = (
+    "Rephrase the following document without altering the important information "
+    "contained within it."
+)
+DEFAULT_FILTER = "Does the following document contain any specific diagnosis names?"
+
+
+class SynRAGConfig(BaseModel):
+    """DP-SynRAG parameters; every field is public (never derived from the private data)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # 1. keywords and histogram
+    keywords_per_doc: int = Field(10, ge=1, le=100, description="K")
+    vocabulary: str | list[str] = Field(
+        "tokenizer",
+        description=(
+            "PUBLIC keyword vocabulary: a list of terms, a file path (one term a line, or a "
+            "JSON list), 'demo' (terms of dpsynth.demo_corpus.demo_knowledge) or 'tokenizer' "
+            "(whole-word tokens of the generator's tokenizer, minus stop words)"
+        ),
+    )
+    keyword_extractor: Literal["llm", "vocabulary"] = Field(
+        "llm",
+        description="'llm' (the paper): the LLM proposes keywords, restricted to the "
+        "vocabulary, topped up with vocabulary terms found in the text; 'vocabulary': only "
+        "the deterministic text match (no LLM; faster)",
+    )
+    keyword_max_new_tokens: int = Field(48, ge=4, le=512)
+    rho_hist: float = Field(0.1, gt=0, description="zCDP of the keyword histogram")
+    min_noisy_count: float | None = Field(
+        None, description="keywords below this noisy count are never cluster seeds "
+        "(default: sigma_h * sqrt(2 ln |vocabulary|), the noise floor)")
+    # 2. soft clustering
+    clusters: int = Field(500, ge=1, description="R: top keywords that seed clusters")
+    overlap: int = Field(5, ge=1, description="L: clusters a document may join")
+    # 3. retrieval inside each cluster
+    target_size: int = Field(80, ge=1, description="k: documents aimed for per cluster")
+    eps_theta: float = Field(0.4, gt=0, description="epsilon of the threshold mechanism")
+    rho_centre: float = Field(0.009, gt=0, description="zCDP of one noisy cluster centre")
+    # 4. private prediction
+    tokens: int = Field(70, ge=1, le=2048, description="T: tokens per synthetic document")
+    temperature: float = Field(1.0, gt=0, description="tau")
+    clip: float | None = Field(None, gt=0, description="c; None = calibrate to the target")
+    max_doc_tokens: int = Field(384, ge=8, description="longer documents are truncated")
+    rephrase_instruction: str = DEFAULT_REPHRASE
+    # 5. self-filtering
+    self_filter: bool = True
+    filter_question: str = DEFAULT_FILTER
+    # RAG over the KB
+    retrieve: int = Field(3, ge=1, le=50, description="passages retrieved per question")
+    answer_max_new_tokens: int = Field(48, ge=1, le=512)
+
+
+def parse_synrag(config: RunConfig) -> SynRAGConfig:
+    """Validate ``config.synrag``; errors name the field (``synrag.<field>``)."""
+    try:
+        return SynRAGConfig.model_validate(config.synrag or {})
+    except ValidationError as err:
+        lines = ["invalid synrag section"]
+        for item in err.errors():
+            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+            lines.append(f"  synrag.{where}: {item['msg']}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def synrag_dict(cfg: SynRAGConfig) -> dict[str, Any]:
+    """Plain dict of the section (for privacy.json / summaries)."""
+    return cfg.model_dump(mode="json")

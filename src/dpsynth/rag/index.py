@@ -1,0 +1,94 @@
+"""A faiss index over a knowledge base of passages (synthetic only for DP-SynRAG's release/).
+
+Files in the folder: ``kb.jsonl`` (passages), ``kb.faiss`` (inner-product index over unit
+embeddings, i.e. cosine similarity) and ``index.json`` (embedder name, size, dimension).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..runs import atomic_write_bytes, atomic_write_json
+
+
+def _faiss() -> Any:
+    import faiss
+
+    return faiss
+
+
+def build_index(folder: Path, texts: Sequence[str], embedder: Any, embedder_name: str,
+                embeddings: np.ndarray | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Embed ``texts`` and write ``folder/kb.faiss`` and ``folder/index.json`` (with
+    ``extra`` public metadata, e.g. the generator to answer with)."""
+    faiss = _faiss()
+    folder = Path(folder)
+    emb = embeddings if embeddings is not None else (
+        np.asarray(embedder.embed(list(texts)), dtype=np.float32) if texts else None)
+    dim = int(emb.shape[1]) if emb is not None else 384
+    index = faiss.IndexFlatIP(dim)
+    if emb is not None and len(emb):
+        index.add(np.ascontiguousarray(emb, dtype=np.float32))
+    atomic_write_bytes(folder / "kb.faiss", faiss.serialize_index(index).tobytes())
+    atomic_write_json(folder / "index.json", {"embedder": embedder_name, "passages": len(texts),
+                                              "dim": dim, "metric": "inner_product",
+                                              **(extra or {})})
+    return folder / "kb.faiss"
+
+
+@dataclass
+class KnowledgeBase:
+    """Passages + their faiss index, searched by cosine similarity."""
+
+    passages: list[dict[str, Any]]
+    index: Any
+    embedder_name: str
+    meta: dict[str, Any] | None = None
+
+    @classmethod
+    def open(cls, folder: str | Path) -> KnowledgeBase:
+        """Open ``folder`` (a release/ folder holding kb.jsonl, kb.faiss, index.json)."""
+        folder = Path(folder)
+        for name in ("kb.jsonl", "kb.faiss", "index.json"):
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"{folder}: no {name} (not a built knowledge base)")
+        faiss = _faiss()
+        passages = [json.loads(line) for line in
+                    (folder / "kb.jsonl").read_text(encoding="utf-8").splitlines() if line]
+        raw = np.frombuffer((folder / "kb.faiss").read_bytes(), dtype=np.uint8)
+        index = faiss.deserialize_index(raw)
+        meta = json.loads((folder / "index.json").read_text())
+        if index.ntotal != len(passages):
+            raise ValueError(f"{folder}: kb.faiss has {index.ntotal} vectors for "
+                             f"{len(passages)} passages; rebuild the index")
+        return cls(passages, index, str(meta.get("embedder", "minilm")), meta)
+
+    @classmethod
+    def from_texts(cls, texts: Sequence[str], embedder: Any, embedder_name: str = "minilm",
+                   embeddings: np.ndarray | None = None) -> KnowledgeBase:
+        """An in-memory KB (used by the baselines, e.g. RAG on the private store)."""
+        faiss = _faiss()
+        emb = embeddings if embeddings is not None else np.asarray(
+            embedder.embed(list(texts)), dtype=np.float32)
+        index = faiss.IndexFlatIP(int(emb.shape[1]))
+        if len(emb):
+            index.add(np.ascontiguousarray(emb, dtype=np.float32))
+        return cls([{"id": i, "text": t} for i, t in enumerate(texts)], index, embedder_name)
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, query_embeddings: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Top-k (passage position, similarity) for each query embedding."""
+        q = np.ascontiguousarray(np.atleast_2d(query_embeddings), dtype=np.float32)
+        if len(self) == 0:
+            return [[] for _ in range(len(q))]
+        scores, ids = self.index.search(q, min(k, len(self)))
+        return [[(int(i), float(s)) for i, s in zip(row_i, row_s, strict=True) if i >= 0]
+                for row_i, row_s in zip(ids, scores, strict=True)]

@@ -1,0 +1,226 @@
+"""dpsynth eval / report / compare on a fake run folder; the report rendered in Chromium.
+
+CI needs Debian's chromium (`apt-get install -y chromium`); only the browser part skips
+when /usr/bin/chromium is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from dpsynth.eval.common import EvalInputError
+from dpsynth.eval.report import compare_runs, write_report
+from dpsynth.eval.rundata import load_run
+
+SENTINEL = "PRIVATE-SENTINEL Quorbel Vantastrix swallowed the brass key at the lighthouse"
+
+
+def _release_rows(df: pd.DataFrame, labels: list[str]) -> list[dict]:
+    return [{"text": t, "labels": {c: str(df[c].iloc[i]) for c in labels}}
+            for i, t in enumerate(df["text"])]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def make_run(root: Path, private_csv: Path, synthetic: pd.DataFrame, zero_shot: pd.DataFrame,
+             method: str = "aug_pe") -> Path:
+    """A finished run folder in the format `dpsynth generate` writes."""
+    run = root / f"run-{method}"
+    (run / "release").mkdir(parents=True)
+    (run / "private").mkdir(mode=0o700)
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "method": method,
+        "data": {"path": str(private_csv), "text": "text", "labels": ["department"],
+                 "user": None},
+        "privacy": {"epsilon": 4.0, "delta": 1e-5},
+    }))
+    (run / "run.json").write_text(json.dumps({
+        "run_id": f"fake{method}", "method": method, "status": "finished",
+        "dataset_fingerprint": "0" * 64, "started": "2026-01-01T00:00:00Z",
+        "finished": "2026-01-01T00:10:00Z",
+    }))
+    stats = [{"iteration": t, "kept": 40, "candidates": 120, "vote_mass": 80.0 - 5 * t,
+              "noise_sigma": 3.5, "generator_weights": {"smollm2": 0.5 + 0.1 * t,
+                                                        "gemma3": 0.5 - 0.1 * t},
+              "fid": 1.0 - 0.2 * t} for t in range(3)]
+    _write_jsonl(run / "stats.jsonl", stats)
+    _write_jsonl(run / "release" / "synthetic.jsonl", _release_rows(synthetic, ["department"]))
+    _write_jsonl(run / "release" / "zero_shot.jsonl", _release_rows(zero_shot, ["department"]))
+    (run / "release" / "privacy.json").write_text(json.dumps({
+        "epsilon": 3.98, "delta": 1e-5, "target_epsilon": 4.0, "target_delta": 1e-5,
+        "unit": "record", "accountant": "pld", "noise": "seeded",
+        "mechanisms": [{"name": "gaussian", "count": 3, "sigma": 3.5}],
+    }))
+    (run / "release" / "summary.json").write_text(json.dumps(
+        {"samples": len(synthetic), "method": method, "llm_calls": 321}))
+    # a private file inside the run must never reach the report either
+    (run / "private" / "checkpoint.json").write_text(json.dumps({"text": SENTINEL}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    from dpsynth.demo_corpus import write_demo_corpus
+
+    root = tmp_path_factory.mktemp("evalrun")
+    base = write_demo_corpus(root / "real", n=80, seed=0, test_n=60)
+    private = pd.read_csv(base["private"])
+    private.loc[5, "text"] = SENTINEL
+    private.to_csv(base["private"], index=False)
+    other = pd.read_csv(write_demo_corpus(root / "other", n=80, seed=1, test_n=10)["private"])
+    synthetic, zero_shot = other.iloc[:40].reset_index(drop=True), other.iloc[40:].copy()
+    # the zero-shot reference is deliberately poor: labels shuffled
+    zero_shot["department"] = np.random.default_rng(0).permutation(
+        zero_shot["department"].to_numpy())
+    run = make_run(root, base["private"], synthetic, zero_shot)
+    return {"root": root, "run": run, "test": base["test"], "private": private}
+
+
+@pytest.fixture(scope="module")
+def evaluated(fake):
+    from dpsynth.cli import app
+
+    res = CliRunner().invoke(app, ["eval", str(fake["run"]), "--test", str(fake["test"]),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.mark.models
+def test_eval_cli_json_and_files(fake, evaluated):
+    ev, audit = evaluated["eval"], evaluated["audit"]
+    on_disk = json.loads((fake["run"] / "eval" / "eval.json").read_text())
+    assert on_disk["fidelity"] == ev["fidelity"]
+    assert (fake["run"] / "eval" / "audit.json").is_file()
+    syn = ev["fidelity"]["synthetic"]
+    assert ev["n"] == {"synthetic": 40, "zero_shot": 40, "private": 80, "test": 60}
+    assert isinstance(syn["fid"], float) and syn["fid"] >= 0
+    assert 0 <= syn["precision"] <= 1 and 0 <= syn["recall"] <= 1
+    assert 0 < syn["mauve"] <= 1
+    assert "fid_note" in syn  # 40 samples < 384 dimensions
+    assert 0 <= syn["labels"]["department"]["tv"] <= 1
+    row = ev["utility"]["logreg"]["department"]
+    for name in ("synthetic", "private", "zero_shot"):
+        assert 0 <= row[name]["accuracy"] <= 1 and "macro_f1" in row[name]
+    # synthetic data from the same distribution beats the shuffled-label zero-shot set
+    assert row["synthetic"]["accuracy"] > row["zero_shot"]["accuracy"]
+    assert row["private"]["accuracy"] > row["chance"]
+    assert any("outside the release" in n for n in ev["notes"])
+    assert 0 <= audit["membership_inference"]["auc"] <= 1
+    assert audit["dcr"]["n_synthetic"] == 40
+    assert audit["pii"]["n_outputs"] == 40
+    assert set(audit["pii_columns"]) == {"patient_name", "phone", "email"}
+    for blob in (json.dumps(ev), json.dumps(audit)):
+        assert SENTINEL not in blob
+
+
+@pytest.mark.models
+def test_report_html_has_plots_and_no_private_text(fake, evaluated, tmp_path):
+    out = write_report(fake["run"], tmp_path / "report.html")
+    page = out.read_text(encoding="utf-8")
+    assert page.count('<img src="data:image/png;base64,') >= 5  # 4 curves + labels
+    assert "http://" not in page and "https://" not in page
+    assert "(3.98, 1e-05)-differential privacy at the record level" in page
+    assert "Membership inference" in page and "Distance to closest record" in page
+    assert "Fine-tuned" not in page and "Logistic regression" in page
+    assert SENTINEL not in page and "Quorbel" not in page
+    for text in fake["private"]["text"]:
+        assert text not in page
+    synthetic = load_run(fake["run"]).synthetic.texts
+    assert any(t.replace("'", "&#x27;") in page for t in synthetic[:5])
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        pytest.skip("chromium not installed (CI: apt-get install -y chromium)")
+    profile = tmp_path / "profile"
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-background-networking", "--disable-component-update", "--no-first-run",
+             f"--user-data-dir={profile}"]
+    env = {**os.environ, "HOME": str(tmp_path)}
+    dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True,
+                         timeout=180, env=env, check=True).stdout
+    assert dom.count('src="data:image/png;base64,') >= 5
+    assert "Privacy guarantee" in dom and "privacy-statement" in dom
+    assert SENTINEL not in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1000,2400", out.as_uri()],
+                   capture_output=True, timeout=180, env=env, check=True)
+    from matplotlib.image import imread
+
+    pixels = imread(str(shot))
+    assert pixels.shape[0] >= 2000 and pixels.std() > 0.05  # text and plots drawn, not blank
+
+
+@pytest.mark.models
+def test_compare_and_report_cli(fake, evaluated, tmp_path):
+    from dpsynth.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["compare", str(fake["run"]), str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert rows[0]["method"] == "aug_pe" and rows[0]["samples"] == 40
+    assert rows[0]["fid"] == evaluated["eval"]["fidelity"]["synthetic"]["fid"]
+    assert "logreg:department" in rows[0]["accuracy"]
+    assert "not a dpsynth run folder" in rows[1]["error"]
+    res = runner.invoke(app, ["compare", str(fake["run"])])
+    assert res.exit_code == 0 and "aug_pe" in res.stdout
+    res = runner.invoke(app, ["report", str(fake["run"]), "--out", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r.html").read_text().count("data:image/png;base64,") >= 5
+
+
+def test_bad_run_folders_get_clear_messages(tmp_path, fake):
+    with pytest.raises(EvalInputError, match="not a dpsynth run folder"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"method": "aug_pe", "status": "failed"}))
+    with pytest.raises(EvalInputError, match=r"no release/ folder \(run status: failed\)"):
+        load_run(tmp_path)
+    rag = tmp_path / "rag"
+    (rag / "release").mkdir(parents=True)
+    (rag / "run.json").write_text(json.dumps({"method": "synrag", "status": "finished"}))
+    (rag / "release" / "kb.jsonl").write_text("{}\n")
+    with pytest.raises(EvalInputError, match="DP-SynRAG run"):
+        load_run(rag)
+    from dpsynth.cli import app
+
+    res = CliRunner().invoke(app, ["eval", str(rag), "--test", str(fake["test"])])
+    assert res.exit_code == 2 and "DP-SynRAG" in res.output
+
+
+def test_test_file_with_other_labels_is_refused(fake, tmp_path):
+    from dpsynth.eval.rundata import load_test_data
+
+    release = load_run(fake["run"])
+    test = pd.read_csv(fake["test"])
+    test.drop(columns=["department"]).to_csv(tmp_path / "nolabel.csv", index=False)
+    with pytest.raises(EvalInputError, match="labels differ.*lacks 'department'"):
+        load_test_data(tmp_path / "nolabel.csv", "text", ["department"], release.synthetic)
+    test.assign(department="Astrology").to_csv(tmp_path / "other.csv", index=False)
+    with pytest.raises(EvalInputError, match="share none with the synthetic"):
+        load_test_data(tmp_path / "other.csv", "text", ["department"], release.synthetic)
+    from dpsynth.cli import app
+
+    res = CliRunner().invoke(app, ["eval", str(fake["run"]), "--test",
+                                   str(tmp_path / "nolabel.csv")])
+    assert res.exit_code == 2 and "department" in res.output
+    res = CliRunner().invoke(app, ["eval", str(fake["run"]), "--test", str(fake["test"]),
+                                   "--label", "urgency"])
+    assert res.exit_code == 2 and "not in the synthetic data" in res.output
+
+
+def test_compare_runs_without_eval(fake):
+    rows = compare_runs([fake["run"]])
+    assert rows[0]["run_id"] == "fakeaug_pe"

@@ -1,0 +1,146 @@
+"""The loop's parts against brute-force references: voting, sensitivities, selection, cleaning."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from dpsynth.evolution.prompts import clean_generation, mask_words
+from dpsynth.evolution.selection import allocate, select_per_label, thresholded, top_indices
+from dpsynth.evolution.voting import knn_vote, topq_sensitivity, topq_vote, user_label_counts
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture()
+def cloud() -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(3)
+    private = _unit(rng.normal(size=(300, 24)))
+    cands = _unit(rng.normal(size=(40, 24)))
+    return private, rng.integers(0, 4, 300), cands, rng.integers(0, 4, 40)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_knn_vote_matches_brute_force(cloud, k):
+    private, plab, cands, clab = cloud
+    ref = np.zeros(len(cands))
+    for x, y in zip(private, plab, strict=True):
+        idx = np.flatnonzero(clab == y)
+        top = idx[np.argsort(-(cands[idx] @ x), kind="stable")[:k]]
+        ref[top] += 1 / math.sqrt(k)
+    np.testing.assert_allclose(knn_vote(private, plab, cands, clab, k=k, batch=17), ref,
+                               atol=1e-9)
+
+
+def test_knn_vote_has_sensitivity_one(cloud):
+    private, plab, cands, clab = cloud
+    full = knn_vote(private, plab, cands, clab, k=3)
+    for drop in range(0, 300, 37):
+        keep = np.arange(300) != drop
+        diff = full - knn_vote(private[keep], plab[keep], cands, clab, k=3)
+        assert np.linalg.norm(diff) == pytest.approx(1.0)
+
+
+def test_user_level_votes_bounded_per_user(cloud):
+    private, plab, cands, clab = cloud
+    users = np.repeat(np.arange(30), 10)  # 30 users with 10 records each
+    full = knn_vote(private, plab, cands, clab, k=1, users=users)
+    for u in (0, 7, 29):
+        keep = users != u
+        _, inv = np.unique(users[keep], return_inverse=True)
+        diff = full - knn_vote(private[keep], plab[keep], cands, clab, k=1, users=inv)
+        assert np.linalg.norm(diff) <= 1.0 + 1e-9
+    # without the bound a 10-record user would move the histogram by more than 1
+    unbounded = knn_vote(private, plab, cands, clab, k=1)
+    only_u0 = knn_vote(private[users == 0], plab[users == 0], cands, clab, k=1)
+    assert np.linalg.norm(only_u0) > 1.0 and unbounded.sum() > full.sum()
+
+
+def test_topq_sensitivity_brute_force():
+    """Every ordering of 2Q candidates: the max L2 norm of a record's (H_near, H_far)."""
+    q = 3
+    n = 2 * q
+    worst = 0.0
+    for order in itertools.permutations(range(n)):
+        near = np.zeros(n)
+        far = np.zeros(n)
+        for rank in range(q):
+            near[order[rank]] += 2.0 ** -rank
+            far[order[-1 - rank]] += 2.0 ** -rank
+        worst = max(worst, float(np.linalg.norm(np.concatenate([near, far]))))
+    assert worst == pytest.approx(topq_sensitivity(q))
+    assert topq_sensitivity(8) == pytest.approx(1.6330, abs=1e-4)
+    assert topq_sensitivity(1) == pytest.approx(math.sqrt(2))
+
+
+def test_topq_vote_neighbouring_datasets(cloud):
+    private, plab, cands, clab = cloud
+    q = 4
+    full = topq_vote(private, plab, cands, clab, q=q)
+    n = len(cands)
+    assert full.shape == (2 * n,)
+    # weights: each record gives sum 2^-q to each histogram
+    assert full[:n].sum() == pytest.approx(300 * sum(2.0 ** -i for i in range(q)))
+    for drop in (0, 100, 299):
+        keep = np.arange(300) != drop
+        diff = full - topq_vote(private[keep], plab[keep], cands, clab, q=q)
+        assert np.linalg.norm(diff) == pytest.approx(topq_sensitivity(q))
+    # nearest really is nearest: record 0's top candidate gets its weight 1
+    x, y = private[0], plab[0]
+    idx = np.flatnonzero(clab == y)
+    best = idx[np.argmax(cands[idx] @ x)]
+    worst = idx[np.argmin(cands[idx] @ x)]
+    keep = np.arange(300) != 0
+    diff = full - topq_vote(private[keep], plab[keep], cands, clab, q=q)
+    assert diff[best] == pytest.approx(1.0) and diff[n + worst] == pytest.approx(1.0)
+
+
+def test_user_label_counts():
+    labels = np.array([0, 0, 1, 2, 2, 2])
+    np.testing.assert_allclose(user_label_counts(labels, 3, None), [2, 1, 3])
+    users = np.array([0, 0, 0, 1, 1, 1])  # user 0: counts (2,1,0) -> norm sqrt 5
+    out = user_label_counts(labels, 3, users)
+    np.testing.assert_allclose(out, [2 / math.sqrt(5), 1 / math.sqrt(5), 1.0])
+
+
+def test_allocate_sums_and_follows_counts():
+    parts = allocate(10, np.array([5.0, -3.0, 15.0]))
+    assert parts.sum() == 10 and parts[1] == 0 and parts[2] > parts[0]
+    assert allocate(7, np.array([-1.0, -2.0])).sum() == 7  # all negative -> uniform
+
+
+def test_selection_rank_and_sample():
+    scores = np.array([0.0, 5.0, 1.0, 9.0, 0.5, 2.0])
+    labels = np.array([0, 0, 0, 1, 1, 1])
+    rng = np.random.default_rng(0)
+    kept = select_per_label(scores, labels, np.array([2, 1]), "rank", rng)
+    assert sorted(kept.tolist()) == [1, 2, 3]
+    draws = select_per_label(scores, labels, np.array([500, 0]), "sample", rng)
+    freq = np.bincount(draws, minlength=3)[:3] / 500
+    assert freq[0] == 0 and freq[1] > 0.7  # proportional to scores 0, 5, 1
+    np.testing.assert_allclose(thresholded(np.array([-1.0, 0.5, 3.0]), 1.0), [0, 0, 2.0])
+    top = top_indices(scores, labels, 1)
+    assert top[0].tolist() == [1] and top[1].tolist() == [3]
+
+
+def test_clean_generation():
+    assert clean_generation('Sure! Here is the rephrased text: "My knee hurts a lot."', 5) == \
+        "My knee hurts a lot."
+    assert clean_generation("I'm sorry, but I cannot help with that request.", 5) is None
+    assert clean_generation("   ", 5) is None
+    assert clean_generation("Text: short", 12) is None
+    assert clean_generation("**Message:** Please call me back tomorrow.", 5) == \
+        "Please call me back tomorrow."
+
+
+def test_mask_words_rate():
+    rng = np.random.default_rng(1)
+    masked = mask_words(" ".join(["word"] * 1000), 0.5, rng)
+    share = masked.split().count("___") / 1000
+    assert 0.45 < share < 0.55
+    assert "___" in mask_words("one", 0.01, rng)

@@ -1,0 +1,111 @@
+"""Flower-free parts of federated WASP voting: quantisation plan, party noise, validation."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+from dpsynth.evolution.voting import topq_vote
+from dpsynth.federated.core import (
+    PartyData,
+    VoteBoundError,
+    clip_probability_bound,
+    effective_sigma,
+    party_noise,
+    party_noisy_histogram,
+    plan_quantisation,
+    validate_parties,
+)
+
+
+def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_plan_picks_power_of_two_clipping_range_covering_votes_and_noise() -> None:
+    plan = plan_quantisation(vote_bound=12.0, sigma=3.0, num_parties=4)
+    # 12 + 10 * 3 / sqrt(4) = 27 -> next power of two is 32
+    assert plan.clipping_range == 32.0
+    assert plan.step == 64.0 / 2**22
+    assert math.log2(plan.step).is_integer()  # dyadic grid: 2^-q vote weights are exact
+    assert plan.error_bound(3) == pytest.approx(3 * plan.step)
+    explicit = plan_quantisation(vote_bound=12.0, sigma=3.0, num_parties=4, clipping_range=100.0)
+    assert explicit.clipping_range == 100.0
+
+
+def test_plan_rejects_overflowing_or_bad_parameters() -> None:
+    with pytest.raises(ValueError, match="modulus_range"):
+        plan_quantisation(vote_bound=1.0, sigma=1.0, num_parties=2048)
+    with pytest.raises(ValueError, match="num_parties"):
+        plan_quantisation(vote_bound=1.0, sigma=1.0, num_parties=1)
+    with pytest.raises(ValueError, match="clipping_range"):
+        plan_quantisation(vote_bound=1.0, sigma=1.0, num_parties=3, clipping_range=-1.0)
+    with pytest.raises(ValueError, match="sigma"):
+        plan_quantisation(vote_bound=1.0, sigma=float("nan"), num_parties=3)
+
+
+def test_clip_probability_bound_is_tiny_for_ten_sds_and_one_without_margin() -> None:
+    plan = plan_quantisation(vote_bound=8.0, sigma=2.0, num_parties=4,
+                             clipping_range=8.0 + 10.0 * 2.0 / 2.0)
+    p = clip_probability_bound(plan, 2.0, 4, dim=1000)
+    assert 0 < p < 1e-15
+    assert p == pytest.approx(2 * 4 * 1000 * 0.5 * math.erfc(10 / math.sqrt(2)), rel=1e-9)
+    no_margin = plan_quantisation(vote_bound=8.0, sigma=2.0, num_parties=4, clipping_range=8.0)
+    assert clip_probability_bound(no_margin, 2.0, 4, dim=10) == 1.0
+
+
+def test_effective_sigma_accounts_for_missing_noise_shares() -> None:
+    assert effective_sigma(3.0, 10, 10) == 3.0
+    assert effective_sigma(3.0, 9, 10) == pytest.approx(3.0 * math.sqrt(0.9))
+
+
+def test_party_noise_is_seeded_per_party_and_secure_mode_is_unseeded() -> None:
+    a0 = party_noise(2000, 1.0, noise_mode="seeded", seed=7, party_index=0)
+    a0_again = party_noise(2000, 1.0, noise_mode="seeded", seed=7, party_index=0)
+    a1 = party_noise(2000, 1.0, noise_mode="seeded", seed=7, party_index=1)
+    b0 = party_noise(2000, 1.0, noise_mode="seeded", seed=8, party_index=0)
+    np.testing.assert_array_equal(a0, a0_again)
+    assert abs(np.corrcoef(a0, a1)[0, 1]) < 0.15  # independent parties
+    assert not np.allclose(a0, b0)
+    s1 = party_noise(2000, 2.0, noise_mode="secure", seed=7, party_index=0)
+    s2 = party_noise(2000, 2.0, noise_mode="secure", seed=7, party_index=0)
+    assert not np.allclose(s1, s2)  # secure mode ignores the seed
+    assert 3.0 < float(np.var(s1)) < 5.0
+    with pytest.raises(ValueError, match="noise_mode"):
+        party_noise(3, 1.0, noise_mode="fast", seed=1, party_index=0)
+
+
+def test_party_noisy_histogram_adds_sigma_over_sqrt_p_noise_to_votes() -> None:
+    rng = np.random.default_rng(0)
+    party = PartyData(_unit(rng, 9, 8), rng.integers(0, 3, 9))
+    cand, cand_lab = _unit(rng, 12, 8), np.arange(12) % 3
+    vote = functools.partial(topq_vote, q=3)
+    y = party_noisy_histogram(party, cand, cand_lab, vote, sigma=2.0, num_parties=4,
+                              vote_bound=9.0, noise_mode="seeded", seed=5, party_index=2)
+    h = vote(party.embeddings, party.labels, cand, cand_lab)
+    noise = party_noise(h.size, 1.0, noise_mode="seeded", seed=5, party_index=2)
+    np.testing.assert_allclose(y, h + noise, atol=1e-12)  # std = 2 / sqrt(4) = 1
+
+
+def test_vote_bound_violation_and_bad_parties_are_refused() -> None:
+    rng = np.random.default_rng(1)
+    party = PartyData(_unit(rng, 9, 8), np.zeros(9, dtype=int))
+    cand, cand_lab = _unit(rng, 4, 8), np.zeros(4, dtype=int)
+    vote = functools.partial(topq_vote, q=2)
+    with pytest.raises(VoteBoundError, match="vote_bound"):
+        # 9 records of one label all vote for the same nearest candidate: mass up to 9 > 2
+        party_noisy_histogram(party, cand, cand_lab, vote, sigma=1.0, num_parties=3,
+                              vote_bound=2.0, noise_mode="seeded", seed=0, party_index=0)
+    empty = PartyData(np.zeros((0, 8), np.float32), np.zeros(0, dtype=int))
+    with pytest.raises(ValueError, match=r"parties\[1\] has no records"):
+        validate_parties([party, empty])
+    with pytest.raises(ValueError, match=">= 2 parties"):
+        validate_parties([party])
+    with pytest.raises(ValueError, match="labels"):
+        PartyData(_unit(rng, 3, 8), np.zeros(4, dtype=int))
+    with pytest.raises(ValueError, match="integer"):
+        PartyData(_unit(rng, 3, 8), np.zeros(3))

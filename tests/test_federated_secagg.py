@@ -1,0 +1,159 @@
+"""Federated WASP voting through a real Flower simulation (Ray backend) with SecAgg+."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpsynth.evolution.voting import topq_vote
+from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
+from dpsynth.federated.core import (
+    FederatedRoundError,
+    InsufficientPartiesError,
+    PartyData,
+    party_noisy_histogram,
+    plan_quantisation,
+    zero_votes,
+)
+from dpsynth.federated.simulation import (
+    _SimulationParties,
+    federated_noisy_histogram,
+    run_flower_simulation,
+)
+
+SIGMA = 1.5
+VOTE = functools.partial(topq_vote, q=4)
+
+
+def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[list[PartyData], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(2024)
+    sizes = [4, 11, 7]  # uneven parties
+    parties = [PartyData(_unit(rng, m, 16), rng.integers(0, 3, m)) for m in sizes]
+    cand = _unit(rng, 15, 16)
+    cand_lab = np.arange(15) % 3
+    return parties, cand, cand_lab
+
+
+def _noisy_sum(parties: list[PartyData], cand: np.ndarray, cand_lab: np.ndarray, seed: int,
+               include: list[int]) -> np.ndarray:
+    """The parties' noisy local histograms, recomputed outside Flower with the same seeds."""
+    vote_bound = float(max(p.size for p in parties))
+    return sum(
+        party_noisy_histogram(parties[i], cand, cand_lab, VOTE, sigma=SIGMA,
+                              num_parties=len(parties), vote_bound=vote_bound,
+                              noise_mode="seeded", seed=seed, party_index=i)
+        for i in include
+    )
+
+
+def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -> None:
+    """The aggregate equals the sum of the parties' noisy local histograms (recomputed outside
+    Flower with the same seeds) within the quantisation bound, and nothing else reaches the server.
+    """
+    parties, cand, cand_lab = setup
+    # The server factory takes only public inputs.
+    params = set(inspect.signature(make_server_app).parameters)
+    assert params == {"candidate_embeddings", "candidate_labels", "num_parties", "min_parties",
+                      "sigma", "plan", "sink", "timeout_s", "wire_observer"}
+
+    plan = plan_quantisation(vote_bound=11.0, sigma=SIGMA, num_parties=3)
+    sink = ServerSink()
+    replies = []
+    server_app = make_server_app(cand, cand_lab, num_parties=3, min_parties=3, sigma=SIGMA,
+                                 plan=plan, sink=sink, wire_observer=replies.extend)
+    closure = inspect.getclosurevars(server_app._main).nonlocals  # noqa: SLF001
+    assert not any(isinstance(v, (PartyData, _SimulationParties, list)) for v in closure.values())
+    client_app = make_client_app(_SimulationParties(parties), VOTE, noise_mode="seeded", seed=5)
+    run_flower_simulation(server_app, client_app, 3)
+
+    expected = _noisy_sum(parties, cand, cand_lab, 5, [0, 1, 2])
+    assert sink.released is not None and sink.parties_present == 3
+    assert np.max(np.abs(sink.released - expected)) <= plan.error_bound(3) + 1e-9
+    # The strategy received 3 results, each carrying only the (averaged) aggregate.
+    assert len(sink.observed) == 3
+    for arr in sink.observed:
+        np.testing.assert_allclose(arr * 3, sink.released, atol=1e-9)
+    # The noise is really there: the release is far from the noise-free vote sum, whose total
+    # mass (each record spends sum_q 2^-q twice) it keeps up to noise.
+    true_votes = sum(VOTE(p.embeddings, p.labels, cand, cand_lab) for p in parties)
+    assert np.max(np.abs(sink.released - true_votes)) > 100 * plan.error_bound(3)
+    mass = 2 * sum(p.size for p in parties) * sum(2.0**-q for q in range(4))
+    assert abs(sink.released.sum() - mass) < 6 * SIGMA * math.sqrt(sink.released.size)
+
+    # On the wire: 4 SecAgg+ stages x 3 parties; no plain arrays, and the masked vectors
+    # dequantise to noise unrelated to any party's noisy histogram.
+    from flwr.common import bytes_to_ndarray
+
+    assert len(replies) == 12
+    locals_ = [
+        party_noisy_histogram(p, cand, cand_lab, VOTE, sigma=SIGMA, num_parties=3,
+                              vote_bound=11.0, noise_mode="seeded", seed=5, party_index=i)
+        for i, p in enumerate(parties)
+    ]
+    masked = []
+    for msg in replies:
+        assert not msg.has_error()
+        assert all(len(rec) == 0 for rec in msg.content.array_records.values())
+        cfg = msg.content.config_records["secaggplus_configs"]
+        if "masked_params" in cfg:
+            factor, vec = (bytes_to_ndarray(b) for b in cfg["masked_params"])
+            masked.append(vec.astype(np.float64) * plan.step - plan.clipping_range)
+    assert len(masked) == 3
+    for vec in masked:
+        for loc in locals_:
+            close = np.abs(vec - loc) <= 10 * plan.step
+            assert close.mean() < 0.2, "a masked vector reveals a party's histogram"
+
+
+def test_one_dropout_releases_with_reduced_effective_sigma(setup) -> None:
+    parties, cand, cand_lab = setup
+    res = federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=21,
+                                    min_parties=2, drop_parties=[1])
+    assert res.parties_present == 2
+    assert res.effective_sigma == pytest.approx(SIGMA * math.sqrt(2 / 3))
+    # SecAgg+ recovered the dropped party's pairwise masks: the sum of the two survivors.
+    expected = _noisy_sum(parties, cand, cand_lab, 21, [0, 2])
+    assert np.max(np.abs(res.histogram - expected)) <= res.quantization_error_bound + 1e-9
+
+
+def test_one_dropout_below_minimum_is_refused(setup) -> None:
+    parties, cand, cand_lab = setup
+    with pytest.raises(InsufficientPartiesError, match="only 2 of 3 parties"):
+        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=22,
+                                  drop_parties=[0])
+
+
+def test_too_many_dropouts_halt_secure_aggregation(setup) -> None:
+    parties, cand, cand_lab = setup
+    with pytest.raises(FederatedRoundError, match="SecAgg\\+ halted"):
+        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=23,
+                                  min_parties=2, drop_parties=[0, 2])
+
+
+def test_zero_votes_aggregate_has_variance_sigma_squared() -> None:
+    rng = np.random.default_rng(7)
+    parties = [PartyData(_unit(rng, 3, 8), rng.integers(0, 2, 3)) for _ in range(4)]
+    cand = _unit(rng, 300, 8)
+    cand_lab = np.arange(300) % 2
+    sigma = 2.0
+    res = federated_noisy_histogram(parties, cand, cand_lab, zero_votes, sigma, seed=None,
+                                    noise_mode="secure")
+    assert res.parties_present == 4 and res.effective_sigma == sigma
+    assert res.clip_probability_bound < 1e-12
+    x = res.histogram
+    n = x.size  # 600 coordinates of N(0, sigma^2) if every party adds N(0, sigma^2 / 4)
+    assert abs(x.mean()) < 5 * sigma / math.sqrt(n)
+    stat = (n - 1) * x.var(ddof=1) / sigma**2
+    lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], n - 1)
+    assert lo < stat < hi, f"variance {x.var(ddof=1):.3f} vs sigma^2 {sigma**2}"

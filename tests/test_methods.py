@@ -1,0 +1,115 @@
+"""WASP, SecPE and zero-shot runs on the real offline models, and the methods' pure parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from dpsynth.api import run_generation
+from dpsynth.config import ConfigError
+from dpsynth.methods.wasp import dirichlet_parties, generator_weights, round_sizes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _ledger(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+
+
+def _config(tmp_path: Path, name: str, **changes) -> Path:
+    raw = yaml.safe_load((REPO / "examples" / name).read_text())
+    for dotted, value in changes.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    path = tmp_path / f"cfg-{name}"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_generator_weights_follow_votes():
+    near = np.array([5.0, 4.0, 0.0, -1.0, 0.0, 0.0])
+    sources = np.array([0, 0, 1, 1, 1, 1])
+    w = generator_weights(near, sources, 2, temperature=1.0)
+    assert w.sum() == pytest.approx(1.0) and w[0] > 0.9
+    flat = generator_weights(np.ones(6), sources, 2, temperature=1.0)
+    np.testing.assert_allclose(flat, [0.5, 0.5])  # equal quality per sample -> equal weights
+    # a generator with no samples gets no weight
+    assert generator_weights(np.ones(4), np.zeros(4, dtype=int), 2, 1.0)[1] == 0
+
+
+def test_round_sizes_and_parties():
+    sizes = round_sizes(np.array([7, 3]), 3)
+    assert sizes.shape == (3, 2) and sizes.sum(axis=0).tolist() == [7, 3]
+    parts = dirichlet_parties(300, 10, 1.0, np.random.default_rng(0))
+    assert sum(len(p) for p in parts) == 300
+    assert len({len(p) for p in parts}) > 3  # uneven
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(300))
+
+
+@pytest.mark.models
+def test_wasp_two_generators_end_to_end(tmp_path):
+    run = run_generation(_config(tmp_path, "tiny-wasp.yaml"), tmp_path / "wasp", progress=False)
+    rows = _jsonl(run / "release" / "synthetic.jsonl")
+    assert 12 <= len(rows) <= 24  # accumulated over 3 rounds (failures dropped)
+    assert {r["generator"] for r in rows} <= {"smollm2", "gemma3"}
+    stats = _jsonl(run / "stats.jsonl")
+    assert len(stats) == 2
+    for s in stats:
+        w = s["generator_weights"]
+        assert set(w) == {"smollm2", "gemma3"} and sum(w.values()) == pytest.approx(1, abs=1e-3)
+        assert set(s["generator_vote_share"]) == {"smollm2", "gemma3"}
+    privacy = json.loads((run / "release" / "privacy.json").read_text())
+    assert privacy["topq_sensitivity"] == pytest.approx(np.sqrt(8 / 3 * (1 - 4.0 ** -4)))
+    assert privacy["epsilon"] <= 4.0 + 1e-6
+    names = {m.get("name") for m in privacy["mechanisms"]}
+    assert "topq_votes" in names
+
+
+@pytest.mark.models
+def test_secpe_random_word_secrets_end_to_end(tmp_path):
+    run = run_generation(_config(tmp_path, "tiny-secpe.yaml"), tmp_path / "secpe",
+                         progress=False)
+    privacy = json.loads((run / "release" / "privacy.json").read_text())
+    sp = privacy["secret_protection"]
+    assert privacy["epsilon"] is None and privacy["classical_dp"]["holds"] is False
+    assert sp["r"] == pytest.approx(1e-3) and sp["noise_sigma"] > 0
+    assert sp["split"]["private_records"] > 0 and sp["split"]["public_records"] > 0
+    assert sp["split"]["private_records"] + sp["split"]["public_records"] == 150
+    text = (run / "release" / "privacy.json").read_text()
+    assert "values" not in sp["split"]  # counts only, never the secret words
+    rows = _jsonl(run / "release" / "synthetic.jsonl")
+    assert 1 <= len(rows) <= 12
+    stats = _jsonl(run / "stats.jsonl")
+    assert len(stats) == 2 and all(s["representatives"] >= 6 for s in stats)
+    assert "iter1/representatives" in (run / "private" / "releases" / "releases.jsonl").read_text()
+    assert text
+
+
+def test_secpe_secret_matching_every_record_is_refused(tmp_path):
+    cfg = _config(tmp_path, "tiny-secpe.yaml", **{"secpe.secrets": [
+        {"kind": "regex", "name": "email", "pattern": r"[\w.+-]+@[\w-]+\.[\w.]+"}]})
+    with pytest.raises(ConfigError, match="every"):
+        run_generation(cfg, tmp_path / "run", progress=False)
+
+
+@pytest.mark.models
+def test_zero_shot_spends_nothing(tmp_path):
+    cfg = _config(tmp_path, "tiny-aug-pe.yaml", method="zero_shot", **{"privacy.epsilon": 0})
+    run = run_generation(cfg, tmp_path / "zs", progress=False)
+    privacy = json.loads((run / "release" / "privacy.json").read_text())
+    assert privacy["epsilon"] == 0 and privacy["mechanisms"] == []
+    assert not (run / "private" / "releases" / "releases.jsonl").exists() or \
+        (run / "private" / "releases" / "releases.jsonl").read_text().strip() == ""
+    assert len(_jsonl(run / "release" / "synthetic.jsonl")) >= 6

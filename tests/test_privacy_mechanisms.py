@@ -1,0 +1,254 @@
+"""Each mechanism draws from the distribution its privacy proof assumes (both noise modes)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpsynth.privacy import (
+    Accountant,
+    ExponentialEvent,
+    PrivacyConfigError,
+    PrivacySession,
+    ZCDPEvent,
+    clip_logits,
+    make_noise_source,
+    threshold_log_weights,
+)
+from dpsynth.privacy.session import _gumbel_argmax, sample_threshold
+
+MODES = ["seeded", "secure"]
+ALPHA = 1e-4  # false-alarm rate of each statistical test (secure mode is not reproducible)
+
+
+def _session(tmp_path: Path, mode: str) -> PrivacySession:
+    return PrivacySession(tmp_path / "store", Accountant("pld"), make_noise_source(mode, 7))
+
+
+def _chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    n = counts.sum()
+    keep = probs * n >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(probs[keep] * n, probs[~keep].sum() * n)
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+# ------------------------------------------------------------------ noise sources
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_noise_source_distributions(mode: str) -> None:
+    src = make_noise_source(mode, 3)
+    assert src.mode == mode
+    z = src.normal(40_000, scale=2.5)
+    assert z.shape == (40_000,)
+    assert stats.kstest(z / 2.5, "norm").pvalue > ALPHA
+    assert stats.kstest(z / 2.5 / 1.1, "norm").pvalue < 1e-9  # the test has power
+    u = src.uniform((200, 100))
+    assert u.shape == (200, 100) and u.min() >= 0 and u.max() < 1
+    assert stats.kstest(u.ravel(), "uniform").pvalue > ALPHA
+    g = src.gumbel(40_000)
+    assert stats.kstest(g, "gumbel_r").pvalue > ALPHA
+    probs = np.array([0.5, 0.0, 0.2, 0.3])
+    counts = np.bincount([src.choice(probs) for _ in range(6000)], minlength=4)
+    assert counts[1] == 0
+    assert _chi2_p(counts[[0, 2, 3]], probs[[0, 2, 3]]) > ALPHA
+
+
+def test_seeded_is_reproducible_and_secure_is_not() -> None:
+    a, b = make_noise_source("seeded", 11), make_noise_source("seeded", 11)
+    assert np.array_equal(a.normal(5), b.normal(5))
+    # per-key streams: same key -> same noise, different keys -> different noise
+    assert np.array_equal(a.spawn("k").normal(4), b.spawn("k").normal(4))
+    assert not np.array_equal(a.spawn("k").normal(4), a.spawn("j").normal(4))
+    s1, s2 = make_noise_source("secure", 11), make_noise_source("secure", 11)
+    assert not np.array_equal(s1.normal(5), s2.normal(5))
+    with pytest.raises(ValueError, match="noise mode"):
+        make_noise_source("fast")
+
+
+# ------------------------------------------------------------------ Gaussian / counts
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gaussian_release_noise_scale(tmp_path: Path, mode: str) -> None:
+    sess = _session(tmp_path, mode)
+    value = np.linspace(-50, 50, 20_000).reshape(100, 200)
+    noisy = sess.gaussian("g", value, sensitivity=2.0, sigma=3.0)
+    assert noisy.shape == value.shape
+    resid = (noisy - value).ravel()
+    assert stats.kstest(resid / 3.0, "norm").pvalue > ALPHA
+    assert stats.kstest(resid / 3.3, "norm").pvalue < 1e-6
+    counts = np.arange(5000, dtype=float)
+    nc = sess.noisy_counts("labels", counts, sigma=4.0)
+    assert stats.kstest((nc - counts) / 4.0, "norm").pvalue > ALPHA
+    rows = {r["name"]: r for r in sess.accountant.summary()}
+    assert rows["gaussian"]["sensitivity"] == 2.0 and rows["gaussian"]["sigma"] == 3.0
+    assert rows["noisy_counts"]["sensitivity"] == 1.0
+
+
+def test_gaussian_rejects_non_finite(tmp_path: Path) -> None:
+    sess = _session(tmp_path, "seeded")
+    with pytest.raises(PrivacyConfigError, match="value contains non-finite"):
+        sess.gaussian("bad", np.array([1.0, np.nan]), 1.0, 1.0)
+    with pytest.raises(PrivacyConfigError, match="sigma"):
+        sess.gaussian("bad", np.array([1.0]), 1.0, 0.0)
+    assert not sess.has("bad") and sess.accountant.events == []
+
+
+# ------------------------------------------------------------------ exponential mechanism
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exponential_sampler_frequencies(mode: str) -> None:
+    src = make_noise_source(mode, 5)
+    u = np.array([0.0, 1.0, 2.0, 3.0, -1.0, 2.5])
+    eps, sens = 1.2, 1.5
+    logits = eps * u / (2 * sens)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    draws = [_gumbel_argmax(src, logits) for _ in range(20_000)]
+    counts = np.bincount(draws, minlength=u.size)
+    assert _chi2_p(counts, probs) > ALPHA
+    # power: the frequencies are NOT those of twice the epsilon
+    wrong = np.exp(2 * logits - 2 * logits.max())
+    wrong /= wrong.sum()
+    assert _chi2_p(counts, wrong) < 1e-6
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exponential_release_through_session(tmp_path: Path, mode: str) -> None:
+    sess = _session(tmp_path, mode)
+    u = np.array([0.0, 2.0, 4.0, -np.inf])
+    probs = np.exp(np.array([0.0, 2.0, 4.0]) * 1.0 / 2)
+    probs /= probs.sum()
+    picks = [sess.exponential(f"e{i}", u, 1.0, 1.0) for i in range(300)]
+    counts = np.bincount(picks, minlength=4)
+    assert counts[3] == 0  # excluded candidate
+    assert _chi2_p(counts[:3], probs) > ALPHA
+    assert sess.accountant.summary()[0]["count"] == 300
+    assert sess.accountant.summary()[0]["epsilon"] == 1.0
+
+
+def test_threshold_grid_utilities() -> None:
+    values = np.array([0.1, 0.5, 0.5, 0.9])
+    cands = np.array([0.0, 0.4, 0.6, 1.0])
+    logw, pts = threshold_log_weights(values, 2, cands, 2.0, "grid")
+    # #{v > theta} = 4, 3, 1, 0 -> utility -2, -1, -1, -2 -> log weight eps * u / 2
+    assert np.allclose(logw, [-2.0, -1.0, -1.0, -2.0])
+    assert np.array_equal(pts, cands)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_threshold_interval_mechanism(tmp_path: Path, mode: str) -> None:
+    values = np.array([0.2, 0.3, 0.3, 0.7, 1.5])  # 1.5 is clipped to the public range
+    logw, pts = threshold_log_weights(values, 2, np.array([0.0, 1.0]), 1.0, "interval")
+    assert np.allclose(pts, [0.0, 0.2, 0.3, 0.3, 0.7, 1.0, 1.0])
+    # intervals [0,.2) [.2,.3) [.3,.3) [.3,.7) [.7,1) [1,1): counts above 5,4,3,2,1,0
+    lengths = np.diff(pts)
+    util = -np.abs(np.array([5, 4, 3, 2, 1, 0]) - 2)
+    with np.errstate(divide="ignore"):
+        assert np.allclose(logw, np.log(lengths) + util / 2.0)
+    probs = lengths * np.exp(util / 2.0)
+    probs /= probs.sum()
+    src = make_noise_source(mode, 9)
+    thetas = np.array([sample_threshold(src, logw, pts, "interval") for _ in range(8000)])
+    assert thetas.min() >= 0.0 and thetas.max() <= 1.0
+    idx = np.searchsorted(pts[1:], thetas, side="right")
+    counts = np.bincount(idx, minlength=6)
+    assert counts[2] == 0 and counts[5] == 0  # zero-length intervals are never chosen
+    assert _chi2_p(counts, probs) > ALPHA
+    # uniform inside the chosen interval [0.3, 0.7)
+    inside = thetas[(thetas >= 0.3) & (thetas < 0.7)]
+    assert stats.kstest((inside - 0.3) / 0.4, "uniform").pvalue > ALPHA
+    # through the session: same mechanism, accounted as eps-DP
+    sess = _session(tmp_path, mode)
+    got = [
+        sess.exponential_threshold(f"t{i}", values, 2, np.array([0.0, 1.0]), 1.0, mode="interval")
+        for i in range(150)
+    ]
+    sidx = np.bincount(np.searchsorted(pts[1:], got, side="right"), minlength=6)
+    assert _chi2_p(sidx, probs) > ALPHA
+    assert sess.accountant.summary()[0]["epsilon"] == 1.0
+    assert sess.accountant.summary()[0]["count"] == 150
+    grid = sess.exponential_threshold("grid", values, 2, np.array([0.25, 0.5]), 1.0)
+    assert grid in (0.25, 0.5)
+    with pytest.raises(PrivacyConfigError, match="mode"):
+        sess.exponential_threshold("x", values, 2, np.array([0.0, 1.0]), 1.0, mode="dense")
+
+
+# ------------------------------------------------------------------ private prediction
+
+
+def test_clip_logits_formula() -> None:
+    # METHODS 4: l = exp(logits - max) - 1; centre by (max+min)/2; scale to sup-norm <= c.
+    row = np.array([2.0, 0.0])
+    a = math.expm1(-2.0) / 2.0  # half the span
+    assert np.allclose(clip_logits(row, 10.0), [-a, a])
+    assert np.allclose(clip_logits(row, 0.1), [0.1, -0.1])
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 5, size=(8, 300))
+    logits[0, :10] = -np.inf  # masked tokens are allowed
+    out = clip_logits(logits, 0.3)
+    assert out.shape == logits.shape
+    assert np.abs(out).max(axis=1).max() <= 0.3 + 1e-12
+    # sensitivity: removing one document changes the sum by at most c per coordinate
+    full, minus = out.sum(axis=0), out[1:].sum(axis=0)
+    assert np.abs(full - minus).max() <= 0.3 + 1e-12
+    # ordering within a row is preserved (a monotone map), so the argmax is unchanged
+    assert np.array_equal(out.argmax(axis=1), logits.argmax(axis=1))
+    with pytest.raises(PrivacyConfigError, match="NaN"):
+        clip_logits(np.array([0.0, np.nan]), 1.0)
+    with pytest.raises(PrivacyConfigError, match="clip c"):
+        clip_logits(row, 0.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_private_token_full_softmax(tmp_path: Path, mode: str) -> None:
+    sess = _session(tmp_path, mode)
+    z = np.array([0.5, 0.2, -0.3, 0.0, 0.45, -1.0, 0.1, 0.3])
+    tau = 0.25
+    probs = np.exp(z / tau - (z / tau).max())
+    probs /= probs.sum()
+    src = make_noise_source(mode, 2)
+    counts = np.bincount([_gumbel_argmax(src, z / tau) for _ in range(20_000)], minlength=z.size)
+    # every token has positive probability: a top-k truncation would zero the tail
+    assert counts.min() > 0
+    assert _chi2_p(counts, probs) > ALPHA
+    toks = [sess.private_token(f"tok{i}", z, clip=0.1, temperature=tau) for i in range(200)]
+    assert _chi2_p(np.bincount(toks, minlength=z.size), probs) > ALPHA
+    ev = sess.accountant.events[0]
+    assert isinstance(ev, ZCDPEvent) and ev.rho == pytest.approx(0.5 * (0.1 / 0.25) ** 2)
+    assert sess.accountant.summary()[0]["count"] == 200
+    assert sess.accountant.summary()[0]["name"] == "private_prediction"
+
+
+def test_record_and_statement(tmp_path: Path) -> None:
+    sess = PrivacySession(
+        tmp_path / "s", Accountant("pld"), make_noise_source("secure"), target=(5.0, 1e-5)
+    )
+    out = sess.record("fed/round0", [ExponentialEvent(0.5, name="fed")], np.arange(3.0))
+    assert np.array_equal(out, np.arange(3.0))
+    assert np.array_equal(sess.get("fed/round0"), np.arange(3.0))
+    st = sess.statement("record", (5.0, 1e-5))
+    assert set(st) >= {
+        "epsilon",
+        "delta",
+        "target_epsilon",
+        "target_delta",
+        "unit",
+        "accountant",
+        "noise",
+        "mechanisms",
+    }
+    assert st["noise"] == "secure" and st["unit"] == "record" and st["accountant"] == "pld"
+    assert st["epsilon"] == pytest.approx(0.5, abs=1e-3) and st["delta"] == 1e-5
+    assert st["mechanisms"][0]["name"] == "fed"
+    with pytest.raises(PrivacyConfigError, match="unit"):
+        sess.statement("household", (5.0, 1e-5))
