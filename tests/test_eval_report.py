@@ -221,6 +221,53 @@ def test_test_file_with_other_labels_is_refused(fake, tmp_path):
     assert res.exit_code == 2 and "not in the synthetic data" in res.output
 
 
-def test_compare_runs_without_eval(fake):
+def test_compare_runs_reads_run_meta(fake):
     rows = compare_runs([fake["run"]])
     assert rows[0]["run_id"] == "fakeaug_pe"
+
+
+def test_too_few_samples_say_unavailable_instead_of_a_number():
+    from dpsynth.eval.rundata import LabeledTexts
+    from dpsynth.eval.suite import fidelity_block, utility_block
+
+    rng = np.random.default_rng(0)
+    syn = LabeledTexts(["only one synthetic text"], {"department": ["Neurology"]})
+    real = LabeledTexts([f"real text {i}" for i in range(30)],
+                        {"department": ["Neurology", "Dermatology"] * 15})
+    block = fidelity_block(rng.normal(size=(1, 8)), rng.normal(size=(30, 8)), syn, real)
+    for key in ("fid", "precision", "recall", "mauve"):
+        assert "unavailable" in block[key], key
+    assert "at least 2 samples" in block["fid"]["unavailable"]
+    util = utility_block({"synthetic": (rng.normal(size=(1, 8)), syn), "private": None},
+                         rng.normal(size=(30, 8)), real)
+    row = util["logreg"]["department"]
+    assert "single class" in row["synthetic"]["unavailable"]
+    assert row["private"] == {"unavailable": "no private data"}
+    from dpsynth.cli.evaluate import print_eval  # renders unavailable cells without error
+
+    print_eval({"method": "aug_pe", "epsilon": 1.0,
+                "fidelity": {"synthetic": block, "zero_shot": {"unavailable": "none"}},
+                "utility": util}, None)
+
+
+@pytest.mark.models
+def test_unlabeled_corpus_gets_next_token_accuracy(fake, tmp_path, embedder):
+    from dpsynth.eval.suite import evaluate_run
+
+    rows = [json.loads(line) for line in
+            (fake["run"] / "release" / "synthetic.jsonl").read_text().splitlines()]
+    run = tmp_path / "unlabeled"
+    shutil.copytree(fake["run"], run, ignore=shutil.ignore_patterns("eval"))
+    (run / "release" / "synthetic.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"], "labels": {}}) + "\n" for r in rows[:20]))
+    (run / "release" / "zero_shot.jsonl").write_text(
+        "".join(json.dumps({"text": t, "labels": {}}) + "\n"
+                for t in ["the weather is nice today", "I like green apples"] * 5))
+    ev, audit = evaluate_run(run, fake["test"], labels=[], embedder=embedder,
+                             with_mauve=False, with_audits=False)
+    nt = ev["utility"]["next_token"]
+    assert "logreg" not in ev["utility"] and audit is None
+    assert nt["synthetic"]["accuracy"] > nt["zero_shot"]["accuracy"]
+    assert nt["private"]["accuracy"] > nt["zero_shot"]["accuracy"]
+    assert ev["fidelity"]["synthetic"]["mauve"] == {"unavailable": "skipped (--no-mauve)"}
+    assert ev["fidelity"]["synthetic"]["labels"] == {}

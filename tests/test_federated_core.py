@@ -109,3 +109,29 @@ def test_vote_bound_violation_and_bad_parties_are_refused() -> None:
         PartyData(_unit(rng, 3, 8), np.zeros(4, dtype=int))
     with pytest.raises(ValueError, match="integer"):
         PartyData(_unit(rng, 3, 8), np.zeros(3))
+
+
+def test_party_refuses_a_sigma_below_its_floor_and_bad_round_arguments_are_named() -> None:
+    from dpsynth.federated.app import CFG_NUM_PARTIES, CFG_SIGMA, CFG_VOTE_BOUND, _PartyClient
+    from dpsynth.federated.simulation import federated_noisy_histogram
+
+    rng = np.random.default_rng(3)
+    party = PartyData(_unit(rng, 5, 8), rng.integers(0, 2, 5))
+    cand, cand_lab = _unit(rng, 6, 8), np.arange(6) % 2
+    client = _PartyClient(party, 0, functools.partial(topq_vote, q=2), noise_mode="seeded",
+                          seed=1, dropped=False, min_sigma=2.0)
+    cfg = {CFG_NUM_PARTIES: 3, CFG_VOTE_BOUND: 5.0}
+    with pytest.raises(ValueError, match="below this party's minimum"):
+        client.fit([cand, cand_lab], {**cfg, CFG_SIGMA: 1.0})
+    out, weight, metrics = client.fit([cand, cand_lab], {**cfg, CFG_SIGMA: 2.0})
+    assert weight == 1 and metrics == {} and out[0].shape == (12,)
+
+    parties = [party, party]
+    with pytest.raises(ValueError, match="min_parties"):
+        federated_noisy_histogram(parties, cand, cand_lab, topq_vote, 1.0, seed=0, min_parties=3)
+    with pytest.raises(ValueError, match="drop_parties"):
+        federated_noisy_histogram(parties, cand, cand_lab, topq_vote, 1.0, seed=0,
+                                  drop_parties=[2])
+    with pytest.raises(ValueError, match="noise_mode"):
+        federated_noisy_histogram(parties, cand, cand_lab, topq_vote, 1.0, seed=0,
+                                  noise_mode="fast")

@@ -100,3 +100,29 @@ def test_retry_helpers() -> None:
 def test_generation_error_fields() -> None:
     e = GenerationError("boom", completed=2, total=3, status=503)
     assert isinstance(e, RuntimeError) and (e.completed, e.total, e.status) == (2, 3, 503)
+
+
+def test_load_generator_specs(tmp_path) -> None:
+    from dpsynth.llm import Generator, load_generator
+    from dpsynth.llm.cache import CachedGenerator
+    from dpsynth.llm.openai_compat import OpenAIGenerator
+
+    spec = {
+        "backend": "openai",
+        "base_url": "http://127.0.0.1:9/v1",
+        "model": "m",
+        "api_key_env": None,
+        "chat": False,
+    }
+    gen = load_generator(spec)
+    assert isinstance(gen, OpenAIGenerator) and isinstance(gen, Generator)
+    assert gen.name == "openai:m" and gen.supports_chat is False
+    cached = load_generator(spec, cache_path=tmp_path / "c.sqlite")
+    assert isinstance(cached, CachedGenerator) and cached.name == "openai:m"
+    assert cached.base_url == "http://127.0.0.1:9/v1"  # attributes pass through
+    with pytest.raises(ValueError, match="unknown openai keys"):
+        load_generator({**spec, "temperature": 1})
+    with pytest.raises(ValueError, match="unknown backend"):
+        load_generator({"backend": "nope"})
+    with pytest.raises(ValueError, match="local transformers model directory"):
+        load_generator(str(tmp_path / "missing"))

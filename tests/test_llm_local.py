@@ -11,7 +11,7 @@ from dpsynth.llm.cache import CachedGenerator, RequestCache
 
 pytestmark = pytest.mark.models
 
-GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 CHAT = ({"role": "user", "content": "Name one fruit."},)
 
 
@@ -54,9 +54,11 @@ def test_mixed_params_keep_batches_full(smollm) -> None:
 
 
 def test_stop_strings_cut_output(smollm) -> None:
-    full = smollm.generate([GenerationRequest("The capital of France is", GREEDY)], False)[0]
-    stop = SamplingParams(temperature=0.0, max_new_tokens=12, stop=("\n",))
-    cut = smollm.generate([GenerationRequest("The capital of France is", stop)], False)[0]
+    full = smollm.generate([GenerationRequest("The capital of France is", GREEDY)], progress=False)[
+        0
+    ]
+    stop = SamplingParams(temperature=0.0, max_new_tokens=8, stop=("\n",))
+    cut = smollm.generate([GenerationRequest("The capital of France is", stop)], progress=False)[0]
     assert "\n" in full, "premise: greedy output has a newline"
     assert cut == full.split("\n")[0] and "\n" not in cut
 

@@ -198,3 +198,16 @@ def test_calibrate_many_secrets_from_lp():
             [x.sum() for x in per]))]:
         if per[j].size:
             assert blowup(1e-4, per[j], sigma, 3, discretization=1e-2).value <= 1e-3
+
+
+def test_plan_secret_noise_end_to_end():
+    from dpsynth.privacy.secret_protection import plan_secret_noise
+
+    m = sp.csr_matrix(np.array([[1, 0], [1, 1], [0, 1], [0, 1]], dtype=np.int8))
+    plan = plan_secret_noise(m, 1e-4, 2e-3, T=2, discretization=1e-2)
+    assert plan.rates.shape == (4,) and np.all((plan.rates >= 0) & (plan.rates <= 1))
+    np.testing.assert_allclose(plan.rates, sampling_rates(plan.weights))
+    assert np.all(m.T @ plan.weights <= plan.eta + 1e-12)
+    for j, rates in enumerate(rates_per_secret(m, plan.rates)):
+        assert blowup(1e-4, rates, plan.sigma, 2, discretization=1e-2).value <= 2e-3, j
+    assert m.dtype == np.int8 and m.data.tolist() == [1, 1, 1, 1, 1]  # input untouched

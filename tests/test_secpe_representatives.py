@@ -64,7 +64,7 @@ def test_representative_vote_matches_numpy_sigma0(data):
     public, private, cand = data
     centres, sizes = public_centres(public, 12, seed=0)
     rates = np.where(np.arange(len(private)) % 3 == 0, 0.0, 1.0)  # deterministic sampling
-    clip_r = 0.8
+    clip_r = 1.0
     reps = noisy_representatives(centres, sizes, _chunks(private, 64), rates, clip_r, 0.0,
                                  SeededNoise(1))
     e, n, hist = _brute_force(centres, sizes, private, rates > 0, clip_r, cand)
@@ -133,3 +133,10 @@ def test_bad_input_messages(data):
     with pytest.raises(ValueError, match=r"n_k >= 1"):
         add_representative_noise(np.zeros((2, 3)), np.zeros(2), np.zeros((2, 3)),
                                  np.array([0.0, 1.0]), 1.0, 1.0, SeededNoise(0))
+
+
+def test_clip_radius_below_centre_norm_rejected():
+    centres = np.array([[0.9, 0.0], [0.0, 0.2]], dtype=np.float32)
+    with pytest.raises(ValueError, match="clip_R=0.5"):
+        add_representative_noise(np.zeros((2, 2)), np.zeros(2), centres, np.ones(2), 0.5, 1.0,
+                                 SeededNoise(0))

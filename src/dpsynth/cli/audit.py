@@ -113,7 +113,10 @@ def audit_run_cmd(
     if as_json:
         typer.echo(json.dumps(result, default=str))
         return
-    typer.echo(json.dumps(result, indent=2, default=str))
+    from .evaluate import print_audit
+
+    print_audit(result)
+    typer.echo(f"written: {run_dir / 'eval' / 'audit.json'}")
 
 
 def register(root: typer.Typer) -> None:

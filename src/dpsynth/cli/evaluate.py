@@ -74,7 +74,9 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
     from ..eval.common import fmt_metric, is_unavailable
 
     console = Console()
-    fid = Table(title=f"Fidelity vs real test ({result['method']}, epsilon {result['epsilon']})")
+    eps = result.get("epsilon")
+    eps_text = f"{eps:.4g}" if isinstance(eps, int | float) else str(eps)
+    fid = Table(title=f"Fidelity vs real test ({result['method']}, epsilon {eps_text})")
     for col in ("set", "n", "FID", "precision", "recall", "MAUVE", "length TV"):
         fid.add_column(col)
     for name in ("synthetic", "zero_shot"):
@@ -115,30 +117,42 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
             table.add_row(name, escape(fmt_metric(acc)))
         console.print(table)
     if audit:
-        table = Table(title="Privacy audits (empirical; cannot prove absence of leakage)")
-        table.add_column("audit")
-        table.add_column("result")
-        dcr, mia, pii = audit.get("dcr"), audit.get("membership_inference"), audit.get("pii")
-        if isinstance(dcr, dict) and "gap" in dcr:
-            table.add_row("DCR gap (holdout - private median)",
-                          f"{dcr['gap']:.4f} (one-sided p {dcr['p_value']:.3g}; near copies "
-                          f"{dcr['near_copies_private']} private / {dcr['near_copies_holdout']} "
-                          "holdout)")
-        else:
-            table.add_row("DCR", escape(fmt_metric(dcr)))
-        if isinstance(mia, dict) and "auc" in mia:
-            tprs = ", ".join(f"TPR@{a}={fmt_metric(v)}" for a, v in mia["tpr_at_fpr"].items())
-            table.add_row("membership inference AUC", escape(f"{mia['auc']:.3f} ({tprs})"))
-        else:
-            table.add_row("membership inference", escape(fmt_metric(mia)))
-        if isinstance(pii, dict):
-            table.add_row("PII leaked (email / phone / name)",
-                          f"{pii['email']['leaked']} / {pii['phone']['leaked']} / "
-                          f"{pii['name']['leaked']} distinct values in "
-                          f"{pii['records_with_any_leak']} of {pii['n_outputs']} records")
-        console.print(table)
+        print_audit(audit)
     for note in result.get("notes", []):
         console.print(f"[dim]note: {escape(note)}[/dim]")
+
+
+def print_audit(audit: dict[str, Any]) -> None:
+    """Rich table of an audit result (DCR, membership inference, PII)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..eval.common import fmt_metric
+
+    console = Console()
+    table = Table(title="Privacy audits (empirical; cannot prove absence of leakage)")
+    table.add_column("audit")
+    table.add_column("result")
+    dcr, mia, pii = audit.get("dcr"), audit.get("membership_inference"), audit.get("pii")
+    if isinstance(dcr, dict) and "gap" in dcr:
+        table.add_row("DCR gap (holdout - private median)",
+                      f"{dcr['gap']:.4f} (one-sided p {dcr['p_value']:.3g}; near copies "
+                      f"{dcr['near_copies_private']} private / {dcr['near_copies_holdout']} "
+                      "holdout)")
+    else:
+        table.add_row("DCR", escape(fmt_metric(dcr)))
+    if isinstance(mia, dict) and "auc" in mia:
+        tprs = ", ".join(f"TPR@{a}={fmt_metric(v)}" for a, v in mia["tpr_at_fpr"].items())
+        table.add_row("membership inference AUC", escape(f"{mia['auc']:.3f} ({tprs})"))
+    else:
+        table.add_row("membership inference", escape(fmt_metric(mia)))
+    if isinstance(pii, dict):
+        table.add_row("PII leaked (email / phone / name)",
+                      f"{pii['email']['leaked']} / {pii['phone']['leaked']} / "
+                      f"{pii['name']['leaked']} distinct values in "
+                      f"{pii['records_with_any_leak']} of {pii['n_outputs']} records")
+    console.print(table)
 
 
 def report(

@@ -171,7 +171,7 @@ PHONE_RE = re.compile(
     r"(?<![\w])\+?\(?\d{1,4}\)?(?:[ .\-]?\(?\d{2,5}\)?){2,5}(?:\s*(?:x|ext\.?)\s*\d{1,5})?"
 )
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_CAP_PAIR = re.compile(r"\b([A-Z][a-z]+(?:[ '\-][A-Z][a-z]+){1,2})\b")
+_CAP_RUN = re.compile(r"\b([A-Z][a-z]+(?:[ '\-][A-Z][a-z]+)+)\b")
 _WORDS = re.compile(r"\w+", re.UNICODE)
 
 
@@ -200,9 +200,31 @@ def find_phones(text: str) -> set[str]:
     return out
 
 
+_NOT_NAME_START = frozenset({
+    "hello", "hi", "hey", "dear", "my", "the", "a", "an", "this", "that", "please", "thanks",
+    "thank", "i", "we", "our", "your", "good", "best", "regards", "sincerely", "mr", "mrs", "ms",
+    "miss", "dr", "doctor", "prof", "yours", "kind", "warm", "call", "contact", "ask", "tell",
+    "email", "text", "from", "to", "for", "with", "and", "by", "patient", "name", "is",
+})
+
+
 def find_name_candidates(text: str) -> set[str]:
-    """Runs of two or three capitalised words (a cheap stand-in for an NER 'PERSON')."""
-    return {m.lower() for m in _CAP_PAIR.findall(text)}
+    """Runs of two or three capitalised words (a cheap stand-in for an NER 'PERSON').
+
+    Leading greetings, articles and titles are dropped ("Hello Dr" is not a name); what is
+    left must still be two words or more.
+    """
+    out = set()
+    for match in _CAP_RUN.findall(text):
+        words = match.lower().replace("-", " ").replace("'", " ").split()
+        while words and words[0] in _NOT_NAME_START:
+            words.pop(0)
+        if 2 <= len(words) <= 3:
+            out.add(" ".join(words))
+        elif len(words) > 3:  # a long run: its word pairs and triples
+            for n in (2, 3):
+                out.update(" ".join(words[i : i + n]) for i in range(len(words) - n + 1))
+    return out
 
 
 def _ngrams(text: str, max_n: int) -> set[str]:
@@ -229,7 +251,8 @@ def pii_leakage(
     Detected in the output: e-mails and phone numbers by regex, names as capitalised word runs
     plus any value of the private PII columns. Private PII = the same detectors run on the
     private texts, plus the values of ``private_values`` (column name -> values; a column whose
-    name mentions mail/phone/tel is read as e-mails/phones, anything else as names).
+    name mentions mail/phone/tel is read as e-mails/phones, anything else as names). When name
+    columns are given, they alone define the private names (the heuristic is noisy).
     Returns, per kind, the number of distinct values detected in the output, how many of them
     occur in the private data (``leaked``) and how many output records hold one.
     """
@@ -257,7 +280,8 @@ def pii_leakage(
                 norm = _norm_name(value)
                 if len(norm) >= min_name_chars:
                     column_names.add(norm)
-    priv_name = {n for n in priv_name if len(n) >= min_name_chars} | column_names
+    # name columns are exact; with them the capitalised-run heuristic would only add noise
+    priv_name = column_names or {n for n in priv_name if len(n) >= min_name_chars}
     max_n = max((len(n.split()) for n in column_names), default=1)
 
     kinds = ("email", "phone", "name")

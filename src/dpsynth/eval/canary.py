@@ -38,7 +38,8 @@ def write_canary_data(
     elif suffix == ".parquet":
         df = pd.read_parquet(source)
     elif suffix in (".jsonl", ".json"):
-        df = pd.read_json(source, lines=suffix == ".jsonl", dtype=False)
+        array = source.read_text(encoding="utf-8").lstrip().startswith("[")
+        df = pd.read_json(source, lines=not array, dtype=False)
     else:
         raise EvalInputError(f"{source}: unsupported data format {suffix!r}")
     if text_column not in df.columns:

@@ -18,7 +18,7 @@ from .common import MetricUnavailable
 #: Below this many samples per side FID refuses (a covariance needs at least two points).
 FID_MIN_SAMPLES = 2
 #: MAUVE quantises both sets into clusters; fewer points than this gives no usable histogram.
-MAUVE_MIN_SAMPLES = 10
+MAUVE_MIN_SAMPLES = 20
 
 
 def _as_2d(x: Any, name: str) -> np.ndarray:
@@ -154,14 +154,14 @@ def mauve_score(
     for small sets). Both sets are quantised by k-means after PCA; the score is the area under
     the divergence frontier (eq. 3), in (0, 1], higher = closer.
     """
-    import mauve
-
     p, q = _as_2d(p, "first set"), _as_2d(q, "second set")
     smallest = min(len(p), len(q))
     if smallest < min_samples:
         raise MetricUnavailable(
             f"MAUVE needs at least {min_samples} samples per set, got {len(p)} and {len(q)}"
         )
+    import mauve
+
     buckets = num_buckets if num_buckets is not None else max(2, smallest // 10)
     out = mauve.compute_mauve(
         p_features=p.astype(np.float32),

@@ -36,6 +36,11 @@ def _figure(width: float = 6.0, height: float = 3.2) -> Any:
 
 
 def _png(fig: Any) -> str:
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in fig.axes:
+        if ax.get_xlabel() == "iteration":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png")

@@ -194,10 +194,14 @@ def file_columns(path: Path) -> list[str]:
 
         return list(pq.read_schema(path).names)
     with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                obj = json.loads(line)
-                return [str(k) for k in obj] if isinstance(obj, dict) else []
+        head = fh.read(1 << 16).lstrip()
+    if head.startswith("["):  # a .json file holding one array of objects
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        return [str(k) for k in rows[0]] if rows and isinstance(rows[0], dict) else []
+    for line in head.splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            return [str(k) for k in obj] if isinstance(obj, dict) else []
     return []
 
 
@@ -211,7 +215,8 @@ def read_columns(path: Path, columns: list[str], limit: int | None = None) -> di
     elif suffix == ".parquet":
         df = pd.read_parquet(path)
     else:
-        df = pd.read_json(path, lines=True, dtype=False)
+        array = path.read_text(encoding="utf-8").lstrip().startswith("[")
+        df = pd.read_json(path, lines=not array, dtype=False)
     if limit is not None:
         df = df.head(limit)
     return {c: [str(v) for v in df[c].tolist()] for c in columns if c in df.columns}

@@ -8,6 +8,27 @@ The real-data reference (a classifier trained on the private data) and the audit
 private data named by the run config. That is the evaluator's own use of the private data,
 outside the release: those numbers are not covered by the run's DP guarantee and should not
 be published with the synthetic data.
+
+A metric that cannot be computed is ``{"unavailable": "reason"}`` instead of a number.
+
+eval.json::
+
+    {run_id, run_dir, method, epsilon, delta, test_file, text_column, label_columns, embedder,
+     created, n: {synthetic, zero_shot, private, test},
+     fidelity: {synthetic | zero_shot: {n, n_real, fid, fid_note?, precision, recall, knn_k,
+                mauve, length: {synthetic, real, bin_edges, *_hist, tv, ks},
+                labels: {COLUMN: {synthetic, real, tv}}}},
+     utility: {logreg | finetune: {COLUMN: {chance, synthetic | private | zero_shot:
+               {accuracy, macro_f1, n_train, n_test, ...}}}}     (labeled corpora)
+              {next_token: {synthetic | private | zero_shot: {accuracy, ...}}}  (unlabeled)
+     references, notes}
+
+audit.json::
+
+    {run_id, method, holdout, holdout_overlap_removed, dcr: {...}, membership_inference:
+     {auc, tpr_at_fpr: {"0.01", "0.1"}, ...}, pii: {email | phone | name: {detected, leaked,
+     records_with_leak}, ...}, pii_columns, zero_shot_control: {dcr, membership_inference},
+     note}
 """
 
 from __future__ import annotations

@@ -28,6 +28,15 @@ import scipy.sparse as sp
 
 from dpsynth.privacy.noise import NoiseSource, SeededNoise
 
+#: Joint sensitivity of one sampled record on the pair (e~, n~), in units of the noise:
+#: it moves the centre mean of its cluster by <= 2R / n_k (noise (2R / n_k) sigma) AND the count
+#: by 1 (noise sigma), so the L2 norm of the normalised shift is sqrt(2), not 1. The dominating
+#: pair N(sum Bern(rho_i), sigma^2) of the paper has unit sensitivity; to release both statistics
+#: safely, use sigma = JOINT_SENSITIVITY * (sigma calibrated by calibrate_secret_sigma).
+#: (The paper's Theorem 1 is stated for the released pair; we could not check its proof, so we
+#: take the conservative reading.)
+JOINT_SENSITIVITY = float(np.sqrt(2.0))
+
 
 def _f32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
@@ -196,6 +205,14 @@ def add_representative_noise(
         raise ValueError("every public centre needs n_k >= 1 (noise scale 2R/n_k)")
     if sigma < 0 or clip_R <= 0:
         raise ValueError("sigma must be >= 0 and clip_R > 0")
+    # The 2R / n_k bound needs every vector averaged into a centre to have norm <= R: public
+    # embeddings must have norm <= clip_R (unit embeddings: clip_R >= 1). Centres are means of
+    # public embeddings, so a centre with norm > R proves the condition is violated.
+    if np.any(np.linalg.norm(centres, axis=1) > clip_R * (1 + 1e-6)):
+        raise ValueError(
+            f"clip_R={clip_R} is smaller than a public centre's norm; the noise scale 2R/n_k "
+            "needs public embeddings of norm <= clip_R (use clip_R >= 1 for unit embeddings)"
+        )
     mean = (sizes[:, None] * centres + sums) / (sizes + counts)[:, None]
     std = 2.0 * clip_R * sigma / sizes
     z = np.asarray(noise.normal((k, d), 1.0), dtype=np.float64)

@@ -1,1 +1,36 @@
-"""dpsynth.federated"""
+"""Federated WASP voting over Flower SecAgg+ (METHODS.md section 2, federated variant).
+
+``federated_noisy_histogram`` runs one round in Flower's simulation engine; ``app`` holds the
+ServerApp/ClientApp (also usable in a real deployment, see deploy.md). Flower is imported only
+when a round runs.
+"""
+
+from dpsynth.federated.core import (
+    FederatedResult,
+    FederatedRoundError,
+    InsufficientPartiesError,
+    PartyData,
+    QuantisationPlan,
+    VoteBoundError,
+    VoteFn,
+    effective_sigma,
+    party_noisy_histogram,
+    plan_quantisation,
+    zero_votes,
+)
+from dpsynth.federated.simulation import federated_noisy_histogram
+
+__all__ = [
+    "FederatedResult",
+    "FederatedRoundError",
+    "InsufficientPartiesError",
+    "PartyData",
+    "QuantisationPlan",
+    "VoteBoundError",
+    "VoteFn",
+    "effective_sigma",
+    "federated_noisy_histogram",
+    "party_noisy_histogram",
+    "plan_quantisation",
+    "zero_votes",
+]

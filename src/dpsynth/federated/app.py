@@ -218,7 +218,9 @@ class _PartyClient(NumPyClient):
     """One party: computes its noisy local histogram from the broadcast candidates."""
 
     def __init__(self, party: PartyData, party_index: int, vote_fn: VoteFn, *,
-                 noise_mode: str, seed: int | None, dropped: bool) -> None:
+                 noise_mode: str, seed: int | None, dropped: bool,
+                 min_sigma: float = 0.0) -> None:
+        self.min_sigma = min_sigma
         self.party = party
         self.party_index = party_index
         self.vote_fn = vote_fn
@@ -231,9 +233,13 @@ class _PartyClient(NumPyClient):
         if self.dropped:
             raise SimulatedDropout("simulated party dropout")
         cand_emb, cand_lab = parameters
+        sigma = float(config[CFG_SIGMA])
+        if sigma < self.min_sigma:
+            raise ValueError(f"server asked for sigma {sigma} below this party's minimum "
+                             f"{self.min_sigma}; refusing to contribute")
         noisy = party_noisy_histogram(
             self.party, cand_emb, cand_lab, self.vote_fn,
-            sigma=float(config[CFG_SIGMA]), num_parties=int(config[CFG_NUM_PARTIES]),
+            sigma=sigma, num_parties=int(config[CFG_NUM_PARTIES]),
             vote_bound=float(config[CFG_VOTE_BOUND]), noise_mode=self.noise_mode,
             seed=self.seed, party_index=self.party_index)
         # Weight 1 for every party (see module docstring); no metrics leave the party.
@@ -280,10 +286,14 @@ def _deploy_load_party(context: Context) -> tuple[PartyData, int]:
 
 
 def _deploy_client_fn(context: Context) -> Client:
+    """Party side of a deployment: noise from the OS CSPRNG; the party's node config may pin
+    the vote function (``vote-fn``) and a floor on sigma (``min-sigma``) the server must meet."""
     party, index = _deploy_load_party(context)
-    vote_fn = _import_vote_fn(str(context.run_config["vote-fn"]))
+    ref = context.node_config.get("vote-fn") or context.run_config["vote-fn"]
+    vote_fn = _import_vote_fn(str(ref))
+    min_sigma = float(context.node_config.get("min-sigma", 0.0))
     return _PartyClient(party, index, vote_fn, noise_mode="secure", seed=None,
-                        dropped=False).to_client()
+                        dropped=False, min_sigma=min_sigma).to_client()
 
 
 client_app = ClientApp(client_fn=_deploy_client_fn, mods=[secaggplus_mod])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -141,6 +142,27 @@ def _available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def default_threads() -> int:
+    """torch threads for this process: ``$DPSYNTH_TORCH_THREADS``, else the idle cores.
+
+    The cores this process may use, less the current one-minute load (at least 1): on a shared
+    machine OpenMP threads that wait for busy cores make a small model many times slower
+    (measured here: 22 s with 2 threads against 2.6 s with 1 for 16 tokens at load 11).
+    """
+    env = os.environ.get("DPSYNTH_TORCH_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError as exc:
+            raise ValueError(f"DPSYNTH_TORCH_THREADS must be an integer, got {env!r}") from exc
+    cores = _available_cores()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return cores
+    return max(1, min(cores, round(cores - load + 1)))
+
+
 def batch_seed(seeds: Sequence[int | None]) -> int | None:
     """The seed of a batch: None when no request has a seed, else a hash of the seeds in order.
 
@@ -187,27 +209,18 @@ class LocalGenerator:
         batch_size: int = 8,
         num_threads: int | None = None,
     ) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+        """Load ``model``; ``num_threads`` defaults to :func:`default_threads`."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        threads = num_threads or _available_cores()
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
 
         spec = str(model)
         if spec.startswith("local:"):
             spec = spec[len("local:") :]
-        if spec in EMBEDDED_MODELS:
+        embedded = spec in EMBEDDED_MODELS
+        if embedded:
             root = Path(cache_dir) if cache_dir is not None else default_model_cache()
             model_dir = root / spec
-            if (model_dir / MARKER).is_file():
-                self.load_source = "cache"
-            else:
-                convert_gguf(embedded_gguf_path(spec, root), model_dir)
-                self.load_source = "gguf"
             self.model_id = spec
         else:
             model_dir = Path(spec).expanduser()
@@ -216,10 +229,26 @@ class LocalGenerator:
                     f"model {spec!r}: expected one of {EMBEDDED_MODELS} or a local "
                     "transformers model directory (with config.json)"
                 )
-            self.load_source = "directory"
             self.model_id = model_dir.resolve().name
         self.model_dir = model_dir
         self.name = f"local:{self.model_id}"
+
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        threads = num_threads or default_threads()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        if not embedded:
+            self.load_source = "directory"
+        elif (model_dir / MARKER).is_file():
+            self.load_source = "cache"
+        else:
+            gguf = embedded_gguf_path(spec, root)
+            convert_gguf(gguf, model_dir)
+            if gguf.parent == root / "_gguf":  # assembled by us from chunks: not needed now
+                gguf.unlink(missing_ok=True)
+            self.load_source = "gguf"
 
         with quiet_transformers():
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -245,6 +274,22 @@ class LocalGenerator:
         self.vocab_size: int = int(self.model.get_output_embeddings().weight.shape[0])
         self.last_batch_sizes: list[int] = []
         self.generated_tokens = 0
+        fwd = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
+        self._last_only = "logits_to_keep" in fwd
+
+    def forward_last(self, cache: Any = None, **inputs: Any) -> tuple[torch.Tensor, Any]:
+        """One forward pass: (last-position logits ``[B, V]``, KV cache or None)."""
+        kw: dict[str, Any] = dict(inputs)
+        if cache is not None:
+            kw[self._cache_kw] = cache
+        if self._last_only:
+            kw["logits_to_keep"] = 1
+        out = self.model(**kw)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return out.logits[:, -1, :], new_cache
 
     # ------------------------------------------------------------------ tokens
     def encode(self, text: str) -> list[int]:
@@ -393,9 +438,9 @@ class LocalGenerator:
         ids, mask = self._pad_left(rows)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
-            logits = self.model(
+            logits, _ = self.forward_last(
                 input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False
-            ).logits[:, -1, :]
+            )
         return logits.float().numpy().astype(np.float32, copy=False)
 
     def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Stepper:
@@ -424,29 +469,27 @@ class Stepper:
         self._gen = gen
         self.batch_size = len(prompts)
         self.tokens: list[int] = []
-        model = gen.model
         with torch.inference_mode():
             if shared_prefix:
                 prefix = gen.encode_prompt(shared_prefix)
                 rows = [gen.encode(p) for p in prompts]
                 if any(not r for r in rows):
                     raise ValueError("open_stepper: each prompt needs at least one token")
-                pre = model(
+                _, cache = gen.forward_last(
                     input_ids=torch.tensor([prefix]),
                     position_ids=torch.arange(len(prefix)).unsqueeze(0),
                     use_cache=True,
                 )
-                cache = pre.past_key_values
                 cache.batch_repeat_interleave(self.batch_size)
                 ids, smask = gen._pad_left(rows)
                 pmask = torch.ones((self.batch_size, len(prefix)), dtype=torch.long)
                 mask = torch.cat([pmask, smask], dim=1)
                 pos = len(prefix) + (smask.cumsum(-1) - 1).clamp(min=0)
-                out = model(
+                logits, cache = gen.forward_last(
+                    cache,
                     input_ids=ids,
                     attention_mask=mask,
                     position_ids=pos,
-                    past_key_values=cache,
                     use_cache=True,
                 )
                 self._length = len(prefix) + max(len(r) for r in rows)
@@ -454,12 +497,14 @@ class Stepper:
                 rows = [gen.encode_prompt(p) for p in prompts]
                 ids, mask = gen._pad_left(rows)
                 pos = (mask.cumsum(-1) - 1).clamp(min=0)
-                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+                logits, cache = gen.forward_last(
+                    input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True
+                )
                 self._length = ids.shape[1]
-        self._cache: Any = out.past_key_values
+        self._cache: Any = cache
         self._mask = mask
         self._next_pos = pos[:, -1:] + 1
-        self._logits = out.logits[:, -1, :].float().numpy().astype(np.float32, copy=False)
+        self._logits = logits.float().numpy().astype(np.float32, copy=False)
 
     def logits(self) -> np.ndarray:
         """Next-token logits ``[B, V]`` (float32) of every row."""
@@ -480,18 +525,17 @@ class Stepper:
         b = self.batch_size
         self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
         with torch.inference_mode():
-            out = self._gen.model(
+            logits, self._cache = self._gen.forward_last(
+                self._cache,
                 input_ids=torch.full((b, 1), int(token_id), dtype=torch.long),
                 attention_mask=self._mask,
                 position_ids=self._next_pos,
-                past_key_values=self._cache,
                 use_cache=True,
             )
-        self._cache = out.past_key_values
         self._next_pos = self._next_pos + 1
         self._length += 1
         self.tokens.append(int(token_id))
-        self._logits = out.logits[:, -1, :].float().numpy().astype(np.float32, copy=False)
+        self._logits = logits.float().numpy().astype(np.float32, copy=False)
 
     def close(self) -> None:
         """Free the KV cache."""

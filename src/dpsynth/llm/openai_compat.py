@@ -116,6 +116,7 @@ class OpenAIGenerator:
             limits=httpx.Limits(max_connections=max_concurrency),
         )
         self.attempts = 0  # HTTP attempts made (for tests and logs)
+        self.sleep = time.sleep  # replaceable, e.g. to record backoff delays in tests
 
     def close(self) -> None:
         self._client.close()
@@ -176,7 +177,7 @@ class OpenAIGenerator:
                 delay = backoff_delay(attempt, self.backoff_base, self.backoff_max, self._rng)
             if wait_for is not None:
                 delay = min(max(wait_for, delay), self.max_retry_after)
-            time.sleep(delay)
+            self.sleep(delay)
             attempt += 1
 
     @staticmethod

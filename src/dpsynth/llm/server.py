@@ -13,12 +13,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from .base import GenerationError, GenerationRequest, Generator, SamplingParams
-
-if TYPE_CHECKING:
-    from fastapi import FastAPI
 
 
 def _params(body: dict[str, Any], seed_offset: int = 0) -> SamplingParams:
@@ -51,8 +51,6 @@ def create_app(
     retry_after: float | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``generator`` (see the module docstring)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
 
     served = model_id or generator.name
     app = FastAPI(title="dpsynth OpenAI-compatible server", docs_url=None, redoc_url=None)
@@ -113,8 +111,14 @@ def create_app(
             return error(400, "stream=true is not supported")
         return body
 
-    def usage() -> dict[str, int]:
-        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    def usage(prompts: list[str], texts: list[str]) -> dict[str, int]:
+        """Token counts when the generator can tokenise (local backends), else zeros."""
+        encode = getattr(generator, "encode", None)
+        if encode is None:
+            return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        p = sum(len(encode(t)) for t in prompts)
+        c = sum(len(encode(t)) for t in texts)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Any:
@@ -150,7 +154,7 @@ def create_app(
                 }
                 for k, t in enumerate(texts)
             ],
-            "usage": usage(),
+            "usage": usage([str(m.get("content", "")) for m in messages], texts),
         }
 
     @app.post("/v1/completions", response_model=None)
@@ -184,7 +188,7 @@ def create_app(
                 {"index": k, "text": t, "finish_reason": "stop", "logprobs": None}
                 for k, t in enumerate(texts)
             ],
-            "usage": usage(),
+            "usage": usage([p for p in prompts for _ in range(n)], texts),
         }
 
     return app

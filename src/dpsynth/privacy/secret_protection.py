@@ -100,7 +100,7 @@ def secret_weights_lp(membership: sp.spmatrix | np.ndarray, eta: np.ndarray) -> 
     unbounded); this bound is never active for a record holding a constrained secret.
     Solved with scipy's HiGHS on the sparse constraint matrix.
     """
-    a = sp.csr_matrix(membership, dtype=np.float64)
+    a = sp.csr_matrix(membership, dtype=np.float64, copy=True)
     a.data[:] = 1.0
     n_rec, n_sec = a.shape
     eta = np.asarray(eta, dtype=np.float64).ravel()
@@ -354,9 +354,12 @@ def calibrate_one_sigma(
         hi, lo = lo, lo / 2.0
         if lo < 1e-9:
             break
-    while hi / lo > 1.0 + max(rel_tol, 1e-2):
+    two_phase = discretization < coarse
+    while hi / lo > 1.0 + (max(rel_tol, 1e-2) if two_phase else rel_tol):
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if ok(mid, coarse) else (mid, hi)
+    if not two_phase:
+        return hi
     # Fine phase: hi passed at the coarse grid; re-verify at the fine one.
     lo = hi / (1.0 + 3e-2)
     while not ok(hi, discretization):
@@ -436,3 +439,48 @@ def _dominated(a_desc: np.ndarray, b_desc: np.ndarray) -> bool:
     x) and P_q' is A shifted stochastically upwards (same argument for H(Q||.)). Blow-up is also
     increasing in p and decreasing in sigma, so B_a(p_a) <= B_b(p_b) <= r_b <= r_a."""
     return a_desc.size <= b_desc.size and bool(np.all(a_desc <= b_desc[: a_desc.size]))
+
+
+@dataclass(frozen=True)
+class SecretNoisePlan:
+    """Everything the SecPE mechanism needs from the SecretNoise calibration (no secret values).
+
+    sigma is for a unit-sensitivity release per sampled record (see
+    representatives.JOINT_SENSITIVITY for releasing centres and counts together).
+    """
+
+    sigma: float
+    rates: np.ndarray  # rho_i per private record (rows of the membership matrix)
+    weights: np.ndarray  # LP weights w_i
+    eta: np.ndarray  # per-secret GDP budget
+    sigma_per_secret: np.ndarray
+    p: np.ndarray
+    r: np.ndarray
+    T: int
+
+
+def plan_secret_noise(
+    membership: sp.spmatrix,
+    p: float | np.ndarray,
+    r: float | np.ndarray,
+    T: int,
+    *,
+    rule: str = "paper",
+    discretization: float = DEFAULT_DISCRETIZATION,
+) -> SecretNoisePlan:
+    """LP weights -> sampling rates -> per-secret calibration -> sigma (SecretNoise, s.3.2).
+
+    ``membership`` is [private records x secrets]; p and r are scalars or per-secret arrays.
+    """
+    m = sp.csr_matrix(membership)
+    n_sec = m.shape[1]
+    p_a = np.broadcast_to(np.asarray(p, dtype=np.float64), (n_sec,)).copy()
+    r_a = np.broadcast_to(np.asarray(r, dtype=np.float64), (n_sec,)).copy()
+    eta = np.atleast_1d(r_to_mu(p_a, r_a)) if n_sec else np.zeros(0)
+    w = secret_weights_lp(m, eta)
+    rho = sampling_rates(w, rule=rule)
+    sigma, per = calibrate_secret_sigma(
+        p_a, r_a, rates_per_secret(m, rho), T, discretization=discretization
+    )
+    return SecretNoisePlan(sigma=sigma, rates=rho, weights=w, eta=eta, sigma_per_secret=per,
+                           p=p_a, r=r_a, T=T)

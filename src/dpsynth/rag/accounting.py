@@ -24,14 +24,16 @@ from ..privacy import (
     zcdp_to_eps_standard,
 )
 from .clusters import histogram_sigma
-from .config import SynRAGConfig
+from .config import SynRAGConfig, max_private_tokens
 from .retrieval import centre_sigma
 
 
 def theorem1_rho(k: int, sigma_h: float, overlap: int, eps_theta: float, sigma_mu: float,
-                 tokens: int, clip: float, temperature: float) -> float:
-    """Closed form of Theorem 1 (zCDP rho of the whole build)."""
-    per_cluster = eps_theta**2 / 8 + 1 / (2 * sigma_mu**2) + tokens / 2 * (clip / temperature)**2
+                 tokens: int, clip: float, temperature: float, svt_epsilon: float = 0.0) -> float:
+    """Closed form of Theorem 1 (zCDP rho of the whole build). With the public shortcut,
+    ``tokens`` is m (private tokens) and each adds svt_epsilon^2 / 2 for its SVT instance."""
+    per_cluster = (eps_theta**2 / 8 + 1 / (2 * sigma_mu**2)
+                   + tokens / 2 * ((clip / temperature)**2 + svt_epsilon**2))
     return k / (2 * sigma_h**2) + overlap * per_cluster
 
 
@@ -51,8 +53,12 @@ def cluster_events(cfg: SynRAGConfig, clip: float, overlap: int | None = None,
                    retrieval: bool = True) -> list:
     """The per-cluster releases, composed over the L clusters a document may be in."""
     lcount = cfg.overlap if overlap is None else overlap
-    token = ZCDPEvent(0.5 * (clip / cfg.temperature) ** 2, cfg.tokens, "private_token")
+    token = ZCDPEvent(0.5 * (clip / cfg.temperature) ** 2, max_private_tokens(cfg),
+                      "private_token")
     events = []
+    if cfg.public_shortcut:  # m AboveThreshold instances, each eps-DP = eps^2/2-zCDP
+        events.append(overlapping(ZCDPEvent(0.5 * cfg.svt_epsilon**2, max_private_tokens(cfg),
+                                            "svt"), lcount))
     if retrieval:
         events += [
             overlapping(GaussianEvent(centre_sigma(cfg.rho_centre), 1.0, 1, 1.0,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from .answer import SYSTEM, Answerer
 from .config import SynRAGConfig, parse_synrag
 from .index import KnowledgeBase, build_index
 from .private_prediction import private_predict
-from .retrieval import SIM_RANGE
+from .retrieval import THRESHOLD_GRID
 
 
 def rag_without_dp(documents: Sequence[str], generator: Any, embedder: Any,
@@ -147,7 +146,7 @@ class DPRAG:
         self.clip = clip
         self.temperature = temperature
         self.max_doc_tokens = max_doc_tokens
-        self.queries = sum(1 for k in session.keys() if k.endswith("/threshold"))
+        self.queries = sum(1 for k in session.keys() if k.endswith("/threshold"))  # noqa: SIM118
 
     @staticmethod
     def per_query(epsilon: float, delta: float, queries: int, tokens: int,
@@ -181,8 +180,8 @@ class DPRAG:
         q = np.asarray(self.embedder.embed([question]), dtype=np.float32)[0]
         sims = self.embeddings @ q
         theta = self.session.exponential_threshold(
-            f"{key}/threshold", sims, int(k or self.target_size), SIM_RANGE, self.eps_theta,
-            mode="interval", name="dprag_threshold")
+            f"{key}/threshold", sims, int(k or self.target_size), THRESHOLD_GRID, self.eps_theta,
+            mode="grid", name="dprag_threshold")
         chosen = [self.documents[i] for i in np.flatnonzero(sims > theta)]
         parts = qa_parts(self.generator, question)
         pred = private_predict(self.session, key, self.generator, chosen, instruction="",
@@ -233,7 +232,3 @@ def dprag_session(store_dir: Path, epsilon: float, delta: float, seed: int | Non
     return PrivacySession(Path(store_dir), Accountant("zcdp"),
                           make_noise_source("seeded" if seed is not None else "secure", seed),
                           target=(epsilon, delta))
-
-
-def _now() -> float:
-    return time.time()

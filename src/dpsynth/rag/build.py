@@ -32,10 +32,10 @@ from ..config import ConfigError, RunConfig, apply_overrides, dump_config, load_
 from ..runs import RunDir, atomic_write_json, write_jsonl
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
 from .clusters import histogram_sigma, keyword_counts, noise_floor, soft_clusters, top_keywords
-from .config import SynRAGConfig, parse_synrag, synrag_dict
+from .config import SynRAGConfig, max_private_tokens, parse_synrag, synrag_dict
 from .filtering import self_filter
 from .keywords import extract_keywords, load_vocabulary
-from .private_prediction import private_predict
+from .private_prediction import Shortcut, private_predict, private_predict_shortcut
 from .retrieval import centre_sigma, retrieve_in_cluster
 
 log = logging.getLogger("dpsynth.rag")
@@ -53,7 +53,8 @@ class Notice:
 
     def __call__(self, message: str, warn: bool = False) -> None:
         self.run.log(message)
-        (log.warning if warn else log.info)(message)
+        if self.echo is None:
+            (log.warning if warn else log.info)(message)
         if warn:
             self.messages.append(message)
         if self.echo is not None:
@@ -253,7 +254,8 @@ def build_kb(
             note("self-filtering kept no synthetic document: the KB is empty", warn=True)
 
         rho = theorem1_rho(k, sigma_h, scfg.overlap, scfg.eps_theta,
-                           centre_sigma(scfg.rho_centre), scfg.tokens, clip, scfg.temperature)
+                           centre_sigma(scfg.rho_centre), max_private_tokens(scfg), clip,
+                           scfg.temperature, scfg.svt_epsilon if scfg.public_shortcut else 0.0)
         statement = main.statement("record" if cfg.privacy.unit == "record" else "user",
                                    (eps, delta))
         statement.update(
@@ -307,15 +309,28 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
                 note(f"cluster {r} ('{keyword}') has fewer than k = {scfg.target_size} "
                      "documents above its threshold: its text rests on fewer documents "
                      "(same charge)", warn=True)
-            pred = private_predict(store, key, gen, [docs[i] for i in got.selected],
-                                   instruction=scfg.rephrase_instruction, tokens=scfg.tokens,
-                                   clip=clip, temperature=scfg.temperature,
-                                   max_doc_tokens=scfg.max_doc_tokens)
+            chosen = [docs[i] for i in got.selected]
+            n_private = None
+            if scfg.public_shortcut:
+                shortcut = Shortcut(scfg.svt_epsilon, max_private_tokens(scfg),
+                                    scfg.svt_threshold if scfg.svt_threshold is not None
+                                    else scfg.target_size * clip)
+                pred, n_private = private_predict_shortcut(
+                    store, key, gen, chosen, instruction=scfg.rephrase_instruction,
+                    tokens=scfg.tokens, clip=clip, temperature=scfg.temperature,
+                    max_doc_tokens=scfg.max_doc_tokens, shortcut=shortcut)
+            else:
+                pred = private_predict(store, key, gen, chosen,
+                                       instruction=scfg.rephrase_instruction,
+                                       tokens=scfg.tokens, clip=clip,
+                                       temperature=scfg.temperature,
+                                       max_doc_tokens=scfg.max_doc_tokens)
             if pred.truncated:
                 note(f"cluster {r}: {pred.truncated} document(s) longer than "
                      f"{scfg.max_doc_tokens} tokens were truncated (not dropped)")
             state = {"cluster": r, "keyword": keyword, "noisy_count": float(noisy[seed]),
-                     "theta": got.theta, "text": pred.text, "tokens": pred.steps}
+                     "theta": got.theta, "text": pred.text, "tokens": pred.steps,
+                     "private_tokens": pred.steps if n_private is None else n_private}
             with open(diag_path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"cluster": r, "members": int(members.size),
                                      "selected": int(got.selected.size),

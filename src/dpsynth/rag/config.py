@@ -59,12 +59,28 @@ class SynRAGConfig(BaseModel):
     clip: float | None = Field(None, gt=0, description="c; None = calibrate to the target")
     max_doc_tokens: int = Field(384, ge=8, description="longer documents are truncated")
     rephrase_instruction: str = DEFAULT_REPHRASE
+    public_shortcut: bool = Field(
+        False, description="sparse-vector public-token shortcut (Amin et al. 2024): public "
+        "tokens when the documents agree with the public model; only private tokens charged")
+    svt_epsilon: float = Field(0.1, gt=0, description="epsilon of one AboveThreshold instance")
+    svt_max_private: int | None = Field(
+        None, ge=1, description="m: most private tokens per text (default T // 4)")
+    svt_threshold: float | None = Field(
+        None, description="AboveThreshold threshold on q (sum of clipped-logit differences); "
+        "default k c (about half of k documents disagreeing with the public token)")
     # 5. self-filtering
     self_filter: bool = True
     filter_question: str = DEFAULT_FILTER
     # RAG over the KB
     retrieve: int = Field(3, ge=1, le=50, description="passages retrieved per question")
     answer_max_new_tokens: int = Field(48, ge=1, le=512)
+
+
+def max_private_tokens(cfg: SynRAGConfig) -> int:
+    """m: private tokens per text with the shortcut (T without it)."""
+    if not cfg.public_shortcut:
+        return cfg.tokens
+    return min(cfg.tokens, cfg.svt_max_private or max(1, cfg.tokens // 4))
 
 
 def parse_synrag(config: RunConfig) -> SynRAGConfig:

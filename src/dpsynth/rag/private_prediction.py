@@ -12,6 +12,7 @@ Speed: one forward pass per token for ALL documents of the cluster (a KV-cached
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -125,3 +126,119 @@ def separate_logit_sum(gen: Any, documents: Sequence[str], instruction: str,
             for d in documents]
     logits = np.concatenate([gen.next_token_logits_ids([r]) for r in rows])
     return clipped_sum(logits, clip)
+
+
+# ----------------------------------------------------------------------- public shortcut
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """Sparse-vector public-token shortcut (after Amin et al. 2024), opt-in.
+
+    At each step the public model (the rephrase prompt with an EMPTY document) proposes
+    logits p; the query q_n = || sum_{d in S} (clip_c(l_d) - clip_c(p)) ||_inf measures how far
+    the documents are from it (adding or removing one document moves q by at most 2c: Delta =
+    2c). AboveThreshold (Dwork & Roth 2014, Alg. 1) with Laplace noise: rho_hat = theta +
+    Lap(2 Delta / eps), and at each step nu = Lap(4 Delta / eps); q + nu >= rho_hat means "the
+    documents disagree": a PRIVATE token is drawn (softmax(z / tau), charged) and a new
+    AboveThreshold instance starts; otherwise the token is sampled from the public
+    distribution (free: public prompt, released tokens, public randomness). At most ``m``
+    private tokens; after the m-th, the rest of the text is public. Each instance is eps-DP
+    (pure, so eps^2 / 2-zCDP), so one synthetic text costs at most
+    m (eps^2 / 2 + (c / tau)^2 / 2) in zCDP instead of T (c / tau)^2 / 2.
+    ``threshold`` theta is in the units of q (sums of clipped logits).
+    """
+
+    epsilon: float
+    max_private: int
+    threshold: float
+
+
+def _laplace(u: np.ndarray, scale: float) -> np.ndarray:
+    """Laplace(0, scale) by the inverse CDF of uniforms in (0, 1)."""
+    v = np.asarray(u, dtype=np.float64) - 0.5
+    return -scale * np.sign(v) * np.log1p(-2.0 * np.abs(v))
+
+
+def private_predict_shortcut(
+    session: Any,
+    key: str,
+    gen: Any,
+    documents: Sequence[str],
+    *,
+    instruction: str,
+    tokens: int,
+    clip: float,
+    temperature: float,
+    max_doc_tokens: int,
+    shortcut: Shortcut,
+) -> tuple[Prediction, int]:
+    """Private prediction with the public-token shortcut; returns (prediction, private tokens
+    drawn). All SVT noise of the text is drawn once and stored under ``{key}/svt`` with its
+    cost (eps^2/2 per instance, m instances), so a resumed build reuses it."""
+    from ..privacy import ZCDPEvent
+
+    eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
+    delta_q = 2.0 * clip
+    sc = shortcut
+    noise = session.record(
+        f"{key}/svt",
+        ZCDPEvent(0.5 * sc.epsilon**2, sc.max_private, "svt"),
+        _svt_noise(session, key, tokens, sc.max_private + 1),
+    )
+    thr_u = np.asarray(noise["threshold"], dtype=np.float64)
+    q_u = np.asarray(noise["query"], dtype=np.float64)
+    rho_hat = sc.threshold + float(_laplace(thr_u[0], 2 * delta_q / sc.epsilon))
+    docs, cut = truncate_documents(gen, documents, max_doc_tokens)
+    prefix, suffix = prompt_parts(gen, instruction)
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+    out: list[int] = []
+    private = 0
+    steps = 0
+    public = gen.open_stepper([prefix + suffix])
+    stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
+    try:
+        for n in range(tokens):
+            p_row = np.asarray(public.logits(), dtype=np.float64)
+            pub_clip = np.asarray(clip_logits(p_row, clip))[0]
+            if stepper is not None:
+                rows = np.asarray(clip_logits(np.asarray(stepper.logits(), np.float64), clip))
+                z = rows.sum(axis=0)
+                q = float(np.abs((rows - pub_clip).sum(axis=0)).max())
+            else:
+                z = np.zeros_like(pub_clip)
+                q = 0.0
+            above = private < sc.max_private and (
+                q + float(_laplace(q_u[n], 4 * delta_q / sc.epsilon)) >= rho_hat)
+            if above:
+                tok = int(session.private_token(f"{key}/tok{n:04d}", z, clip, temperature))
+                private += 1
+                if private < len(thr_u):
+                    rho_hat = sc.threshold + float(
+                        _laplace(thr_u[private], 2 * delta_q / sc.epsilon))
+            else:  # public token: softmax of the public logits, public randomness
+                w = p_row[0] / temperature
+                w = np.exp(w - w.max())
+                tok = int(rng.choice(w.size, p=w / w.sum()))
+            steps = n + 1
+            if tok in eos:
+                break
+            out.append(tok)
+            if n + 1 < tokens:
+                public.advance(tok)
+                if stepper is not None:
+                    stepper.advance(tok)
+    finally:
+        public.close()
+        if stepper is not None:
+            stepper.close()
+    return Prediction(gen.decode(out).strip(), out, steps, cut), private
+
+
+def _svt_noise(session: Any, key: str, tokens: int, instances: int) -> dict[str, list[float]]:
+    """Uniforms for the SVT's Laplace noise, from the session's keyed noise source."""
+    spawn = getattr(session.noise, "spawn", None)
+    src = spawn(f"{key}/svt") if callable(spawn) else session.noise
+    eps = np.finfo(np.float64).tiny
+    u = np.clip(np.asarray(src.uniform(tokens + instances), dtype=np.float64), eps, 1 - 1e-16)
+    return {"threshold": u[:instances].tolist(), "query": u[instances:].tolist()}

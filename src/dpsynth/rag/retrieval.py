@@ -15,6 +15,11 @@ from typing import Any
 import numpy as np
 
 SIM_RANGE = np.array([-1.0, 1.0])  # public range of cosine similarity
+# Public grid of candidate thresholds (step 0.01). The grid form of the exponential mechanism
+# gives every candidate the same base weight; the interval form weights by interval length,
+# which with few documents puts most mass on the long empty stretch above the largest
+# similarity (S_r empty) at the paper's eps_theta = 0.4.
+THRESHOLD_GRID = np.round(np.linspace(-1.0, 1.0, 201), 2)
 
 
 def centre_sigma(rho_centre: float) -> float:
@@ -53,7 +58,7 @@ def retrieve_in_cluster(
     sims = embeddings[members] @ direction if members.size else np.zeros(0)
     theta = float(
         session.exponential_threshold(
-            f"{key}/threshold", sims, int(target), SIM_RANGE, eps_theta, mode="interval",
+            f"{key}/threshold", sims, int(target), THRESHOLD_GRID, eps_theta, mode="grid",
             name="cluster_threshold",
         )
     )

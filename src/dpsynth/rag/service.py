@@ -8,7 +8,6 @@ on the Content-Length header and again while the body streams in), questions ove
 that refuses a query gets 429.
 """
 
-from __future__ import annotations
 
 import ipaddress
 import json

@@ -1,0 +1,292 @@
+"""DP-SynRAG with the real SmolLM2 and MiniLM: batched private prediction, a tiny build end to
+end (resume without redraw), `rag ask`, the HTTP service and the DP-RAG budget."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from dpsynth.privacy import Accountant, BudgetExceededError, PrivacySession, make_noise_source
+from dpsynth.rag.private_prediction import (
+    clipped_sum,
+    private_predict,
+    prompt_parts,
+    separate_logit_sum,
+)
+
+DOCS = [
+    "I am Ann Lee. I have a red rash on my arms and a mild fever since Monday.",
+    "Hello, this is Bob Stone; my knee hurts when I climb stairs and it is swollen.",
+    "My cough has lasted two weeks and I feel short of breath at night.",
+]
+INSTR = "Rephrase the following document without altering the important information."
+
+
+def test_stepper_sum_equals_per_document_computation(smollm) -> None:
+    c = 0.5
+    prefix, suffix = prompt_parts(smollm, INSTR)
+    with smollm.open_stepper([d + suffix for d in DOCS], shared_prefix=prefix) as st:
+        z1 = clipped_sum(st.logits(), c)
+        ref1 = separate_logit_sum(smollm, DOCS, INSTR, c)
+        np.testing.assert_allclose(z1, ref1, atol=2e-3)
+        tok = int(np.argmax(ref1))
+        st.advance(tok)
+        z2 = clipped_sum(st.logits(), c)
+    ref2 = separate_logit_sum(smollm, DOCS, INSTR, c, prefix_tokens=[tok])
+    np.testing.assert_allclose(z2, ref2, atol=2e-3)
+    assert np.abs(z1).max() <= len(DOCS) * c + 1e-9
+    assert not np.allclose(z1, z2)
+
+
+def test_private_predict_charges_each_token(smollm, tmp_path) -> None:
+    s = PrivacySession(tmp_path / "s", Accountant("zcdp"), make_noise_source("seeded", 0))
+    pred = private_predict(s, "c0", smollm, DOCS, instruction=INSTR, tokens=6, clip=1.0,
+                           temperature=1.0, max_doc_tokens=8)
+    assert pred.truncated == 3  # every document is longer than 8 tokens: cut, not dropped
+    assert 1 <= pred.steps <= 6
+    assert s.accountant.rho() == pytest.approx(pred.steps * 0.5)
+    again = private_predict(s, "c0", smollm, DOCS, instruction=INSTR, tokens=6, clip=1.0,
+                            temperature=1.0, max_doc_tokens=8)
+    assert again.token_ids == pred.token_ids  # stored releases replayed, not redrawn
+    assert s.accountant.rho() == pytest.approx(pred.steps * 0.5)
+    empty = private_predict(s, "c1", smollm, [], instruction=INSTR, tokens=3, clip=1.0,
+                            temperature=1.0, max_doc_tokens=8)
+    assert empty.steps >= 1  # an empty cluster still draws (uniform) tokens and is charged
+
+
+def test_keyword_extraction_with_the_llm(smollm) -> None:
+    from dpsynth.llm import GenerationRequest, SamplingParams
+    from dpsynth.rag.keywords import Vocabulary, extract_keywords
+
+    vocab = Vocabulary(["rash", "fever", "knee", "cough", "breath", "stairs", "swollen"], "t")
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+    kws = extract_keywords(DOCS, vocab, 3, generate=lambda ps: smollm.generate(
+        [GenerationRequest(p, params) for p in ps], progress=False))
+    assert all(1 <= len(k) <= 3 and len(set(k)) == len(k) for k in kws)
+    assert vocab.index["rash"] in kws[0] or vocab.index["fever"] in kws[0]
+    assert vocab.index["cough"] in kws[2] or vocab.index["breath"] in kws[2]
+
+
+def _tiny_overrides(tmp: Path) -> dict:
+    return {
+        "data.demo_rows": 40,
+        "privacy.epsilon": 10.0,
+        "privacy.delta": 1e-3,
+        "privacy.accountant": "zcdp",
+        "synrag": {"vocabulary": "demo", "keyword_extractor": "vocabulary",
+                   "keywords_per_doc": 4, "clusters": 3, "overlap": 2, "target_size": 6,
+                   "tokens": 8, "max_doc_tokens": 96, "rho_hist": 0.5,
+                   "min_noisy_count": 2.0, "self_filter": False, "eps_theta": 2.0},
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_kb(smollm, embedder, tmp_path_factory, monkeypatch_module) -> Path:
+    from dpsynth.rag.build import build_kb
+
+    out = tmp_path_factory.mktemp("kb") / "run"
+    over = _tiny_overrides(out)
+    with pytest.raises(KeyboardInterrupt):
+        build_kb(Path(__file__).parents[1] / "examples" / "tiny-synrag.yaml", out,
+                 overrides=over, generator=smollm, embedder=embedder, stop_after_clusters=1)
+    ckpt = json.loads((out / "private" / "checkpoints" / "cluster-0000.json").read_text())
+    store = (out / "private" / "cluster-releases" / "releases.jsonl").read_text().splitlines()
+    (out / "first-cluster.json").write_text(json.dumps({"ckpt": ckpt, "lines": store}))
+    build_kb(None, out, resume=True, generator=smollm, embedder=embedder)
+    return out
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DPSYNTH_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.json"))
+    yield mp
+    mp.undo()
+
+
+def test_build_writes_kb_and_privacy_within_target(tiny_kb) -> None:
+    rel = tiny_kb / "release"
+    priv = json.loads((rel / "privacy.json").read_text())
+    assert set(priv) >= {"epsilon", "delta", "target_epsilon", "target_delta", "unit",
+                         "accountant", "noise", "releases", "mechanisms"}
+    assert priv["accountant"] == "zcdp" and priv["method"] == "dp_synrag"
+    assert 9.0 < priv["epsilon"] <= 10.0 + 1e-6  # calibrated to the target, not above
+    assert priv["releases"] == 2  # histogram + ONE overlapping record for all clusters
+    names = {m["name"]: m["count"] for m in priv["mechanisms"]}
+    assert names["private_token"] == 2 * 8 and names["cluster_centre"] == 2
+    assert priv["theorem1"]["rho_spent"] == pytest.approx(priv["theorem1"]["rho_planned"])
+    rows = [json.loads(x) for x in (rel / "kb.jsonl").read_text().splitlines()]
+    assert rows and all(r["text"].strip() for r in rows)
+    assert json.loads((rel / "index.json").read_text())["passages"] == len(rows)
+    # release/ holds no private text: no demo patient message appears in it
+    private_csv = (tiny_kb / "private" / "demo-data" / "private.csv").read_text()
+    import csv
+    import io
+
+    texts = [r["text"] for r in csv.DictReader(io.StringIO(private_csv))]
+    blob = "".join(p.read_text() for p in rel.glob("*.json*"))
+    assert not any(t in blob for t in texts)
+    stats = [json.loads(x) for x in (tiny_kb / "stats.jsonl").read_text().splitlines()]
+    assert stats[0]["stage"] == "histogram" and all("members" not in s for s in stats)
+
+
+def test_resume_does_not_redraw(tiny_kb) -> None:
+    first = json.loads((tiny_kb / "first-cluster.json").read_text())
+    after = (tiny_kb / "private" / "cluster-releases" / "releases.jsonl").read_text().splitlines()
+    assert after[: len(first["lines"])] == first["lines"]
+    keys = [json.loads(x)["key"] for x in after]
+    assert len(keys) == len(set(keys))
+    rows = [json.loads(x) for x in (tiny_kb / "release" / "synthetic_all.jsonl").read_text()
+            .splitlines()]
+    assert rows[0]["text"] == first["ckpt"]["text"]
+    meta = json.loads((tiny_kb / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["attempts"] == 2
+
+
+def test_rag_ask_returns_passages(tiny_kb, smollm, embedder) -> None:
+    from dpsynth.rag.answer import answer
+
+    out = answer("Which disease causes a rash?", tiny_kb, 2, generator=smollm,
+                 embedder=embedder)
+    assert out["answer"] and 1 <= len(out["passages"]) <= 2
+    kb_texts = {json.loads(x)["text"] for x in
+                (tiny_kb / "release" / "kb.jsonl").read_text().splitlines()}
+    assert all(p["text"] in kb_texts for p in out["passages"])
+
+
+def test_rag_ask_cli_json(tiny_kb) -> None:
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    res = CliRunner().invoke(app, ["rag", "ask", "What helps a cough?", "--kb", str(tiny_kb),
+                                   "-k", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["answer"] and len(out["passages"]) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                return f"http://127.0.0.1:{self.port}"
+            time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_service_over_http(tiny_kb, smollm, embedder) -> None:
+    from dpsynth.rag.service import kb_app
+
+    app = kb_app(tiny_kb, generator=smollm, embedder=embedder, max_body_bytes=512)
+    with _Server(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+        health = client.get("/health").json()
+        assert health["status"] == "ok" and health["passages"] >= 1
+        assert health["epsilon"] <= 10.0 + 1e-6
+        r = client.post("/ask", json={"question": "What treats a rash?", "k": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["answer"] and len(r.json()["passages"]) == 1
+        big = client.post("/ask", json={"question": "x" * 2000})
+        assert big.status_code == 413
+        assert client.post("/ask", content=b"{not json").status_code == 422
+        assert client.post("/ask", json={"question": ""}).status_code == 422
+        assert client.post("/ask", json={"question": "hi", "k": 99}).status_code == 422
+        assert client.get("/private").status_code == 404
+        assert client.get("/docs").status_code == 404
+
+
+def test_dprag_refuses_after_budget(smollm, embedder, tmp_path) -> None:
+    from dpsynth.rag.baselines import DPRAG, dprag_session
+    from dpsynth.rag.service import create_app
+
+    emb = embedder.embed(DOCS)
+    eps_theta, clip = DPRAG.per_query(2.0, 1e-3, 2, tokens=4)
+    session = dprag_session(tmp_path / "q", 2.0, 1e-3)
+    rag = DPRAG(DOCS, emb, smollm, embedder, session, target_size=2, eps_theta=eps_theta,
+                tokens=4, clip=clip)
+    a = rag.ask("What causes a rash?")
+    assert a["passages"] == [] and a["epsilon_spent"] <= 2.0
+    rag.ask("Why is my knee swollen?")
+    assert session.epsilon() == pytest.approx(2.0, rel=1e-3) or session.epsilon() < 2.0
+    with pytest.raises(BudgetExceededError):
+        rag.ask("A third question")
+    with _Server(create_app(rag)) as url:
+        r = httpx.post(f"{url}/ask", json={"question": "again?"}, timeout=60)
+        assert r.status_code == 429
+    # a fresh object on the same store knows the queries already paid for
+    again = DPRAG(DOCS, emb, smollm, embedder, PrivacySession(
+        tmp_path / "q", Accountant("zcdp"), make_noise_source("seeded", 0), target=(2.0, 1e-3)),
+        target_size=2, eps_theta=eps_theta, tokens=4, clip=clip)
+    assert again.queries == 2 and not again.can_answer()
+
+
+def test_histogram_with_nothing_above_noise(smollm, embedder, tmp_path, monkeypatch) -> None:
+    from dpsynth.rag.build import build_kb
+
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+    over = _tiny_overrides(tmp_path)
+    over["synrag"] = {**over["synrag"], "min_noisy_count": 1e6}
+    messages: list[str] = []
+    out = build_kb(Path(__file__).parents[1] / "examples" / "tiny-synrag.yaml", tmp_path / "r",
+                   overrides=over, generator=smollm, embedder=embedder, echo=messages.append)
+    assert any("nothing above noise" in m for m in messages)
+    priv = json.loads((out / "release" / "privacy.json").read_text())
+    assert priv["releases"] == 1  # only the histogram was released, and it is charged
+    assert priv["epsilon"] > 0 and priv["theorem1"]["rho_spent"] == pytest.approx(0.5)
+    assert (out / "release" / "kb.jsonl").read_text() == ""
+    summary = json.loads((out / "release" / "summary.json").read_text())
+    assert summary["kb_passages"] == 0 and summary["warnings"]
+
+
+def test_public_shortcut_svt(smollm, tmp_path) -> None:
+    from dpsynth.rag.private_prediction import Shortcut, private_predict_shortcut
+
+    def run(threshold: float, name: str):
+        s = PrivacySession(tmp_path / name, Accountant("zcdp"), make_noise_source("seeded", 0))
+        pred, n_priv = private_predict_shortcut(
+            s, "c0", smollm, DOCS, instruction=INSTR, tokens=6, clip=0.5, temperature=1.0,
+            max_doc_tokens=64, shortcut=Shortcut(epsilon=1.0, max_private=3,
+                                                 threshold=threshold))
+        return s, pred, n_priv
+
+    s, pred, n_priv = run(1e9, "public")  # documents never "disagree": all tokens public
+    assert n_priv == 0 and pred.steps >= 1
+    assert s.accountant.rho() == pytest.approx(3 * 0.5)  # only the stored SVT noise record
+    s, pred, n_priv = run(-1e9, "private")  # always "disagree": m private tokens, then public
+    assert n_priv == min(3, pred.steps)
+    assert s.accountant.rho() == pytest.approx(3 * 0.5 + n_priv * 0.5 * 0.5**2)
+    keys = s.keys()
+    assert "c0/svt" in keys and sum(k.startswith("c0/tok") for k in keys) == n_priv
+    # resumed: the stored SVT noise and tokens are reused, nothing new is charged
+    s2 = PrivacySession(tmp_path / "private", Accountant("zcdp"), make_noise_source("seeded", 0))
+    pred2, _ = private_predict_shortcut(
+        s2, "c0", smollm, DOCS, instruction=INSTR, tokens=6, clip=0.5, temperature=1.0,
+        max_doc_tokens=64, shortcut=Shortcut(epsilon=1.0, max_private=3, threshold=-1e9))
+    assert pred2.token_ids == pred.token_ids and s2.accountant.rho() == pytest.approx(
+        s.accountant.rho())
