@@ -1,0 +1,84 @@
+"""Shared harness of the PE-family benchmarks: run arms of one config side by side, evaluate
+each against a real test file, and write a markdown table for BENCHMARKS.md.
+
+The arms of one benchmark share one LLM request cache, so identical requests (the same
+zero-shot prompt with the same seed) are paid once across arms; the LLM-call column counts the
+calls each arm actually sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DPSYNTH_LEDGER", str(Path(__file__).parent / "runs" / "ledger.json"))
+
+ROOT = Path(__file__).resolve().parent
+SHARED = Path(os.environ.get("DPSYNTH_SHARED_DATA", ROOT.parent.parent / "shared" / "data"))
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
+            test_path: Path, labels: list[str], fresh: bool = False) -> dict[str, Any]:
+    """Run (or resume) one arm and evaluate it; returns one row of the table."""
+    from dpsynth.api import run_generation
+    from dpsynth.eval.suite import evaluate_run
+
+    out = out_root / name
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    start = time.time()
+    resume = (out / "run.json").is_file()
+    if resume and json.loads((out / "run.json").read_text()).get("status") == "finished":
+        run_dir = out
+    else:
+        run_dir = run_generation(config, out, resume=resume, overrides=overrides, progress=False)
+    wall = time.time() - start
+    summary = json.loads((run_dir / "release" / "summary.json").read_text())
+    ev, _ = evaluate_run(run_dir, test_path, labels=labels, with_audits=False,
+                         with_mauve=False)
+    row: dict[str, Any] = {"arm": name, "wall_seconds": round(summary.get("wall_seconds", wall)),
+                           "llm_calls": summary.get("llm_calls"), "samples": summary["samples"],
+                           "epsilon": summary.get("epsilon")}
+    fid = ev["fidelity"]
+    row["fid"] = _num(fid["synthetic"].get("fid"))
+    row["fid_zero_shot"] = _num(fid.get("zero_shot", {}).get("fid"))
+    for col, res in ev.get("utility", {}).get("logreg", {}).items():
+        for ref in ("synthetic", "private", "zero_shot"):
+            row[f"{col}:{ref}"] = _num((res.get(ref) or {}).get("accuracy"))
+        row[f"{col}:chance"] = _num(res.get("chance"))
+    return row
+
+
+def _num(value: Any) -> Any:
+    if isinstance(value, dict):
+        return "n/a"
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def markdown(title: str, intro: str, rows: list[dict[str, Any]]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = [f"### {title}", "", intro, "", "| " + " | ".join(cols) + " |",
+             "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    lines.append("")
+    lines.append(f"Machine: {machine()}.")
+    return "\n".join(lines) + "\n"
