@@ -133,6 +133,18 @@ def test_aug_pe_killed_after_a_release_resumes_without_redraw_or_repeat(tmp_path
     assert oct((run / "private").stat().st_mode)[-3:] == "700"
     ledger = json.loads((tmp_path / "ledger.json").read_text())
     assert [e["status"] for e in ledger["entries"]] == ["settled"]
+    # per-iteration pools are released; eval draws the FID curve from them, the report plots it
+    assert sorted(p.name for p in (run / "release" / "iterations").iterdir()) == \
+        ["iter1.jsonl", "iter2.jsonl"]
+    from dpsynth.eval.report import write_report
+    from dpsynth.eval.suite import evaluate_run
+
+    ev, _ = evaluate_run(run, with_audits=False, with_mauve=False)
+    curve = ev["fidelity"]["per_iteration"]
+    assert [c["iteration"] for c in curve] == [1, 2]
+    assert all(isinstance(c["fid"], float) and c["fid"] > 0 for c in curve)
+    html = write_report(run).read_text()
+    assert "FID per iteration" in html and html.count("data:image/png;base64,") >= 3
     # no private text leaks into the release or the log
     private_texts = (run / "private" / "demo-data" / "private.csv").read_text()
     released = (run / "release" / "synthetic.jsonl").read_text() + (run / "log.txt").read_text()

@@ -113,3 +113,42 @@ def test_zero_shot_spends_nothing(tmp_path):
     assert not (run / "private" / "releases" / "releases.jsonl").exists() or \
         (run / "private" / "releases" / "releases.jsonl").read_text().strip() == ""
     assert len(_jsonl(run / "release" / "synthetic.jsonl")) >= 6
+
+
+@pytest.mark.models
+def test_wasp_federated_three_parties_through_secagg(tmp_path):
+    """The WASP loop with its votes summed by Flower SecAgg+ across 3 parties: the release is
+    accounted with the noise that actually arrived, and resumes from the stored sum."""
+    cfg = _config(tmp_path, "tiny-wasp.yaml", generators=[{"model": "smollm2",
+                                                           "max_new_tokens": 32}],
+                  **{"synthesis.samples": 12, "synthesis.iterations": 1,
+                     "wasp.federated": {"parties": 3, "dirichlet_alpha": 1.0}})
+    run = run_generation(cfg, tmp_path / "fed", progress=False)
+    privacy = json.loads((run / "release" / "privacy.json").read_text())
+    assert privacy["federated_parties"] == 3
+    assert 0 < privacy["epsilon"] <= 4.0 + 1e-6
+    votes = [m for m in privacy["mechanisms"] if m.get("name") == "topq_votes"]
+    assert len(votes) == 1 and votes[0]["count"] == 1
+    # all three parties contributed: the accounted noise is the full sigma * sensitivity
+    assert votes[0]["sigma"] == pytest.approx(privacy["noise_multiplier"]
+                                              * privacy["topq_sensitivity"], rel=1e-9)
+    stats = _jsonl(run / "stats.jsonl")
+    assert len(stats) == 1 and stats[0]["vote_mass"] != 0
+
+
+@pytest.mark.models
+def test_aug_pe_lookahead_and_user_level(tmp_path):
+    """Lookahead embeddings (mean of variations) and user-level votes in one small run."""
+    cfg = _config(tmp_path, "tiny-aug-pe.yaml",
+                  **{"synthesis.lookahead": 1, "synthesis.iterations": 1,
+                     "synthesis.samples": 6, "data.labels": ["urgency"],
+                     "data.user": "patient_id", "privacy.unit": "user",
+                     "generators": [{"model": "smollm2", "max_new_tokens": 24}]})
+    run = run_generation(cfg, tmp_path / "look", progress=False)
+    privacy = json.loads((run / "release" / "privacy.json").read_text())
+    assert privacy["unit"] == "user" and privacy["epsilon"] <= 4.0 + 1e-6
+    summary = json.loads((run / "release" / "summary.json").read_text())
+    # 6 x 2 initial generations, then one lookahead variation per surviving candidate (and no
+    # variation step after the last iteration)
+    assert 12 < summary["requested"] <= 24
+    assert 1 <= len(_jsonl(run / "release" / "synthetic.jsonl")) <= 6

@@ -139,6 +139,13 @@ def test_parse_keywords_from_ugly_outputs() -> None:
     kws = extract_keywords(["Fever and rash after Quessoprazine, also a cough."], vocab, 3,
                            generate=lambda prompts: ["nothing useful"] * len(prompts))
     assert [vocab.terms[i] for i in kws[0]] == ["fever", "rash", "quessoprazine"]
+    # the public vocabulary order can set the priority of the top-up (e.g. diseases first)
+    kws = extract_keywords(["Fever and rash after Quessoprazine, also a cough."], vocab, 2,
+                           fill="vocabulary_order")
+    assert [vocab.terms[i] for i in kws[0]] == ["fever", "rash"]
+    kws = extract_keywords(["a cough, then Quessoprazine and a rash"], vocab, 2,
+                           fill="vocabulary_order")
+    assert [vocab.terms[i] for i in kws[0]] == ["rash", "cough"]
     # stop words never enter the vocabulary
     assert "the" not in Vocabulary(["the", "fever"], "t").index
 

@@ -19,7 +19,6 @@ import yaml
 from .config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
 from .context import RunContext, demo_data_paths
 from .methods import get_method
-from .methods.aug_pe import synthetic_rows
 from .runs import RunDir, atomic_write_json, write_jsonl
 
 
@@ -101,7 +100,7 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
                 _ledger(cfg).reserve(fingerprint, meta["run_id"], cfg.privacy.epsilon,
                                      cfg.privacy.delta, cfg.privacy.total_epsilon,
                                      cfg.privacy.total_delta)
-        session = _session(cfg, run, method.dp_guarantee)
+        session = _session(cfg, run, method.dp_guarantee and method.private_votes)
         ctx = RunContext(cfg, run, dataset, sigma, session, progress=progress)
         run.log(f"method {cfg.method}: {len(dataset)} records, {n_labels} label classes, "
                 f"noise multiplier {sigma:.4g}")
@@ -109,7 +108,7 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
 
         final = evolve(ctx, method.strategy(ctx), method.iterations(cfg))
         statement = _statement(cfg, ctx, method)
-        write_jsonl(run.release / "synthetic.jsonl", synthetic_rows(ctx, final))
+        write_jsonl(run.release / "synthetic.jsonl", ctx.rows(final))
         atomic_write_json(run.release / "privacy.json", statement)
         summary = {
             "method": cfg.method,

@@ -112,6 +112,12 @@ class RunContext:
     def embed_synthetic(self, texts: Sequence[str]) -> np.ndarray:
         return self.embedder.embed(list(texts), progress=self.progress)
 
+    def rows(self, pool: Any) -> list[dict[str, Any]]:
+        """release/*.jsonl rows of a synthetic pool: text, labels by column, generator name."""
+        names = [g.short_name for g in self.config.generators]
+        return [{"text": text, "labels": self.label_dict(int(y)), "generator": names[int(g)]}
+                for text, y, g in zip(pool.texts, pool.labels, pool.sources, strict=True)]
+
     # -- logging ---------------------------------------------------------------------------
     def log(self, message: str) -> None:
         """Progress note to log.txt (counts and names only; never private text)."""

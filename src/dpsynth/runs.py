@@ -20,9 +20,10 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from .data import write_jsonl  # noqa: F401  (the one atomic JSON-lines writer)
 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
@@ -62,12 +63,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def write_jsonl(path: Path, rows: Iterable[dict[str, Any]], mode: int | None = None) -> int:
-    lines = [json.dumps(row, ensure_ascii=False, default=_jsonable) for row in rows]
-    atomic_write_text(path, "".join(line + "\n" for line in lines), mode)
-    return len(lines)
 
 
 class RunDir:

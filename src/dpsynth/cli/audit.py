@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from .generate import parse_sets
+
 audit_app = typer.Typer(
     name="audit",
     help="Empirical privacy audits: canaries, distance to closest record, membership "
@@ -29,18 +31,6 @@ def _fail(err: Exception) -> None:
 
     Console(stderr=True).print(f"[red]error:[/red] {escape(str(err))}")
     raise typer.Exit(2)
-
-
-def _parse_sets(values: list[str]) -> dict[str, object]:
-    import yaml
-
-    out: dict[str, object] = {}
-    for item in values:
-        if "=" not in item:
-            raise typer.BadParameter(f"--set {item!r}: use KEY=VALUE, e.g. privacy.epsilon=2")
-        key, raw = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(raw)
-    return out
 
 
 @audit_app.command("canary")
@@ -65,7 +55,7 @@ def canary(
     try:
         result = run_canary_audit(
             config, output, canary=canary_text or DEFAULT_CANARY, copies=copies, seed=seed,
-            threshold=threshold, overrides=_parse_sets(set_ or []),
+            threshold=threshold, overrides=parse_sets(set_ or []),
             progress=not (quiet or as_json),
         )
     except Exception as exc:  # noqa: BLE001

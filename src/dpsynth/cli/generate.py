@@ -14,7 +14,8 @@ from rich.table import Table
 err_console = Console(stderr=True)
 
 
-def _parse_sets(values: list[str]) -> dict[str, object]:
+def parse_sets(values: list[str]) -> dict[str, object]:
+    """--set KEY=VALUE options -> {dotted key: YAML-parsed value}."""
     out: dict[str, object] = {}
     for item in values:
         if "=" not in item:
@@ -39,7 +40,7 @@ def generate(
     output = output or Path("runs") / config.stem
     try:
         run_dir = run_generation(config, output, resume=resume,
-                                 overrides=_parse_sets(set_ or []), progress=not quiet)
+                                 overrides=parse_sets(set_ or []), progress=not quiet)
     except (ConfigError, FileExistsError) as err:
         err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None

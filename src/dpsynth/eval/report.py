@@ -331,6 +331,12 @@ def _read_optional_json(path: Path) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _fid_rows(ev: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per-iteration FID rows from eval.json (computed by `dpsynth eval --test`)."""
+    rows = ((ev or {}).get("fidelity") or {}).get("per_iteration") or []
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("fid"), int | float)]
+
+
 def render_report(release: RunRelease, n_samples: int = 5) -> str:
     """The report's HTML (one string, no external resources)."""
     ev = _read_optional_json(release.eval_dir / "eval.json")
@@ -364,7 +370,7 @@ def render_report(release: RunRelease, n_samples: int = 5) -> str:
     plots = [
         (plot_kept(release.stats), "kept samples per iteration"),
         (plot_votes(release.stats), "vote mass vs noise scale"),
-        (plot_fid(release.stats), "FID per iteration"),
+        (plot_fid(release.stats) or plot_fid(_fid_rows(ev)), "FID per iteration"),
         (plot_generator_weights(release.stats), "generator weights"),
     ]
     drawn = [_img(b64, alt) for b64, alt in plots if b64]

@@ -17,7 +17,8 @@ eval.json::
      created, n: {synthetic, zero_shot, private, test},
      fidelity: {synthetic | zero_shot: {n, n_real, fid, fid_note?, precision, recall, knn_k,
                 mauve, length: {synthetic, real, bin_edges, *_hist, tv, ks},
-                labels: {COLUMN: {synthetic, real, tv}}}},
+                labels: {COLUMN: {synthetic, real, tv}}},
+               per_iteration: [{iteration, n, fid}]},   (from release/iterations/)
      utility: {logreg | finetune: {COLUMN: {chance, synthetic | private | zero_shot:
                {accuracy, macro_f1, n_train, n_test, ...}}}}     (labeled corpora)
               {next_token: {synthetic | private | zero_shot: {accuracy, ...}}}  (unlabeled)
@@ -58,6 +59,20 @@ AUDIT_NOTE = (
     "Empirical audits can show leakage; they cannot prove its absence. The formal guarantee is "
     "the one in release/privacy.json."
 )
+
+
+def per_iteration_fid(run_root: Path, embedder: Any,
+                      test_emb: np.ndarray) -> list[dict[str, Any]]:
+    """FID of each iteration's pool (release/iterations/iterT.jsonl) against the test data."""
+    from ..data import read_jsonl
+
+    folder = Path(run_root) / "release" / "iterations"
+    rows = []
+    for path in sorted(folder.glob("iter*.jsonl"), key=lambda p: int(p.stem[4:] or 0)):
+        texts = [str(r.get("text", "")) for r in read_jsonl(path)]
+        value = guarded(lambda t=texts: fi.fid(_embed(embedder, t), test_emb))
+        rows.append({"iteration": int(path.stem[4:]), "n": len(texts), "fid": value})
+    return rows
 
 
 def fidelity_block(
@@ -256,6 +271,7 @@ def evaluate_run(
             else unavailable("release/zero_shot.jsonl not found")
         ),
     }
+    fidelity["per_iteration"] = per_iteration_fid(release.root, embedder, test_emb)
     say(f"utility ({classifier})")
     train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | None] = {
         "synthetic": (syn_emb, release.synthetic),

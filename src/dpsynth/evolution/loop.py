@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..runs import write_jsonl
+
 if TYPE_CHECKING:
     from ..context import RunContext
 
@@ -99,6 +101,9 @@ def evolve(ctx: RunContext, strategy: Strategy, iterations: int) -> Pool:
         scores, stats = strategy.score(ctx, t, pool, emb)
         pool = strategy.advance(ctx, t, pool, emb, scores, last=t == iterations - 1)
         _save(ctx, t + 1, pool, strategy)
+        # The pool after a round is post-processing of released votes: safe to share, and the
+        # evaluation draws its per-iteration FID curve from these files.
+        write_jsonl(ctx.run.release / "iterations" / f"iter{t + 1}.jsonl", ctx.rows(pool))
         ctx.run.append_stats({"iteration": t + 1, "candidates": int(len(emb)),
                               "kept": int(len(pool)), **stats})
         ctx.log(f"iteration {t + 1}/{iterations}: {len(pool)} in pool")

@@ -99,7 +99,7 @@ class SecureSumStrategy(Strategy):
 
     def __init__(self, candidate_embeddings: np.ndarray, candidate_labels: np.ndarray, *,
                  num_parties: int, min_parties: int, sigma: float, vote_bound: float,
-                 sink: ServerSink, wait_timeout_s: int = 120) -> None:
+                 sink: ServerSink, wait_timeout_s: int = 600) -> None:
         super().__init__()
         self._candidates = [np.asarray(candidate_embeddings, dtype=np.float32),
                             np.asarray(candidate_labels, dtype=np.int64)]
@@ -182,7 +182,7 @@ class _ObservedGrid:
 
 def make_server_app(candidate_embeddings: np.ndarray, candidate_labels: np.ndarray, *,
                     num_parties: int, min_parties: int, sigma: float, plan: QuantisationPlan,
-                    sink: ServerSink, timeout_s: float | None = 120.0,
+                    sink: ServerSink, timeout_s: float | None = 600.0,
                     wire_observer: Callable[[list[Message]], None] | None = None) -> ServerApp:
     """ServerApp running one SecAgg+ round; its inputs are public (no party data, no seed)."""
     threshold = reconstruction_threshold(num_parties, min_parties)

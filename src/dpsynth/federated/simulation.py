@@ -61,7 +61,7 @@ def federated_noisy_histogram(
     drop_parties: Sequence[int] = (),
     vote_bound: float | None = None,
     modulus_range: int = DEFAULT_MODULUS_RANGE,
-    timeout_s: float | None = 120.0,
+    timeout_s: float | None = 600.0,
     verbose: bool = False,
     wire_observer: Callable[[list[Any]], None] | None = None,
 ) -> FederatedResult:

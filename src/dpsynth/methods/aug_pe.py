@@ -43,17 +43,8 @@ def write_reference(ctx: RunContext, pool: Pool, quota: np.ndarray) -> None:
     for y, n_y in enumerate(quota):
         idx = np.flatnonzero(pool.labels == y)
         keep.extend(rng.permutation(idx)[:n_y].tolist())
-    write_jsonl(ctx.run.release / "zero_shot.jsonl", synthetic_rows(ctx, pool.take(np.array(
-        sorted(keep), dtype=np.int64))))
-
-
-def synthetic_rows(ctx: RunContext, pool: Pool) -> list[dict[str, Any]]:
-    names = [s.name for s in ctx.synthesizers] if ctx.config.generators else []
-    return [
-        {"text": text, "labels": ctx.label_dict(int(y)),
-         "generator": names[int(g)] if names else None}
-        for text, y, g in zip(pool.texts, pool.labels, pool.sources, strict=True)
-    ]
+    write_jsonl(ctx.run.release / "zero_shot.jsonl",
+                ctx.rows(pool.take(np.array(sorted(keep), dtype=np.int64))))
 
 
 class AugPEStrategy:

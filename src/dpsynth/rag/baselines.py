@@ -153,7 +153,7 @@ class DPRAG:
                   temperature: float = 1.0, threshold_share: float = 0.1) -> tuple[float, float]:
         """(eps_theta, c) such that ``queries`` queries exactly use (epsilon, delta) in zCDP:
         the threshold gets ``threshold_share`` of each query's rho, the tokens the rest."""
-        acc_rho = _rho_for(epsilon, delta)
+        acc_rho = rho_for_epsilon(epsilon, delta)
         rho_q = acc_rho / queries
         eps_theta = math.sqrt(8 * threshold_share * rho_q)
         clip = temperature * math.sqrt(2 * (1 - threshold_share) * rho_q / tokens)
@@ -210,7 +210,7 @@ def qa_parts(gen: Any, question: str) -> tuple[str, str]:
     return prefix, suffix
 
 
-def _rho_for(epsilon: float, delta: float) -> float:
+def rho_for_epsilon(epsilon: float, delta: float) -> float:
     """Largest zCDP rho whose CKS conversion is <= epsilon at delta."""
     from ..privacy import zcdp_to_eps_cks
 

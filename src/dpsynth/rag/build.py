@@ -125,7 +125,8 @@ def document_keywords(gen: Any, docs: list[str], vocab: Any, scfg: SynRAGConfig,
     from ..llm import GenerationRequest, SamplingParams
 
     path = run.private / "keywords.json"
-    tag = [fingerprint, vocab.source, len(vocab), scfg.keywords_per_doc, scfg.keyword_extractor]
+    tag = [fingerprint, vocab.source, len(vocab), scfg.keywords_per_doc, scfg.keyword_extractor,
+           scfg.keyword_fill]
     if path.is_file():
         cached = json.loads(path.read_text())
         if cached.get("tag") == tag:
@@ -137,7 +138,8 @@ def document_keywords(gen: Any, docs: list[str], vocab: Any, scfg: SynRAGConfig,
         def generate(prompts: list) -> list[str]:
             return gen.generate([GenerationRequest(p, params) for p in prompts],
                                 progress=progress)
-    kws = extract_keywords(docs, vocab, scfg.keywords_per_doc, generate=generate)
+    kws = extract_keywords(docs, vocab, scfg.keywords_per_doc, generate=generate,
+                           fill=scfg.keyword_fill)
     atomic_write_json(path, {"tag": tag, "keywords": kws}, mode=0o600)
     return kws
 

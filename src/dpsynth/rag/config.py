@@ -41,6 +41,11 @@ class SynRAGConfig(BaseModel):
         "vocabulary, topped up with vocabulary terms found in the text; 'vocabulary': only "
         "the deterministic text match (no LLM; faster)",
     )
+    keyword_fill: Literal["appearance", "vocabulary_order"] = Field(
+        "appearance",
+        description="order of the vocabulary terms found in the text that top up the LLM's "
+        "keywords: first occurrence, or the (public) order of the vocabulary list, e.g. a "
+        "list that puts disease names before symptom words")
     keyword_max_new_tokens: int = Field(48, ge=4, le=512)
     rho_hist: float = Field(0.1, gt=0, description="zCDP of the keyword histogram")
     min_noisy_count: float | None = Field(

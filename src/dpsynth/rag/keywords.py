@@ -181,16 +181,22 @@ def extract_keywords(
     k: int,
     *,
     generate: Callable[[list[tuple[dict[str, str], ...]]], list[str]] | None = None,
+    fill: str = "appearance",
 ) -> list[list[int]]:
     """K keyword ids per document: the LLM's vocabulary-restricted keywords (when ``generate``
-    is given), topped up with vocabulary terms found in the document. Never more than k."""
+    is given), topped up with vocabulary terms found in the document (in order of first
+    occurrence, or of the public vocabulary list with ``fill="vocabulary_order"``). Never
+    more than k."""
     answers = generate([keyword_prompt(d, k) for d in documents]) if generate else None
     out: list[list[int]] = []
     for i, doc in enumerate(documents):
         ids = parse_keywords(answers[i], vocab, k) if answers is not None else []
         if len(ids) < k:
             have = set(ids)
-            ids += [j for j in vocab.find_in(doc) if j not in have][: k - len(ids)]
+            found = vocab.find_in(doc)
+            if fill == "vocabulary_order":
+                found = sorted(found)
+            ids += [j for j in found if j not in have][: k - len(ids)]
         out.append(ids[:k])
     return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,14 @@ def truncate_documents(gen: Any, docs: Sequence[str], max_tokens: int) -> tuple[
         else:
             out.append(d)
     return out, cut
+
+
+_LABEL = re.compile(r"^\s*(?:rephrased\s+)?(?:document|text)\s*:\s*", re.I)
+
+
+def clean_text(text: str) -> str:
+    """Drop a leading "Document:" label the model tends to echo (post-processing)."""
+    return _LABEL.sub("", text, count=1).strip()
 
 
 def clipped_sum(logits: np.ndarray, clip: float) -> np.ndarray:
@@ -114,7 +123,7 @@ def private_predict(
             out.append(int(tok))
             if n + 1 < tokens:
                 stepper.advance(int(tok))
-    return Prediction(gen.decode(out).strip(), out, steps, cut)
+    return Prediction(clean_text(gen.decode(out)), out, steps, cut)
 
 
 def separate_logit_sum(gen: Any, documents: Sequence[str], instruction: str,
@@ -232,7 +241,7 @@ def private_predict_shortcut(
         public.close()
         if stepper is not None:
             stepper.close()
-    return Prediction(gen.decode(out).strip(), out, steps, cut), private
+    return Prediction(clean_text(gen.decode(out)), out, steps, cut), private
 
 
 def _svt_noise(session: Any, key: str, tokens: int, instances: int) -> dict[str, list[float]]:
