@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--dprag-queries", default="1,10,100")
     ap.add_argument("--dprag-questions", type=int, default=10)
     ap.add_argument("--skip-augpe", action="store_true")
+    ap.add_argument("--skip-dpsynth", action="store_true")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
@@ -205,7 +207,7 @@ def main() -> None:
         results["DP-SynRAG"]["passages"] = len(kb)
         save()
 
-    if "DP-Synth" not in results:
+    if "DP-Synth" not in results and not args.skip_dpsynth:
         t0 = time.time()
         ds_run = build_dp_synth_kb(parse_config(raw), work / "dpsynth", generator=gen,
                                    embedder=emb, documents=docs)
@@ -237,6 +239,7 @@ def main() -> None:
         # queries sharing (10, 1e-3); with nq > Q the evaluation session allows nq of them
         eps_theta, clip = DPRAG.per_query(10.0, 1e-3, q, tokens=min(args.tokens, 24))
         eval_eps = 10.0 if nq <= q else zcdp_to_eps_cks(rho_for_epsilon(10.0, 1e-3) * nq / q, 1e-3)
+        shutil.rmtree(work / f"dprag-{q}", ignore_errors=True)  # a stale store of a failed try
         sess = dprag_session(work / f"dprag-{q}", eval_eps * (1 + 1e-6), 1e-3)
         rag = DPRAG(docs, private_emb, gen, emb, sess, target_size=args.k, eps_theta=eps_theta,
                     tokens=min(args.tokens, 24), clip=clip)

@@ -35,6 +35,19 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
+_EMBEDDER: Any = None
+
+
+def embedder() -> Any:
+    """One embedder for all arms, with an on-disk cache: the test set is embedded once."""
+    global _EMBEDDER
+    if _EMBEDDER is None:
+        from dpsynth.embed import Embedder
+
+        _EMBEDDER = Embedder("minilm", cache_dir=ROOT / "runs" / "embed-cache")
+    return _EMBEDDER
+
+
 def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
             test_path: Path, labels: list[str], fresh: bool = False) -> dict[str, Any]:
     """Run (or resume) one arm and evaluate it; returns one row of the table."""
@@ -53,7 +66,7 @@ def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
     wall = time.time() - start
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
     ev, _ = evaluate_run(run_dir, test_path, labels=labels, with_audits=False,
-                         with_mauve=False)
+                         with_mauve=False, embedder=embedder())
     row: dict[str, Any] = {"arm": name, "wall_seconds": round(summary.get("wall_seconds", wall)),
                            "llm_calls": summary.get("llm_calls"), "samples": summary["samples"],
                            "epsilon": summary.get("epsilon")}

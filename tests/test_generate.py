@@ -48,6 +48,7 @@ def _ledger(tmp_path, monkeypatch):
         ({"synthesis.samples": 5000, "synthesis.max_candidates": 1000}, "max_candidates"),
         ({"privacy.epsilon": 0}, "use method 'zero_shot'"),
         ({"synthesis.samples": 2}, "fewer than the"),
+        ({"data.labels": ["urgency"]}, "not among data.labels"),
     ],
 )
 def test_bad_config_fails_before_any_model_loads(tmp_path, changes, message):

@@ -142,6 +142,7 @@ def test_aug_pe_lookahead_and_user_level(tmp_path):
     cfg = _config(tmp_path, "tiny-aug-pe.yaml",
                   **{"synthesis.lookahead": 1, "synthesis.iterations": 1,
                      "synthesis.samples": 6, "data.labels": ["urgency"],
+                     "prompts.label_template": "Its urgency is {urgency}.",
                      "data.user": "patient_id", "privacy.unit": "user",
                      "generators": [{"model": "smollm2", "max_new_tokens": 24}]})
     run = run_generation(cfg, tmp_path / "look", progress=False)

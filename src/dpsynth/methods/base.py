@@ -3,6 +3,7 @@ for the shared evolution loop."""
 
 from __future__ import annotations
 
+import string
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..config import ConfigError, RunConfig
@@ -10,6 +11,19 @@ from ..config import ConfigError, RunConfig
 if TYPE_CHECKING:
     from ..context import RunContext
     from ..evolution.loop import Strategy
+
+
+def check_prompt_fields(config: RunConfig) -> None:
+    """prompts.label_template may only name the configured label columns."""
+    fields = {name for _, name, _, _ in string.Formatter().parse(config.prompts.label_template)
+              if name}
+    unknown = sorted(fields - set(config.data.labels))
+    if unknown:
+        raise ConfigError(
+            f"prompts.label_template names {', '.join(map(repr, unknown))}, which "
+            f"{'is' if len(unknown) == 1 else 'are'} not among data.labels "
+            f"{config.data.labels}: use only label columns in the template"
+        )
 
 
 class Method:
@@ -26,6 +40,7 @@ class Method:
 
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
         """Raise ConfigError, before any model is loaded, for a config that cannot work."""
+        check_prompt_fields(config)
         syn = config.synthesis
         if self.private_votes and config.privacy.epsilon == 0:
             raise ConfigError(

@@ -32,7 +32,7 @@ from ..evolution import operators as ops
 from ..evolution.loop import Pool
 from ..evolution.selection import allocate, thresholded
 from .aug_pe import AugPEStrategy, write_reference
-from .base import Method
+from .base import Method, check_prompt_fields
 
 if TYPE_CHECKING:
     from ..context import RunContext
@@ -173,6 +173,7 @@ class SecPE(Method):
         self.plan: SecretPlan | None = None
 
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
+        check_prompt_fields(config)
         syn = config.synthesis
         if syn.samples * syn.pool_multiplier > syn.max_candidates:
             raise ConfigError("synthesis.samples x pool_multiplier exceeds max_candidates")
