@@ -65,8 +65,12 @@ def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
         run_dir = run_generation(config, out, resume=resume, overrides=overrides, progress=False)
     wall = time.time() - start
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
-    ev, _ = evaluate_run(run_dir, test_path, labels=labels, with_audits=False,
-                         with_mauve=False, embedder=embedder())
+    done = run_dir / "eval" / "eval.json"
+    if done.is_file() and done.stat().st_mtime > (run_dir / "run.json").stat().st_mtime:
+        ev = json.loads(done.read_text())  # evaluated by an earlier invocation
+    else:
+        ev, _ = evaluate_run(run_dir, test_path, labels=labels, with_audits=False,
+                             with_mauve=False, embedder=embedder())
     row: dict[str, Any] = {"arm": name, "wall_seconds": round(summary.get("wall_seconds", wall)),
                            "llm_calls": summary.get("llm_calls"), "samples": summary["samples"],
                            "epsilon": summary.get("epsilon")}

@@ -65,16 +65,33 @@ def print_summary(run_dir: Path, summary: dict, privacy: dict) -> None:
     table = Table(title=f"dpsynth {summary['method']}: done", show_header=False)
     table.add_row("synthetic samples", str(summary["samples"]))
     eps, delta = privacy["epsilon"], privacy["delta"]
-    eps_text = eps if isinstance(eps, str) else f"{eps:.4g}"
-    table.add_row("privacy spent", f"({eps_text}, {delta:.3g})-DP per {privacy['unit']}"
-                  f" [{privacy.get('accountant')}, noise {privacy.get('noise')}]")
+    if eps is None:
+        table.add_row("privacy spent", "no record-level (epsilon, delta) guarantee")
+    else:
+        eps_text = eps if isinstance(eps, str) else f"{eps:.4g}"
+        table.add_row("privacy spent", f"({eps_text}, {delta:.3g})-DP per {privacy['unit']}"
+                      f" [{privacy.get('accountant')}, noise {privacy.get('noise')}]")
     if "secret_protection" in privacy:
         table.add_row("secret protection", str(privacy["secret_protection"].get("summary", "")))
     table.add_row("LLM calls", str(summary.get("llm_calls", "?")))
+    weights = _last_generator_weights(run_dir)
+    if weights:
+        table.add_row("generator weights", ", ".join(f"{k} {v:.2f}" for k, v in weights.items()))
     table.add_row("release", str(run_dir / "release"))
     table.add_row("synthetic data", str(run_dir / "release" / "synthetic.jsonl"))
     table.add_row("privacy statement", str(run_dir / "release" / "privacy.json"))
     console.print(table)
+
+
+def _last_generator_weights(run_dir: Path) -> dict[str, float]:
+    """WASP: the generator weights of the last round, from stats.jsonl."""
+    path = run_dir / "stats.jsonl"
+    if not path.is_file():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    weights = [r["generator_weights"] for r in rows if isinstance(r.get("generator_weights"),
+                                                                  dict)]
+    return weights[-1] if weights else {}
 
 
 def register(root: typer.Typer) -> None:

@@ -98,6 +98,12 @@ class SecPEStrategy(AugPEStrategy):
 
     def initial(self, ctx: RunContext) -> Pool:
         syn = ctx.config.synthesis
+        report = self.plan.report()
+        ctx.log(f"secrets: {report['private_records']} private records (with a secret), "
+                f"{report['public_records']} public, {report['secrets']} secrets")
+        if not self.plan.protects:
+            ctx.log("no record holds a secret that needs protection: no noise is needed for "
+                    "secrets, so every record is public and the representatives carry no noise")
         pub = self.plan.public_idx
         counts = np.bincount(ctx.label_codes[pub], minlength=ctx.n_labels)
         self.quota = allocate(syn.samples, counts.astype(np.float64))  # public: free
@@ -212,6 +218,8 @@ class SecPE(Method):
             "clip_R": cfg.clip,
             "clusters": cfg.clusters,
             "split": plan.report(),
+            "per_type": {t: {"p": plan.p, "r": plan.r, "secrets": v["secrets"]}
+                         for t, v in plan.report()["per_type"].items()},
             "summary": (f"(p={plan.p:g}, r={plan.r:g}) per secret"
                         if plan.protects else "no secret found: no noise needed for secrets"),
         }
