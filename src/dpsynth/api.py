@@ -32,6 +32,30 @@ def _load(config: RunConfig | str | Path, overrides: dict[str, Any] | None) -> R
     return load_config(config, overrides)
 
 
+def open_run(config: RunConfig | str | Path, output_dir: str | Path, *, resume: bool,
+             overrides: dict[str, Any] | None = None, method: str | None = None,
+             check: Any = None) -> tuple[RunDir, RunConfig, dict[str, Any]]:
+    """Create a run folder, or reopen one to resume it (with its stored config).
+
+    `check(config)` runs before anything is written, so a bad config leaves no folder behind;
+    `method` names the run in run.json (default: config.method). Returns (run, config, meta).
+    """
+    run = RunDir(output_dir)
+    if resume:
+        if not run.exists():
+            raise ConfigError(f"{run.root}: nothing to resume (no run.json there)")
+        cfg = parse_config(yaml.safe_load(run.config_path.read_text()), str(run.config_path))
+        meta = run.update_meta(status="running", attempts=run.meta().get("attempts", 1) + 1)
+        return run, cfg, meta
+    cfg = _load(config, overrides)
+    if check is not None:
+        check(cfg)
+    if run.exists():
+        raise ConfigError(f"{run.root} already holds a run: pass --resume to continue it, "
+                          "or choose another --output")
+    return run, cfg, run.create(dump_config(cfg), method or cfg.method)
+
+
 def load_run_data(config: RunConfig, run: RunDir) -> Any:
     """The private dataset of a run (the demo corpus is written into the private area)."""
     from .data import load_dataset
@@ -70,19 +94,9 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
                    resume: bool = False, overrides: dict[str, Any] | None = None,
                    progress: bool = True) -> Path:
     """Run a PE-family method end to end, or resume it; returns the run folder."""
-    run = RunDir(output_dir)
-    if resume:
-        if not run.exists():
-            raise ConfigError(f"{run.root}: nothing to resume (no run.json there)")
-        cfg = parse_config(yaml.safe_load(run.config_path.read_text()), str(run.config_path))
-        meta = run.update_meta(status="running", attempts=run.meta().get("attempts", 1) + 1)
-    else:
-        cfg = _load(config, overrides)
-        method = get_method(cfg.method)  # unknown method fails before anything is written
-        if run.exists():
-            raise ConfigError(f"{run.root} already holds a run: pass --resume to continue it, "
-                              "or choose another --output")
-        meta = run.create(dump_config(cfg), cfg.method)
+    # an unknown method fails before anything is written
+    run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,
+                              check=lambda c: get_method(c.method))
     method = get_method(cfg.method)
     try:
         dataset = load_run_data(cfg, run)

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from ..config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
+from ..config import ConfigError, RunConfig
 from ..runs import RunDir, atomic_write_json, write_jsonl
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
 from .clusters import histogram_sigma, keyword_counts, noise_floor, soft_clusters, top_keywords
@@ -61,16 +60,14 @@ class Notice:
             self.echo(message)
 
 
-def _load_cfg(config: RunConfig | str | Path, overrides: dict[str, Any] | None) -> RunConfig:
+def _resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path) -> None:
+    """A vocabulary file named in the config is relative to the config file's folder (set in
+    place, so the stored config.yaml holds the absolute path)."""
     if isinstance(config, RunConfig):
-        raw = config.model_dump(mode="json")
-        apply_overrides(raw, overrides or {})
-        return parse_config(raw)
-    cfg = load_config(config, overrides)
+        return
     voc = cfg.synrag.get("vocabulary")
     if isinstance(voc, str) and voc not in ("demo", "tokenizer") and not Path(voc).is_absolute():
         cfg.synrag["vocabulary"] = str((Path(config).parent / voc).resolve())
-    return cfg
 
 
 def private_documents(cfg: RunConfig, run: RunDir) -> tuple[list[str], str]:
@@ -173,19 +170,14 @@ def build_kb(
 
     ``stop_after_clusters`` stops (raising KeyboardInterrupt) after that many clusters were
     generated in this call: a test hook that simulates a killed build."""
-    run = RunDir(output_dir)
-    if resume:
-        if not run.exists():
-            raise ConfigError(f"{run.root}: nothing to resume (no run.json there)")
-        cfg = parse_config(yaml.safe_load(run.config_path.read_text()), str(run.config_path))
-        meta = run.update_meta(status="running", attempts=run.meta().get("attempts", 1) + 1)
-    else:
-        cfg = _load_cfg(config, overrides)
+    from ..api import open_run
+
+    def check(cfg: RunConfig) -> None:  # before run.create writes config.yaml
         parse_synrag(cfg)
-        if run.exists():
-            raise ConfigError(f"{run.root} already holds a run: pass --resume to continue it, "
-                              "or choose another --output")
-        meta = run.create(dump_config(cfg), METHOD)
+        _resolve_vocabulary(cfg, config)
+
+    run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,
+                              method=METHOD, check=check)
     started = time.time()
     try:
         scfg = parse_synrag(cfg)
