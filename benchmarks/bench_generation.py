@@ -36,18 +36,12 @@ TOPICS = [
 
 def machine() -> dict[str, object]:
     """CPU model, cores, load: the context the numbers were taken in."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
 
+    from harness import cpu_model
+
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),

@@ -23,16 +23,19 @@ ROOT = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("DPSYNTH_SHARED_DATA", ROOT.parent.parent / "shared" / "data"))
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores"
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 _EMBEDDER: Any = None
