@@ -60,7 +60,11 @@ NOTES = {
         "about the models than about the method. Federated (10 parties, Dirichlet 1.0, "
         "SecAgg+) and central runs on the same 300 records agree (FID 0.715 vs 0.706, "
         "accuracy 2.2 % vs 2.6 %), as they should: the same total noise. Arms share the "
-        "request cache and seeds, so identical requests are paid once (low `llm_calls`)."
+        "request cache and seeds, so identical requests are paid once (low `llm_calls`). "
+        "Caveat: WASP's zero-shot reference is its round-0 pool, a third of the arm's samples, "
+        "and FID is biased upward on smaller sets, so `fid` vs `fid_zero_shot` flatters WASP; "
+        "the arms compare fairly with each other (equal sizes). Aug-PE's reference has the "
+        "same size as its output."
     ),
     "secpe": (
         "Reading: the paper's finding (Aug-PE falls as r/p tightens, SecPE barely moves) is "
