@@ -131,3 +131,32 @@ def test_connection_refused_is_retried_then_reported() -> None:
     with pytest.raises(GenerationError, match="connection error") as err:
         gen.generate([GenerationRequest("x", GREEDY)], progress=False)
     assert gen.attempts == 2 and err.value.completed == 0
+
+
+def test_aug_pe_run_through_an_openai_compatible_server(smollm, tmp_path, monkeypatch) -> None:
+    """A whole `generate` run whose generator is an OpenAI-compatible endpoint (config
+    `backend: openai`): the same loop, the same accounting, the release written."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from dpsynth.api import run_generation
+
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+    raw = yaml.safe_load((Path(__file__).parents[1] / "examples" / "tiny-aug-pe.yaml")
+                         .read_text())
+    raw["synthesis"].update(samples=6, iterations=1)
+    with running(create_app(smollm)) as url:
+        raw["generators"] = [{"backend": "openai", "base_url": url, "model": "smollm2",
+                              "max_new_tokens": 24, "max_concurrency": 2}]
+        cfg = tmp_path / "openai.yaml"
+        cfg.write_text(yaml.safe_dump(raw))
+        run = run_generation(cfg, tmp_path / "run", progress=False)
+    rows = [json.loads(line) for line in (run / "release" / "synthetic.jsonl").read_text()
+            .splitlines()]
+    assert 1 <= len(rows) <= 6 and {r["generator"] for r in rows} == {"smollm2"}
+    privacy = json.loads((run / "release" / "privacy.json").read_text())
+    assert 0 < privacy["epsilon"] <= 4.0 + 1e-6
+    summary = json.loads((run / "release" / "summary.json").read_text())
+    assert summary["llm_calls"] == summary["sent"] > 0  # every request went over HTTP
