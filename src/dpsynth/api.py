@@ -130,6 +130,9 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
             "epsilon": statement["epsilon"],
             "delta": statement["delta"],
             **ctx.llm_counts(),
+            # calls paid by earlier attempts that stopped with an error (a killed process
+            # cannot report its own; its finished calls sit in the request cache)
+            "llm_calls_earlier_attempts": int(meta.get("llm_calls_paid", 0)),
             "wall_seconds": round(time.time() - _started(meta), 1),
         }
         atomic_write_json(run.release / "summary.json", summary)
@@ -140,7 +143,10 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
         run.log(f"finished: {len(final)} samples")
         return run.root
     except BaseException as err:
-        run.update_meta(status="failed", error=type(err).__name__)
+        paid = int(meta.get("llm_calls_paid", 0))
+        if "ctx" in locals():
+            paid += ctx.llm_counts().get("llm_calls", 0)
+        run.update_meta(status="failed", error=type(err).__name__, llm_calls_paid=paid)
         raise
 
 
