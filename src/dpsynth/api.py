@@ -9,6 +9,7 @@ calibration -> ledger reservation -> the evolution loop -> release/.
 
 from __future__ import annotations
 
+import calendar
 import math
 import time
 from pathlib import Path
@@ -137,7 +138,7 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
         }
         atomic_write_json(run.release / "summary.json", summary)
         if private:
-            _ledger(cfg).settle(meta["run_id"], _num(statement["epsilon"]), statement["delta"])
+            _ledger(cfg).settle(meta["run_id"], statement["epsilon"], statement["delta"])
         run.update_meta(status="finished",
                         finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         run.log(f"finished: {len(final)} samples")
@@ -150,13 +151,9 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
         raise
 
 
-def _num(value: Any) -> float:
-    return float("inf") if value == "inf" else float(value)
-
-
 def _started(meta: dict[str, Any]) -> float:
     try:
-        return time.mktime(time.strptime(meta["started"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        return calendar.timegm(time.strptime(meta["started"], "%Y-%m-%dT%H:%M:%SZ"))
     except (KeyError, ValueError):
         return time.time()
 

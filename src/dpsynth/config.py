@@ -7,7 +7,6 @@ fail here with a message that says what to change.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,10 +50,6 @@ class PrivacyConfig(_Section):
     total_epsilon: float | None = Field(None, gt=0, description="dataset budget in the ledger")
     total_delta: float | None = Field(None, gt=0, lt=1)
     ledger: str | None = None
-
-    @property
-    def is_infinite(self) -> bool:
-        return math.isinf(self.epsilon)
 
 
 class GeneratorConfig(_Section):

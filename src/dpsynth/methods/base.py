@@ -42,7 +42,7 @@ class Method:
         """Raise ConfigError, before any model is loaded, for a config that cannot work."""
         check_prompt_fields(config)
         syn = config.synthesis
-        if self.private_votes and config.privacy.epsilon == 0:
+        if self.private_votes and self.dp_guarantee and config.privacy.epsilon == 0:
             raise ConfigError(
                 f"privacy.epsilon is 0, but method '{self.name}' spends budget on private "
                 "votes: set privacy.epsilon > 0, or use method 'zero_shot' (no private data)"

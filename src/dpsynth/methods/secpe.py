@@ -30,14 +30,14 @@ import numpy as np
 from ..config import ConfigError, RunConfig
 from ..evolution import operators as ops
 from ..evolution.loop import Pool
+from ..evolution.representatives import JOINT_SENSITIVITY
 from ..evolution.selection import allocate, thresholded
 from .aug_pe import AugPEStrategy, write_reference
-from .base import Method, check_prompt_fields
+from .base import Method
 
 if TYPE_CHECKING:
     from ..context import RunContext
 
-JOINT_SHIFT = math.sqrt(2.0)
 
 
 class SecretPlan:
@@ -77,7 +77,7 @@ class SecretPlan:
                 config.synthesis.iterations)
         elif not self.index.no_secrets:
             self.rates = np.ones(len(self.private_idx))  # r/p = inf: no protection asked
-        self.sigma = JOINT_SHIFT * self.sigma_star
+        self.sigma = JOINT_SENSITIVITY * self.sigma_star
 
     @property
     def protects(self) -> bool:
@@ -136,13 +136,15 @@ class SecPEStrategy(AugPEStrategy):
         centres = self.centres(ctx)
         R = ctx.config.secpe.clip
         priv = self.plan.private_idx
+        priv_emb = ctx.private_embeddings[priv]  # once, not per label
+        priv_labels = ctx.label_codes[priv]
         sampler = ctx.session.noise_for(f"iter{t}/poisson")  # Poisson coins: mechanism randomness
         # True statistic, in units of each coordinate's noise scale: per label y and centre k,
         # the mean shifted by the sampled private rows, times n_k / (2R), then the counts.
         blocks, layout = [], []
         for y, (cent, sizes) in sorted(centres.items()):
-            mask = ctx.label_codes[priv] == y
-            acc = accumulate_private(cent, [ctx.private_embeddings[priv][mask]],
+            mask = priv_labels == y
+            acc = accumulate_private(cent, [priv_emb[mask]],
                                      self.plan.rates[mask], R, sampler)
             mean = (sizes[:, None] * cent + acc.sums) / (sizes + acc.counts)[:, None]
             blocks.append((mean * (sizes[:, None] / (2 * R))).ravel())
@@ -150,7 +152,7 @@ class SecPEStrategy(AugPEStrategy):
             layout.append((y, cent.shape, sizes))
         value = np.concatenate(blocks)
         if self.plan.protects:
-            noisy = ctx.session.gaussian(f"iter{t}/representatives", value, JOINT_SHIFT,
+            noisy = ctx.session.gaussian(f"iter{t}/representatives", value, JOINT_SENSITIVITY,
                                          self.plan.sigma, name="representatives",
                                          sampling_rate=float(self.plan.rates.max()))
         else:
@@ -179,13 +181,7 @@ class SecPE(Method):
         self.plan: SecretPlan | None = None
 
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
-        check_prompt_fields(config)
-        syn = config.synthesis
-        if syn.samples * syn.pool_multiplier > syn.max_candidates:
-            raise ConfigError("synthesis.samples x pool_multiplier exceeds max_candidates")
-        if syn.samples < n_labels:
-            raise ConfigError(f"synthesis.samples = {syn.samples} is fewer than the {n_labels} "
-                              "label classes: raise synthesis.samples")
+        super().validate(config, n_records, n_labels)
         if config.privacy.unit != "record":
             raise ConfigError("secpe protects secrets, not users: set privacy.unit to 'record'")
 
