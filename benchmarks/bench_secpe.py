@@ -16,8 +16,8 @@ import argparse
 import json
 import math
 
+from dpsynth.methods.secpe_theory import r_to_mu
 from dpsynth.privacy import gdp_epsilon
-from dpsynth.privacy.secret_protection import r_to_mu
 from harness import ROOT, SHARED, markdown, run_arm
 
 P = 1e-4

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 ORDER = ["generation", "augpe_voting", "voting", "yelp", "wasp", "secpe",
-         "private_prediction", "medsynth"]
+         "private_prediction", "medsynth", "serving"]
 HEADER = """# Benchmarks
 
 Every number here was measured by a script in `benchmarks/` on the machine it names, with the
@@ -26,6 +26,7 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 | SecPE vs Aug-PE on Yelp | `bench_secpe.py` |
 | DP-SynRAG private prediction | `bench_private_prediction.py` |
 | DP-SynRAG on Medical Synth | `bench_medsynth.py` |
+| Serving: `llm serve` micro-batching | `bench_serving.py` (`dpsynth bench serving`) |
 
 """
 

@@ -107,3 +107,17 @@ def test_demo_writes_corpus_that_checks_clean(tmp_path: Path) -> None:
     assert summary["rows"] == 120
     assert set(summary["labels"]["urgency"]) == {"routine", "soon", "urgent"}
     assert summary["users"] < 120
+
+
+def test_check_against_declared_values(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.csv", [{"text": "good food", "label": "pos"},
+                                      {"text": "cold soup", "label": "meh"}])
+    (tmp_path / "labels.txt").write_text("pos\nneg\n", encoding="utf-8")
+    args = ["data", "check", str(path), "--text", "text", "--label", "label",
+            "--values", f"label={tmp_path / 'labels.txt'}"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "d.csv, row 2, field 'label': label value 'meh' is not among the 2 declared" in \
+        " ".join(result.output.split())
+    bad = runner.invoke(app, args[:-1] + ["other=x.txt"])
+    assert bad.exit_code == 2 and "not a --label column" in bad.output

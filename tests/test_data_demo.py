@@ -14,6 +14,7 @@ from dpsynth.demo_corpus import (
     DEPARTMENTS,
     URGENCIES,
     demo_knowledge,
+    demo_label_values,
     make_demo_corpus,
     write_demo_corpus,
 )
@@ -172,9 +173,13 @@ def test_write_demo_corpus_splits_are_disjoint(written: dict[str, Path]) -> None
 
 
 def test_demo_corpus_passes_validation(written: dict[str, Path]) -> None:
-    ds = load_dataset(written["private"], "text", ["department", "urgency"], user="patient_id")
+    ds = load_dataset(written["private"], "text", ["department", "urgency"], user="patient_id",
+                      label_values=demo_label_values())
     assert len(ds) == 400
     assert ds.warnings == []
     _, classes = ds.label_codes("department")
-    assert len(classes) == 6
+    assert classes == [d[0] for d in DEPARTMENTS]
+    assert set(ds.labels["urgency"]) <= set(URGENCIES)
+    codes, joint = ds.joint_label_codes()
+    assert len(joint) == 18 and len(set(codes.tolist())) <= 18
     assert len(set(ds.users or [])) < len(ds)

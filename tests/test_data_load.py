@@ -45,9 +45,9 @@ def test_csv_loads_texts_labels_users_in_order(tmp_path: Path) -> None:
     assert len(ds) == 3
     assert ds.source == "data.csv"
     assert (ds.text_column, ds.label_columns, ds.user_column) == ("text", ["label"], "user")
-    codes, classes = ds.label_codes("label")
-    assert classes == ["bad", "good"]
-    assert codes.tolist() == [0, 1, 1]
+    codes, classes = ds.label_codes("label", ["good", "bad"])  # declared order, not sorted
+    assert classes == ["good", "bad"]
+    assert codes.tolist() == [1, 0, 0]
     assert ds.warnings == []
 
 
@@ -67,10 +67,11 @@ def test_joint_label_codes_and_no_labels(tmp_path: Path) -> None:
         {"text": "d", "cat": "x", "stars": 2},
     ]
     path = write_csv(tmp_path / "j.csv", rows)
-    ds = load_dataset(path, "text", ["cat", "stars"])
+    ds = load_dataset(path, "text", ["cat", "stars"],
+                      label_values={"cat": ["x", "y"], "stars": ["1", "2"]})
     codes, classes = ds.joint_label_codes()
-    assert classes == [("x", "1"), ("x", "2"), ("y", "2")]
-    assert codes.tolist() == [0, 2, 0, 1]
+    assert classes == [("x", "1"), ("x", "2"), ("y", "1"), ("y", "2")]  # ("y", "1"): no record
+    assert codes.tolist() == [0, 3, 0, 1]
     plain = load_dataset(path, "text")
     codes, classes = plain.joint_label_codes()
     assert classes == [()]

@@ -51,7 +51,8 @@ def config(tmp_path):
     data = write_demo_corpus(tmp_path / "data", n=40, seed=0, test_n=5)["private"]
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({"method": "aug_pe", "data": {
-        "path": "data/private.csv", "text": "text", "labels": ["department"]}}))
+        "path": "data/private.csv", "text": "text", "labels": ["department"],
+        "label_values": {"department": "demo"}}}))
     return cfg, data
 
 
@@ -76,7 +77,7 @@ def test_canary_loop_counts_memorised_copies(config, tmp_path, monkeypatch):
     assert res["copies"] == 6 and res["private_records"] == 40
     saved = json.loads((out / "audit_canary.json").read_text())
     assert saved["synthetic"] == res["synthetic"]
-    assert (out / "run" / "eval" / "audit_canary.json").is_file()
+    assert (out / "run" / "private" / "eval" / "audit_canary.json").is_file()
     assert "indices" not in json.dumps(saved)
 
 

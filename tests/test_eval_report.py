@@ -103,7 +103,9 @@ def test_eval_cli_json_and_files(fake, evaluated):
     ev, audit = evaluated["eval"], evaluated["audit"]
     on_disk = json.loads((fake["run"] / "eval" / "eval.json").read_text())
     assert on_disk["fidelity"] == ev["fidelity"]
-    assert (fake["run"] / "eval" / "audit.json").is_file()
+    audit_file = fake["run"] / "private" / "eval" / "audit.json"  # operator only
+    assert audit_file.is_file() and oct(audit_file.stat().st_mode)[-3:] == "600"
+    assert not (fake["run"] / "eval" / "audit.json").exists()
     syn = ev["fidelity"]["synthetic"]
     assert ev["n"] == {"synthetic": 40, "zero_shot": 40, "private": 80, "test": 60}
     assert isinstance(syn["fid"], float) and syn["fid"] >= 0
@@ -133,8 +135,14 @@ def test_report_html_has_plots_and_no_private_text(fake, evaluated, tmp_path):
     assert page.count('<img src="data:image/png;base64,') >= 5  # 4 curves + labels
     assert "http://" not in page and "https://" not in page
     assert "(3.98, 1e-05)-differential privacy at the record level" in page
-    assert "Membership inference" in page and "Distance to closest record" in page
+    assert "only while the seed stays secret" in page  # privacy.json says noise "seeded"
+    # the shareable page holds nothing computed on the private data; the operator page does
+    assert "Membership inference" not in page and "Distance to closest record" not in page
     assert "Fine-tuned" not in page and "Logistic regression" in page
+    operator = (fake["run"] / "private" / "report-operator.html").read_text(encoding="utf-8")
+    assert "Membership inference" in operator and "Distance to closest record" in operator
+    assert "OPERATOR ONLY" in operator and "OPERATOR ONLY" not in page
+    assert SENTINEL not in operator
     assert SENTINEL not in page and "Quorbel" not in page
     for text in fake["private"]["text"]:
         assert text not in page
@@ -271,3 +279,98 @@ def test_unlabeled_corpus_gets_next_token_accuracy(fake, tmp_path, embedder):
     assert nt["private"]["accuracy"] > nt["zero_shot"]["accuracy"]
     assert ev["fidelity"]["synthetic"]["mauve"] == {"unavailable": "skipped (--no-mauve)"}
     assert ev["fidelity"]["synthetic"]["labels"] == {}
+
+
+# -- the shareable part and the operator-only part (fast: hand-written eval results) ----------
+
+PRIVATE_ACC = 0.987654  # the private-trained reference: computed on private data
+MIA_AUC = 0.876543  # membership inference: computed on private data
+SYN_ACC = 0.612345  # synthetic-trained, scored on the public test set: shareable
+
+
+def _evaluated_run(tmp_path: Path, privacy: dict) -> Path:
+    run = tmp_path / "run"
+    (run / "release").mkdir(parents=True)
+    (run / "private").mkdir(mode=0o700)
+    (run / "eval").mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "method": "aug_pe", "data": {"path": "demo", "labels": ["department"]}}))
+    (run / "run.json").write_text(json.dumps({"run_id": "r1", "method": "aug_pe",
+                                              "status": "finished"}))
+    rows = [{"text": f"synthetic text number {i}", "labels": {"department": "A" if i % 2 else "B"}}
+            for i in range(6)]
+    _write_jsonl(run / "release" / "synthetic.jsonl", rows)
+    (run / "release" / "privacy.json").write_text(json.dumps(privacy))
+    from dpsynth.eval.suite import PRIVATE_USE_NOTE
+
+    cell = lambda acc: {"accuracy": acc, "macro_f1": acc}  # noqa: E731
+    (run / "eval" / "eval.json").write_text(json.dumps({
+        "test_file": "test.csv", "embedder": "minilm", "created": "2026-01-01T00:00:00Z",
+        "n": {"synthetic": 6, "zero_shot": 0, "private": 4321, "test": 10},
+        "fidelity": {"synthetic": {"n": 6, "fid": 0.5}},
+        "utility": {"logreg": {"department": {
+            "synthetic": cell(SYN_ACC), "private": cell(PRIVATE_ACC),
+            "zero_shot": {"unavailable": "none"}, "chance": 0.5}}},
+        "notes": [PRIVATE_USE_NOTE],
+    }))
+    (run / "private" / "eval").mkdir(parents=True)
+    (run / "private" / "eval" / "audit.json").write_text(json.dumps({
+        "membership_inference": {"auc": MIA_AUC, "tpr_at_fpr": {"0.01": 0.02},
+                                 "n_members": 4321, "n_non_members": 10},
+        "dcr": {"unavailable": "skipped"},
+    }))
+    (run / "private" / "eval" / "audit_canary.json").write_text(json.dumps(
+        {"copies": 3, "synthetic": {"exact": 0, "near": 1, "outputs": 6}}))
+    return run
+
+
+SEEDED = {"epsilon": 2.0, "delta": 1e-5, "unit": "record", "accountant": "pld",
+          "noise": "seeded"}
+
+
+def test_shareable_report_holds_no_private_derived_value(tmp_path):
+    run = _evaluated_run(tmp_path, SEEDED)
+    page = write_report(run).read_text(encoding="utf-8")
+    assert f"{SYN_ACC:.3f}" in page  # the release's own test-set score is shareable
+    for private_value in (f"{PRIVATE_ACC:.3f}", f"{MIA_AUC:.3f}", "4321"):
+        assert private_value not in page, private_value
+    assert "Membership inference" not in page and "Canary audit" not in page
+    assert "OPERATOR ONLY" not in page and "report-operator.html" in page
+    from dpsynth.eval.suite import PRIVATE_USE_NOTE
+
+    assert PRIVATE_USE_NOTE not in page
+
+    operator = run / "private" / "report-operator.html"
+    assert oct(operator.stat().st_mode)[-3:] == "600"
+    op = operator.read_text(encoding="utf-8")
+    assert "OPERATOR ONLY - DO NOT SHARE" in op
+    assert f"{PRIVATE_ACC:.3f}" in op and f"{MIA_AUC:.3f}" in op and "Canary audit" in op
+
+
+def test_privacy_sentence_reads_the_noise_mode(tmp_path):
+    from dpsynth.eval.report import privacy_statement
+
+    seeded = privacy_statement(SEEDED)
+    assert "(2, 1e-05)-differential privacy" in seeded
+    assert "only while the seed stays secret" in seeded
+    secure = privacy_statement({**SEEDED, "noise": "secure"})
+    assert "secure randomness" in secure and "seed" not in secure
+    note = "seeded noise (research mode): DP holds only while the seed is secret"
+    assert privacy_statement({**SEEDED, "noise_note": note}).endswith(note)
+    secpe = privacy_statement({"epsilon": None, "noise": "secure",
+                               "secret_protection": {"summary": "(p=0.0001, r=0.001) per secret"}})
+    assert "secret protection" in secpe and "not differential privacy" in secpe
+    run = _evaluated_run(tmp_path, SEEDED)
+    assert "only while the seed stays secret" in write_report(run).read_text(encoding="utf-8")
+
+
+def test_report_cli_names_both_reports(tmp_path):
+    from dpsynth.cli import app
+
+    run = _evaluated_run(tmp_path, SEEDED)
+    res = CliRunner().invoke(app, ["report", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert Path(out["report"]) == run / "eval" / "report.html"
+    assert Path(out["operator_report"]) == run / "private" / "report-operator.html"
+    assert "OPERATOR ONLY" in Path(out["operator_report"]).read_text(encoding="utf-8")

@@ -127,11 +127,20 @@ def test_one_dropout_releases_with_reduced_effective_sigma(setup) -> None:
     assert np.max(np.abs(res.histogram - expected)) <= res.quantization_error_bound + 1e-9
 
 
-def test_one_dropout_below_minimum_is_refused(setup) -> None:
+def test_one_dropout_below_minimum_halts_before_any_sum(setup) -> None:
+    """Reconstruction threshold = min_parties = 3: with one dropout SecAgg+ cannot unmask, so
+    the server never holds a sum (not even one the strategy would then refuse)."""
     parties, cand, cand_lab = setup
-    with pytest.raises(InsufficientPartiesError, match="only 2 of 3 parties"):
-        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=22,
-                                  drop_parties=[0])
+    plan = plan_quantisation(vote_bound=11.0, sigma=SIGMA, num_parties=3)
+    sink = ServerSink()
+    server_app = make_server_app(cand, cand_lab, num_parties=3, min_parties=3, sigma=SIGMA,
+                                 plan=plan, sink=sink)
+    client_app = make_client_app(_SimulationParties(parties), VOTE, noise_mode="seeded", seed=22,
+                                 drop_parties=[0])
+    run_flower_simulation(server_app, client_app, 3)
+    assert sink.released is None and sink.observed == []
+    assert sink.error_kind is InsufficientPartiesError
+    assert "SecAgg+ halted" in (sink.error or "") and "(3)" in (sink.error or "")
 
 
 def test_too_many_dropouts_halt_secure_aggregation(setup) -> None:

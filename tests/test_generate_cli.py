@@ -22,7 +22,8 @@ def test_bad_data_and_config_give_clear_errors(tmp_path, monkeypatch):
     data = tmp_path / "private.csv"
     pd.DataFrame({"text": [SECRET * 3, "   "], "dept": ["a", None]}).to_csv(data, index=False)
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"method: aug_pe\ndata: {{path: {data}, labels: [dept], max_chars: 60}}\n")
+    cfg.write_text(f"method: aug_pe\ndata: {{path: {data}, labels: [dept], max_chars: 60, "
+                   "label_values: {dept: [a]}}\n")
     runner = CliRunner()
     result = runner.invoke(app, ["generate", str(cfg), "--output", str(tmp_path / "r1")])
     assert result.exit_code == 2

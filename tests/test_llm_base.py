@@ -15,7 +15,7 @@ from dpsynth.llm.base import (
 )
 from dpsynth.llm.cache import request_keys
 from dpsynth.llm.local import batch_seed, plan_batches
-from dpsynth.llm.openai_compat import backoff_delay, parse_retry_after
+from dpsynth.llm.openai_compat import _Transient, _Wait, parse_retry_after
 
 
 def test_sampling_params_validation_and_dict() -> None:
@@ -87,14 +87,22 @@ def test_batch_seed() -> None:
 
 
 def test_retry_helpers() -> None:
-    import random
+    import tenacity
 
     assert parse_retry_after("2") == 2.0
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
-    rng = random.Random(0)
-    delays = [backoff_delay(a, 0.5, 4.0, rng) for a in range(8)]
-    assert all(0 <= d <= min(4.0, 0.5 * 2**a) for a, d in enumerate(delays))
+    wait = _Wait(0.5, 4.0, max_retry_after=10.0)  # tenacity full jitter + Retry-After
+
+    def delay(attempt: int, retry_after: float | None) -> float:
+        rs = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
+        rs.attempt_number = attempt
+        exc = _Transient(503, "HTTP 503", retry_after)
+        rs.set_exception((_Transient, exc, None))
+        return wait(rs)
+
+    assert all(0 <= delay(a, None) <= min(4.0, 0.5 * 2 ** (a - 1)) for a in range(1, 9))
+    assert delay(1, 7.0) == 7.0 and delay(1, 300.0) == 10.0  # honoured, capped
 
 
 def test_generation_error_fields() -> None:

@@ -1,4 +1,8 @@
-"""The local transformers backend over the real SmolLM2-135M-Instruct (GGUF, de-quantised)."""
+"""The local backend over the real SmolLM2-135M-Instruct (GGUF, de-quantised).
+
+``smollm`` (conftest) is the default engine (ctranslate2 when installed); ``tf_smollm`` is the
+float32 transformers engine. Engine-specific checks: tests/test_llm_engine.py.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,12 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 CHAT = ({"role": "user", "content": "Name one fruit."},)
 
 
+@pytest.fixture(scope="module")
+def tf_smollm(smollm) -> local_mod.LocalGenerator:
+    """SmolLM2 on the transformers engine (same cached float32 weights as ``smollm``)."""
+    return local_mod.LocalGenerator("smollm2", engine="transformers", batch_size=8)
+
+
 def test_generate_plain_and_chat_reproducible_with_seed(smollm) -> None:
     p = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=12, seed=7)
     reqs = [GenerationRequest("My favourite food is", p), GenerationRequest(CHAT, p)]
@@ -27,16 +37,28 @@ def test_generate_plain_and_chat_reproducible_with_seed(smollm) -> None:
     assert "<|im_start|>" not in first[1] and "Name one fruit" not in first[1]
 
 
-def test_batched_equals_one_at_a_time_in_order(smollm) -> None:
+def test_batched_equals_one_at_a_time_in_order(tf_smollm) -> None:
+    prompts = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
+    reqs = [GenerationRequest(p, GREEDY) for p in prompts] + [GenerationRequest(CHAT, GREEDY)]
+    batched = tf_smollm.generate(reqs, progress=False)
+    assert tf_smollm.engine == "transformers" and tf_smollm.last_batch_sizes == [4]
+    single = [tf_smollm.generate([r], progress=False)[0] for r in reqs]
+    assert batched == single
+    assert len(set(batched)) == 4
+    reordered = tf_smollm.generate(reqs[::-1], progress=False)
+    assert reordered == batched[::-1]
+
+
+def test_default_engine_keeps_order_of_a_batch(smollm) -> None:
+    # ctranslate2 prefills a batch up to its shortest prompt, so a greedy row may differ
+    # between batch compositions (int8 near-ties); the order of results must still follow
+    # the requests, and the same set gives the same texts.
     prompts = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
     reqs = [GenerationRequest(p, GREEDY) for p in prompts] + [GenerationRequest(CHAT, GREEDY)]
     batched = smollm.generate(reqs, progress=False)
-    assert smollm.last_batch_sizes == [4]
-    single = [smollm.generate([r], progress=False)[0] for r in reqs]
-    assert batched == single
-    assert len(set(batched)) == 4
-    reordered = smollm.generate(reqs[::-1], progress=False)
-    assert reordered == batched[::-1]
+    assert smollm.last_batch_sizes == [4] and len(set(batched)) == 4
+    assert batched[0].startswith(" Paris")
+    assert smollm.generate(reqs[::-1], progress=False) == batched[::-1]
 
 
 def test_mixed_params_keep_batches_full(smollm) -> None:

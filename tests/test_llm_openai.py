@@ -1,50 +1,23 @@
-"""The OpenAI-compatible backend against the real dpsynth server on 127.0.0.1 over SmolLM2."""
+"""The OpenAI-compatible backend: retries, time budget, circuit breaker (fast, over a fake
+generator behind the real server and a fault-injecting proxy on loopback), and the real
+dpsynth server over SmolLM2 (marked ``models``)."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import threading
-import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from dpsynth.llm import GenerationError, GenerationRequest, SamplingParams
+from dpsynth.config import GeneratorConfig
+from dpsynth.llm import GenerationError, GenerationRequest, SamplingParams, load_generator
 from dpsynth.llm.cache import CachedGenerator, RequestCache
-from dpsynth.llm.openai_compat import OpenAIGenerator
+from dpsynth.llm.openai_compat import CircuitBreaker, OpenAIGenerator, parse_retry_after
 from dpsynth.llm.server import create_app
-
-pytestmark = pytest.mark.models
+from fault_proxy import FakeGenerator, FaultProxy, running
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)
 CHAT = ({"role": "user", "content": "Say hello."},)
-
-
-@contextlib.contextmanager
-def running(app) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread on a free loopback port; yield the /v1 URL."""
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def client(url: str, **kw) -> OpenAIGenerator:
@@ -52,6 +25,140 @@ def client(url: str, **kw) -> OpenAIGenerator:
     return OpenAIGenerator(url, "smollm2", api_key_env=None, **kw)
 
 
+def req(i: int) -> GenerationRequest:
+    return GenerationRequest(f"note {i}", SamplingParams(max_new_tokens=4, seed=i))
+
+
+# --------------------------------------------------------------------- fast: fake generator
+@pytest.mark.parametrize("fault", ["503", "429", "reset"])
+def test_retries_then_success_and_counts(fault: str) -> None:
+    slept: list[float] = []
+    with running(create_app(FakeGenerator())) as up, FaultProxy(
+        up, script=[fault, fault], retry_after=0.25
+    ) as proxy:
+        gen = client(proxy.url, max_attempts=3)
+        gen.sleep = slept.append
+        out = gen.generate([req(1)], progress=False)
+    assert out == ["echo note 1 seed=1"]
+    assert gen.attempts == 3 and gen.retries == 2 and proxy.seen == 3
+    assert sum(gen.retry_causes.values()) == 2
+    assert len(slept) == 2
+    if fault == "429":
+        assert all(d >= 0.25 for d in slept)  # Retry-After honoured
+    assert gen.retry_counts()["http_retries"] == 2
+
+
+def test_max_attempts_stops_with_error_naming_finished(tmp_path) -> None:
+    with running(create_app(FakeGenerator())) as up, FaultProxy(
+        up, script=["ok", "ok"] + ["503"] * 20
+    ) as proxy:
+        inner = client(proxy.url, max_concurrency=1, max_attempts=3, breaker_threshold=50)
+        inner.sleep = lambda s: None
+        cache = RequestCache(tmp_path / "llm.sqlite")
+        gen = CachedGenerator(inner, cache)
+        reqs = [GenerationRequest(f"Secret note {i}:", GREEDY) for i in range(3)]
+        with pytest.raises(GenerationError) as err:
+            gen.generate(reqs, progress=False)
+    e = err.value
+    assert e.status == 503 and e.completed == 2 and e.total == 3
+    assert "2 of 3" in str(e) and "after 3 attempt" in str(e) and "Secret" not in str(e)
+    assert len(cache) == 2
+
+
+def test_retry_budget_is_time_not_count() -> None:
+    with running(create_app(FakeGenerator())) as up, FaultProxy(up, script=["503"] * 1000) as p:
+        gen = client(p.url, retry_budget_s=0.6, backoff_base=0.05, backoff_max=0.1,
+                     breaker_threshold=10_000)
+        with pytest.raises(GenerationError, match="HTTP 503"):
+            gen.generate([req(0)], progress=False)
+    assert gen.attempts > 3  # many attempts fitted in the budget; no fixed count of 6
+
+
+def test_hang_is_cut_by_the_timeout_and_retried() -> None:
+    with running(create_app(FakeGenerator())) as up, FaultProxy(up, script=["hang"]) as proxy:
+        gen = client(proxy.url, timeout=1.0)
+        out = gen.generate([req(2)], progress=False)
+    assert out == ["echo note 2 seed=2"] and gen.retry_causes["timeout"] == 1
+
+
+def test_breaker_waits_out_an_outage_then_recovers() -> None:
+    with running(create_app(FakeGenerator())) as up, FaultProxy(up, script=["503"] * 6) as p:
+        gen = client(p.url, max_concurrency=1, breaker_threshold=3, probe_interval_s=0.05,
+                     outage_patience_s=30, retry_budget_s=5)
+        out = gen.generate([req(i) for i in range(4)], progress=False)
+    assert out == [f"echo note {i} seed={i}" for i in range(4)]
+    assert gen.breaker.openings >= 1 and not gen.breaker.is_open
+    assert gen.retries == 6
+
+
+def test_breaker_gives_up_after_patience_and_keeps_finished(tmp_path) -> None:
+    with running(create_app(FakeGenerator())) as up, FaultProxy(
+        up, script=["ok"] + ["503"] * 10_000
+    ) as proxy:
+        inner = client(proxy.url, max_concurrency=2, breaker_threshold=3, probe_interval_s=0.05,
+                       outage_patience_s=0.5, retry_budget_s=3600)
+        cache = RequestCache(tmp_path / "llm.sqlite")
+        with pytest.raises(GenerationError, match="outage_patience_s") as err:
+            CachedGenerator(inner, cache).generate([req(i) for i in range(5)], progress=False)
+    assert err.value.completed == 1 and "1 of 5" in str(err.value) and len(cache) == 1
+    assert inner.breaker.tripped
+
+
+def test_a_failed_call_stops_the_other_requests_retrying() -> None:
+    with running(create_app(FakeGenerator())) as up, FaultProxy(
+        up, script=["400"] + ["503"] * 1000
+    ) as proxy:
+        gen = client(proxy.url, max_concurrency=2, retry_budget_s=60, backoff_base=0.5,
+                     breaker_threshold=10_000)
+        with pytest.raises(GenerationError, match="HTTP 400") as err:
+            gen.generate([req(0), req(1)], progress=False)
+    assert err.value.status == 400 and err.value.completed == 0
+    assert gen.attempts <= 4  # the other request gave up rather than retry for 60 s
+
+
+def test_breaker_unit() -> None:
+    now = [0.0]
+    b = CircuitBreaker(threshold=2, patience_s=10, probe_interval_s=1, clock=lambda: now[0])
+    b.failure()
+    assert not b.is_open
+    b.failure()
+    assert b.is_open
+    now[0] = 1.5
+    assert b.before_attempt() == 0.0  # this caller is the probe
+    b.success()
+    assert not b.is_open and b.openings == 1
+
+
+def test_connection_refused_is_retried_then_reported() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    gen = client(f"http://127.0.0.1:{port}/v1", max_attempts=2)
+    gen.sleep = lambda s: None
+    with pytest.raises(GenerationError, match="connection error") as err:
+        gen.generate([GenerationRequest("x", GREEDY)], progress=False)
+    assert gen.attempts == 2 and gen.retries == 1 and err.value.completed == 0
+
+
+def test_config_settings_reach_the_client() -> None:
+    cfg = GeneratorConfig(backend="openai", base_url="http://127.0.0.1:9/v1", timeout_s=5,
+                          retry_budget_s=42, max_attempts=7, outage_patience_s=11)
+    gen = load_generator(cfg.spec())
+    assert isinstance(gen, OpenAIGenerator)
+    assert (gen.timeout, gen.retry_budget_s, gen.max_attempts) == (5, 42, 7)
+    assert gen.breaker.patience_s == 11
+    with pytest.raises(ValueError, match="unknown openai keys"):
+        load_generator({**cfg.spec(), "max_retries": 3})
+
+
+def test_parse_retry_after() -> None:
+    assert parse_retry_after("2") == 2.0 and parse_retry_after(None) is None
+    assert parse_retry_after("garbage") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past
+
+
+# --------------------------------------------------------------------- real model
+@pytest.mark.models
 def test_chat_and_completions_match_local(smollm) -> None:
     reqs = [GenerationRequest(CHAT, GREEDY), GenerationRequest("The capital of France is", GREEDY)]
     local = smollm.generate(reqs, progress=False)
@@ -60,7 +167,7 @@ def test_chat_and_completions_match_local(smollm) -> None:
         assert [m["id"] for m in models["data"]] == ["smollm2"]
         gen = client(url, max_concurrency=2)
         assert gen.generate(reqs, progress=False) == local
-        assert gen.attempts == 2 and gen.name == "openai:smollm2"
+        assert gen.attempts == 2 and gen.retries == 0 and gen.name == "openai:smollm2"
         # A raw completions call with a batch of prompts, as vLLM clients send it.
         body = {
             "model": "smollm2",
@@ -76,6 +183,7 @@ def test_chat_and_completions_match_local(smollm) -> None:
         )
 
 
+@pytest.mark.models
 def test_server_rejects_bad_and_oversized_requests(smollm) -> None:
     with running(create_app(smollm, max_body_bytes=2000)) as url:
         big = httpx.post(f"{url}/completions", json={"prompt": "x" * 5000})
@@ -86,53 +194,7 @@ def test_server_rejects_bad_and_oversized_requests(smollm) -> None:
         assert stream.status_code == 400
 
 
-@pytest.mark.parametrize("status", [503, 429])
-def test_retries_then_success(smollm, status: int) -> None:
-    slept: list[float] = []
-    app = create_app(smollm, fail_first_n=2, fail_status=status, retry_after=0.25)
-    with running(app) as url:
-        gen = client(url, max_retries=3)
-        gen.sleep = slept.append
-        out = gen.generate([GenerationRequest("The capital of France is", GREEDY)], progress=False)
-    assert out == smollm.generate(
-        [GenerationRequest("The capital of France is", GREEDY)], progress=False
-    )
-    assert gen.attempts == 3 and app.state.counters["requests"] == 3
-    assert len(slept) == 2 and all(d >= 0.25 for d in slept)  # Retry-After honoured
-
-
-def test_final_error_keeps_finished_results_in_cache(smollm, tmp_path) -> None:
-    reqs = [GenerationRequest(f"Secret note {i}:", GREEDY) for i in range(3)]
-    cache = RequestCache(tmp_path / "llm.sqlite")
-    with running(create_app(smollm, fail_after=2, fail_status=503)) as url:
-        inner = client(url, max_concurrency=1, max_retries=2)
-        inner.sleep = lambda s: None
-        gen = CachedGenerator(inner, cache)
-        with pytest.raises(GenerationError) as err:
-            gen.generate(reqs, progress=False)
-    e = err.value
-    assert e.status == 503 and e.completed == 2 and e.total == 3
-    assert "503" in str(e) and "2 of 3" in str(e) and "after 3 attempt" in str(e)
-    assert "Secret" not in str(e)
-    assert len(cache) == 2
-    with running(create_app(smollm)) as url:
-        gen2 = CachedGenerator(client(url), cache)
-        out = gen2.generate(reqs, progress=False)
-    assert (gen2.hits, gen2.misses, gen2.calls) == (2, 1, 1)
-    assert out == smollm.generate(reqs, progress=False)
-
-
-def test_connection_refused_is_retried_then_reported() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once closed
-    gen = client(f"http://127.0.0.1:{port}/v1", max_retries=1)
-    gen.sleep = lambda s: None
-    with pytest.raises(GenerationError, match="connection error") as err:
-        gen.generate([GenerationRequest("x", GREEDY)], progress=False)
-    assert gen.attempts == 2 and err.value.completed == 0
-
-
+@pytest.mark.models
 def test_aug_pe_run_through_an_openai_compatible_server(smollm, tmp_path, monkeypatch) -> None:
     """A whole `generate` run whose generator is an OpenAI-compatible endpoint (config
     `backend: openai`): the same loop, the same accounting, the release written."""

@@ -58,11 +58,61 @@ def test_round_sizes_and_parties():
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(300))
 
 
+def _fakes(n: int = 1):
+    from fakes import FakeEmbedder, FakeGenerator  # tests/ is on sys.path
+
+    return {"generators": [FakeGenerator(f"g{i}", seed=i) for i in range(n)],
+            "embedder": FakeEmbedder()}
+
+
+def test_wasp_generates_its_last_round_and_releases_the_configured_samples(tmp_path):
+    """Rounds 0..T are all written (round T after the last vote): synthesis.samples rows."""
+    cfg = _config(tmp_path, "tiny-wasp.yaml", **{"synthesis.samples": 24,
+                                                 "synthesis.iterations": 2})
+    run = run_generation(cfg, tmp_path / "wasp", progress=False, **_fakes(2))
+    rows = _jsonl(run / "release" / "synthetic.jsonl")
+    assert len(rows) == 24
+    assert len(_jsonl(run / "release" / "iterations" / "iter2.jsonl")) == 24
+    assert len(_jsonl(run / "stats.jsonl")) == 2  # T = 2 private votes
+
+
+def test_secpe_privacy_json_has_no_private_counts(tmp_path):
+    """The exact split goes to private/diagnostics.jsonl (0600), not to release/privacy.json."""
+    run = run_generation(_config(tmp_path, "tiny-secpe.yaml"), tmp_path / "secpe",
+                         progress=False, **_fakes())
+    text = (run / "release" / "privacy.json").read_text()
+    sp = json.loads(text)["secret_protection"]
+    assert not {"split", "per_type"} & set(sp)
+    assert "private_records" not in text and "public_records" not in text
+    assert sp["summary"].startswith("(p=0.0001, r=0.001)")
+    assert sp["secret_definitions"] == [{"kind": "random_words", "name": None}]
+    diag = run / "private" / "diagnostics.jsonl"
+    assert diag.stat().st_mode & 0o777 == 0o600
+    (split,) = [d for d in _jsonl(diag) if d["kind"] == "secpe_split"]
+    assert split["private_records"] > 0 and split["private_records"] + split[
+        "public_records"] == 150
+    assert "private_records" not in (run / "log.txt").read_text()
+
+
+def test_secpe_no_protection_asked_says_so(tmp_path):
+    """r = min(1, p r/p) = 1 with secrets present: 'no protection asked', not 'no secret'."""
+    cfg = _config(tmp_path, "tiny-secpe.yaml", **{"secpe.r_over_p": 1e5,
+                                                  "synthesis.iterations": 1})
+    run = run_generation(cfg, tmp_path / "secpe", progress=False, **_fakes())
+    sp = json.loads((run / "release" / "privacy.json").read_text())["secret_protection"]
+    assert "noise_sigma" not in sp and sp["r"] == 1.0  # data-dependent: diagnostics only
+    assert sp["summary"].startswith("no protection asked")
+    assert "no secret found" not in sp["summary"]
+    (noise,) = [d for d in _jsonl(run / "private" / "diagnostics.jsonl")
+                if d["kind"] == "secpe_split"]
+    assert noise["noise_sigma"] == 0
+
+
 @pytest.mark.models
 def test_wasp_two_generators_end_to_end(tmp_path):
     run = run_generation(_config(tmp_path, "tiny-wasp.yaml"), tmp_path / "wasp", progress=False)
     rows = _jsonl(run / "release" / "synthetic.jsonl")
-    assert 12 <= len(rows) <= 24  # accumulated over 3 rounds (failures dropped)
+    assert 16 <= len(rows) <= 24  # accumulated over 3 rounds (failures dropped)
     assert {r["generator"] for r in rows} <= {"smollm2", "gemma3"}
     stats = _jsonl(run / "stats.jsonl")
     assert len(stats) == 2
@@ -84,11 +134,14 @@ def test_secpe_random_word_secrets_end_to_end(tmp_path):
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     sp = privacy["secret_protection"]
     assert privacy["epsilon"] is None and privacy["classical_dp"]["holds"] is False
-    assert sp["r"] == pytest.approx(1e-3) and sp["noise_sigma"] > 0
-    assert sp["split"]["private_records"] > 0 and sp["split"]["public_records"] > 0
-    assert sp["split"]["private_records"] + sp["split"]["public_records"] == 150
+    assert sp["r"] == pytest.approx(1e-3) and "noise_sigma" not in sp
+    assert privacy["noise_multiplier"] is None
+    assert all(set(m) == {"name", "count"} for m in privacy["mechanisms"])
+    (diag,) = [d for d in _jsonl(run / "private" / "diagnostics.jsonl")
+               if d["kind"] == "secpe_split"]
+    assert diag["noise_sigma"] > 0
+    assert "split" not in sp  # exact counts live in private/diagnostics.jsonl only
     text = (run / "release" / "privacy.json").read_text()
-    assert "values" not in sp["split"]  # counts only, never the secret words
     rows = _jsonl(run / "release" / "synthetic.jsonl")
     assert 1 <= len(rows) <= 12
     stats = _jsonl(run / "stats.jsonl")
@@ -115,25 +168,28 @@ def test_zero_shot_spends_nothing(tmp_path):
     assert len(_jsonl(run / "release" / "synthetic.jsonl")) >= 6
 
 
-@pytest.mark.models
 def test_wasp_federated_three_parties_through_secagg(tmp_path):
-    """The WASP loop with its votes summed by Flower SecAgg+ across 3 parties: the release is
-    accounted with the noise that actually arrived, and resumes from the stored sum."""
+    """The WASP loop (fake models) with its votes summed by a real Flower SecAgg+ simulation
+    across 3 parties, min_parties 2: each round is charged, before it runs, at the worst-case
+    noise of 2 of 3 noise shares, and the run still meets its epsilon."""
     cfg = _config(tmp_path, "tiny-wasp.yaml", generators=[{"model": "smollm2",
                                                            "max_new_tokens": 32}],
                   **{"synthesis.samples": 12, "synthesis.iterations": 1,
-                     "wasp.federated": {"parties": 3, "dirichlet_alpha": 1.0}})
-    run = run_generation(cfg, tmp_path / "fed", progress=False)
+                     "wasp.federated": {"parties": 3, "dirichlet_alpha": 1.0,
+                                        "min_parties": 2}})
+    run = run_generation(cfg, tmp_path / "fed", progress=False, **_fakes())
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     assert privacy["federated_parties"] == 3
     assert 0 < privacy["epsilon"] <= 4.0 + 1e-6
     votes = [m for m in privacy["mechanisms"] if m.get("name") == "topq_votes"]
     assert len(votes) == 1 and votes[0]["count"] == 1
-    # all three parties contributed: the accounted noise is the full sigma * sensitivity
     assert votes[0]["sigma"] == pytest.approx(privacy["noise_multiplier"]
-                                              * privacy["topq_sensitivity"], rel=1e-9)
+                                              * privacy["topq_sensitivity"] * np.sqrt(2 / 3),
+                                              rel=1e-9)
+    assert "iter0/topq/started/1" in (run / "private" / "releases" / "releases.jsonl").read_text()
     stats = _jsonl(run / "stats.jsonl")
     assert len(stats) == 1 and stats[0]["vote_mass"] != 0
+    assert len(_jsonl(run / "release" / "synthetic.jsonl")) == 12
 
 
 @pytest.mark.models

@@ -35,7 +35,7 @@ from dpsynth.privacy import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-# ------------------------------------------------------------------ reference values (METHODS 0)
+# ---------------------------------------------------- reference values (docs/methods.md §0)
 
 
 @pytest.mark.parametrize("kind", ["pld", "gdp"])
@@ -152,7 +152,7 @@ def test_cks_conversion(rho: float, delta: float) -> None:
 
 
 def test_dp_synrag_paper_budget() -> None:
-    """METHODS 4: rho_hist = 0.1 plus L (eps_theta^2/8 + 1/(2 sigma_mu^2) + T/2 (c/tau)^2)."""
+    """docs/methods.md §4: rho_hist = 0.1 + L (eps_theta^2/8 + 1/(2 sigma_mu^2) + T/2 (c/tau)^2)."""
     acc = Accountant("zcdp")
     acc.add(ZCDPEvent(0.1, name="keyword_hist"))
     acc.add(overlapping(ExponentialEvent(0.4, name="threshold"), 5))
@@ -360,3 +360,58 @@ def test_rdp_orders_cover_small_rho() -> None:
     acc.add(ZCDPEvent(1e-5))
     assert acc.epsilon(1e-5) == pytest.approx(zcdp_to_eps_cks(1e-5, 1e-5), rel=0.05)
     assert np.isfinite(acc.epsilon(1e-10))
+
+
+# ------------------------------------------------------------------ dp_accounting's interface
+
+
+def test_accountant_is_a_dp_accounting_accountant() -> None:
+    import dp_accounting
+
+    from dpsynth.privacy import PureDpEvent, to_dp_event
+
+    acc = Accountant("pld")
+    assert isinstance(acc, dp_accounting.PrivacyAccountant)
+    # dp_accounting events compose like the named release events they stand for
+    acc.compose(dp_accounting.GaussianDpEvent(15.0), 10)
+    named = Accountant("pld")
+    named.add(GaussianEvent(15.0, 1.0, count=10))
+    assert acc.get_epsilon(1e-5) == pytest.approx(named.epsilon(1e-5)) == pytest.approx(
+        0.76856, abs=2e-4
+    )
+    assert named.ledger == dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(15.0), 10
+    )
+    ev = to_dp_event([GaussianEvent(3.0, 1.5, sampling_rate=0.1), ExponentialEvent(0.4)])
+    assert isinstance(ev, dp_accounting.ComposedDpEvent)
+    assert ev.events[1] == PureDpEvent(0.4, True)
+    # Laplace = pure eps = 1 / noise multiplier: one of them alone is (1, 0)-DP
+    lap = Accountant("pld").compose(dp_accounting.LaplaceDpEvent(1.0))
+    assert lap.get_epsilon(1e-9) == pytest.approx(1.0, abs=1e-3)
+    assert Accountant("rdp").compose(dp_accounting.ZCDpEvent(0.02), 70).get_epsilon(
+        1e-5
+    ) == pytest.approx(Accountant("rdp").compose(ZCDPEvent(0.02, 70).dp_event()).epsilon(1e-5))
+    gdp = Accountant("gdp")
+    assert not gdp.supports(dp_accounting.LaplaceDpEvent(1.0))
+    assert not Accountant("zcdp").supports(
+        dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0))
+    )
+    assert not Accountant("pld").supports(dp_accounting.RandomizedResponseDpEvent(0.5, 2))
+    with pytest.raises(dp_accounting.UnsupportedEventError):
+        gdp.compose(dp_accounting.LaplaceDpEvent(1.0))
+
+
+def test_calibrate_dp_mechanism_drives_the_accountant() -> None:
+    """dp_accounting's own calibration on our accountant agrees with the package's one."""
+    import dp_accounting
+
+    sigma = dp_accounting.calibrate_dp_mechanism(
+        lambda: Accountant("pld"),
+        lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), 10),
+        1.0,
+        1e-5,
+        dp_accounting.LowerEndpointAndGuess(1.0, 2.0),
+        tol=1e-4,
+    )
+    assert sigma == pytest.approx(11.7973, abs=2e-3)
+    assert calibrate_steps(1.0, 1e-5, 10) == pytest.approx(sigma, abs=2e-3)

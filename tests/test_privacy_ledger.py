@@ -114,3 +114,157 @@ def test_budget_show_cli(tmp_path: Path) -> None:
     path.write_text("{broken")
     res = runner.invoke(app, ["budget", "show", "--ledger", str(path)])
     assert res.exit_code == 2 and "not valid JSON" in res.output and "Traceback" not in res.output
+
+
+# ------------------------------------------------------------------ keyed fingerprints
+
+
+def test_dataset_id_is_keyed_and_stable(tmp_path: Path) -> None:
+    from dpsynth.privacy import keyed_fingerprint
+
+    raw = dataset_fingerprint(["x", "y"])
+    led = BudgetLedger(tmp_path / "a" / "ledger.json")
+    ds = led.dataset_id(raw)
+    assert ds != raw and len(ds) == 64
+    assert led.dataset_id(raw) == ds == BudgetLedger(led.path).dataset_id(raw)
+    key = led.key_path
+    assert key.is_file() and key.stat().st_mode & 0o777 == 0o600
+    assert keyed_fingerprint(raw, bytes.fromhex(key.read_text().strip())) == ds
+    assert BudgetLedger(tmp_path / "b" / "ledger.json").dataset_id(raw) != ds  # another key
+    key.write_text("zz\n")
+    with pytest.raises(PrivacyConfigError, match="key file is corrupt"):
+        led.dataset_id(raw)
+
+
+# ------------------------------------------------------------------ seeds, sticky budgets, non-DP
+
+
+def test_reused_seed_is_refused_on_the_same_dataset(tmp_path: Path) -> None:
+    led = BudgetLedger(tmp_path / "ledger.json")
+    led.reserve("ds", "run1", 1.0, 0.0, None, None, noise_seed=7)
+    led.reserve("ds", "run1", 1.0, 0.0, None, None, noise_seed=7)  # resume: same run is fine
+    with pytest.raises(BudgetRefusedError, match="identical noise"):
+        led.reserve("ds", "run2", 1.0, 0.0, None, None, noise_seed=7)
+    led.reserve("ds", "run2", 1.0, 0.0, None, None, noise_seed=8)
+    led.reserve("other", "run3", 1.0, 0.0, None, None, noise_seed=7)  # another dataset
+    led.reserve("ds", "run4", 1.0, 0.0, None, None)  # secure noise: no seed
+    assert all("seed" not in e and "noise_seed" not in e for e in led.entries())  # tag only
+    assert all(len(e["seed_tag"]) == 64 for e in led.entries() if "seed_tag" in e)
+
+
+def test_dataset_budget_is_stored_and_sticks(tmp_path: Path) -> None:
+    led = BudgetLedger(tmp_path / "ledger.json")
+    led.reserve("ds", "run1", 4.0, 1e-6, total_epsilon=6.0, total_delta=None)
+    assert led.budget("ds")["total_epsilon"] == 6.0
+    # issue 16: the next config does not repeat the cap -> still refused (the old total was 8)
+    with pytest.raises(BudgetRefusedError, match="total allowed epsilon=6.0"):
+        led.reserve("ds", "run2", 4.0, 1e-6, total_epsilon=None, total_delta=None)
+    with pytest.raises(BudgetRefusedError):  # a config cannot loosen it
+        led.reserve("ds", "run2", 4.0, 1e-6, total_epsilon=50.0, total_delta=None)
+    assert led.budget("ds")["total_epsilon"] == 6.0
+    led.reserve("ds", "run2", 1.0, 1e-6, total_epsilon=None, total_delta=None)
+    # only an explicit budget set changes it
+    led.set_budget("ds", 10.0, None)
+    assert led.budget("ds")["source"] == "budget set"
+    led.reserve("ds", "run3", 4.0, 1e-6, None, None)
+    assert led.spent("ds") == pytest.approx((9.0, 3e-6))
+    with pytest.raises(PrivacyConfigError, match="both"):
+        led.set_budget("ds", None, None)
+    assert led.budget("nothing") is None
+
+
+def test_runs_without_a_classical_guarantee_are_recorded(tmp_path: Path) -> None:
+    led = BudgetLedger(tmp_path / "ledger.json")
+    led.reserve("ds", "dp1", 1.0, 1e-6, None, None)
+    led.record_run("ds", "inf1", "none", method="aug_pe")
+    led.record_run("ds", "secpe1", "secret-protection", p=1e-4, r=1e-3)
+    by_run = {e["run_id"]: e for e in led.entries("ds")}
+    assert by_run["inf1"]["guarantee"] == "none" and by_run["inf1"]["status"] == "recorded"
+    assert by_run["secpe1"]["details"] == {"p": 1e-4, "r": 1e-3}
+    assert led.spent("ds") == pytest.approx((1.0, 1e-6))  # they add nothing to the sums
+    with pytest.raises(PrivacyConfigError, match="guarantee"):
+        led.record_run("ds", "x", "dp")
+    with pytest.raises(PrivacyConfigError, match="DP reservation"):
+        led.record_run("ds", "dp1", "none")
+
+
+# ------------------------------------------------------------------ CLI: show errors, set
+
+
+def _show(path: Path, *extra: str):
+    from dpsynth.cli import app
+
+    return CliRunner().invoke(app, ["budget", "show", "--ledger", str(path), *extra],
+                              env={"COLUMNS": "200"})
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{broken", "not valid JSON"),
+        ('{"entries": 3}', "no 'entries' list"),
+        ('{"entries": [{"dataset": "d"}]}', "entry 0"),
+        ('{"entries": [], "budgets": [1]}', "budgets"),
+    ],
+)
+def test_budget_show_corrupt_ledger_exit_2(tmp_path: Path, content: str, needle: str) -> None:
+    path = tmp_path / "ledger.json"
+    path.write_text(content)
+    for extra in ((), ("--json",)):
+        res = _show(path, *extra)
+        assert res.exit_code == 2, res.output
+        assert needle in res.output and "Traceback" not in res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+def test_budget_show_directory_and_unreadable_exit_2(tmp_path: Path) -> None:
+    res = _show(tmp_path)
+    assert res.exit_code == 2 and "is a directory" in res.output
+    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit)
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    res = _show(blocked / "ledger.json")  # parent is a file: cannot be created or read
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+
+
+def test_budget_show_lists_budgets_and_non_dp_runs(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.json"
+    led = BudgetLedger(path)
+    led.reserve("abcdef1234567890", "run-a", 1.0, 1e-6, 6.0, None)
+    led.record_run("abcdef1234567890", "run-inf", "none")
+    out = json.loads(_show(path, "--json").stdout)
+    (ds,) = out["datasets"]
+    assert ds["total_epsilon"] == 6.0 and ds["runs_without_dp_guarantee"] == 1
+    res = _show(path)
+    assert res.exit_code == 0 and "1 without DP" in res.stdout and "of 6" in res.stdout
+
+
+def test_budget_set_cli(tmp_path: Path) -> None:
+    from dpsynth.cli import app
+
+    path = tmp_path / "ledger.json"
+    data = tmp_path / "data.csv"
+    data.write_text("text,label\nhello there,a\ngeneral kenobi,b\n")
+    runner = CliRunner()
+    res = runner.invoke(app, ["budget", "set", "--data", str(data), "--label", "label",
+                              "--total-epsilon", "3", "--total-delta", "1e-5",
+                              "--ledger", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    from dpsynth.data import load_dataset
+
+    raw = load_dataset(data, "text", ["label"]).fingerprint()
+    assert out["dataset"] == BudgetLedger(path).dataset_id(raw) != raw
+    assert out["total_epsilon"] == 3.0 and out["total_delta"] == 1e-5
+    assert BudgetLedger(path).budget(out["dataset"])["total_epsilon"] == 3.0
+    for argv, needle in [
+        (["--total-epsilon", "1"], "exactly one"),
+        (["--dataset", "x", "--data", str(data), "--total-epsilon", "1"], "exactly one"),
+        (["--dataset", "x"], "--total-epsilon"),
+        (["--dataset", "x", "--total-epsilon", "-1"], "--total-epsilon"),
+        (["--dataset", "x", "--total-delta", "2"], "--total-delta"),
+        (["--data", str(tmp_path / "missing.csv"), "--total-epsilon", "1"], "missing.csv"),
+    ]:
+        res = runner.invoke(app, ["budget", "set", *argv, "--ledger", str(path)])
+        assert res.exit_code == 2 and needle in res.output, (argv, res.output)
+        assert "Traceback" not in res.output

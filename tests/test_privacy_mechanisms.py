@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +14,12 @@ from dpsynth.privacy import (
     PrivacyConfigError,
     PrivacySession,
     ZCDPEvent,
-    clip_logits,
     make_noise_source,
+    run_seed,
     threshold_log_weights,
 )
-from dpsynth.privacy.session import _gumbel_argmax, sample_threshold
+from dpsynth.privacy.mechanisms import gumbel_argmax as _gumbel_argmax
+from dpsynth.privacy.mechanisms import sample_threshold
 
 MODES = ["seeded", "secure"]
 ALPHA = 1e-4  # false-alarm rate of each statistical test (secure mode is not reproducible)
@@ -186,29 +186,6 @@ def test_threshold_interval_mechanism(tmp_path: Path, mode: str) -> None:
 # ------------------------------------------------------------------ private prediction
 
 
-def test_clip_logits_formula() -> None:
-    # METHODS 4: l = exp(logits - max) - 1; centre by (max+min)/2; scale to sup-norm <= c.
-    row = np.array([2.0, 0.0])
-    a = math.expm1(-2.0) / 2.0  # half the span
-    assert np.allclose(clip_logits(row, 10.0), [-a, a])
-    assert np.allclose(clip_logits(row, 0.1), [0.1, -0.1])
-    rng = np.random.default_rng(0)
-    logits = rng.normal(0, 5, size=(8, 300))
-    logits[0, :10] = -np.inf  # masked tokens are allowed
-    out = clip_logits(logits, 0.3)
-    assert out.shape == logits.shape
-    assert np.abs(out).max(axis=1).max() <= 0.3 + 1e-12
-    # sensitivity: removing one document changes the sum by at most c per coordinate
-    full, minus = out.sum(axis=0), out[1:].sum(axis=0)
-    assert np.abs(full - minus).max() <= 0.3 + 1e-12
-    # ordering within a row is preserved (a monotone map), so the argmax is unchanged
-    assert np.array_equal(out.argmax(axis=1), logits.argmax(axis=1))
-    with pytest.raises(PrivacyConfigError, match="NaN"):
-        clip_logits(np.array([0.0, np.nan]), 1.0)
-    with pytest.raises(PrivacyConfigError, match="clip c"):
-        clip_logits(row, 0.0)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_private_token_full_softmax(tmp_path: Path, mode: str) -> None:
     sess = _session(tmp_path, mode)
@@ -252,3 +229,27 @@ def test_record_and_statement(tmp_path: Path) -> None:
     assert st["mechanisms"][0]["name"] == "fed"
     with pytest.raises(PrivacyConfigError, match="unit"):
         sess.statement("household", (5.0, 1e-5))
+
+
+# ------------------------------------------------------------------ defaults and the run seed
+
+
+def test_noise_is_secure_by_default() -> None:
+    from dpsynth.config import PrivacyConfig
+
+    assert make_noise_source().mode == "secure"
+    cfg = PrivacyConfig()
+    assert cfg.noise == "secure" and cfg.seed is None
+    a, b = make_noise_source("seeded"), make_noise_source("seeded")  # no seed: fresh entropy
+    assert not np.array_equal(a.normal(8), b.normal(8))
+
+
+def test_run_seed_is_drawn_once_kept_private_and_reused(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    s1 = run_seed(private)
+    assert s1 == run_seed(private) == run_seed(private, s1)  # resume: the same seed
+    assert (private / "seed").stat().st_mode & 0o777 == 0o600
+    assert run_seed(tmp_path / "other") != s1  # 128 random bits per run
+    with pytest.raises(ValueError, match="resumed run must keep its seed"):
+        run_seed(private, s1 + 1)
+    assert run_seed(tmp_path / "given", 42) == 42 == run_seed(tmp_path / "given")

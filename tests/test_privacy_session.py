@@ -185,3 +185,102 @@ def test_record_replays_and_spent(tmp_path: Path) -> None:
         reopened.get("nope")
     with pytest.raises(BudgetExceededError):
         reopened.record("more", ZCDPEvent(5.0))
+
+
+# ------------------------------------------------------------------ one writer per store
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
+
+    sess = PrivacySession(Path(sys.argv[1]), Accountant("pld"), make_noise_source())
+    print("ready", flush=True)
+    sys.stdin.readline()  # hold the store until told to exit
+    """
+)
+
+
+def test_a_second_process_cannot_open_the_store(tmp_path: Path) -> None:
+    from dpsynth.privacy import StoreLockedError
+
+    store = tmp_path / "store"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreLockedError, match="another process"):
+            PrivacySession(store, Accountant("pld"), make_noise_source())
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    # released at process exit: the store opens now
+    sess = PrivacySession(store, Accountant("pld"), make_noise_source())
+    sess.gaussian("k", np.zeros(2), 1.0, 5.0)
+    sess.close()
+
+
+def test_store_lock_is_released_on_close_and_superseded_in_process(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    old = PrivacySession(store, Accountant("pld"), make_noise_source("seeded", 1))
+    old.gaussian("a", np.zeros(2), 1.0, 5.0)
+    new = PrivacySession(store, Accountant("pld"), make_noise_source("seeded", 1))
+    assert new.keys() == ["a"]
+    with pytest.raises(PrivacyConfigError, match="superseded"):
+        old.gaussian("b", np.zeros(2), 1.0, 5.0)  # a stale handle never appends
+    new.gaussian("b", np.zeros(2), 1.0, 5.0)
+    new.close()
+    with pytest.raises(PrivacyConfigError, match="closed"):
+        new.gaussian("c", np.zeros(2), 1.0, 5.0)
+    # after close, another process may open it
+    code = (
+        "import sys; from pathlib import Path; from dpsynth.privacy import *; "
+        "s = PrivacySession(Path(sys.argv[1]), Accountant('pld'), make_noise_source()); "
+        "print(len(s.keys()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr
+
+
+# ------------------------------------------------------------------ externally computed releases
+
+
+def test_release_external_admits_before_computing(tmp_path: Path) -> None:
+    sess = PrivacySession(
+        tmp_path / "s", Accountant("pld"), make_noise_source(), target=(1.0, 1e-5)
+    )
+    calls: list[str] = []
+
+    def compute() -> np.ndarray:
+        calls.append("x")
+        return np.arange(3.0)
+
+    big = GaussianEvent(0.5, 1.0, name="secure_sum")  # far above epsilon 1
+    with pytest.raises(BudgetExceededError):
+        sess.release_external("fed/round0", big, compute)
+    assert calls == [] and sess.keys() == []  # refused: nothing computed on private data
+    ok = GaussianEvent(20.0, 1.0, name="secure_sum")
+    out = sess.release_external("fed/round0", ok, compute)
+    assert calls == ["x"] and np.array_equal(out, np.arange(3.0))
+    again = sess.release_external("fed/round0", ok, compute)  # stored: not computed again
+    assert calls == ["x"] and np.array_equal(again, out)
+    assert sess.accountant.summary()[0]["count"] == 1
+    with pytest.raises(PrivacyConfigError, match="at least one event"):
+        sess.release_external("fed/round1", [], compute)
+    sess.close()
+
+
+def test_statement_states_noise_mode_and_note(tmp_path: Path) -> None:
+    sess = PrivacySession(tmp_path / "s", Accountant("pld"), make_noise_source("seeded", 3))
+    sess.gaussian("k", np.zeros(2), 1.0, 5.0)
+    st = sess.statement("record", (5.0, 1e-5))
+    assert st["noise"] == "seeded" and "only while the seed stays secret" in st["noise_note"]
+    sess.close()

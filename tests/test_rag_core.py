@@ -73,11 +73,31 @@ def test_clip_is_calibrated_to_the_target() -> None:
         resolve_clip(SynRAGConfig(clip=5.0), 10.0, 1e-3)
 
 
+def test_clip_logits_formula_and_errors() -> None:
+    # docs/methods.md §4: l = exp(logits - max) - 1; centre by (max+min)/2; sup-norm <= c
+    from dpsynth.privacy import PrivacyConfigError
+    from dpsynth.rag.clipping import clip_logits
+
+    row = np.array([2.0, 0.0])
+    a = math.expm1(-2.0) / 2.0  # half the span
+    assert np.allclose(clip_logits(row, 10.0), [-a, a])
+    assert np.allclose(clip_logits(row, 0.1), [0.1, -0.1])
+    masked = np.random.default_rng(1).normal(0, 5, size=(3, 50))
+    masked[0, :10] = -np.inf  # masked tokens are allowed
+    assert np.abs(clip_logits(masked, 0.3)).max() <= 0.3 + 1e-12
+    with pytest.raises(PrivacyConfigError, match="NaN"):
+        clip_logits(np.array([0.0, np.nan]), 1.0)
+    with pytest.raises(PrivacyConfigError, match="clip c"):
+        clip_logits(row, 0.0)
+    with pytest.raises(PrivacyConfigError, match="entirely -inf"):
+        clip_logits(np.array([-np.inf, -np.inf]), 1.0)
+
+
 def test_clipped_sum_properties() -> None:
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 5, size=(7, 300))
     c = 0.3
-    from dpsynth.privacy import clip_logits
+    from dpsynth.rag.clipping import clip_logits
 
     rows = clip_logits(logits, c)
     assert np.all(np.abs(rows).max(axis=1) <= c + 1e-12)

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpsynth.privacy.secret_protection import (
+from dpsynth.methods.secpe_theory import (
     blowup,
     calibrate_one_sigma,
     calibrate_secret_sigma,
@@ -172,7 +172,7 @@ def test_calibrate_secret_sigma_many_secrets_and_lp():
 
 
 def test_domination_shortcut_and_monotonicity():
-    from dpsynth.privacy.secret_protection import _dominated
+    from dpsynth.methods.secpe_theory import _dominated
 
     assert _dominated(np.array([0.3, 0.1]), np.array([0.5, 0.2, 0.1]))
     assert not _dominated(np.array([0.6]), np.array([0.5, 0.5]))
@@ -201,7 +201,7 @@ def test_calibrate_many_secrets_from_lp():
 
 
 def test_plan_secret_noise_end_to_end():
-    from dpsynth.privacy.secret_protection import plan_secret_noise
+    from dpsynth.methods.secpe_theory import plan_secret_noise
 
     m = sp.csr_matrix(np.array([[1, 0], [1, 1], [0, 1], [0, 1]], dtype=np.int8))
     plan = plan_secret_noise(m, 1e-4, 2e-3, T=2, discretization=1e-2)

@@ -1,20 +1,40 @@
-"""SecPE secret clustering and representative voting against brute-force numpy references."""
+"""SecPE secret clustering and representative voting against brute-force numpy references.
+
+The noise tests go through ``release_representatives``, the function SecPE's ``score`` calls,
+with a real privacy session (stored, accounted release)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dpsynth.evolution.representatives import (
+    JOINT_SENSITIVITY,
+    PrivateAccumulation,
+    RepresentativeGroup,
+    RepresentativeNoise,
     accumulate_private,
-    add_representative_noise,
     assign_private,
-    noisy_representatives,
     per_point_vote,
     public_centres,
+    release_representatives,
     representative_vote,
 )
+from dpsynth.privacy import Accountant, PrivacySession
 from dpsynth.privacy.noise import SeededNoise
+
+
+def _session(path, seed=5):
+    return PrivacySession(path, Accountant("pld"), SeededNoise(seed))
+
+
+def _zero_group(k, d, sizes, centres=None):
+    acc = PrivateAccumulation(sums=np.zeros((k, d)), counts=np.zeros(k, dtype=np.int64),
+                              n_seen=0, n_sampled=0)
+    cent = np.zeros((k, d)) if centres is None else centres
+    return RepresentativeGroup(cent, np.asarray(sizes, dtype=np.float64), acc)
 
 
 def _unit(rng, n, d):
@@ -60,13 +80,16 @@ def test_public_centres_sizes(data):
     assert sizes.sum() == len(public) and np.all(sizes >= 1)
 
 
-def test_representative_vote_matches_numpy_sigma0(data):
+def test_representative_vote_matches_numpy_sigma0(data, tmp_path):
     public, private, cand = data
     centres, sizes = public_centres(public, 12, seed=0)
     rates = np.where(np.arange(len(private)) % 3 == 0, 0.0, 1.0)  # deterministic sampling
     clip_r = 1.0
-    reps = noisy_representatives(centres, sizes, _chunks(private, 64), rates, clip_r, 0.0,
-                                 SeededNoise(1))
+    acc = accumulate_private(centres, _chunks(private, 64), rates, clip_r, SeededNoise(1))
+    session = _session(tmp_path)
+    (reps,) = release_representatives(session, "k", [RepresentativeGroup(centres, sizes, acc)],
+                                      RepresentativeNoise(clip_r, 0.0))
+    assert session.keys() == []  # sigma 0: no protection asked, nothing released or charged
     e, n, hist = _brute_force(centres, sizes, private, rates > 0, clip_r, cand)
     np.testing.assert_allclose(reps.e_tilde, e, atol=1e-5)
     np.testing.assert_allclose(reps.n_tilde, n)
@@ -97,22 +120,55 @@ def test_poisson_sampling_rate(data):
     assert acc.n_sampled == pytest.approx(3000, abs=4 * np.sqrt(10000 * 0.21))
 
 
-def test_noise_scales_empirical():
+def test_noise_scales_empirical(tmp_path):
+    """Centre k gets Delta_k sigma = (R + max(1, R)) / n_k * sigma per coordinate, counts sigma;
+    the release is one accounted Gaussian of sensitivity sqrt(2)."""
     k, d = 2, 40_000
     sizes = np.array([1.0, 4.0])
     clip_r, sigma = 0.5, 2.0
-    reps = add_representative_noise(np.zeros((k, d)), np.zeros(k), np.zeros((k, d)), sizes,
-                                    clip_r, sigma, SeededNoise(5))
-    expected = 2 * clip_r * sigma / sizes  # (2R / n_k) sigma = [2.0, 0.5]
+    session = _session(tmp_path)
+    (reps,) = release_representatives(session, "iter0/representatives",
+                                      [_zero_group(k, d, sizes)],
+                                      RepresentativeNoise(clip_r, sigma), sampling_rate=0.5)
+    expected = (clip_r + 1.0) * sigma / sizes  # (R + max(1, R)) / n_k * sigma = [3.0, 0.75]
     np.testing.assert_allclose(reps.centre_noise_std, expected)
     np.testing.assert_allclose(reps.e_tilde.std(axis=1), expected, rtol=0.02)
     np.testing.assert_allclose(reps.e_tilde.mean(axis=1), 0.0, atol=0.05)
+    (event,) = session.accountant.summary()
+    assert event["sensitivity"] == pytest.approx(JOINT_SENSITIVITY)
+    assert event["sigma"] == pytest.approx(sigma) and event["sampling_rate"] == 0.5
+    # asking again returns the stored release: the noise is never redrawn
+    (again,) = release_representatives(session, "iter0/representatives",
+                                       [_zero_group(k, d, sizes)],
+                                       RepresentativeNoise(clip_r, sigma), sampling_rate=0.5)
+    np.testing.assert_array_equal(again.e_tilde, reps.e_tilde)
+    assert len(session.accountant.summary()) == 1
     kk = 40_000
-    reps2 = add_representative_noise(np.zeros((kk, 1)), np.zeros(kk), np.zeros((kk, 1)),
-                                      np.full(kk, 10.0), clip_r, sigma, SeededNoise(6))
+    (reps2,) = release_representatives(_session(tmp_path / "b", 6), "n",
+                                       [_zero_group(kk, 1, np.full(kk, 10.0))],
+                                       RepresentativeNoise(clip_r, sigma))
     dev = reps2.n_tilde - 10.0
     assert dev.std() == pytest.approx(sigma, rel=0.02)
     assert abs(dev.mean()) < 0.05
+
+
+@pytest.mark.parametrize("clip_r", [0.1, 0.5, 1.0, 2.0])
+def test_centre_sensitivity_bounds_the_worst_record(clip_r):
+    """One added row x moves a centre by (x - e~_k) / (n_k + m_k + 1): with unit public rows and
+    x antipodal to the centre this reaches (R + 1) / (n_k + 1); Delta_k must cover it (and the
+    old 2R / n_k does not for R < 1)."""
+    n = 5
+    e = np.zeros(8)
+    e[0] = 1.0  # all n public rows equal the unit vector e_0
+    x = -clip_r * e  # a clipped private row pointing the other way
+    before = e
+    after = (n * e + x) / (n + 1)
+    shift = np.linalg.norm(after - before)
+    delta = RepresentativeNoise(clip_r, 1.0).centre_sensitivity(np.array([n]))[0]
+    assert shift <= delta
+    assert delta == pytest.approx((clip_r + max(1.0, clip_r)) / n)
+    if clip_r < 1:
+        assert shift > 2 * clip_r / n  # the old scale understated the shift
 
 
 def test_per_point_vote_matches_numpy(data):
@@ -125,18 +181,63 @@ def test_per_point_vote_matches_numpy(data):
     assert hist2.sum() == 3 * len(x)
 
 
-def test_bad_input_messages(data):
+def test_bad_input_messages(data, tmp_path):
     public, private, _ = data
     centres, sizes = public_centres(public, 5, seed=0)
     with pytest.raises(ValueError, match="rates has"):
         accumulate_private(centres, _chunks(private, 64), np.ones(10), 1.0, SeededNoise(0))
     with pytest.raises(ValueError, match=r"n_k >= 1"):
-        add_representative_noise(np.zeros((2, 3)), np.zeros(2), np.zeros((2, 3)),
-                                 np.array([0.0, 1.0]), 1.0, 1.0, SeededNoise(0))
+        release_representatives(_session(tmp_path), "k", [_zero_group(2, 3, [0.0, 1.0])],
+                                RepresentativeNoise(1.0, 1.0))
+    with pytest.raises(ValueError, match="clip_R"):
+        RepresentativeNoise(0.0, 1.0)
 
 
-def test_clip_radius_below_centre_norm_rejected():
-    centres = np.array([[0.9, 0.0], [0.0, 0.2]], dtype=np.float32)
-    with pytest.raises(ValueError, match="clip_R=0.5"):
-        add_representative_noise(np.zeros((2, 2)), np.zeros(2), centres, np.ones(2), 0.5, 1.0,
-                                 SeededNoise(0))
+def test_centre_longer_than_public_norm_rejected(tmp_path):
+    centres = np.array([[1.5, 0.0], [0.0, 0.2]])
+    with pytest.raises(ValueError, match="public_norm=1.0"):
+        release_representatives(_session(tmp_path), "k", [_zero_group(2, 2, [1, 1], centres)],
+                                RepresentativeNoise(0.5, 1.0))
+    # with the true bound of the public rows the same centres are accepted
+    (reps,) = release_representatives(_session(tmp_path / "b"), "k",
+                                      [_zero_group(2, 2, [1, 1], centres)],
+                                      RepresentativeNoise(0.5, 1.0, public_norm=1.5))
+    np.testing.assert_allclose(reps.centre_noise_std, [2.0, 2.0])  # (0.5 + 1.5) / 1 * 1
+
+
+def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
+    """Production path: SecPEStrategy.score at clip R = 0.1 on unit embeddings releases centres
+    with noise (R + 1) / n_k * sigma per coordinate (not 2R / n_k * sigma)."""
+    from dpsynth.config import RunConfig
+    from dpsynth.evolution.loop import Pool
+    from dpsynth.methods.secpe import SecPEStrategy, SecretPlan
+
+    rng = np.random.default_rng(0)
+    n_pub, n_priv, d = 300, 40, 2048
+    texts = [f"public note {i}" for i in range(n_pub)] + [f"zebra note {i}" for i in range(n_priv)]
+    cfg = RunConfig.model_validate({
+        "method": "secpe", "synthesis": {"iterations": 1}, "privacy": {"seed": 0},
+        "secpe": {"secrets": [{"kind": "strings", "values": ["zebra"]}], "clip": 0.1,
+                  "clusters": 3, "p": 1e-4, "r_over_p": 10}})
+    plan = SecretPlan(cfg, texts)
+    assert plan.protects and len(plan.private_idx) == n_priv
+    emb = _unit(rng, n_pub + n_priv, d)
+    session = _session(tmp_path)
+    ctx = SimpleNamespace(config=cfg, private_embeddings=emb, label_codes=np.zeros(len(texts),
+                          dtype=np.int64), n_labels=1, session=session)
+    strategy = SecPEStrategy(plan)
+    cand = _unit(rng, 10, d)
+    strategy.score(ctx, 0, Pool([f"c{i}" for i in range(10)], np.zeros(10, dtype=np.int64),
+                                np.zeros(10, dtype=np.int64)), cand)
+    cent, sizes = strategy.centres(ctx)[0]
+    # the exact statistic, from the same Poisson coins the production path drew
+    acc = accumulate_private(cent, [emb[plan.private_idx]], plan.rates, 0.1,
+                             session.noise_for("iter0/poisson"))
+    exact = (sizes[:, None] * cent + acc.sums) / (sizes + acc.counts)[:, None]
+    rep = strategy.released[0]
+    expected = (0.1 + 1.0) / sizes * plan.sigma
+    np.testing.assert_allclose(rep.centre_noise_std, expected, rtol=1e-6)
+    np.testing.assert_allclose((rep.e_tilde - exact).std(axis=1), expected, rtol=0.1)
+    (event,) = session.accountant.summary()
+    assert event["sensitivity"] == pytest.approx(JOINT_SENSITIVITY)
+    assert event["sigma"] == pytest.approx(plan.sigma)

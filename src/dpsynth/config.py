@@ -22,30 +22,178 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+DEMO_VALUES = "demo"  # label_values keyword: the demo corpus's public values of the column
+
+
+def _value_to_str(value: Any) -> Any:
+    """A declared label value as the loader reads it (``4`` and ``4.0`` become ``"4"``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"label value {value!r} is a YAML boolean: quote it (e.g. \"yes\")")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return value
+
+
+def _how_to_declare(missing: list[str], labels: list[str]) -> str:
+    col = missing[0]
+    return (
+        f"data.labels names {', '.join(map(repr, missing))} without declared values. The label "
+        "domain is public input (a schema, never read from the private records): declare it, "
+        "e.g.\n"
+        "    data:\n"
+        f"      labels: [{', '.join(labels)}]\n"
+        "      label_values:\n"
+        f"        {col}: [value1, value2, value3]\n"
+        f"        # or {col}: {col}-values.txt  (one value per line, UTF-8, relative to the "
+        "config's folder)\n"
+        "Records with another value are an error. A data owner can list the values in their "
+        f"own file with `dpsynth data check FILE --text TEXT --label {col}`. To find the domain "
+        "privately instead (noisy counts and a threshold, charging extra delta), set "
+        "data.label_domain: discover."
+    )
+
+
 class DataConfig(_Section):
     """Where the private records are and which columns hold text, labels and users.
 
     ``path: demo`` uses the built-in demo corpus (written into the run's private area).
+    The label domain is public input (docs/methods.md §0): ``label_values`` maps each label
+    column to its values (a list, a file with one value per line, or ``demo`` for the demo
+    corpus's public departments and urgencies); the joint classes are their product in
+    declared order. Values declared for a column not in ``labels`` are unused (so an override
+    of ``labels`` to fewer columns keeps working). ``label_domain: discover`` finds undeclared
+    domains privately instead (dpsynth.label_domain), charging a Gaussian release of scale
+    ``label_domain_sigma`` and an extra ``label_domain_delta``.
     """
 
     path: str = "demo"
     text: str = "text"
     labels: list[str] = Field(default_factory=list)
+    label_values: dict[str, list[str] | str] = Field(
+        default_factory=dict, description="public label domain: column -> values, file or demo"
+    )
+    label_domain: Literal["declared", "discover"] = "declared"
+    label_domain_sigma: float = Field(
+        5.0, gt=0, description="discover: noise sigma of the per-column value counts"
+    )
+    label_domain_delta: float = Field(
+        1e-7, gt=0, lt=1,
+        description="discover: extra delta charged (chance a one-record value is kept)",
+    )
     user: str | None = None
     max_chars: int = Field(20000, gt=0)
     limit: int | None = Field(None, gt=0, description="use only the first N rows")
     demo_rows: int = Field(600, gt=0)
     demo_seed: int = 0
 
+    @field_validator("label_values", mode="before")
+    @classmethod
+    def _values_as_strings(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {col: [_value_to_str(v) for v in vals] if isinstance(vals, list) else vals
+                for col, vals in value.items()}
+
+    @model_validator(mode="after")
+    def _declared_domain(self) -> DataConfig:
+        for col, vals in self.label_values.items():
+            if isinstance(vals, str):
+                if not vals.strip():
+                    raise ValueError(f"label_values.{col}: give a list of values or a file path")
+                if vals == DEMO_VALUES:
+                    _demo_values(col)
+                continue
+            _check_values(vals, f"label_values.{col}")
+        if self.label_domain == "declared":
+            missing = [c for c in self.labels if c not in self.label_values]
+            if missing:
+                raise ValueError(_how_to_declare(missing, self.labels))
+        return self
+
+    def declared_label_values(self) -> dict[str, list[str]]:
+        """The declared values of each label column (files and ``demo`` read now), in
+        declared order; columns left to ``label_domain: discover`` are absent."""
+        out: dict[str, list[str]] = {}
+        for col in self.labels:
+            vals = self.label_values.get(col)
+            if vals is None:
+                continue
+            if isinstance(vals, list):
+                out[col] = list(vals)
+            elif vals == DEMO_VALUES:
+                out[col] = _demo_values(col)
+            else:
+                out[col] = read_label_values_file(Path(vals), col)
+        return out
+
+
+def _check_values(values: list[str], where: str) -> None:
+    if not values:
+        raise ValueError(f"{where}: declare at least one value")
+    seen: set[str] = set()
+    for i, v in enumerate(values, start=1):
+        if not v.strip():
+            raise ValueError(f"{where}: value {i} is empty")
+        if v in seen:
+            raise ValueError(f"{where}: value {v!r} is declared twice")
+        seen.add(v)
+
+
+def _demo_values(column: str) -> list[str]:
+    from .demo_corpus import demo_label_values
+
+    known = demo_label_values()
+    if column not in known:
+        raise ValueError(
+            f"label_values.{column}: 'demo' declares the demo corpus's public values, which exist "
+            f"only for {', '.join(map(repr, known))}"
+        )
+    return known[column]
+
+
+def read_label_values_file(path: Path, column: str) -> list[str]:
+    """One value per line (UTF-8, optional BOM); blank lines are skipped."""
+    where = f"label_values.{column} ({path})"
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: file not found") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{where}: not valid UTF-8 (byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(f"{where}: cannot read ({type(err).__name__})") from None
+    values: list[str] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if line != line.strip():
+            raise ConfigError(f"{where}, line {lineno}: leading or trailing whitespace")
+        if line in seen:
+            raise ConfigError(f"{where}, line {lineno}: value {line!r} repeats line {seen[line]}")
+        seen[line] = lineno
+        values.append(line)
+    if not values:
+        raise ConfigError(f"{where}: no values (one value per line)")
+    return values
+
 
 class PrivacyConfig(_Section):
-    """The privacy target and how noise is drawn (METHODS.md section 0)."""
+    """The privacy target and how noise is drawn (docs/methods.md §0).
+
+    ``noise: secure`` (the default) draws from the OS CSPRNG. ``noise: seeded`` is a research
+    mode: the guarantee holds only while the seed stays secret. ``seed: null`` (the default)
+    draws a random seed per run, kept in the run's private/ folder; it also drives
+    post-processing randomness. The ledger refuses one (dataset, seed) pair twice.
+    """
 
     epsilon: float = Field(4.0, ge=0)
     delta: float = Field(1e-5, gt=0, lt=1)
     accountant: Literal["pld", "rdp", "zcdp", "gdp"] = "pld"
-    noise: Literal["seeded", "secure"] = "seeded"
-    seed: int = 0
+    noise: Literal["seeded", "secure"] = "secure"
+    seed: int | None = Field(None, ge=0, description="null: drawn at random, kept in private/")
     unit: Literal["record", "user"] = "record"
     total_epsilon: float | None = Field(None, gt=0, description="dataset budget in the ledger")
     total_delta: float | None = Field(None, gt=0, lt=1)
@@ -60,11 +208,27 @@ class GeneratorConfig(_Section):
     base_url: str | None = None
     api_key_env: str | None = None
     chat: bool | None = None
-    batch_size: int = Field(16, gt=0)
+    batch_size: int | None = Field(
+        None, gt=0, description="local: requests per batch; None picks it for the engine"
+    )
+    engine: Literal["auto", "transformers", "ctranslate2"] = Field(
+        "auto", description="local: ctranslate2 int8 when installed (auto), or transformers"
+    )
+    threads: int | None = Field(
+        None, gt=0, description="local: CPU threads; None = the idle cores (never more)"
+    )
     max_concurrency: int = Field(4, gt=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
+    timeout_s: float = Field(120.0, gt=0, description="openai: seconds per HTTP attempt")
+    retry_budget_s: float = Field(
+        600.0, gt=0, description="openai: total seconds per request across its retries"
+    )
+    max_attempts: int | None = Field(None, ge=1, description="openai: optional attempt cap")
+    outage_patience_s: float = Field(
+        300.0, ge=0, description="openai: wait out a server outage this long, then stop cleanly"
+    )
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> GeneratorConfig:
@@ -75,7 +239,10 @@ class GeneratorConfig(_Section):
     def spec(self) -> str | dict[str, Any]:
         """The spec that dpsynth.llm.load_generator takes."""
         if self.backend == "local":
-            return self.model
+            if self.engine == "auto" and self.threads is None:
+                return self.model
+            return {"backend": "local", "model": self.model, "engine": self.engine,
+                    "num_threads": self.threads}
         return {
             "backend": "openai",
             "base_url": self.base_url,
@@ -83,6 +250,10 @@ class GeneratorConfig(_Section):
             "api_key_env": self.api_key_env,
             "chat": True if self.chat is None else self.chat,
             "max_concurrency": self.max_concurrency,
+            "timeout": self.timeout_s,
+            "retry_budget_s": self.retry_budget_s,
+            "max_attempts": self.max_attempts,
+            "outage_patience_s": self.outage_patience_s,
         }
 
     @property
@@ -91,8 +262,14 @@ class GeneratorConfig(_Section):
 
 
 class EmbedderConfig(_Section):
+    """Sentence embedder; fast engines must match torch to cosine 0.999 (see dpsynth.embed)."""
+
     model: str = "minilm"
     batch_size: int = Field(64, gt=0)
+    engine: Literal["auto", "torch", "onnx", "openvino"] = Field(
+        "auto", description="auto: openvino, else onnx, else torch (first that is installed "
+        "and agrees with torch)")
+    threads: int | None = Field(None, gt=0, description="CPU threads (default: all cores)")
 
 
 class PromptConfig(_Section):
@@ -108,7 +285,7 @@ class PromptConfig(_Section):
 
 
 class SynthesisConfig(_Section):
-    """Sizes and switches of the shared evolution loop (METHODS.md section 1)."""
+    """Sizes and switches of the shared evolution loop (docs/methods.md §1)."""
 
     samples: int = Field(60, gt=0, description="N: synthetic samples kept")
     iterations: int = Field(2, ge=0, description="T: private voting rounds")
@@ -125,13 +302,20 @@ class SynthesisConfig(_Section):
 
 
 class FederatedConfig(_Section):
+    """Federated WASP (docs/methods.md §2): votes summed by Flower SecAgg+ across parties."""
+
     parties: int = Field(0, ge=0, description="0 = not federated")
     dirichlet_alpha: float = Field(1.0, gt=0)
-    min_parties: int | None = None
+    min_parties: int | None = Field(
+        None, ge=2,
+        description="fewest parties whose sum may be released (default: all); also the SecAgg+ "
+                    "reconstruction threshold, and each round is charged at the noise of this "
+                    "many parties",
+    )
 
 
 class WaspConfig(_Section):
-    """WASP (METHODS.md section 2)."""
+    """WASP (docs/methods.md §2)."""
 
     top_q: int = Field(8, ge=1)
     demonstrations: int = Field(8, ge=2)
@@ -143,7 +327,7 @@ class WaspConfig(_Section):
 
 
 class SecPEConfig(_Section):
-    """SecPE (METHODS.md section 3)."""
+    """SecPE (docs/methods.md §3)."""
 
     secrets: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"kind": "pii",
@@ -153,7 +337,33 @@ class SecPEConfig(_Section):
     p: float = Field(1e-4, gt=0, lt=1)
     r_over_p: float = Field(10.0, gt=1)
     clusters: int = Field(50, gt=0)
-    clip: float = Field(1.0, gt=0)
+    clip: float = Field(
+        1.0, gt=0,
+        description="R: private embeddings are clipped to norm R; a centre's noise scale is "
+                    "(R + max(1, R)) / n_k, so R < 1 still pays (1 + R) / n_k",
+    )
+
+
+class ComputeConfig(_Section):
+    """Where the private statistics are computed (docs/methods.md §0): ``local`` (this process,
+    the default) or ``ray`` (sharded by user over Ray workers; the driver sees only summed
+    partial statistics and adds the noise once)."""
+
+    engine: Literal["local", "ray"] = "local"
+    address: str = Field(
+        "auto", description="ray: 'auto' (a running cluster), 'ray://HOST:PORT', HOST:PORT "
+                            "or 'local' (start a one-machine Ray in this process)",
+    )
+    shards: int = Field(2, ge=1, le=64, description="ray: shard actors holding private rows "
+                                                 "(whole user buckets, 64 at most)")
+
+    @field_validator("address")
+    @classmethod
+    def _address_form(cls, value: str) -> str:
+        if value in {"auto", "local"} or value.startswith("ray://") or ":" in value:
+            return value
+        raise ValueError(f"compute.address {value!r}: use auto, local, ray://HOST:PORT or "
+                         "HOST:PORT")
 
 
 class RunConfig(_Section):
@@ -167,6 +377,7 @@ class RunConfig(_Section):
     wasp: WaspConfig = Field(default_factory=WaspConfig)
     secpe: SecPEConfig = Field(default_factory=SecPEConfig)
     synrag: dict[str, Any] = Field(default_factory=dict)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
     llm_cache: str | None = Field(
         None, description="request cache shared across runs (default: the run's private area)"
     )
@@ -178,10 +389,24 @@ class RunConfig(_Section):
             raise ValueError("generators: give at least one generator")
         return value
 
+    @model_validator(mode="after")
+    def _discovery_fits_delta(self) -> RunConfig:
+        data = self.data
+        undeclared = [c for c in data.labels if c not in data.label_values]
+        if undeclared and data.label_domain_delta >= self.privacy.delta:
+            raise ValueError(
+                f"data.label_domain_delta = {data.label_domain_delta:g} must be below "
+                f"privacy.delta = {self.privacy.delta:g}: label discovery is charged to it"
+            )
+        return self
+
     def resolve_paths(self, base: Path) -> RunConfig:
-        """Make the data path absolute relative to the config file's folder."""
+        """Make the data path and label-value files absolute relative to the config's folder."""
         if self.data.path != "demo" and not Path(self.data.path).is_absolute():
             self.data.path = str((base / self.data.path).resolve())
+        for col, vals in self.data.label_values.items():  # files of label values
+            if isinstance(vals, str) and vals != DEMO_VALUES and not Path(vals).is_absolute():
+                self.data.label_values[col] = str((base / vals).resolve())
         return self
 
 

@@ -22,13 +22,28 @@ class RunContext:
     """Thin holder of a run's state; the methods and the loop take it as their argument."""
 
     def __init__(self, config: RunConfig, run: RunDir, dataset: Any, sigma: float,
-                 session: Any, *, progress: bool = True) -> None:
+                 session: Any, *, progress: bool = True,
+                 generators: Sequence[Any] | None = None, embedder: Any | None = None) -> None:
+        """``generators`` / ``embedder``: ready objects used instead of loading the configured
+        models (one generator per ``config.generators`` entry), e.g. the test fakes."""
+        if generators is not None and len(generators) != len(config.generators):
+            raise ValueError(f"{len(generators)} generators given for "
+                             f"{len(config.generators)} configured")
+        self._given_generators = list(generators) if generators is not None else None
+        self._given_embedder = embedder
         self.config = config
         self.run = run
+        from .privacy import run_seed
+
+        # the run's private seed (private/seed, drawn once when the config gives none): drives
+        # post-processing and LLM sampling, so a resumed run makes the same choices
+        self.seed: int = run_seed(run.private, config.privacy.seed)
         self.dataset = dataset
         self.sigma = sigma
         self.session = session
         self.progress = progress
+        # the classes are the product of the public label domain (declared in the config or
+        # found privately), never derived from the records (docs/methods.md §0)
         self.label_codes, self.label_classes = dataset.joint_label_codes()
         self.label_codes = np.asarray(self.label_codes, dtype=np.int64)
         self.users: np.ndarray | None = None
@@ -41,14 +56,16 @@ class RunContext:
         the run seed and a tag, so a resumed step makes exactly the same choices."""
         from .evolution.textgen import stable_seed
 
-        return np.random.default_rng(stable_seed(self.config.privacy.seed, "post", tag))
+        return np.random.default_rng(stable_seed(self.seed, "post", tag))
 
     # -- labels ----------------------------------------------------------------------------
     @property
     def n_labels(self) -> int:
+        """Joint label classes, including declared ones that no record holds."""
         return len(self.label_classes)
 
     def label_dict(self, code: int) -> dict[str, str]:
+        """Label column -> value of joint class ``code``."""
         return dict(zip(self.dataset.label_columns, self.label_classes[code], strict=True))
 
     # -- privacy ---------------------------------------------------------------------------
@@ -72,9 +89,14 @@ class RunContext:
     def embedder(self) -> Any:
         from .embed import Embedder
 
-        self.log(f"loading embedder {self.config.embedder.model}")
-        return Embedder(self.config.embedder.model, cache_dir=self.run.private / "embed-cache",
-                        batch_size=self.config.embedder.batch_size)
+        if self._given_embedder is not None:
+            return self._given_embedder
+        cfg = self.config.embedder
+        self.log(f"loading embedder {cfg.model} (engine {cfg.engine})")
+        embedder = Embedder(cfg.model, cache_dir=self.run.private / "embed-cache",
+                            batch_size=cfg.batch_size, engine=cfg.engine, threads=cfg.threads)
+        self.log(f"embedder engine: {embedder.engine_tag}")
+        return embedder
 
     @cached_property
     def synthesizers(self) -> list[Synthesizer]:
@@ -82,11 +104,19 @@ class RunContext:
 
         out = []
         for i, gen_cfg in enumerate(self.config.generators):
-            self.log(f"loading generator {i}: {gen_cfg.short_name}")
-            extra = {"batch_size": gen_cfg.batch_size} if gen_cfg.backend == "local" else {}
-            generator = load_generator(gen_cfg.spec(), cache_path=self.llm_cache_path, **extra)
+            if self._given_generators is not None:
+                from .llm.cache import CachedGenerator, RequestCache
+
+                # the same request cache as a loaded model: resume pays no call twice
+                generator = CachedGenerator(self._given_generators[i],
+                                            RequestCache(self.llm_cache_path))
+            else:
+                self.log(f"loading generator {i}: {gen_cfg.short_name}")
+                extra = {"batch_size": gen_cfg.batch_size} if gen_cfg.backend == "local" else {}
+                generator = load_generator(gen_cfg.spec(), cache_path=self.llm_cache_path,
+                                           **extra)
             out.append(Synthesizer(generator, gen_cfg, self.config.synthesis,
-                                   self.config.privacy.seed))
+                                   self.seed))
         return out
 
     @property
@@ -97,17 +127,28 @@ class RunContext:
 
     @cached_property
     def private_embeddings(self) -> np.ndarray:
-        """Embeddings of the private texts, cached in the private area (mode 0600)."""
-        path = self.run.private / "private-embeddings.npy"
-        if path.is_file():
-            emb = np.load(path)
-            if len(emb) == len(self.dataset):
-                return emb
-        emb = self.embedder.embed(self.dataset.texts, progress=self.progress)
-        with open(path, "wb") as handle:
-            np.save(handle, emb)
-        path.chmod(0o600)
-        return emb
+        """Embeddings of the private texts: streamed in chunks into a memory-mapped .npy in the
+        private area (mode 0600), resumed where a stopped run left it (``embed.embed_to_file``)."""
+        from .embed import embed_to_file
+
+        return embed_to_file(self.embedder, self.dataset.texts, len(self.dataset),
+                             self.run.private / "private-embeddings.npy", log=self.log)
+
+    @cached_property
+    def compute(self) -> Any:
+        """The private-statistics engine (``compute.engine``): the methods' one access to
+        private embeddings (dpsynth.compute; docs/methods.md §0)."""
+        from .compute import make_compute
+
+        return make_compute(self)
+
+    def close_compute(self) -> None:
+        """Release the compute engine's workers, if it was started."""
+        if "compute" in self.__dict__:
+            try:
+                self.__dict__.pop("compute").close()
+            except Exception as err:  # the run's outcome stands; note it for the operator
+                self.log(f"compute engine did not close cleanly: {type(err).__name__}")
 
     def embed_synthetic(self, texts: Sequence[str]) -> np.ndarray:
         return self.embedder.embed(list(texts), progress=self.progress)
@@ -130,10 +171,14 @@ class RunContext:
         for synth in self.synthesizers:
             for key in total:
                 total[key] += getattr(synth.counts, key)
-        calls = 0
-        for synth in self.synthesizers:
-            calls += int(getattr(synth.generator, "misses", 0))
-        total["llm_calls"] = calls
+        # llm_calls: answers received (and stored) by this attempt, i.e. calls paid for;
+        # requests that failed for good are in llm_requests_sent but not in llm_calls
+        total["llm_calls"] = sum(int(getattr(s.generator, "delivered", 0))
+                                 for s in self.synthesizers)
+        total["llm_requests_sent"] = sum(int(getattr(s.generator, "misses", 0))
+                                         for s in self.synthesizers)
+        total["http_retries"] = sum(int(getattr(s.generator, "retries", 0) or 0)
+                                    for s in self.synthesizers)
         return total
 
 

@@ -17,6 +17,12 @@ Row numbers in problems are 1-based **data rows**:
 Private text never appears in a problem message beyond a short excerpt of at most 40
 characters ending in an ellipsis (see :func:`excerpt`).
 
+The label domain is public input (docs/methods.md §0): ``label_values`` (from the config's
+``data.label_values``) lists each label column's values, a record holding another value is an
+error naming its row, and :meth:`Dataset.joint_label_codes` builds the classes as the product of
+the declared values, so a declared class that no record holds still exists. Nothing about the
+classes is derived from the records.
+
 Values are read as strings: CSV cells are taken verbatim (``"NA"`` is a label, not a missing
 value); in JSON and Parquet, numbers and booleans in label or user columns are converted to
 strings (``4.0`` becomes ``"4"``), ``null``/NaN is a missing value.
@@ -25,11 +31,12 @@ strings (``4.0`` becomes ``"4"``), ``null``/NaN is a missing value.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +50,7 @@ __all__ = [
     "DataProblem",
     "Dataset",
     "check_dataset",
+    "check_label_values",
     "excerpt",
     "load_dataset",
     "read_jsonl",
@@ -54,6 +62,7 @@ ON_DUPLICATE = ("warn", "error", "drop", "ignore")
 MAX_LISTED = 20
 EXCERPT_CHARS = 30  # plus quotes and an ellipsis: always <= 40 characters
 _MAX_PER_KIND = 1000  # problems of one kind kept per file (the rest are counted)
+MAX_JOINT_CLASSES = 100_000  # product of the declared label domains
 
 
 @dataclass
@@ -113,9 +122,45 @@ def excerpt(text: str, n: int = EXCERPT_CHARS) -> str:
     return repr(flat[:n]) + "…"
 
 
+def _no_domain_message(columns: Sequence[str]) -> str:
+    return (
+        f"no public label domain for {', '.join(map(repr, columns))}: the label values are "
+        "public input, never derived from the records; declare them in the config "
+        "(data.label_values: {column: [value, ...]}) or pass label_values= to load_dataset"
+    )
+
+
+def check_label_values(
+    label_values: Mapping[str, Sequence[str]], labels: Sequence[str]
+) -> dict[str, list[str]]:
+    """Validate a declared label domain (columns among ``labels``, distinct non-empty strings);
+    returns it as lists. Raises ``ValueError`` naming the column."""
+    out: dict[str, list[str]] = {}
+    for col, values in label_values.items():
+        if col not in labels:
+            raise ValueError(
+                f"label_values names {col!r}, which is not a label column {list(labels)}"
+            )
+        if isinstance(values, str):
+            raise ValueError(f"label_values[{col!r}] must be a list of values, not a string")
+        vals = list(values)
+        if not vals:
+            raise ValueError(f"label_values[{col!r}] is empty: declare at least one value")
+        if not all(isinstance(v, str) and v.strip() for v in vals):
+            raise ValueError(f"label_values[{col!r}]: every value must be a non-empty string")
+        if len(set(vals)) != len(vals):
+            raise ValueError(f"label_values[{col!r}] declares a value twice")
+        out[col] = vals
+    return out
+
+
 @dataclass
 class Dataset:
-    """Validated records: texts, labels per column (as strings) and optional user ids."""
+    """Validated records: texts, labels per column (as strings) and optional user ids.
+
+    ``label_domain`` is the public domain of each label column (declared in the config, or
+    found privately by :mod:`dpsynth.label_domain`); ``None`` when none was given.
+    """
 
     texts: list[str]
     labels: dict[str, list[str]]
@@ -125,28 +170,79 @@ class Dataset:
     label_columns: list[str]
     user_column: str | None
     warnings: list[DataProblem] = field(default_factory=list)
+    label_domain: dict[str, list[str]] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def label_codes(self, column: str) -> tuple[np.ndarray, list[str]]:
-        """Integer codes of one label column and its class names (sorted)."""
+    def _domain(
+        self, columns: Sequence[str], domain: Mapping[str, Sequence[str]] | None
+    ) -> dict[str, list[str]]:
+        """The public values of ``columns``: from ``domain`` or the one given at load time."""
+        source = domain if domain is not None else (self.label_domain or {})
+        missing = [c for c in columns if c not in source]
+        if missing:
+            raise ValueError(_no_domain_message(missing))
+        return check_label_values({c: source[c] for c in columns}, self.label_columns)
+
+    def _column_codes(self, column: str, values: list[str]) -> np.ndarray:
+        column_values = self.labels[column]
+        codes = pd.Categorical(column_values, categories=values).codes.astype(np.int64)
+        outside = np.flatnonzero(codes < 0)
+        if outside.size:
+            i = int(outside[0])
+            raise ValueError(
+                f"record {i + 1}: {column} value {excerpt(column_values[i])} is not in the "
+                f"declared domain of {column!r} ({len(values)} values)"
+            )
+        return codes
+
+    def label_codes(
+        self, column: str, values: Sequence[str] | None = None
+    ) -> tuple[np.ndarray, list[str]]:
+        """Integer codes of one label column over its public values (``values``, else the
+        domain given at load time), and those values in declared order."""
         if column not in self.labels:
             raise KeyError(f"no label column {column!r}; label columns: {self.label_columns}")
-        classes, codes = np.unique(
-            np.asarray(self.labels[column], dtype=object), return_inverse=True
-        )
-        return codes.astype(np.int64), [str(c) for c in classes]
+        vals = self._domain([column], None if values is None else {column: values})[column]
+        return self._column_codes(column, vals), vals
 
-    def joint_label_codes(self) -> tuple[np.ndarray, list[tuple[str, ...]]]:
-        """Codes over the combinations of all label columns (one class ``()`` without labels)."""
+    def joint_label_codes(
+        self, domain: Mapping[str, Sequence[str]] | None = None
+    ) -> tuple[np.ndarray, list[tuple[str, ...]]]:
+        """Codes over the joint classes: the Cartesian product of the public values of every
+        label column, in declared order (the last column varies fastest), so a class that no
+        record holds still exists. ``domain`` defaults to the one given at load time; one class
+        ``()`` without label columns. Raises ``ValueError`` without a public domain."""
         if not self.label_columns:
             return np.zeros(len(self), dtype=np.int64), [()]
-        combos = list(zip(*(self.labels[c] for c in self.label_columns), strict=True))
-        classes = sorted(set(combos))
-        index = {c: i for i, c in enumerate(classes)}
-        codes = np.fromiter((index[c] for c in combos), dtype=np.int64, count=len(combos))
+        dom = self._domain(self.label_columns, domain)
+        sizes = [len(dom[c]) for c in self.label_columns]
+        n_classes = math.prod(sizes)
+        if n_classes > MAX_JOINT_CLASSES:
+            raise ValueError(
+                f"the declared label domains give {n_classes:,} joint classes "
+                f"({' x '.join(map(str, sizes))}), over {MAX_JOINT_CLASSES:,}: use fewer label "
+                "columns or values"
+            )
+        codes = np.zeros(len(self), dtype=np.int64)
+        for col, size in zip(self.label_columns, sizes, strict=True):
+            codes = codes * size + self._column_codes(col, dom[col])
+        classes = list(itertools.product(*(dom[c] for c in self.label_columns)))
         return codes, classes
+
+    def with_label_domain(self, domain: Mapping[str, Sequence[str]]) -> Dataset:
+        """The records whose label values all lie in ``domain`` (e.g. a privately discovered
+        one), carrying that domain. How many were dropped is private: never log it."""
+        dom = check_label_values(domain, self.label_columns)
+        keep = np.ones(len(self), dtype=bool)
+        for col, vals in dom.items():
+            allowed = set(vals)
+            keep &= np.fromiter((v in allowed for v in self.labels[col]), dtype=bool,
+                                count=len(self))
+        out = self.subset(keep)
+        out.label_domain = {**(self.label_domain or {}), **dom}
+        return out
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> Dataset:
         """The records at ``indices`` (ints, in the given order, or a boolean mask)."""
@@ -165,6 +261,7 @@ class Dataset:
             label_columns=list(self.label_columns),
             user_column=self.user_column,
             warnings=[],
+            label_domain=None if self.label_domain is None else dict(self.label_domain),
         )
 
     def fingerprint(self) -> str:
@@ -659,6 +756,7 @@ def _validate(
     user: str | None,
     max_chars: int | None,
     on_duplicate: str,
+    label_values: Mapping[str, list[str]] | None = None,
 ) -> tuple[list[DataProblem], list[DataProblem], np.ndarray]:
     """(errors, warnings, duplicate mask) for the table's records."""
     errors: list[DataProblem] = []
@@ -699,6 +797,21 @@ def _validate(
             for i in np.flatnonzero(empty)
         ]
         errors += _cap(name, errs, f"missing {kind}")
+    for col, values in (label_values or {}).items():
+        s = table.columns[col]
+        present = ~(s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)
+        outside = present & ~s.isin(values).to_numpy(dtype=bool)
+        errs = [
+            DataProblem(
+                name,
+                int(rows[i]),
+                col,
+                f"label value {excerpt(s.iat[int(i)])} is not among the {len(values)} declared "
+                f"values of {col!r} (data.label_values)",
+            )
+            for i in np.flatnonzero(outside)
+        ]
+        errors += _cap(name, errs, f"undeclared {col!r} values")
 
     key_cols = [text, *labels]
     frame = pd.DataFrame({c: table.columns[c].fillna("") for c in dict.fromkeys(key_cols)})
@@ -738,6 +851,7 @@ def _load(
     max_chars: int | None,
     on_duplicate: str,
     limit: int | None,
+    label_values: Mapping[str, list[str]] | None = None,
 ) -> tuple[_Table | None, list[DataProblem], list[DataProblem], np.ndarray]:
     p = Path(path)
     name = p.name
@@ -756,7 +870,9 @@ def _load(
         table = _read(p, name, wanted, limit)
     except _FileError as err:
         return None, err.problems, [], np.zeros(0, dtype=bool)
-    errors, warnings, dup = _validate(table, name, text, labels, user, max_chars, on_duplicate)
+    errors, warnings, dup = _validate(
+        table, name, text, labels, user, max_chars, on_duplicate, label_values
+    )
     # a cell that could not be read (bad bytes, wrong type) is reported once, not again as empty
     read_errors = [q for q in table.problems if q.severity == "error"]
     warnings = [q for q in table.problems if q.severity != "error"] + warnings
@@ -775,8 +891,13 @@ def load_dataset(
     max_chars: int | None = 20000,
     on_duplicate: str = "warn",
     limit: int | None = None,
+    label_values: Mapping[str, Sequence[str]] | None = None,
 ) -> Dataset:
     """Load and validate ``path`` (.csv, .jsonl/.json, .parquet, chosen by extension).
+
+    ``label_values`` is the public label domain (column -> values, from the config's
+    ``data.label_values``): a record with another value is an error naming its row, and the
+    dataset carries the domain for :meth:`Dataset.joint_label_codes`.
 
     ``on_duplicate`` (same text and labels as an earlier row): ``"warn"`` keeps them and
     records a warning in ``dataset.warnings``; ``"drop"`` keeps the first only (with
@@ -786,7 +907,10 @@ def load_dataset(
     """
     if isinstance(labels, str):
         labels = [labels]
-    table, errors, warnings, dup = _load(path, text, labels, user, max_chars, on_duplicate, limit)
+    domain = None if label_values is None else check_label_values(label_values, list(labels))
+    table, errors, warnings, dup = _load(
+        path, text, labels, user, max_chars, on_duplicate, limit, domain
+    )
     if errors or table is None:
         raise DataError(errors)
     keep = ~dup if on_duplicate == "drop" else np.ones(len(table.rows), dtype=bool)
@@ -800,6 +924,7 @@ def load_dataset(
         label_columns=list(labels),
         user_column=user,
         warnings=warnings,
+        label_domain=domain,
     )
 
 
@@ -821,18 +946,23 @@ def check_dataset(
     user: str | None = None,
     *,
     max_chars: int | None = 20000,
+    label_values: Mapping[str, Sequence[str]] | None = None,
 ) -> CheckReport:
     """Validate ``path`` like :func:`load_dataset` but return every problem and a summary.
 
     ``summary``: ``file``, ``rows``, ``columns`` (all columns in the file), ``labels`` (per
     label column: class -> count, most frequent first), ``text_chars`` and ``text_words``
     (min / median / mean / max), ``users`` (distinct user ids, or None), ``duplicates``.
-    Never raises on data problems.
+    With ``label_values``, values outside the declared domain are errors. Never raises on
+    data problems.
     """
     if isinstance(labels, str):
         labels = [labels]
     labels = list(labels)
-    table, errors, warnings, dup = _load(path, text, labels, user, max_chars, "warn", None)
+    domain = None if label_values is None else check_label_values(label_values, labels)
+    table, errors, warnings, dup = _load(
+        path, text, labels, user, max_chars, "warn", None, domain
+    )
     summary: dict[str, Any] = {"file": str(path), "rows": 0, "columns": [], "labels": {}}
     if table is not None:
         t = table.columns[text].fillna("")

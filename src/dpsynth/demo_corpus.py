@@ -55,6 +55,7 @@ __all__ = [
     "DEPARTMENTS",
     "URGENCIES",
     "demo_knowledge",
+    "demo_label_values",
     "make_demo_corpus",
     "write_demo_corpus",
 ]
@@ -72,6 +73,16 @@ DEPARTMENTS: tuple[tuple[str, float, tuple[float, float, float]], ...] = (
 )
 DISEASES_PER_DEPARTMENT = 4
 DISEASE_PREVALENCE = (0.4, 0.3, 0.2, 0.1)
+
+
+def demo_label_values() -> dict[str, list[str]]:
+    """The public label domain of the demo corpus (``label_values: {department: demo}``).
+
+    Departments in the order of :data:`DEPARTMENTS`, urgencies in the order of
+    :data:`URGENCIES`: constants of this module, never read from the generated records.
+    """
+    return {"department": [d[0] for d in DEPARTMENTS], "urgency": list(URGENCIES)}
+
 
 _VOCAB: dict[str, dict[str, list[str]]] = {
     "Gastroenterology": {

@@ -15,11 +15,16 @@ either the old or the new version, never half of one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +103,43 @@ class RunDir:
     def exists(self) -> bool:
         return self.meta_path.is_file()
 
+    def check_new_output(self) -> None:
+        """Refuse to lay a run into a folder that holds something else (a file, or a non-empty
+        folder that is not a run): the run's files would land beside the user's."""
+        if self.root.exists() and not self.root.is_dir():
+            raise FileExistsError(f"{self.root} is a file, not a folder: choose another --output")
+        if self.root.is_dir() and not self.exists() and any(self.root.iterdir()):
+            raise FileExistsError(
+                f"{self.root} exists, is not empty and is not a dpsynth run folder: choose a new "
+                "or empty --output folder")
+
+    def discard(self, keep_root: bool) -> None:
+        """Remove a run folder that a refusal left before any work began (nothing in it is worth
+        keeping: no noise was drawn, no model called). ``keep_root``: the folder itself existed
+        (empty) before the run and stays."""
+        for child in (self.private, self.release):
+            shutil.rmtree(child, ignore_errors=True)
+        for path in (self.config_path, self.meta_path, self.stats_path, self.log_path):
+            path.unlink(missing_ok=True)
+        if not keep_root:
+            with contextlib.suppress(OSError):
+                self.root.rmdir()
+
+    def end_attempt(self, status: str, *, error: str | None = None, reason: str | None = None,
+                    llm_calls: int = 0, **fields: Any) -> dict[str, Any]:
+        """Record how this attempt ended, truthfully: the status (finished, failed,
+        interrupted), the error class and a short reason (never private text), and the LLM calls
+        this attempt paid; earlier attempts are kept in ``history``."""
+        meta = self.meta()
+        history = list(meta.get("history", []))
+        history.append({"attempt": int(meta.get("attempts", 1)), "status": status,
+                        "error": error, "reason": reason, "llm_calls": int(llm_calls)})
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return self.update_meta(status=status, error=error, reason=reason, history=history,
+                                llm_calls_paid=sum(h["llm_calls"] for h in history),
+                                finished=now if status == "finished" else None,
+                                ended=now, **fields)
+
     def create(self, config_yaml: str, method: str) -> dict[str, Any]:
         """Lay out a new run folder; refuses to overwrite an existing run."""
         if self.exists():
@@ -165,3 +207,34 @@ class RunDir:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{stamp} {message}\n")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was asked to stop by a signal (SIGTERM); handled like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """Turn SIGTERM into :class:`RunInterrupted` while a run works, so that a terminated run ends
+    through the same path as Ctrl-C and records a true status (no effect off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, _frame: Any) -> None:
+        raise RunInterrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interruption_reason(err: BaseException) -> str:
+    """SIGTERM / SIGINT for a stopped run."""
+    return err.signal_name if isinstance(err, RunInterrupted) else "SIGINT"

@@ -1,4 +1,4 @@
-"""Secret definitions and detection for SecPE (METHODS.md s.3; SecPE paper, "secret tasks").
+"""Secret definitions and detection for SecPE (docs/methods.md §3; SecPE paper, "secret tasks").
 
 A secret is a (type, value) pair: a PII value detected by Presidio (type = entity type), an
 explicit string, a regular-expression match, or a "random word" drawn at a chosen

@@ -117,15 +117,21 @@ def _per_point_job(m: int, n: int, d: int, seed: int, threads: int, q) -> None:
 
 def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, sigma: float,
                         threads: int, also_rates: tuple[float, ...], q) -> None:
+    import tempfile
+    from pathlib import Path
+
     import faiss
 
     from dpsynth.evolution.representatives import (
+        RepresentativeGroup,
+        RepresentativeNoise,
         accumulate_private,
-        add_representative_noise,
         assign_private,
         public_centres,
+        release_representatives,
         representative_vote,
     )
+    from dpsynth.privacy import Accountant, PrivacySession
     from dpsynth.privacy.noise import SeededNoise
 
     faiss.omp_set_num_threads(threads)
@@ -141,11 +147,17 @@ def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, 
     assignment = time.perf_counter() - t - stream.gen_seconds
     rates = np.full(m, rate)
     noise = SeededNoise(seed)
+    plan = RepresentativeNoise(clip_R=1.0, sigma=sigma)
+    # the production release path, through a throw-away privacy session (its accounting is
+    # not used here: time and memory only)
+    store = tempfile.TemporaryDirectory()
+    session = PrivacySession(Path(store.name), Accountant("pld"), noise)
     stream = TimedStream(m, d, seed)
     with PeakRSS() as mem:
         t0 = time.perf_counter()
         acc = accumulate_private(centres, stream, rates, 1.0, noise, labels=labels)
-        reps = add_representative_noise(acc.sums, acc.counts, centres, sizes, 1.0, sigma, noise)
+        group = RepresentativeGroup(centres, sizes, acc)
+        reps = release_representatives(session, "bench", [group], plan)[0]
         t1 = time.perf_counter()
         hist = representative_vote(reps.e_tilde, reps.n_tilde, cand)
         t2 = time.perf_counter()
@@ -155,9 +167,12 @@ def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, 
         stream = TimedStream(m, d, seed)
         t0 = time.perf_counter()
         acc2 = accumulate_private(centres, stream, np.full(m, other), 1.0, noise, labels=labels)
-        reps2 = add_representative_noise(acc2.sums, acc2.counts, centres, sizes, 1.0, sigma, noise)
+        reps2 = release_representatives(session, f"bench/rate{other}",
+                                        [RepresentativeGroup(centres, sizes, acc2)], plan)[0]
         representative_vote(reps2.e_tilde, reps2.n_tilde, cand)
         at_rate[str(other)] = time.perf_counter() - t0 - stream.gen_seconds
+    session.close()
+    store.cleanup()
     q.put({
         "seconds_at_rate": at_rate,
         "seconds": noisy + (t2 - t1),
@@ -218,3 +233,222 @@ def bench_voting(private: int, synthetic: int, clusters: int = 1000, dim: int = 
         "memory_method": "peak RSS above pre-path baseline, psutil sampled every 2 ms, "
                          "one spawned subprocess per path",
     }
+
+
+# --- `dpsynth bench knn`: exact vs approximate (IVF / HNSW) Aug-PE voting, same data ----------
+
+def mixture_centres(seed: int, topics: int, d: int) -> np.ndarray:
+    """Unit topic centres of the clustered embedding generator."""
+    return _unit_chunk(seed, 99, 0, topics, d)
+
+
+def mixture_chunk(seed: int, stream: int, idx: int, n: int, centres: np.ndarray,
+                  spread: float) -> np.ndarray:
+    """n unit embeddings from a mixture of topics: normalise(centre + spread * g / sqrt(d)).
+
+    With spread 1 a point keeps cosine ~0.7 with its topic and ~0.5 with its topic's other
+    points, ~0 across topics (sentence embeddings of texts on one topic look alike)."""
+    rng = np.random.default_rng([seed, stream, idx, 7])
+    d = centres.shape[1]
+    x = centres[rng.integers(0, len(centres), n)]
+    x = x + rng.standard_normal((n, d), dtype=np.float32) * np.float32(spread / np.sqrt(d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def mixture(n: int, centres: np.ndarray, spread: float, seed: int, stream: int,
+            chunk: int = 65536) -> np.ndarray:
+    """n mixture embeddings, written chunk by chunk into one float32 array (no temporaries
+    beyond one chunk, so the process's RSS is the array plus one chunk)."""
+    out = np.empty((n, centres.shape[1]), dtype=np.float32)
+    for i, s in enumerate(range(0, n, chunk)):
+        out[s: s + chunk] = mixture_chunk(seed, stream, i, min(chunk, n - s), centres, spread)
+    return out
+
+
+def reference_vote(priv: np.ndarray, plab: np.ndarray, cand: np.ndarray, clab: np.ndarray,
+                   k: int = 1) -> np.ndarray:
+    """The straightforward implementation (as benchmarks/bench_augpe_voting.py): scikit-learn
+    NearestNeighbors (brute force, cosine) per label, each label's private rows copied by a
+    boolean mask, then a NumPy histogram."""
+    from sklearn.neighbors import NearestNeighbors
+
+    hist = np.zeros(len(cand))
+    for y in np.unique(plab):
+        ci = np.flatnonzero(clab == y)
+        if len(ci) == 0:
+            continue
+        nn = NearestNeighbors(n_neighbors=min(k, len(ci)), algorithm="brute", metric="cosine")
+        nn.fit(cand[ci])
+        _, ids = nn.kneighbors(priv[plab == y])
+        np.add.at(hist, ci[ids.ravel()], 1 / np.sqrt(ids.shape[1]))
+    return hist
+
+
+@dataclass(frozen=True)
+class KnnData:
+    """What every path of `bench knn` regenerates identically in its own process."""
+
+    private: int
+    synthetic: int
+    labels: int
+    dim: int
+    topics: int
+    spread: float
+    seed: int
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        centres = mixture_centres(self.seed, self.topics, self.dim)
+        priv = mixture(self.private, centres, self.spread, self.seed, PRIVATE)
+        cand = mixture(self.synthetic, centres, self.spread, self.seed, CANDIDATES)
+        rng = np.random.default_rng([self.seed, 5])
+        return (priv, rng.integers(0, self.labels, self.private), cand,
+                rng.integers(0, self.labels, self.synthetic))
+
+
+def _knn_job(path: str, data: KnnData, params: dict, threads: int, ids_file: str, q) -> None:
+    import faiss
+
+    from dpsynth.evolution.voting import VoteIndex, nearest_candidates
+
+    faiss.omp_set_num_threads(threads)
+    priv, plab, cand, clab = data.arrays()
+    out: dict = {}
+    with PeakRSS() as mem:
+        t = time.perf_counter()
+        if path == "reference":
+            hist = reference_vote(priv, plab, cand, clab)
+        else:  # what knn_vote(k=1) does: nearest candidate of each record, then a histogram
+            index = VoteIndex(kind=path, min_candidates=1, **params)  # type: ignore[arg-type]
+            ids = np.full(len(priv), -1, dtype=np.int64)
+            for rows, found in nearest_candidates(priv, plab, cand, clab, 1, index=index):
+                ids[rows] = found[:, 0]
+            voted = ids[ids >= 0]
+            hist = np.bincount(voted, minlength=len(cand)).astype(np.float64)
+        out["seconds"] = time.perf_counter() - t
+    out["peak_mb"] = mem.extra_mb
+    out["arrays_mb"] = (priv.nbytes + cand.nbytes) / 2**20
+    if path != "reference":
+        np.save(ids_file, ids)
+    np.save(ids_file + ".hist.npy", hist)
+    q.put(out)
+
+
+def _knn_secpe_job(data: KnnData, clusters: int, sigma: float, threads: int, q) -> None:
+    import tempfile
+    from pathlib import Path
+
+    import faiss
+
+    from dpsynth.evolution.representatives import (
+        RepresentativeGroup,
+        RepresentativeNoise,
+        accumulate_private,
+        assign_private,
+        public_centres,
+        release_representatives,
+        representative_vote,
+    )
+    from dpsynth.privacy import Accountant, PrivacySession
+    from dpsynth.privacy.noise import SeededNoise
+
+    faiss.omp_set_num_threads(threads)
+    priv, _, cand, _ = data.arrays()
+    centres_mix = mixture_centres(data.seed, data.topics, data.dim)
+    public = mixture(max(40 * clusters, 2 * data.synthetic), centres_mix, data.spread, data.seed,
+                     PUBLIC)
+    t = time.perf_counter()
+    centres, sizes = public_centres(public, clusters, seed=data.seed)
+    clustering = time.perf_counter() - t
+    del public
+
+    def chunks():
+        for s in range(0, len(priv), 16384):
+            yield priv[s: s + 16384]
+
+    t = time.perf_counter()
+    labels = assign_private(centres, chunks(), clip_R=1.0)
+    assignment = time.perf_counter() - t
+    noise = SeededNoise(data.seed)
+    plan = RepresentativeNoise(clip_R=1.0, sigma=sigma)
+    store = tempfile.TemporaryDirectory()  # throw-away session: time and memory only
+    session = PrivacySession(Path(store.name), Accountant("pld"), noise)
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        acc = accumulate_private(centres, chunks(), np.ones(len(priv)), 1.0, noise,
+                                 labels=labels)
+        reps = release_representatives(session, "bench", [RepresentativeGroup(centres, sizes,
+                                                                                acc)], plan)[0]
+        representative_vote(reps.e_tilde, reps.n_tilde, cand)
+        seconds = time.perf_counter() - t0
+    session.close()
+    store.cleanup()
+    q.put({"seconds": seconds, "peak_mb": mem.extra_mb, "public_clustering_seconds": clustering,
+           "private_assignment_seconds": assignment, "clusters": int(len(centres))})
+
+
+def bench_knn(private: int, synthetic: int, labels: int = 1, dim: int = 384,
+              topics: int | None = None, spread: float = 1.0, seed: int = 0,
+              nlist: int | None = None, nprobe: int = 16, ef_search: int = 64,
+              hnsw: bool = False, reference: bool = True, secpe: bool = True,
+              clusters: int = 1000, threads: int = 2, progress=None) -> dict:
+    """Exact vs IVF (and HNSW) voting, the reference, and SecPE's representative vote, each in
+    its own spawned process on the same clustered embeddings; agreement = share of private
+    records whose nearest candidate is the same as exact search's."""
+    import tempfile
+
+    if min(private, synthetic, labels, dim, nprobe, ef_search, clusters, threads) < 1:
+        raise ValueError("--private, --synthetic, --labels, --dim, --nprobe, --ef-search, "
+                         "--clusters and --threads must be >= 1")
+    if spread <= 0:
+        raise ValueError("--spread must be > 0")
+    data = KnnData(private, synthetic, labels, dim, topics or max(10, synthetic // 50), spread,
+                   seed)
+    res: dict = {"private": private, "synthetic": synthetic, "labels": labels, "dim": dim,
+                 "data": f"mixture of {data.topics} topics, spread {spread}",
+                 "topics": data.topics, "spread": spread, "threads": threads}
+
+    def note(key: str, value: dict) -> None:
+        res[key] = value
+        if progress:
+            progress(res)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {p: f"{tmp}/{p}.npy" for p in ("exact", "ivf", "hnsw")}
+        note("exact", _in_subprocess(_knn_job, "exact", data, {}, threads, files["exact"]))
+        exact_ids = np.load(files["exact"])
+        exact_hist = np.load(files["exact"] + ".hist.npy")
+        ann = [("ivf", {"nlist": nlist, "nprobe": nprobe})]
+        if hnsw:
+            ann.append(("hnsw", {"ef_search": ef_search}))
+        for path, params in ann:
+            out = _in_subprocess(_knn_job, path, data, params, threads, files[path])
+            ids = np.load(files[path])
+            out["agreement"] = float((ids == exact_ids).mean())
+            out["params"] = params
+            note(path, out)
+        if secpe:
+            note("secpe", _in_subprocess(_knn_secpe_job, data, clusters, 1.0, threads))
+        if reference:
+            ref_file = f"{tmp}/reference"
+            out = _in_subprocess(_knn_job, "reference", data, {}, threads, ref_file)
+            ref_hist = np.load(ref_file + ".hist.npy")
+            out["max_abs_hist_diff_vs_exact"] = float(np.abs(ref_hist - exact_hist).max())
+            note("reference", out)
+    res["exact_seconds"] = res["exact"]["seconds"]
+    res["ann_seconds"] = res["ivf"]["seconds"]
+    res["speedup"] = res["exact_seconds"] / max(res["ann_seconds"], 1e-9)
+    res["agreement"] = res["ivf"]["agreement"]
+    if hnsw:
+        res["hnsw_speedup"] = res["exact_seconds"] / max(res["hnsw"]["seconds"], 1e-9)
+    if reference:
+        ref = res["reference"]
+        res["exact_vs_reference_time"] = res["exact_seconds"] / max(ref["seconds"], 1e-9)
+        res["exact_vs_reference_peak_memory"] = res["exact"]["peak_mb"] / max(ref["peak_mb"],
+                                                                              1e-9)
+    if secpe:
+        fastest = min(res["exact_seconds"], res.get("reference", {}).get("seconds", np.inf))
+        res["secpe_speedup_vs_fastest_exact"] = fastest / max(res["secpe"]["seconds"], 1e-9)
+    res["memory_method"] = ("peak RSS above the RSS once the arrays exist, psutil sampled every "
+                            "2 ms, one spawned subprocess per path")
+    return res

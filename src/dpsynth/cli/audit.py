@@ -91,7 +91,8 @@ def audit_run_cmd(
         "--pii-column", help="private column holding PII values (repeat)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
-    """DCR, membership inference and PII leakage of a finished run; writes eval/audit.json."""
+    """DCR, membership inference and PII leakage of a finished run; writes
+    private/eval/audit.json (operator only)."""
     from ..eval.suite import audit_run
 
     try:
@@ -106,7 +107,7 @@ def audit_run_cmd(
     from .evaluate import print_audit
 
     print_audit(result)
-    typer.echo(f"written: {run_dir / 'eval' / 'audit.json'}")
+    typer.echo(f"written: {run_dir / 'private' / 'eval' / 'audit.json'}")
 
 
 def register(root: typer.Typer) -> None:

@@ -30,17 +30,47 @@ def check(
     max_chars: Annotated[
         int, typer.Option("--max-chars", help="Longest text allowed (0: no limit).", min=0)
     ] = 20000,
+    values: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--values",
+            help="COL=FILE: the declared values of label column COL (one per line, as in "
+            "data.label_values); other values are errors. Repeat for several columns.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
     """Validate FILE and print a summary and every problem; exit 1 when there is an error."""
     from dpsynth.data import check_dataset
 
-    report = check_dataset(file, text, label or [], user, max_chars=max_chars or None)
+    domain = _declared_values(values or [], label or [])
+    report = check_dataset(file, text, label or [], user, max_chars=max_chars or None,
+                           label_values=domain)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
         _print_report(report.summary, report.problems, report.warnings)
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _declared_values(specs: list[str], labels: list[str]) -> dict[str, list[str]] | None:
+    """``COL=FILE`` options as a label domain (None when there are none)."""
+    from dpsynth.config import ConfigError, read_label_values_file
+
+    if not specs:
+        return None
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        col, sep, path = spec.partition("=")
+        if not sep or not col or not path:
+            raise typer.BadParameter(f"{spec!r}: expected COL=FILE", param_hint="--values")
+        if col not in labels:
+            raise typer.BadParameter(f"{col!r} is not a --label column", param_hint="--values")
+        try:
+            out[col] = read_label_values_file(Path(path), col)
+        except ConfigError as err:
+            raise typer.BadParameter(str(err), param_hint="--values") from None
+    return out
 
 
 def _print_report(summary: dict[str, Any], problems: list[Any], warnings: list[Any]) -> None:

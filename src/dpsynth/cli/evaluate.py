@@ -62,7 +62,7 @@ def evaluate(
         return
     print_eval(result, audit)
     Console().print(f"written: {Path(run_dir) / 'eval' / 'eval.json'}"
-                    + (f", {Path(run_dir) / 'eval' / 'audit.json'}" if audit else ""))
+                    + (f", {Path(run_dir) / 'private' / 'eval' / 'audit.json'}" if audit else ""))
 
 
 def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
@@ -164,7 +164,7 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
     """Write one self-contained HTML report (plots inlined) from release/, stats and eval/."""
-    from ..eval.report import write_report
+    from ..eval.report import operator_report_path, write_report
 
     try:
         if test is not None:
@@ -177,9 +177,11 @@ def report(
             _fail(exc)
         raise
     if as_json:
-        typer.echo(json.dumps({"report": str(path)}))
+        typer.echo(json.dumps({"report": str(path),
+                               "operator_report": str(operator_report_path(run_dir))}))
     else:
-        typer.echo(f"report written: {path}")
+        typer.echo(f"report written: {path} (shareable); operator-only report: "
+                   f"{operator_report_path(run_dir)}")
 
 
 def compare(

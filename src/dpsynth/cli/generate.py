@@ -44,12 +44,16 @@ def generate(
     except (ConfigError, FileExistsError) as err:
         err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
+    except KeyboardInterrupt as err:
+        err_console.print(f"stopped ({err or 'SIGINT'}); run.json says so. Continue with: "
+                          f"dpsynth generate {config} -o {output} --resume")
+        raise typer.Exit(130) from None
     except Exception as err:  # noqa: BLE001 - a clear one-line error; details in log.txt
         name = type(err).__name__
         if name in {"DataError", "BudgetRefusedError", "BudgetExceededError",
-                    "PrivacyConfigError", "GenerationError"}:
+                    "PrivacyConfigError", "GenerationError", "LedgerError"}:
             err_console.print(f"[red]error:[/red] {err}")
-            err_console.print(f"nothing computed is lost: rerun with --resume -o {output}")
+            err_console.print(_advice(name, output))
             raise typer.Exit(2) from None
         raise
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
@@ -58,6 +62,21 @@ def generate(
         typer.echo(json.dumps({"run_dir": str(run_dir), **summary}))
         return
     print_summary(run_dir, summary, privacy)
+
+
+def _advice(error_name: str, output: Path) -> str:
+    """What would help after a failed run: --resume only where work was kept to resume."""
+    from ..runs import RunDir
+
+    if RunDir(output).exists():
+        return (f"nothing computed is lost: once the cause is fixed, continue with --resume "
+                f"-o {output}")
+    if error_name == "DataError":
+        return "no run folder was left: fix the data (dpsynth data check) and run again"
+    if error_name in {"BudgetRefusedError", "BudgetExceededError"}:
+        return ("no run folder was left: lower privacy.epsilon, or raise the dataset's total "
+                "with `dpsynth budget set` if that is your policy")
+    return "no run folder was left: fix the configuration and run again"
 
 
 def print_summary(run_dir: Path, summary: dict, privacy: dict) -> None:
@@ -71,6 +90,8 @@ def print_summary(run_dir: Path, summary: dict, privacy: dict) -> None:
         eps_text = eps if isinstance(eps, str) else f"{eps:.4g}"
         table.add_row("privacy spent", f"({eps_text}, {delta:.3g})-DP per {privacy['unit']}"
                       f" [{privacy.get('accountant')}, noise {privacy.get('noise')}]")
+    if privacy.get("noise_note"):
+        table.add_row("noise", f"[yellow]{privacy['noise_note']}[/yellow]")
     if "secret_protection" in privacy:
         table.add_row("secret protection", str(privacy["secret_protection"].get("summary", "")))
     table.add_row("LLM calls", str(summary.get("llm_calls", "?")))

@@ -31,10 +31,24 @@ def serve_cmd(
     model: str = typer.Option("smollm2", help="smollm2, gemma3, a model directory or JSON spec"),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
     port: int = typer.Option(8000, help="TCP port"),
-    batch_size: int = typer.Option(8, help="Local batch size"),
+    batch_size: int = typer.Option(8, help="Local batch size of direct generate calls"),
+    max_batch: int = typer.Option(
+        32, "--max-batch", min=1,
+        help="Completions of concurrent requests decoded together (1 = one at a time)",
+    ),
+    max_pending: int = typer.Option(
+        256, min=1, help="Queued completions before answering 429 with Retry-After"
+    ),
+    queue_timeout: float = typer.Option(
+        60.0, min=0.0, help="Seconds a request may wait unstarted before a 503 with Retry-After"
+    ),
     max_body_bytes: int = typer.Option(1_000_000, help="Largest accepted request body"),
 ) -> None:
-    """Serve a generator at http://HOST:PORT/v1 (chat/completions, completions, models)."""
+    """Serve a generator at http://HOST:PORT/v1 (chat/completions, completions, models).
+
+    Concurrent requests are micro-batched; the queue is bounded and pushes back with 429/503
+    and Retry-After rather than letting a client wait past its timeout.
+    """
     from ..llm import load_generator
     from ..llm.server import serve
 
@@ -43,7 +57,8 @@ def serve_cmd(
     gen = load_generator(spec, **kwargs)
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
-    serve(gen, host=host, port=port, max_body_bytes=max_body_bytes)
+    serve(gen, host=host, port=port, max_body_bytes=max_body_bytes, max_batch_requests=max_batch,
+          max_pending=max_pending, queue_timeout_s=queue_timeout)
 
 
 @group.command("generate")

@@ -1,4 +1,4 @@
-"""CLI commands: dpsynth rag build | ask | serve (DP-SynRAG, METHODS.md section 4)."""
+"""CLI commands: dpsynth rag build | ask | serve (DP-SynRAG, docs/methods.md §4)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,9 @@ def ask(
     """Answer a question from the synthetic KB (no privacy cost: post-processing)."""
     from ..rag.answer import answer
 
+    if not question.strip():
+        _err("the question is blank (empty or whitespace only)")
+        raise typer.Exit(2)
     try:
         result = answer(question, kb, k)
     except FileNotFoundError as err:
@@ -87,21 +90,26 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="bind address (loopback default)")] =
     "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8000,
+    max_pending: Annotated[int, typer.Option(
+        "--max-pending", min=1, help="questions admitted at once; more get 503 + Retry-After")]
+    = 8,
+    queue_timeout: Annotated[float, typer.Option(
+        "--queue-timeout", min=0.1, help="seconds a question may wait for the model")] = 30.0,
 ) -> None:
     """Serve the KB as a JSON API: GET /health, POST /ask {"question": ..., "k": 3}."""
-    from ..rag.answer import release_dir
-    from ..rag.service import is_loopback
+    from ..config import ConfigError
+    from ..rag.service import is_loopback, kb_app
     from ..rag.service import serve as run_server
 
     try:
-        release_dir(kb)
-    except FileNotFoundError as err:
+        app = kb_app(kb, max_pending=max_pending, queue_timeout=queue_timeout)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
         _err(str(err))
         raise typer.Exit(2) from None
     if not is_loopback(host):
         typer.echo(f"warning: serving on {host} makes the API reachable from other machines",
                    err=True)
-    run_server(kb, host, port)
+    run_server(kb, host, port, app=app)
 
 
 def register(root: typer.Typer) -> None:

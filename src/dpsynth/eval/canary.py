@@ -5,7 +5,7 @@ Layout of the output folder::
     OUTPUT/
       private/            mode 0700: the private data with canaries inserted (file mode 0600)
       run/                the generation run on that data (its own release/ and privacy.json)
-      audit_canary.json   counts only (also copied to run/eval/audit_canary.json)
+      audit_canary.json   counts only (also copied to run/private/eval/)
 
 The canary string is the auditor's own secret, not private data, so it is recorded in the
 JSON; the indices of the records that carry it are not.
@@ -130,7 +130,7 @@ def run_canary_audit(
     report = canary_report(Path(run_dir), canary, copies, threshold)
     report["private_records"] = n_rows
     atomic_write_json(out / "audit_canary.json", report)
-    eval_dir = Path(run_dir) / "eval"
-    eval_dir.mkdir(exist_ok=True)
-    atomic_write_json(eval_dir / "audit_canary.json", report)
+    audit_dir = Path(run_dir) / "private" / "eval"  # computed on private data: operator only
+    audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_json(audit_dir / "audit_canary.json", report, mode=0o600)
     return report

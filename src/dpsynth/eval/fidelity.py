@@ -1,4 +1,4 @@
-"""Fidelity: how close the synthetic distribution is to the real one (METHODS.md section 5).
+"""Fidelity: how close the synthetic distribution is to the real one (docs/methods.md §5).
 
 All metrics take precomputed embedding arrays ``[n, d]`` (rows are samples) so that they are
 independent of the embedder; texts only enter the length and label distributions.

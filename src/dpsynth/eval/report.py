@@ -1,9 +1,17 @@
-"""The run report: one self-contained HTML page, and a comparison table across runs.
+"""The run report: a shareable HTML page, an operator-only page, and a comparison table.
 
-The page is built from the shareable side of a run only: ``release/`` (privacy statement,
-summary, a few synthetic samples), ``stats.jsonl`` (per-iteration aggregates) and
-``eval/*.json`` (aggregate metrics). It never opens ``private/`` or the private data file, so
-no private text can reach it. Plots are matplotlib PNGs inlined as base64 data URIs; a
+Two pages per run (docs/methods.md §5 evaluation, §6 threat model):
+
+* the **shareable** report (default ``RUN_DIR/eval/report.html``) holds only values computed
+  from ``release/`` and public inputs: the privacy statement (with its noise mode), the
+  release summary, ``stats.jsonl`` curves, synthetic samples and label shares, and the
+  evaluations of the released sets (synthetic, zero-shot) on the public test data;
+* the **operator-only** report (``RUN_DIR/private/report-operator.html``, mode 0600) adds
+  everything computed on the private data: the private-trained reference classifier, DCR,
+  membership inference, PII and canary audits. It is marked "operator only - do not share".
+
+Neither page opens the private data file; the operator page reads the evaluator's own
+``eval/*.json`` results. Plots are matplotlib PNGs inlined as base64 data URIs; a
 Content-Security-Policy forbids any external load.
 """
 
@@ -163,6 +171,7 @@ text-align:left;font-size:.92em}th{background:#f3f3f3}.statement{background:#eef
 border-left:4px solid #3a7;padding:.6em 1em}.note{color:#555;font-size:.9em}
 .sample{background:#fafafa;border:1px solid #ddd;padding:.5em;margin:.4em 0;white-space:pre-wrap}
 img{max-width:100%;display:block;margin:.6em 0}.warn{color:#a40}
+.banner{background:#fde8e8;border:2px solid #c22;color:#900;font-weight:bold;padding:.6em 1em}
 """
 
 
@@ -178,13 +187,36 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def noise_sentence(privacy: dict[str, Any]) -> str:
+    """How the noise was drawn, from privacy.json (``noise_note`` first, else ``noise``)."""
+    note = privacy.get("noise_note")
+    if isinstance(note, str) and note.strip():
+        return note.strip()
+    mode = privacy.get("noise")
+    if mode == "seeded":
+        return ("The noise was drawn from a seeded generator: the guarantee holds only while "
+                "the seed stays secret (anyone who knows the seed can remove the noise).")
+    if mode == "secure":
+        return "The noise was drawn from the operating system's secure randomness."
+    if mode in (None, "none"):
+        return ""
+    return f"Noise mode: {mode}."
+
+
 def privacy_statement(privacy: dict[str, Any] | None) -> str:
-    """One plain sentence stating the formal guarantee from release/privacy.json."""
+    """Plain sentences stating the formal guarantee from release/privacy.json, including
+    how the noise was drawn (docs/methods.md §0)."""
     if not privacy:
         return "No privacy statement found (release/privacy.json is missing)."
     eps, delta = privacy.get("epsilon"), privacy.get("delta")
     unit = privacy.get("unit", "record")
+    noise = noise_sentence(privacy)
     if eps is None:
+        protection = privacy.get("secret_protection")
+        if isinstance(protection, dict) and protection.get("summary"):
+            text = (f"The synthetic data satisfies (p, r)-secret protection "
+                    f"({protection['summary']}); this is not differential privacy.")
+            return f"{text} {noise}".strip()
         return "release/privacy.json holds no epsilon."
     try:
         eps_f = float(eps)
@@ -200,7 +232,7 @@ def privacy_statement(privacy: dict[str, Any] | None) -> str:
     target = privacy.get("target_epsilon")
     if target is not None:
         text += f" (target epsilon {target})"
-    return text + "."
+    return f"{text}. {noise}".strip()
 
 
 def _scalar_rows(obj: dict[str, Any] | None) -> list[list[Any]]:
@@ -236,8 +268,19 @@ def _fidelity_table(ev: dict[str, Any]) -> str:
                    "length / label TV"], rows)
 
 
-def _utility_tables(ev: dict[str, Any]) -> str:
+#: Training sets whose test-set scores depend on release/ and public data only.
+SHAREABLE_TRAIN_SETS: tuple[str, ...] = ("synthetic", "zero_shot")
+OPERATOR_BANNER = ("OPERATOR ONLY - DO NOT SHARE. This page holds values computed on the "
+                   "private data (private-trained reference, DCR, membership inference, PII "
+                   "and canary audits); they are not covered by the privacy guarantee.")
+OPERATOR_REPORT = "report-operator.html"
+
+
+def _utility_tables(ev: dict[str, Any], operator: bool) -> str:
+    """Test-set utility of each training set; the private-trained reference only when
+    ``operator`` (it is computed on the private data)."""
     util = ev.get("utility") or {}
+    names = SHAREABLE_TRAIN_SETS + (("private",) if operator else ())
     parts = []
     titles = {"logreg": "Logistic regression on sentence embeddings",
               "finetune": "Fine-tuned MiniLM classifier"}
@@ -247,7 +290,7 @@ def _utility_tables(ev: dict[str, Any]) -> str:
             continue
         rows = []
         for col, row in per_col.items():
-            for name in ("synthetic", "private", "zero_shot"):
+            for name in names:
                 cell = row.get(name)
                 if isinstance(cell, dict) and not is_unavailable(cell):
                     rows.append([col, name, fmt_metric(cell.get("accuracy")),
@@ -260,6 +303,8 @@ def _utility_tables(ev: dict[str, Any]) -> str:
     if isinstance(util.get("next_token"), dict):
         rows = []
         for name, cell in util["next_token"].items():
+            if name not in names:
+                continue
             acc = cell.get("accuracy") if isinstance(cell, dict) and "accuracy" in cell else cell
             rows.append([name, fmt_metric(acc)])
         parts.append("<h3>Next-token accuracy (word bigram LM)</h3>"
@@ -337,17 +382,33 @@ def _fid_rows(ev: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict) and isinstance(r.get("fid"), int | float)]
 
 
-def render_report(release: RunRelease, n_samples: int = 5) -> str:
-    """The report's HTML (one string, no external resources)."""
+def _is_private_note(note: Any) -> bool:
+    from .suite import PRIVATE_USE_NOTE
+
+    return note == PRIVATE_USE_NOTE
+
+
+def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = False) -> str:
+    """The report's HTML (one string, no external resources).
+
+    ``operator=False`` (the default): the shareable page, built from release/, stats.jsonl,
+    public test-set evaluations of the released sets and privacy.json only.
+    ``operator=True``: the same page plus everything computed on the private data, under an
+    "operator only - do not share" banner (docs/methods.md §5)."""
     ev = _read_optional_json(release.eval_dir / "eval.json")
-    audit = _read_optional_json(release.eval_dir / "audit.json")
-    canary = _read_optional_json(release.eval_dir / "audit_canary.json")
+    audit = _read_optional_json(release.audit_dir / "audit.json") if operator else None
+    canary = _read_optional_json(release.audit_dir / "audit_canary.json") if operator else None
     meta = release.meta
+    kind = "operator-only report" if operator else "shareable report"
     out: list[str] = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
         "img-src data:; style-src 'unsafe-inline'\">",
-        f"<title>dpsynth report: {_e(release.run_id)}</title><style>{_CSS}</style></head><body>",
+        f"<title>dpsynth {kind}: {_e(release.run_id)}</title><style>{_CSS}</style></head><body>",
+    ]
+    if operator:
+        out.append(f"<p class='banner' id='operator-only'>{_e(OPERATOR_BANNER)}</p>")
+    out += [
         f"<h1>dpsynth run {_e(release.run_id)}</h1>",
         _table(["method", "status", "started", "finished", "synthetic samples"],
                [[release.method, meta.get("status", "-"), meta.get("started", "-"),
@@ -398,39 +459,59 @@ def render_report(release: RunRelease, n_samples: int = 5) -> str:
         out.append(f"<p class='note'>Test data: {_e(Path(str(ev.get('test_file'))).name)}; "
                    f"embedder: {_e(ev.get('embedder'))}; created {_e(ev.get('created'))}.</p>")
         out += ["<h3>Fidelity against the real test data</h3>", _fidelity_table(ev),
-                _utility_tables(ev)]
+                _utility_tables(ev, operator)]
         for note in ev.get("notes", []):
-            out.append(f"<p class='note'>{_e(note)}</p>")
+            if operator or not _is_private_note(note):
+                out.append(f"<p class='note'>{_e(note)}</p>")
     else:
         out.append("<p class='note'>Not evaluated yet: run <code>dpsynth eval RUN_DIR --test "
                    "FILE</code> (or <code>dpsynth report RUN_DIR --test FILE</code>).</p>")
 
-    out.append("<h2>Privacy audits</h2>")
-    out.append("<p class='note'>Audits are empirical and reported separately from the formal "
-               "guarantee: they can show leakage, they cannot prove its absence.</p>")
-    if audit:
-        out.append(_audit_tables(audit))
-    if canary:
-        out.append(_canary_table(canary))
-    if not audit and not canary:
-        out.append("<p class='note'>No audit results (eval/audit.json is missing).</p>")
+    if operator:
+        out.append("<h2>Privacy audits</h2>")
+        out.append("<p class='note'>Audits are empirical and reported separately from the "
+                   "formal guarantee: they can show leakage, they cannot prove its absence.</p>")
+        if audit:
+            out.append(_audit_tables(audit))
+        if canary:
+            out.append(_canary_table(canary))
+        if not audit and not canary:
+            out.append("<p class='note'>No audit results (private/eval/audit.json is missing).</p>")
+    else:
+        out.append("<p class='note' id='operator-pointer'>Results computed on the private data "
+                   "(the private-trained reference, DCR, membership inference, PII and canary "
+                   f"audits) are not part of this shareable report; the operator finds them in "
+                   f"private/{OPERATOR_REPORT}.</p>")
 
     out.append(f"<h2>Sample synthetic texts (first {n_samples} of release/synthetic.jsonl)"
                "</h2>")
     for i, text in enumerate(release.synthetic.texts[:n_samples]):
         labels = ", ".join(f"{c}={v[i]}" for c, v in release.synthetic.labels.items())
         out.append(f"<div class='sample'><b>{_e(labels)}</b>\n{_e(text)}</div>")
-    out.append("<p class='note'>Generated by dpsynth from the run's release/, stats.jsonl and "
-               "eval/ only.</p></body></html>")
+    source = ("release/, stats.jsonl and eval/ (including the evaluator's private-data results)"
+              if operator else "release/, stats.jsonl and public test-set evaluations only")
+    out.append(f"<p class='note'>Generated by dpsynth from the run's {source}.</p></body></html>")
     return "\n".join(out)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Render the report of ``run_dir`` to ``out`` (default RUN_DIR/eval/report.html)."""
+def write_report(run_dir: str | Path, out: str | Path | None = None, *,
+                 operator_out: str | Path | None = None) -> Path:
+    """Render the shareable report of ``run_dir`` to ``out`` (default RUN_DIR/eval/report.html)
+    and the operator-only report to ``operator_out`` (default
+    RUN_DIR/private/report-operator.html, mode 0600); returns the shareable path."""
     release = load_run(run_dir)
     target = Path(out) if out else release.eval_dir / "report.html"
     atomic_write_text(target, render_report(release))
+    private = Path(operator_out) if operator_out else release.root / "private" / OPERATOR_REPORT
+    if not operator_out:
+        private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_text(private, render_report(release, operator=True), mode=0o600)
     return target
+
+
+def operator_report_path(run_dir: str | Path) -> Path:
+    """Where :func:`write_report` puts the operator-only page by default."""
+    return Path(run_dir) / "private" / OPERATOR_REPORT
 
 
 # -- comparison across runs -----------------------------------------------------------------
@@ -450,7 +531,7 @@ def compare_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
             rows.append({"run_dir": str(run_dir), "error": str(err)})
             continue
         ev = _read_optional_json(release.eval_dir / "eval.json") or {}
-        audit = _read_optional_json(release.eval_dir / "audit.json") or {}
+        audit = _read_optional_json(release.audit_dir / "audit.json") or {}
         syn = (ev.get("fidelity") or {}).get("synthetic") or {}
         acc: dict[str, Any] = {}
         for kind in ("logreg", "finetune"):

@@ -70,6 +70,11 @@ class RunRelease:
     def eval_dir(self) -> Path:
         return self.root / "eval"
 
+    @property
+    def audit_dir(self) -> Path:
+        """Where audits computed on the private data go (operator only, docs/methods.md §6)."""
+        return self.root / "private" / "eval"
+
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():

@@ -1,8 +1,9 @@
 """The evaluation of one run: fidelity, utility and audits, written as JSON beside the run.
 
 ``evaluate_run`` is the orchestration; the metrics are the pure functions of
-:mod:`.fidelity`, :mod:`.utility` and :mod:`.audits`. Output lands in ``RUN_DIR/eval/``:
-``eval.json`` (fidelity and utility) and ``audit.json`` (empirical privacy audits).
+:mod:`.fidelity`, :mod:`.utility` and :mod:`.audits`. Output: ``RUN_DIR/eval/eval.json``
+(fidelity and utility) and ``RUN_DIR/private/eval/audit.json`` (empirical privacy audits,
+operator only).
 
 The real-data reference (a classifier trained on the private data) and the audits read the
 private data named by the run config. That is the evaluator's own use of the private data,
@@ -213,7 +214,7 @@ def evaluate_run(
     """Evaluate a run folder against a real test file; returns (eval, audit) dicts.
 
     Column names default to the run config's data section. Writes ``eval/eval.json`` and
-    (when the private data is reachable and audits are on) ``eval/audit.json``.
+    (when the private data is reachable and audits are on) ``private/eval/audit.json``.
     """
     say = log or (lambda _msg: None)
     if classifier not in ("logreg", "finetune", "both"):
@@ -341,7 +342,8 @@ def evaluate_run(
         release.eval_dir.mkdir(exist_ok=True)
         atomic_write_json(release.eval_dir / "eval.json", result)
         if audit is not None:
-            atomic_write_json(release.eval_dir / "audit.json", audit)
+            release.audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write_json(release.audit_dir / "audit.json", audit, mode=0o600)
     if private is not None and private._tmp is not None:
         private._tmp.cleanup()
     return result, audit
@@ -357,7 +359,7 @@ def audit_run(
     seed: int = 0,
     write: bool = True,
 ) -> dict[str, Any]:
-    """Only the audits (DCR, membership inference, PII) of a run; writes eval/audit.json.
+    """Only the audits (DCR, membership inference, PII) of a run; writes private/eval/audit.json.
 
     ``holdout_path``: real records the run never saw (non-members), e.g. the test split.
     """
@@ -399,6 +401,6 @@ def audit_run(
         if private._tmp is not None:
             private._tmp.cleanup()
     if write:
-        release.eval_dir.mkdir(exist_ok=True)
-        atomic_write_json(release.eval_dir / "audit.json", audit)
+        release.audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write_json(release.audit_dir / "audit.json", audit, mode=0o600)
     return audit

@@ -1,4 +1,4 @@
-"""Utility: how useful the synthetic data is for a downstream task (METHODS.md section 5).
+"""Utility: how useful the synthetic data is for a downstream task (docs/methods.md §5).
 
 Train on synthetic, test on real. Every score sits next to the same model trained on the real
 private data (the ceiling) and on zero-shot generations that saw no private data (epsilon 0).

@@ -56,8 +56,8 @@ def zero_shot(ctx: RunContext, per_label: np.ndarray, tag: str,
 
 
 def variations(ctx: RunContext, pool: Pool, n_each: int, tag: str) -> tuple[Pool, np.ndarray]:
-    """VARIATION_API (METHODS.md 1.3e): n_each variations of every sample in the pool, by the
-    generator that wrote it; rephrase with a random style or fill in masked words.
+    """VARIATION_API (docs/methods.md §1, step 3e): n_each variations of every sample in the
+    pool, by the generator that wrote it; rephrase with a random style or fill in masked words.
 
     Returns the variations and, for each, the index of its parent in `pool`."""
     cfg = ctx.config.synthesis

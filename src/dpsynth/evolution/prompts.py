@@ -28,12 +28,12 @@ def describe_labels(labels: Mapping[str, str], prompts: PromptConfig) -> str:
 
 
 def zero_shot_instruction(task: str, label_text: str) -> str:
-    """RANDOM_API of Aug-PE: a label-conditioned zero-shot request (METHODS.md 1.2)."""
+    """RANDOM_API of Aug-PE: a label-conditioned zero-shot request (docs/methods.md §1, step 2)."""
     return f"Write {task}. {label_text} Reply with the text only.".replace("  ", " ")
 
 
 def rephrase_instruction(task: str, label_text: str, text: str, style: str) -> str:
-    """VARIATION_API, rephrase with a random style (METHODS.md 1.3e)."""
+    """VARIATION_API, rephrase with a random style (docs/methods.md §1, step 3e)."""
     return (f"Rephrase the following {task} in a {style} style, keeping its meaning. "
             f"{label_text} Reply with the rephrased text only.\n\nText: {text}")
 
@@ -50,15 +50,16 @@ def mask_words(text: str, rate: float, rng: np.random.Generator) -> str:
 
 
 def fill_in_instruction(task: str, label_text: str, masked: str) -> str:
-    """VARIATION_API, fill in randomly masked words (METHODS.md 1.3e)."""
+    """VARIATION_API, fill in randomly masked words (docs/methods.md §1, step 3e)."""
     return (f"Fill in each blank (___) in the following {task} so that it reads naturally. "
             f"{label_text} Reply with the completed text only.\n\nText: {masked}")
 
 
 def contrastive_instruction(task: str, label_text: str, good: Sequence[str],
                             bad: Sequence[str]) -> str:
-    """WASP's contrastive prompt (METHODS.md 2.5): bad and good demonstrations, then a request
-    for a new sample better than the good ones, on label, and diverse in expression."""
+    """WASP's contrastive prompt (docs/methods.md §2, step 5): bad and good demonstrations,
+    then a request for a new sample better than the good ones, on label, and diverse in
+    expression."""
     bad_block = "\n".join(f"{i + 1}. {t}" for i, t in enumerate(bad))
     good_block = "\n".join(f"{i + 1}. {t}" for i, t in enumerate(good))
     return (

@@ -1,14 +1,15 @@
-"""SecPE secret clustering and representative voting (SecPE paper s.3.3-3.4; METHODS.md s.3).
+"""SecPE secret clustering and representative voting (SecPE paper s.3.3-3.4; docs/methods.md §3).
 
 * ``public_centres``: KMeans on public embeddings -> centres e_k and sizes n_k (no privacy cost:
   public records hold no secret).
 * ``accumulate_private``: clip each private embedding to norm R, Poisson-sample record i with
   probability rho_i, assign it to its nearest centre, and accumulate per-centre sums and counts
   m_k. Streams the private embeddings chunk by chunk: O(K d) memory, independent of M.
-* ``add_representative_noise``: the released statistics (Eq. in s.3.3)
-  e~_k = (n_k e_k + sum_{i in C_k} e^_i) / (n_k + m_k) + xi_k,  xi_k ~ (2R / n_k) N(0, sigma^2 I),
-  n~_k = n_k + m_k + N(0, sigma^2). Each call draws the noise exactly once.
-* ``noisy_representatives``: the two above in sequence.
+* ``release_representatives``: the one release of the statistics (Eq. in s.3.3)
+  e~_k = (n_k e_k + sum_{i in C_k} e^_i) / (n_k + m_k) + Delta_k N(0, sigma^2 I) and
+  n~_k = n_k + m_k + N(0, sigma^2), through the privacy session (stored, accounted, never
+  redrawn), with the noise plan ``RepresentativeNoise`` (Delta_k = (R + max(1, R)) / n_k for
+  unit public embeddings; derivation in its docstring). SecPE and the tests use this function.
 * ``representative_vote``: each representative gives n~_k to its nearest candidate: O(K N).
 * ``per_point_vote``: the Aug-PE per-record nearest-neighbour vote, O(M N), as the baseline.
 
@@ -21,16 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import faiss
 import numpy as np
 import scipy.sparse as sp
 
-from dpsynth.privacy.noise import NoiseSource, SeededNoise
+from dpsynth.privacy.noise import NoiseSource
 
 #: Joint sensitivity of one sampled record on the pair (e~, n~), in units of the noise:
-#: it moves the centre mean of its cluster by <= 2R / n_k (noise (2R / n_k) sigma) AND the count
-#: by 1 (noise sigma), so the L2 norm of the normalised shift is sqrt(2), not 1. The dominating
+#: it moves the centre mean of its cluster by <= Delta_k (noise Delta_k sigma; see
+#: RepresentativeNoise) AND the count by 1 (noise sigma), so the L2 norm of the normalised
+#: shift is sqrt(2), not 1. The dominating
 #: pair N(sum Bern(rho_i), sigma^2) of the paper has unit sensitivity; to release both statistics
 #: safely, use sigma = JOINT_SENSITIVITY * (sigma calibrated by calibrate_secret_sigma).
 #: (The paper's Theorem 1 is stated for the released pair; we could not check its proof, so we
@@ -47,7 +50,7 @@ def public_centres(
 ) -> tuple[np.ndarray, np.ndarray]:
     """KMeans (faiss) on the public embeddings: (centres [k, d], sizes n_k [k]).
 
-    Empty clusters are dropped (the noise scale 2R / n_k needs n_k >= 1), so fewer than k centres
+    Empty clusters are dropped (the noise scale Delta_k divides by n_k), so fewer than k centres
     may come back.
     """
     x = _f32(public_emb)
@@ -169,82 +172,147 @@ def accumulate_private(
     return PrivateAccumulation(sums=sums, counts=counts, n_seen=offset, n_sampled=sampled)
 
 
+@dataclass(frozen=True)
+class RepresentativeNoise:
+    """The noise plan of one representatives release (docs/methods.md §3).
+
+    ``sigma`` is the std of every released coordinate in units of its sensitivity; SecPE uses
+    JOINT_SENSITIVITY times the sigma calibrated for a unit shift. ``public_norm`` bounds the
+    norm of every public embedding (1 for the unit embeddings of the embedder).
+
+    Centre sensitivity, for any clip radius R. Centre k is released as
+    e~_k = (n_k e_k + S_k) / (n_k + m_k), where n_k e_k is the sum of the n_k public embeddings
+    of cluster k (each of norm <= B = public_norm) and S_k the sum of the m_k sampled private
+    rows assigned to k (each clipped to norm <= R). Centres and assignments are fixed before any
+    private row is read, so adding one sampled row x changes one centre only:
+
+        e~'_k - e~_k = (n_k e_k + S_k + x) / (n_k + m_k + 1) - e~_k
+                     = (x - e~_k) / (n_k + m_k + 1).
+
+    e~_k is a convex combination of vectors of norm <= B and <= R, so ||e~_k|| <= max(B, R), and
+    ||x|| <= R; hence ||e~'_k - e~_k|| <= (R + max(B, R)) / (n_k + m_k + 1) < (R + max(B, R)) / n_k.
+    Removing a row is the same step read backwards. So the centre sensitivity is
+    Delta_k = (R + max(B, R)) / n_k: 2R / n_k when R >= B (the paper's scale), but (1 + R) / n_k
+    for unit embeddings and R < 1 (2R / n_k would understate it, e.g. 5.5x at R = 0.1).
+    The count n~_k = n_k + m_k moves by 1. Released in units of Delta_k (centres) and 1 (counts),
+    one sampled row shifts the whole vector by at most sqrt(1 + 1) = JOINT_SENSITIVITY.
+    """
+
+    clip_R: float
+    sigma: float
+    public_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.clip_R) and self.clip_R > 0):
+            raise ValueError(f"clip_R must be > 0, got {self.clip_R}")
+        if not (np.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"sigma must be >= 0, got {self.sigma}")
+        if not (np.isfinite(self.public_norm) and self.public_norm > 0):
+            raise ValueError(f"public_norm must be > 0, got {self.public_norm}")
+
+    def centre_sensitivity(self, sizes: np.ndarray) -> np.ndarray:
+        """Delta_k = (R + max(B, R)) / n_k per centre (see the class docstring)."""
+        return (self.clip_R + max(self.public_norm, self.clip_R)) / np.asarray(sizes, np.float64)
+
+    def centre_noise_std(self, sizes: np.ndarray) -> np.ndarray:
+        """Noise std of each coordinate of centre k: Delta_k * sigma."""
+        return self.centre_sensitivity(sizes) * self.sigma
+
+
+@dataclass
+class RepresentativeGroup:
+    """One block of a release (SecPE: one label): public centres, sizes n_k and the private
+    accumulation on them."""
+
+    centres: np.ndarray  # [K, d]
+    sizes: np.ndarray  # [K], n_k >= 1
+    acc: PrivateAccumulation
+
+
 @dataclass
 class NoisyRepresentatives:
     """Released representatives (safe to publish) and the noise scales used."""
 
     e_tilde: np.ndarray  # [K, d]
     n_tilde: np.ndarray  # [K]
-    centre_noise_std: np.ndarray  # [K]: 2 R sigma / n_k
+    centre_noise_std: np.ndarray  # [K]: Delta_k * sigma
     count_noise_std: float  # sigma
 
 
-def add_representative_noise(
-    sums: np.ndarray,
-    counts: np.ndarray,
-    centres: np.ndarray,
-    sizes: np.ndarray,
-    clip_R: float,
-    sigma: float,
-    noise: NoiseSource,
-) -> NoisyRepresentatives:
-    """e~_k = (n_k e_k + S_k) / (n_k + m_k) + (2R/n_k) sigma Z_k and n~_k = n_k + m_k + sigma Z'_k.
+class GaussianReleaser(Protocol):
+    """What release_representatives needs of a privacy session (PrivacySession.gaussian)."""
 
-    One ``noise.normal`` draw of shape [K, d] (unit scale, then scaled per centre) and one of
-    shape [K]; call it once per release (the caller stores the result; re-drawing for the same
-    statistic would be a second release).
-    """
-    centres = np.asarray(centres, dtype=np.float64)
-    sizes = np.asarray(sizes, dtype=np.float64)
-    counts = np.asarray(counts, dtype=np.float64)
-    sums = np.asarray(sums, dtype=np.float64)
+    def gaussian(self, key: str, value: np.ndarray, sensitivity: float, sigma: float, *,
+                 name: str = ..., sampling_rate: float = ...) -> np.ndarray: ...
+
+
+def _check_group(g: RepresentativeGroup, plan: RepresentativeNoise) -> tuple[int, int]:
+    centres = np.asarray(g.centres, dtype=np.float64)
+    if centres.ndim != 2:
+        raise ValueError("centres must be [K, d]")
     k, d = centres.shape
-    if sums.shape != (k, d) or counts.shape != (k,) or sizes.shape != (k,):
+    if (np.shape(g.sizes) != (k,) or g.acc.sums.shape != (k, d)
+            or g.acc.counts.shape != (k,)):
         raise ValueError("sums [K,d], counts [K], centres [K,d] and sizes [K] must agree")
-    if np.any(sizes < 1):
-        raise ValueError("every public centre needs n_k >= 1 (noise scale 2R/n_k)")
-    if sigma < 0 or clip_R <= 0:
-        raise ValueError("sigma must be >= 0 and clip_R > 0")
-    # The 2R / n_k bound needs every vector averaged into a centre to have norm <= R: public
-    # embeddings must have norm <= clip_R (unit embeddings: clip_R >= 1). Centres are means of
-    # public embeddings, so a centre with norm > R proves the condition is violated.
-    if np.any(np.linalg.norm(centres, axis=1) > clip_R * (1 + 1e-6)):
+    if np.any(np.asarray(g.sizes) < 1):
+        raise ValueError("every public centre needs n_k >= 1 (the centre sensitivity divides "
+                         "by n_k)")
+    # Centres are means of public embeddings: a centre longer than public_norm proves that a
+    # public embedding is longer too, and the sensitivity bound would not hold.
+    if np.any(np.linalg.norm(centres, axis=1) > plan.public_norm * (1 + 1e-6)):
         raise ValueError(
-            f"clip_R={clip_R} is smaller than a public centre's norm; the noise scale 2R/n_k "
-            "needs public embeddings of norm <= clip_R (use clip_R >= 1 for unit embeddings)"
+            f"a public centre has norm above public_norm={plan.public_norm}: the centre "
+            "sensitivity (R + max(B, R)) / n_k needs every public embedding of norm <= B; pass "
+            "the largest public embedding norm as public_norm"
         )
-    mean = (sizes[:, None] * centres + sums) / (sizes + counts)[:, None]
-    std = 2.0 * clip_R * sigma / sizes
-    z = np.asarray(noise.normal((k, d), 1.0), dtype=np.float64)
-    z_n = np.asarray(noise.normal(k, 1.0), dtype=np.float64)
-    return NoisyRepresentatives(
-        e_tilde=(mean + std[:, None] * z).astype(np.float32),
-        n_tilde=sizes + counts + sigma * z_n,
-        centre_noise_std=std,
-        count_noise_std=float(sigma),
-    )
+    return k, d
 
 
-def noisy_representatives(
-    centres: np.ndarray,
-    sizes: np.ndarray,
-    private_emb_iter: Iterable[np.ndarray],
-    rates: np.ndarray,
-    clip_R: float,
-    sigma: float,
-    noise: NoiseSource | None = None,
-    labels: np.ndarray | None = None,
-    sampler: NoiseSource | None = None,
-) -> NoisyRepresentatives:
-    """Secret clustering, one release: accumulate the private stream, then add noise once.
+def release_representatives(
+    session: GaussianReleaser,
+    key: str,
+    groups: list[RepresentativeGroup],
+    plan: RepresentativeNoise,
+    *,
+    sampling_rate: float = 1.0,
+    name: str = "representatives",
+) -> list[NoisyRepresentatives]:
+    """The one SecPE release: e~_k and n~_k of every group, noised once through ``session``.
 
-    ``sampler`` (default: ``noise``) supplies the Poisson coin flips; ``labels`` optional cached
-    centre assignments from ``assign_private``.
+    Every centre coordinate is divided by its sensitivity Delta_k and every count by 1, so a
+    single Gaussian release of L2 sensitivity JOINT_SENSITIVITY with std ``plan.sigma`` covers
+    the whole vector (stored, accounted and resumable by the session under ``key``); the noisy
+    centres are scaled back, so centre k carries noise Delta_k * sigma per coordinate and each
+    count sigma. With ``plan.sigma == 0`` (no protection asked) nothing is released through the
+    session and the statistics come back exact.
     """
-    noise = noise if noise is not None else SeededNoise(0)
-    acc = accumulate_private(centres, private_emb_iter, rates, clip_R,
-                             sampler if sampler is not None else noise, labels=labels)
-    return add_representative_noise(acc.sums, acc.counts, centres, sizes, clip_R, sigma, noise)
+    shapes = [_check_group(g, plan) for g in groups]
+    blocks = []
+    for g in groups:
+        sizes = np.asarray(g.sizes, dtype=np.float64)
+        counts = np.asarray(g.acc.counts, dtype=np.float64)
+        mean = (sizes[:, None] * np.asarray(g.centres, np.float64) + g.acc.sums) / (
+            sizes + counts)[:, None]
+        blocks.append((mean / plan.centre_sensitivity(sizes)[:, None]).ravel())
+        blocks.append(sizes + counts)
+    value = np.concatenate(blocks) if blocks else np.zeros(0)
+    if plan.sigma > 0:
+        noisy = np.asarray(session.gaussian(key, value, JOINT_SENSITIVITY, plan.sigma, name=name,
+                                            sampling_rate=sampling_rate), dtype=np.float64)
+    else:
+        noisy = value
+    out, offset = [], 0
+    for g, (k, d) in zip(groups, shapes, strict=True):
+        sizes = np.asarray(g.sizes, dtype=np.float64)
+        sens = plan.centre_sensitivity(sizes)
+        e_tilde = noisy[offset: offset + k * d].reshape(k, d) * sens[:, None]
+        offset += k * d
+        n_tilde = noisy[offset: offset + k]
+        offset += k
+        out.append(NoisyRepresentatives(e_tilde=e_tilde.astype(np.float32), n_tilde=n_tilde,
+                                        centre_noise_std=sens * plan.sigma,
+                                        count_noise_std=float(plan.sigma)))
+    return out
 
 
 def nearest_candidate(queries: np.ndarray, candidate_emb: np.ndarray,

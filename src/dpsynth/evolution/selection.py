@@ -7,7 +7,7 @@ import numpy as np
 
 def allocate(total: int, noisy_counts: np.ndarray) -> np.ndarray:
     """Split `total` samples across labels in proportion to noisy counts (negatives -> 0),
-    by largest remainder so the parts add up to `total` exactly (METHODS.md 1.1).
+    by largest remainder so the parts add up to `total` exactly (docs/methods.md §1, step 1).
 
     If every noisy count is <= 0 the split is uniform.
     """
@@ -24,7 +24,7 @@ def allocate(total: int, noisy_counts: np.ndarray) -> np.ndarray:
 
 
 def thresholded(noisy_hist: np.ndarray, theta: float) -> np.ndarray:
-    """H~ <- max(H~ - theta, 0) (METHODS.md 1.3c)."""
+    """H~ <- max(H~ - theta, 0) (docs/methods.md §1, step 3c)."""
     return np.maximum(np.asarray(noisy_hist, dtype=np.float64) - theta, 0.0)
 
 

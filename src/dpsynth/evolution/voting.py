@@ -1,21 +1,76 @@
 """Private voting: each private record votes for synthetic candidates of its own label.
 
 All functions return the *true* (noise-free) histogram; noise is added by the privacy session.
-Nearest neighbours come from faiss exact inner-product search on unit vectors (= cosine),
-batched over private records so memory stays bounded, one index per label (labels partition
-the records, so a record's whole vote lands inside its own label's block).
+Nearest neighbours are found per label (labels partition the records, so a record's whole vote
+lands inside its own label's block), over the candidates of that label only:
+
+* ``exact`` (default): faiss exact inner-product search on unit vectors (= cosine);
+* ``ivf`` / ``hnsw``: approximate search (faiss IVF-Flat or HNSW) whose index is built, and for
+  IVF trained, on the *candidates* only, never on private data (docs/methods.md §1).
+
+Memory: the private rows are ordered by label once (one argsort of the labels) and searched in
+contiguous slices of that order, so at most one chunk of ``batch`` private rows is ever copied.
+
+Determinism: the vote is a function of the data alone, whatever the thread count. faiss's BLAS
+scores differ in the last bits between thread counts (and between identical rows), so where
+the best ``k + 1`` are closer than float32 rounding can explain, the best ``k + 2`` found are
+re-scored in float64 and ranked by (similarity desc, candidate index asc);
+identical candidates are searched once and expanded in index order; ANN indexes are built on one
+thread and IVF's choice of lists avoids BLAS. Ties go to the lowest candidate index.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
 
 import faiss
 import numpy as np
 import scipy.sparse as sp
 
 SearchFn = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+VoteIndexKind = Literal["exact", "ivf", "hnsw"]
+_RESCORE_MARGIN = 2  # extra neighbours re-scored in float64 beyond the k asked for
+_RESCORE_ROWS = 1024  # queries re-scored at once (bounds the float64 gather)
+
+
+@dataclass(frozen=True)
+class VoteIndex:
+    """How each private record finds its nearest candidates (docs/methods.md §1).
+
+    ``ivf``: IVF-Flat with ``nlist`` lists (default sqrt(n) for n candidates of a label, at
+    most n / 39) trained by k-means on the candidates, ``nprobe`` lists searched. ``hnsw``:
+    HNSW graph over the candidates (``hnsw_m`` links, ``ef_construction``, ``ef_search``).
+    A label with fewer than ``min_candidates`` candidates is searched exactly (ANN would not pay).
+    """
+
+    kind: VoteIndexKind = "exact"
+    nlist: int | None = None
+    nprobe: int = 16
+    hnsw_m: int = 32
+    ef_construction: int = 80
+    ef_search: int = 64
+    min_candidates: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("exact", "ivf", "hnsw"):
+            raise ValueError(f"voting index must be exact, ivf or hnsw, got {self.kind!r}")
+        for name in ("nprobe", "hnsw_m", "ef_construction", "ef_search", "min_candidates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"voting index {name} must be >= 1, got {getattr(self, name)}")
+        if self.nlist is not None and self.nlist < 1:
+            raise ValueError(f"voting index nlist must be >= 1, got {self.nlist}")
+
+
+def _as_index(index: VoteIndex | str | None) -> VoteIndex:
+    if index is None:
+        return VoteIndex()
+    if isinstance(index, str):
+        return VoteIndex(kind=index)  # type: ignore[arg-type]
+    return index
 
 
 def topq_sensitivity(q: int) -> float:
@@ -29,25 +84,183 @@ def topq_sensitivity(q: int) -> float:
     return math.sqrt(8.0 / 3.0 * (1.0 - 4.0 ** (-q)))
 
 
-def _search(index_vectors: np.ndarray, queries: np.ndarray, k: int,
-            batch: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k inner products of queries against index_vectors, in bounded batches."""
-    index = faiss.IndexFlatIP(index_vectors.shape[1])
-    index.add(np.ascontiguousarray(index_vectors, dtype=np.float32))
-    sims = np.empty((len(queries), k), dtype=np.float32)
-    ids = np.empty((len(queries), k), dtype=np.int64)
-    for start in range(0, len(queries), batch):
-        stop = start + batch
-        sims[start:stop], ids[start:stop] = index.search(
-            np.ascontiguousarray(queries[start:stop], dtype=np.float32), k
-        )
-    return sims, ids
+@contextmanager
+def _faiss_threads(n: int) -> Iterator[None]:
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
-def _by_label(labels: np.ndarray) -> dict[int, np.ndarray]:
+@contextmanager
+def _no_blas() -> Iterator[None]:
+    """faiss flat search without BLAS (per-query SIMD loops: the same bits on any thread count).
+    Process-wide while it lasts; another thread's flat search meanwhile is only slower."""
+    before = faiss.cvar.distance_compute_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = 2**30
+    try:
+        yield
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = before
+
+
+class _LabelCandidates:
+    """The candidates of one label: distinct rows, their members, and a search index."""
+
+    def __init__(self, vectors: np.ndarray, ids: np.ndarray, spec: VoteIndex) -> None:
+        vecs = np.ascontiguousarray(vectors, dtype=np.float32) + np.float32(0.0)  # -0.0 -> 0.0
+        d = vecs.shape[1]
+        rows = vecs.view(np.dtype((np.void, vecs.dtype.itemsize * d))).ravel()
+        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        rank = np.argsort(first, kind="stable")  # distinct rows in order of first occurrence
+        self.vecs = vecs[first[rank]]
+        self.size = len(ids)
+        relabel = np.empty_like(rank)
+        relabel[rank] = np.arange(len(rank))
+        group = relabel[inverse.ravel()]
+        if len(self.vecs) == len(ids):
+            self.members = ids[first[rank]][:, None]
+        else:  # identical candidates: every member, in index order, padded with -1
+            width = int(np.bincount(group).max())
+            self.members = np.full((len(self.vecs), width), -1, dtype=np.int64)
+            order = np.argsort(group, kind="stable")
+            g = group[order]
+            pos = np.arange(len(g)) - np.searchsorted(g, g)
+            self.members[g, pos] = ids[order]
+        self.max_norm = float(np.linalg.norm(self.vecs, axis=1).max())
+        self.kind = spec.kind if len(self.vecs) >= spec.min_candidates else "exact"
+        self.index = self._build(spec, d)
+
+    def _build(self, spec: VoteIndex, d: int) -> faiss.Index:
+        n = len(self.vecs)
+        if self.kind == "exact":
+            index = faiss.IndexFlatIP(d)
+            index.add(self.vecs)
+            return index
+        with _faiss_threads(1):  # single-threaded build: the same index on any machine
+            if self.kind == "hnsw":
+                index = faiss.IndexHNSWFlat(d, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+                index.hnsw.efConstruction = spec.ef_construction
+                index.hnsw.efSearch = spec.ef_search
+                index.add(self.vecs)
+                return index
+            nlist = spec.nlist or round(math.sqrt(n))
+            nlist = max(1, min(nlist, n // 39))
+            quantizer = faiss.IndexFlatIP(d)
+            index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+            index.cp.seed = 1234
+            index.train(self.vecs)
+            index.add(self.vecs)
+            index.nprobe = min(spec.nprobe, nlist)
+            self._quantizer = quantizer  # the IVF index does not own its quantizer
+            return index
+
+    def _tol(self, queries: np.ndarray, scale: float) -> np.ndarray:
+        """Twice the float32 rounding bound of <query, row> for rows of norm <= scale."""
+        return (4.0 * queries.shape[1] * 2.0**-24 * scale
+                * np.linalg.norm(queries, axis=1, keepdims=True))
+
+    def _raw(self, queries: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.kind == "ivf":  # coarse step without BLAS: the same lists on any thread count
+            with _no_blas():
+                return self.index.search(queries, width)
+        if self.kind == "hnsw":
+            self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, width)
+        return self.index.search(queries, width)
+
+    def nearest(self, queries: np.ndarray, kk: int) -> np.ndarray:
+        """(B, kk) candidate ids, best first, ranked by similarity then lowest id.
+
+        faiss's float32 scores are trusted where consecutive scores among the first kk + 1 are
+        further apart than twice the float32 rounding bound of a d-term dot product; other rows
+        (near-ties, identical candidates) are re-scored in float64 over the best kk + 2.
+        """
+        width = min(kk + _RESCORE_MARGIN, len(self.vecs))
+        sims32, uid = self._raw(queries, width)
+        if self.kind != "exact":  # ANN may find fewer than width: search those rows exactly
+            short = np.flatnonzero((uid < 0).any(axis=1))
+            if len(short):
+                exact = faiss.IndexFlatIP(queries.shape[1])
+                exact.add(self.vecs)
+                sims32[short], uid[short] = exact.search(queries[short], width)
+        if self.members.shape[1] == 1:
+            tol = self._tol(queries, self.max_norm)
+            head = sims32[:, : min(kk + 1, width)].astype(np.float64)
+            safe = (np.diff(-head, axis=1) > tol).all(axis=1)
+            out = self.members[uid[:, :kk], 0]
+            redo = np.flatnonzero(~safe)
+        else:
+            out = np.empty((len(queries), kk), dtype=np.int64)
+            redo = np.arange(len(queries))
+        for s in range(0, len(redo), _RESCORE_ROWS):
+            rows = redo[s: s + _RESCORE_ROWS]
+            sims = np.einsum("bd,bwd->bw", queries[rows].astype(np.float64),
+                             self.vecs[uid[rows]].astype(np.float64))
+            ids = self.members[uid[rows]]  # (b, width, multiplicity)
+            sims = np.broadcast_to(sims[:, :, None], ids.shape).reshape(len(rows), -1)
+            ids = ids.reshape(len(rows), -1)
+            sims = np.where(ids < 0, -np.inf, sims)
+            ids = np.where(ids < 0, np.iinfo(np.int64).max, ids)
+            rank = np.lexsort((ids, -sims))[:, :kk]
+            out[rows] = np.take_along_axis(ids, rank, axis=1)
+        return out
+
+
+def _label_slices(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """Order the rows by label once: (order, [(label, start, stop)]) over that order."""
+    labels = np.asarray(labels)
     order = np.argsort(labels, kind="stable")
     values, starts = np.unique(labels[order], return_index=True)
-    return dict(zip(values.tolist(), np.split(order, starts[1:]), strict=True))
+    stops = np.append(starts[1:], len(order))
+    return order, [(int(v), int(a), int(b)) for v, a, b in zip(values, starts, stops, strict=True)]
+
+
+def _rows(private_emb: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """One chunk of private rows as float32: a view when the rows are contiguous."""
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1:
+        return np.ascontiguousarray(private_emb[rows[0]: rows[-1] + 1], dtype=np.float32)
+    return np.ascontiguousarray(private_emb[rows], dtype=np.float32)
+
+
+def nearest_candidates(private_emb: np.ndarray, private_labels: np.ndarray,
+                       cand_emb: np.ndarray, cand_labels: np.ndarray, k: int = 1, *,
+                       index: VoteIndex | str | None = None, batch: int = 8192,
+                       furthest: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """For each chunk of private records: (record indices [B], candidate indices [B, kk]), the
+    record's kk = min(k, candidates of its label) nearest candidates of its own label, best
+    first (``furthest``: the kk furthest). Records of a label without candidates are skipped.
+
+    The index is built on the candidates only (docs/methods.md §1); private rows are ordered by
+    label once and copied at most one chunk at a time.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    spec = _as_index(index)
+    if len(private_emb) != len(private_labels):
+        raise ValueError(f"{len(private_emb)} private embeddings but {len(private_labels)} labels")
+    if len(cand_emb) != len(cand_labels):
+        raise ValueError(f"{len(cand_emb)} candidate embeddings but {len(cand_labels)} labels")
+    c_order, c_slices = _label_slices(np.asarray(cand_labels))
+    cands = {label: c_order[a:b] for label, a, b in c_slices}
+    order, slices = _label_slices(np.asarray(private_labels))
+    sign = np.float32(-1.0 if furthest else 1.0)
+    for label, start, stop in slices:
+        cand_idx = cands.get(label)
+        if cand_idx is None or len(cand_idx) == 0:
+            continue  # no candidate of this label: these records cast no vote
+        cand_idx = np.sort(cand_idx)
+        label_cands = _LabelCandidates(cand_emb[cand_idx], cand_idx, spec)
+        kk = min(k, label_cands.size)
+        for s in range(start, stop, batch):
+            rows = order[s: min(s + batch, stop)]
+            queries = _rows(private_emb, rows)
+            if furthest:
+                queries = queries * sign
+            yield rows, label_cands.nearest(queries, kk)
 
 
 def _bound_users(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, users: np.ndarray,
@@ -71,40 +284,38 @@ def _scatter(n: int, cols: np.ndarray, vals: np.ndarray) -> np.ndarray:
 
 def knn_vote(private_emb: np.ndarray, private_labels: np.ndarray, cand_emb: np.ndarray,
              cand_labels: np.ndarray, k: int = 1, users: np.ndarray | None = None,
-             batch: int = 8192) -> np.ndarray:
-    """Aug-PE vote (METHODS.md 1.3b): each record gives 1/sqrt(k) to its k nearest candidates
-    of the same label, so each record's vote vector has L2 norm 1 (sensitivity 1).
+             batch: int = 8192, *, index: VoteIndex | str | None = None) -> np.ndarray:
+    """Aug-PE vote (docs/methods.md §1, step 3b): each record gives 1/sqrt(k) to its k nearest
+    candidates of the same label, so each record's vote vector has L2 norm 1 (sensitivity 1),
+    whichever ``index`` (exact, ivf, hnsw) finds the neighbours.
 
     With `users` (int codes per record), each user's summed vote vector is scaled to norm 1.
     """
-    hist = np.zeros(len(cand_emb), dtype=np.float64)
+    n = len(cand_emb)
+    hist = np.zeros(n, dtype=np.float64)
     all_rows, all_cols, all_vals = [], [], []
-    cands = _by_label(cand_labels)
-    for label, rec_idx in _by_label(private_labels).items():
-        cand_idx = cands.get(label)
-        if cand_idx is None or len(cand_idx) == 0:
-            continue  # no candidate of this label: these records cast no vote
-        kk = min(k, len(cand_idx))
-        _, ids = _search(cand_emb[cand_idx], private_emb[rec_idx], kk, batch)
-        cols = cand_idx[ids].ravel()
+    for rows, ids in nearest_candidates(private_emb, private_labels, cand_emb, cand_labels, k,
+                                        index=index, batch=batch):
+        kk = ids.shape[1]
+        cols = ids.ravel()
         vals = np.full(cols.shape, 1.0 / math.sqrt(kk))
         if users is None:
-            hist += _scatter(len(cand_emb), cols, vals)
+            hist += _scatter(n, cols, vals)
         else:
-            all_rows.append(np.repeat(rec_idx, kk))
+            all_rows.append(np.repeat(rows, kk))
             all_cols.append(cols)
             all_vals.append(vals)
     if users is not None and all_rows:
         hist = _bound_users(np.concatenate(all_rows), np.concatenate(all_cols),
-                            np.concatenate(all_vals), users, len(cand_emb), 1.0)
+                            np.concatenate(all_vals), np.asarray(users), n, 1.0)
     return hist
 
 
 def topq_vote(private_emb: np.ndarray, private_labels: np.ndarray, cand_emb: np.ndarray,
               cand_labels: np.ndarray, q: int = 8, users: np.ndarray | None = None,
-              batch: int = 8192) -> np.ndarray:
-    """WASP Top-Q vote (METHODS.md 2.2): the q-th nearest candidate of the record's label gets
-    2^-q in H_near and the q-th furthest gets 2^-q in H_far.
+              batch: int = 8192, *, index: VoteIndex | str | None = None) -> np.ndarray:
+    """WASP Top-Q vote (docs/methods.md §2, step 2): the q-th nearest candidate of the record's
+    label gets 2^-q in H_near and the q-th furthest gets 2^-q in H_far.
 
     Returns concat(H_near, H_far) (length 2N); joint sensitivity `topq_sensitivity(q)`.
     """
@@ -112,27 +323,23 @@ def topq_vote(private_emb: np.ndarray, private_labels: np.ndarray, cand_emb: np.
     weights_by_rank = 2.0 ** -np.arange(q)
     out = np.zeros(2 * n, dtype=np.float64)
     all_rows, all_cols, all_vals = [], [], []
-    cands = _by_label(cand_labels)
-    for label, rec_idx in _by_label(private_labels).items():
-        cand_idx = cands.get(label)
-        if cand_idx is None or len(cand_idx) == 0:
-            continue
-        qq = min(q, len(cand_idx))
-        _, near = _search(cand_emb[cand_idx], private_emb[rec_idx], qq, batch)
-        _, far = _search(cand_emb[cand_idx], -private_emb[rec_idx], qq, batch)
-        w = np.tile(weights_by_rank[:qq], len(rec_idx))
-        cols = np.concatenate([cand_idx[near].ravel(), n + cand_idx[far].ravel()])
-        vals = np.concatenate([w, w])
-        if users is None:
-            out += _scatter(2 * n, cols, vals)
-        else:
-            rows = np.repeat(rec_idx, qq)
-            all_rows.append(np.concatenate([rows, rows]))
-            all_cols.append(cols)
-            all_vals.append(vals)
+    searches = (nearest_candidates(private_emb, private_labels, cand_emb, cand_labels, q,
+                                   index=index, batch=batch, furthest=far) for far in (False, True))
+    for offset, found in zip((0, n), searches, strict=True):
+        for rows, ids in found:
+            qq = ids.shape[1]
+            cols = offset + ids.ravel()
+            vals = np.tile(weights_by_rank[:qq], len(rows))
+            if users is None:
+                out += _scatter(2 * n, cols, vals)
+            else:
+                all_rows.append(np.repeat(rows, qq))
+                all_cols.append(cols)
+                all_vals.append(vals)
     if users is not None and all_rows:
         out = _bound_users(np.concatenate(all_rows), np.concatenate(all_cols),
-                           np.concatenate(all_vals), users, 2 * n, topq_sensitivity(q))
+                           np.concatenate(all_vals), np.asarray(users), 2 * n,
+                           topq_sensitivity(q))
     return out
 
 

@@ -1,6 +1,7 @@
-"""Federated WASP voting over Flower SecAgg+ (METHODS.md section 2, federated variant).
+"""Federated WASP voting over Flower SecAgg+ (docs/methods.md §2, federated variant).
 
-``federated_noisy_histogram`` runs one round in Flower's simulation engine; ``app`` holds the
+``federated_noisy_histogram`` runs one round in Flower's simulation engine; ``rounds`` charges a
+round before it runs (``accounted_round``); ``app`` holds the
 ServerApp/ClientApp (also usable in a real deployment, see deploy.md). Flower is imported only
 when a round runs.
 """

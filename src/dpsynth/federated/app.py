@@ -86,12 +86,15 @@ class ServerSink:
 
 
 def reconstruction_threshold(num_parties: int, min_parties: int) -> int:
-    """SecAgg+ key-reconstruction threshold t = max(2, min(min_parties, P - 1)).
+    """SecAgg+ key-reconstruction threshold t = min_parties.
 
-    With t <= P - 1 one dropout still lets the protocol unmask, so the strategy (not a halted
-    protocol) decides release; fewer than t survivors halt SecAgg+ and nothing is unmasked.
+    Fewer than t surviving parties cannot reconstruct the masks, so SecAgg+ halts and nothing is
+    unmasked: a sum carrying fewer than min_parties noise shares (noise variance below
+    min_parties / P sigma^2, the worst case each round is charged for) never reaches the server.
     """
-    return max(2, min(min_parties, num_parties - 1))
+    if not 2 <= min_parties <= num_parties:
+        raise ValueError(f"min_parties must be in [2, {num_parties}], got {min_parties}")
+    return int(min_parties)
 
 
 class SecureSumStrategy(Strategy):

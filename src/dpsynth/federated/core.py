@@ -1,6 +1,6 @@
 """Pure (Flower-free) parts of WASP's federated voting: party data, local noisy votes, quantisation.
 
-Federated WASP (METHODS.md section 2, "Federated variant"): party l holds records, computes its
+Federated WASP (docs/methods.md §2, "Federated variant"): party l holds records, computes its
 local vote histogram h_l, adds its own noise share N(0, sigma^2 / P) and only the secure sum
 sum_l (h_l + n_l) = H + N(0, sigma^2) reaches the server (SecAgg+).
 

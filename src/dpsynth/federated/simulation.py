@@ -1,10 +1,12 @@
 """Driver: one federated WASP voting round in Flower's simulation engine (Ray backend).
 
 Dropouts: a party that fails after the SecAgg+ key-sharing stages contributes neither its votes
-nor its noise share, so the sum carries N(0, (P_present / P) sigma^2). A round with fewer than
-``min_parties`` contributors (default: all P) is refused (InsufficientPartiesError) and releases
-nothing; with ``min_parties < P`` a smaller round is released and ``effective_sigma`` =
-sqrt(P_present / P) * sigma is what the accountant must use for it.
+nor its noise share, so the sum carries N(0, (P_present / P) sigma^2). The SecAgg+
+reconstruction threshold is ``min_parties`` (default: all P), so with fewer survivors the
+protocol halts before anything is unmasked (InsufficientPartiesError); with ``min_parties < P``
+a smaller round is released with ``effective_sigma`` = sqrt(P_present / P) * sigma >=
+sqrt(min_parties / P) * sigma, the worst case a caller must charge BEFORE the round
+(dpsynth.federated.rounds.accounted_round).
 """
 
 from __future__ import annotations

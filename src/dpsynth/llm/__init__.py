@@ -29,12 +29,17 @@ _OPENAI_KEYS = {
     "chat",
     "max_concurrency",
     "timeout",
-    "max_retries",
+    "retry_budget_s",
+    "max_attempts",
+    "outage_patience_s",
+    "breaker_threshold",
+    "probe_interval_s",
     "backoff_base",
     "backoff_max",
+    "max_retry_after",
     "extra_body",
 }
-_LOCAL_KEYS = {"model", "cache_dir", "batch_size", "num_threads"}
+_LOCAL_KEYS = {"model", "cache_dir", "batch_size", "num_threads", "engine"}
 
 
 def load_generator(
@@ -42,9 +47,11 @@ def load_generator(
 ) -> Generator:
     """Build a generator from a name, a directory or a dict.
 
-    * ``"smollm2"`` / ``"gemma3"``: the embedded GGUF models (local transformers backend);
+    * ``"smollm2"`` / ``"gemma3"``: the embedded GGUF models (local backend);
     * a local HF model directory;
-    * ``{"backend": "local", "model": ..., "batch_size": ...}``;
+    * ``{"backend": "local", "model": ..., "batch_size": ..., "num_threads": ...,
+      "engine": "auto" | "transformers" | "ctranslate2"}`` (see
+      :class:`~dpsynth.llm.local.LocalGenerator`; ``None`` values mean "pick for the machine");
     * ``{"backend": "openai", "base_url": ..., "model": ..., "api_key_env": "OPENAI_API_KEY",
       "chat": true, ...}`` (other keys: see :class:`~dpsynth.llm.openai_compat.OpenAIGenerator`).
 
@@ -71,13 +78,13 @@ def load_generator(
                 raise ValueError(f"generator spec: unknown local keys {sorted(unknown)}")
             from .local import LocalGenerator
 
-            gen = LocalGenerator(**conf)
+            gen = LocalGenerator(**{k: v for k, v in conf.items() if v is not None})
         else:
             raise ValueError(f"generator spec: unknown backend {backend!r} (local or openai)")
     elif isinstance(spec, str | Path):
         from .local import LocalGenerator
 
-        gen = LocalGenerator(spec, **kwargs)
+        gen = LocalGenerator(spec, **{k: v for k, v in kwargs.items() if v is not None})
     else:
         raise TypeError(f"generator spec must be a str, Path or dict, got {type(spec).__name__}")
     if cache_path is not None:

@@ -100,7 +100,8 @@ def request_keys(name: str, requests: Sequence[GenerationRequest]) -> list[str]:
 class CachedGenerator:
     """A :class:`Generator` that answers from a :class:`RequestCache` and sends only misses.
 
-    Counters: ``hits`` and ``misses`` (requests), ``calls`` (calls of the inner generator).
+    Counters: ``hits`` and ``misses`` (requests), ``delivered`` (misses answered and stored:
+    the calls actually paid for), ``calls`` (calls of the inner generator).
     Inner generators without an ``on_result`` keyword are called in chunks of
     ``fallback_chunk`` requests so that finished chunks are stored. Other attributes
     (``next_token_logits``, ``open_stepper``, ``tokenizer`` ...) are the inner generator's.
@@ -114,6 +115,7 @@ class CachedGenerator:
         self.supports_chat: bool = inner.supports_chat
         self.hits = 0
         self.misses = 0
+        self.delivered = 0
         self.calls = 0
 
     def __getattr__(self, attr: str) -> Any:
@@ -145,6 +147,7 @@ class CachedGenerator:
                 i = miss[j]
                 if out[i] is None:
                     self.cache.put(keys[i], self.name, text)
+                    self.delivered += 1
                     out[i] = text
                     if on_result is not None:
                         on_result(i, text)

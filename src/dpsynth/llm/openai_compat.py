@@ -1,25 +1,33 @@
 """Any OpenAI-compatible server (vLLM, llama.cpp server, Ollama, OpenAI, ``dpsynth llm serve``).
 
 Requests run concurrently in a bounded thread pool over one ``httpx.Client``. Transient
-failures (HTTP 429 and 5xx, timeouts, connection errors) are retried with exponential backoff
-and full jitter, honouring ``Retry-After``. Each result is handed to ``on_result`` as it
-arrives (the request cache stores it at once); when a request still fails after the last
-retry, the pending ones are cancelled, the running ones finish, and a
-:class:`~dpsynth.llm.base.GenerationError` names the status and how many requests finished.
+failures (HTTP 408/409/425/429/5xx, timeouts, connection errors) are retried by ``tenacity``
+with full-jitter exponential backoff, honouring ``Retry-After``, within a *time budget* per
+request (``retry_budget_s``; ``max_attempts`` is an optional extra cap). A
+:class:`CircuitBreaker` shared by all requests stops sending after ``breaker_threshold``
+consecutive failures, lets one probe through every ``probe_interval_s`` and gives up once the
+outage has lasted ``outage_patience_s``; time spent waiting on the breaker is not charged to a
+request's budget. Each result is handed to ``on_result`` as it arrives (the request cache
+stores it at once); when a request fails for good, the pending ones are cancelled, the running
+ones finish, and a :class:`~dpsynth.llm.base.GenerationError` names the cause and how many
+requests finished. Retries are counted in ``retries`` and ``retry_causes``. A retry re-sends
+a prompt only: privacy noise is drawn elsewhere and never redrawn (docs/methods.md §0); the
+server sees prompts, never private records for the PE methods (docs/methods.md §6).
 """
 
 from __future__ import annotations
 
 import email.utils
 import os
-import random
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import httpx
+import tenacity
 
 from .base import (
     FALLBACK_STOPS,
@@ -35,11 +43,27 @@ RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
 class _RequestFailed(Exception):
+    """A request that failed for good (not retried further)."""
+
     def __init__(self, status: int | None, cause: str, attempts: int) -> None:
         super().__init__(cause)
         self.status = status
         self.cause = cause
         self.attempts = attempts
+
+
+class _Transient(Exception):
+    """One failed attempt that may be retried."""
+
+    def __init__(self, status: int | None, cause: str, retry_after: float | None) -> None:
+        super().__init__(cause)
+        self.status = status
+        self.cause = cause
+        self.retry_after = retry_after
+
+
+class OutageError(Exception):
+    """The circuit breaker stayed open longer than its patience."""
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -58,9 +82,105 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> float:
-    """Full-jitter exponential backoff: uniform(0, min(cap, base * 2**attempt))."""
-    return rng.uniform(0.0, min(cap, base * (2.0**attempt)))
+class CircuitBreaker:
+    """Closed until ``threshold`` consecutive failures; then open: callers of
+    :meth:`before_attempt` wait, one probe goes through every ``probe_interval_s``; a success
+    closes it, and an outage longer than ``patience_s`` makes every caller raise
+    :class:`OutageError` (for good: the breaker stays tripped)."""
+
+    def __init__(
+        self,
+        threshold: int = 8,
+        patience_s: float = 300.0,
+        probe_interval_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if threshold < 1:
+            raise ValueError(f"breaker threshold must be >= 1, got {threshold}")
+        self.threshold = threshold
+        self.patience_s = patience_s
+        self.probe_interval_s = probe_interval_s
+        self.clock = clock
+        self._cond = threading.Condition()
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._next_probe = 0.0
+        self._probing = False
+        self.tripped = False
+        self.openings = 0  # how many times it opened
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened_at is not None
+
+    def before_attempt(self, abort: threading.Event | None = None) -> float:
+        """Block while open (unless this caller is the probe); return the seconds waited.
+
+        A set ``abort`` event ends the wait with :class:`OutageError` (the call was given up).
+        """
+        start = self.clock()
+        with self._cond:
+            while True:
+                if abort is not None and abort.is_set():
+                    raise OutageError("given up: another request failed")
+                if self.tripped:
+                    raise OutageError(self._outage_message())
+                if self._opened_at is None:
+                    return self.clock() - start
+                now = self.clock()
+                if now - self._opened_at > self.patience_s:
+                    self.tripped = True
+                    self._cond.notify_all()
+                    raise OutageError(self._outage_message())
+                if not self._probing and now >= self._next_probe:
+                    self._probing = True
+                    return self.clock() - start
+                until = min(self._next_probe, self._opened_at + self.patience_s) - now
+                if abort is not None:
+                    until = min(until, 0.2)
+                self._cond.wait(timeout=max(0.01, until))
+
+    def _outage_message(self) -> str:
+        return (f"server unavailable for over {self.patience_s:g} s (outage_patience_s) after "
+                f"{self.threshold} consecutive failures")
+
+    def success(self) -> None:
+        with self._cond:
+            self._failures = 0
+            self._probing = False
+            if self._opened_at is not None:
+                self._opened_at = None
+                self._cond.notify_all()
+
+    def failure(self) -> None:
+        with self._cond:
+            self._failures += 1
+            now = self.clock()
+            if self._opened_at is None:
+                if self._failures >= self.threshold:
+                    self._opened_at = now
+                    self._next_probe = now + self.probe_interval_s
+                    self.openings += 1
+            else:  # the probe failed (or a request sent before the breaker opened)
+                self._probing = False
+                self._next_probe = now + self.probe_interval_s
+            self._cond.notify_all()
+
+
+class _Wait(tenacity.wait.wait_base):
+    """Full-jitter exponential backoff, at least the server's ``Retry-After`` (capped)."""
+
+    def __init__(self, base: float, cap: float, max_retry_after: float) -> None:
+        self.jitter = tenacity.wait_random_exponential(multiplier=base, max=cap)
+        self.max_retry_after = max_retry_after
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        delay = float(self.jitter(retry_state))
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        after = getattr(exc, "retry_after", None)
+        if after is not None:
+            delay = min(max(float(after), delay), self.max_retry_after)
+        return delay
 
 
 class OpenAIGenerator:
@@ -70,7 +190,8 @@ class OpenAIGenerator:
     rendered with :func:`~dpsynth.llm.base.render_chat_fallback` and sent to ``/completions``.
     Plain-text prompts go to ``/completions``. ``top_k`` is sent only when > 0 (it is an
     extension of vLLM / llama.cpp). The API key is read from the environment variable
-    ``api_key_env`` when set (optional for local servers).
+    ``api_key_env`` when set (optional for local servers). ``timeout`` is per attempt (and
+    never longer than what is left of the request's ``retry_budget_s``).
     """
 
     def __init__(
@@ -82,29 +203,34 @@ class OpenAIGenerator:
         chat: bool = True,
         max_concurrency: int = 8,
         timeout: float = 120.0,
-        max_retries: int = 5,
+        retry_budget_s: float = 600.0,
+        max_attempts: int | None = None,
+        outage_patience_s: float = 300.0,
+        breaker_threshold: int = 8,
+        probe_interval_s: float = 2.0,
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
         max_retry_after: float = 120.0,
         extra_body: dict[str, Any] | None = None,
-        seed: int | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if not timeout > 0 or not retry_budget_s > 0:
+            raise ValueError("timeout and retry_budget_s must be > 0")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = f"openai:{model}"
         self.supports_chat = bool(chat)
         self.max_concurrency = max_concurrency
-        self.max_retries = max_retries
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.max_retry_after = max_retry_after
+        self.timeout = float(timeout)
+        self.retry_budget_s = float(retry_budget_s)
+        self.max_attempts = max_attempts
         self.extra_body = dict(extra_body or {})
-        self._rng = random.Random(seed)
-        self._rng_lock = threading.Lock()
+        self.breaker = CircuitBreaker(breaker_threshold, outage_patience_s, probe_interval_s)
+        self._wait = _Wait(backoff_base, backoff_max, max_retry_after)
+        self._count_lock = threading.Lock()
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(api_key_env) if api_key_env else None
         if key:
@@ -115,11 +241,19 @@ class OpenAIGenerator:
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             limits=httpx.Limits(max_connections=max_concurrency),
         )
-        self.attempts = 0  # HTTP attempts made (for tests and logs)
-        self.sleep = time.sleep  # replaceable, e.g. to record backoff delays in tests
+        self.attempts = 0  # HTTP attempts made
+        self.retries = 0  # attempts that were retried after a transient failure
+        self.retry_causes: Counter[str] = Counter()  # e.g. {"HTTP 503": 3, "timeout": 1}
+        # how retries wait; None = on the call's abort event (a failed call stops waiting)
+        self.sleep: Callable[[float], None] | None = None
 
     def close(self) -> None:
         self._client.close()
+
+    def retry_counts(self) -> dict[str, int]:
+        """HTTP counters for a run summary: attempts, retries, breaker openings."""
+        return {"http_attempts": self.attempts, "http_retries": self.retries,
+                "breaker_openings": self.breaker.openings}
 
     def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any], tuple[str, ...]]:
         p = request.params
@@ -151,42 +285,78 @@ class OpenAIGenerator:
         body.update(self.extra_body)
         return path, body, stops
 
-    def _one(self, request: GenerationRequest) -> str:
+    def _one(self, request: GenerationRequest, abort: threading.Event) -> str:
+        """One request: attempts under the breaker, retried by tenacity within the budget;
+        given up (not retried further) once ``abort`` is set."""
         path, body, stops = self._body(request)
-        attempt = 0
-        while True:
-            status: int | None = None
-            wait_for: float | None = None
-            try:
+        paused = 0.0  # seconds spent waiting on the breaker: not charged to the budget
+        attempts = 0
+        start = time.monotonic()
+
+        def attempt() -> str:
+            nonlocal paused, attempts
+            if abort.is_set():
+                raise _RequestFailed(None, "given up: another request failed", attempts)
+            paused += self.breaker.before_attempt(abort)
+            attempts += 1
+            with self._count_lock:
                 self.attempts += 1
-                resp = self._client.post(path, json=body)
-                status = resp.status_code
-                if status < 400:
-                    return apply_stops(self._parse(resp, path), stops)
-                if status not in RETRY_STATUS:
-                    raise _RequestFailed(status, f"HTTP {status}", attempt + 1)
-                cause = f"HTTP {status}"
-                wait_for = parse_retry_after(resp.headers.get("Retry-After"))
+            left = self.retry_budget_s - (time.monotonic() - start - paused)
+            t = max(1.0, min(self.timeout, left))
+            try:
+                resp = self._client.post(
+                    path, json=body, timeout=httpx.Timeout(t, connect=min(t, 10.0))
+                )
             except httpx.TimeoutException:
-                cause = "timeout"
+                self.breaker.failure()
+                raise _Transient(None, "timeout", None) from None
             except httpx.TransportError as exc:
-                cause = f"connection error ({type(exc).__name__})"
-            if attempt >= self.max_retries:
-                raise _RequestFailed(status, cause, attempt + 1)
-            with self._rng_lock:
-                delay = backoff_delay(attempt, self.backoff_base, self.backoff_max, self._rng)
-            if wait_for is not None:
-                delay = min(max(wait_for, delay), self.max_retry_after)
-            self.sleep(delay)
-            attempt += 1
+                self.breaker.failure()
+                raise _Transient(None, f"connection error ({type(exc).__name__})", None) from None
+            status = resp.status_code
+            if status in RETRY_STATUS:
+                self.breaker.failure()
+                after = parse_retry_after(resp.headers.get("Retry-After"))
+                raise _Transient(status, f"HTTP {status}", after)
+            self.breaker.success()  # any non-transient answer: the server is up
+            if status >= 400:
+                raise _RequestFailed(status, f"HTTP {status}", attempts)
+            return apply_stops(self._parse(resp, path, attempts), stops)
+
+        def stop(rs: tenacity.RetryCallState) -> bool:
+            if abort.is_set():
+                return True
+            if self.max_attempts is not None and rs.attempt_number >= self.max_attempts:
+                return True
+            used = time.monotonic() - start - paused
+            return used + rs.upcoming_sleep >= self.retry_budget_s
+
+        def count(rs: tenacity.RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            with self._count_lock:
+                self.retries += 1
+                self.retry_causes[getattr(exc, "cause", "error")] += 1
+
+        retrying = tenacity.Retrying(
+            stop=stop,
+            wait=self._wait,
+            retry=tenacity.retry_if_exception_type(_Transient),
+            sleep=lambda s: self.sleep(s) if self.sleep is not None else abort.wait(s),
+            before_sleep=count,
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except _Transient as exc:
+            raise _RequestFailed(exc.status, exc.cause, attempts) from None
 
     @staticmethod
-    def _parse(resp: httpx.Response, path: str) -> str:
+    def _parse(resp: httpx.Response, path: str, attempts: int = 1) -> str:
         try:
             choice = resp.json()["choices"][0]
             text = choice["message"]["content"] if path == "/chat/completions" else choice["text"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _RequestFailed(resp.status_code, "malformed response body", 1) from exc
+            raise _RequestFailed(resp.status_code, "malformed response body", attempts) from exc
         return text or ""
 
     def generate(
@@ -201,10 +371,11 @@ class OpenAIGenerator:
         if not requests:
             return []
         failure: _RequestFailed | None = None
+        abort = threading.Event()
         pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests)))
         try:
             futures: dict[Future[str], int] = {
-                pool.submit(self._one, r): i for i, r in enumerate(requests)
+                pool.submit(self._one, r, abort): i for i, r in enumerate(requests)
             }
             pending = set(futures)
             with progress_bar(progress, len(requests), f"{self.name} generating") as advance:
@@ -221,18 +392,23 @@ class OpenAIGenerator:
                                 on_result(i, out[i])  # type: ignore[arg-type]
                             advance()
                         elif failure is None:
-                            if not isinstance(exc, _RequestFailed):
+                            if isinstance(exc, OutageError):
+                                exc = _RequestFailed(None, str(exc), 0)
+                            elif not isinstance(exc, _RequestFailed):
                                 exc = _RequestFailed(None, type(exc).__name__, 1)
                             failure = exc
+                            abort.set()  # running requests finish their attempt, no retries
                             for other in pending:
                                 other.cancel()
         finally:
+            abort.set()
             pool.shutdown(wait=True, cancel_futures=True)
         if failure is not None:
             finished = sum(t is not None for t in out)
+            how = (f"a request failed after {failure.attempts} attempt(s) with {failure.cause}"
+                   if failure.attempts else failure.cause)
             raise GenerationError(
-                f"{self.name} at {self.base_url}: a request failed after {failure.attempts} "
-                f"attempt(s) with {failure.cause}; {finished} of {len(requests)} requests "
+                f"{self.name} at {self.base_url}: {how}; {finished} of {len(requests)} requests "
                 "finished (results already handed to the cache are kept)",
                 completed=finished,
                 total=len(requests),

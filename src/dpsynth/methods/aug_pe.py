@@ -1,5 +1,5 @@
 """Aug-PE (Xie et al. 2024, "Differentially Private Synthetic Data via Foundation Model APIs 2:
-Text"), the baseline of the family. METHODS.md section 1.
+Text"), the baseline of the family. docs/methods.md §1.
 
 1. noisy label counts -> N_y samples per label (Gaussian, sensitivity 1);
 2. RANDOM_API: N_y * L zero-shot generations per label;
@@ -18,7 +18,6 @@ import numpy as np
 from ..evolution import operators as ops
 from ..evolution.loop import Pool
 from ..evolution.selection import allocate, select_per_label, thresholded
-from ..evolution.voting import knn_vote, user_label_counts
 from ..runs import write_jsonl
 from .base import Method
 
@@ -27,10 +26,10 @@ if TYPE_CHECKING:
 
 
 def noisy_quota(ctx: RunContext, total: int) -> np.ndarray:
-    """Samples per label from DP label counts (never raw frequencies; METHODS.md 0)."""
+    """Samples per label from DP label counts (never raw frequencies; docs/methods.md §0)."""
     if ctx.n_labels == 1:
         return np.array([total])
-    counts = user_label_counts(ctx.label_codes, ctx.n_labels, ctx.users)
+    counts = ctx.compute.label_counts(ctx.n_labels)
     noisy = ctx.release_gaussian("label_counts", counts, 1.0, name="label_counts")
     return allocate(total, noisy)
 
@@ -79,8 +78,7 @@ class AugPEStrategy:
               emb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         syn = ctx.config.synthesis
         vote_emb = self.candidate_embeddings(ctx, t, pool, emb)
-        votes = knn_vote(ctx.private_embeddings, ctx.label_codes, vote_emb, pool.labels, syn.k,
-                         ctx.users)
+        votes = ctx.compute.knn_histogram(vote_emb, pool.labels, syn.k)
         noisy = ctx.release_gaussian(f"iter{t}/votes", votes, 1.0, name="votes")
         scores = thresholded(noisy, syn.threshold * ctx.sigma)
         return scores, {

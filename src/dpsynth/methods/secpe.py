@@ -1,6 +1,6 @@
 """SecPE (Lin et al. 2025, "Private Evolution with secret protection"): protect predefined
 secrets instead of whole records, and vote through noisy cluster representatives.
-METHODS.md section 3.
+docs/methods.md §3.
 
 - Records that contain a secret are private; the others are public and used freely.
 - (p, r)-secret protection: a mu-GDP mechanism gives r_j = 1 - Phi(Phi^-1(1 - p_j) - mu), so
@@ -12,12 +12,15 @@ METHODS.md section 3.
   Poisson-sampled private embeddings; e~_k and n~_k are released with Gaussian noise, and each
   representative gives n~_k to its nearest candidate: O(K N) instead of O(M N).
 Selection and variation are Aug-PE's. Label quotas come from the public records' label
-counts (free), so no private count is released.
+counts (free), so no private count is released; the exact private/public split goes to the run's
+private/diagnostics.jsonl only.
 
-Accounting note (where this code is stricter than METHODS.md's dominating pair): a sampled
-record moves both the count n~_k (by 1) and the mean e~_k (by at most 2R/n_k, i.e. 1 in units of
-its noise scale), so the joint shift is sqrt(2) per sampled record. We therefore calibrate
-sigma* for a shift of 1 per record and draw each coordinate's noise with sigma = sqrt(2) sigma*.
+Accounting note (where this code is stricter than docs/methods.md §3's dominating pair): a
+sampled record moves both the count n~_k (by 1) and the mean e~_k (by at most
+Delta_k = (R + max(1, R)) / n_k, i.e. 1 in units of its noise scale; derivation in
+representatives.RepresentativeNoise), so the joint shift is sqrt(2) per sampled record. We
+therefore calibrate sigma* for a shift of 1 per record and draw each coordinate's noise with
+sigma = sqrt(2) sigma*. The release itself is representatives.release_representatives.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import ConfigError, RunConfig
+from ..diagnostics import append_diagnostic
 from ..evolution import operators as ops
 from ..evolution.loop import Pool
-from ..evolution.representatives import JOINT_SENSITIVITY
+from ..evolution.representatives import JOINT_SENSITIVITY, NoisyRepresentatives
 from ..evolution.selection import allocate, thresholded
 from .aug_pe import AugPEStrategy, write_reference
 from .base import Method
@@ -39,18 +43,17 @@ if TYPE_CHECKING:
     from ..context import RunContext
 
 
-
 class SecretPlan:
     """The secret split and its calibrated noise, computed once before any model loads."""
 
     def __init__(self, config: RunConfig, texts: list[str]) -> None:
-        from ..privacy.secret_protection import (
+        from ..secrets import SecretDefinitionError, find_secrets
+        from .secpe_theory import (
             calibrate_secret_sigma,
             rates_per_secret,
             sampling_rates,
             secret_weights_lp,
         )
-        from ..secrets import SecretDefinitionError, find_secrets
 
         cfg = config.secpe
         try:
@@ -66,7 +69,7 @@ class SecretPlan:
         self.rates = np.zeros(len(self.private_idx))
         self.sigma_star = 0.0
         if not self.index.no_secrets and math.isfinite(cfg.r_over_p) and self.r < 1.0:
-            from ..privacy.secret_protection import r_to_mu
+            from .secpe_theory import r_to_mu
 
             membership = self.index.private_membership()
             eta = np.full(membership.shape[1], float(r_to_mu(self.p, self.r)))
@@ -84,8 +87,23 @@ class SecretPlan:
         return self.sigma > 0
 
     def report(self) -> dict[str, Any]:
-        """Counts only: safe for the run folder and release/privacy.json."""
+        """Exact counts of the split: derived from the private data, so for
+        private/diagnostics.jsonl only (never release/ or the log)."""
         return self.index.split_report()
+
+    def summary(self) -> str:
+        """What protection the run gives, for privacy.json: from public parameters only (that
+        no record holds a secret is a fact about the private data: diagnostics only)."""
+        if self.r < 1:
+            return f"(p={self.p:g}, r={self.r:g}) per secret"
+        return (f"no protection asked (r = min(1, p * r_over_p) = {self.r:g}): records holding "
+                "secrets enter the representatives without noise")
+
+    def noise_report(self) -> dict[str, Any]:
+        """The calibrated noise, for private/diagnostics.jsonl only: SecretNoise calibrates it
+        from the secrets found in the private data, so it is not released."""
+        return {"noise_sigma": self.sigma, "calibrated_sigma_per_unit_shift": self.sigma_star,
+                "no_secret_found": bool(self.index.no_secrets)}
 
 
 class SecPEStrategy(AugPEStrategy):
@@ -95,15 +113,16 @@ class SecPEStrategy(AugPEStrategy):
         super().__init__()
         self.plan = plan
         self._centres: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._public_norm = 1.0
+        #: the last iteration's released (noisy) representatives per label
+        self.released: dict[int, NoisyRepresentatives] = {}
 
     def initial(self, ctx: RunContext) -> Pool:
         syn = ctx.config.synthesis
-        report = self.plan.report()
-        ctx.log(f"secrets: {report['private_records']} private records (with a secret), "
-                f"{report['public_records']} public, {report['secrets']} secrets")
-        if not self.plan.protects:
-            ctx.log("no record holds a secret that needs protection: no noise is needed for "
-                    "secrets, so every record is public and the representatives carry no noise")
+        append_diagnostic(ctx.run, {"kind": "secpe_split", **self.plan.report(),
+                                    **self.plan.noise_report()})
+        ctx.log(f"secret protection: {self.plan.summary()} (secret split counts in "
+                "private/diagnostics.jsonl)")
         pub = self.plan.public_idx
         counts = np.bincount(ctx.label_codes[pub], minlength=ctx.n_labels)
         self.quota = allocate(syn.samples, counts.astype(np.float64))  # public: free
@@ -117,8 +136,10 @@ class SecPEStrategy(AugPEStrategy):
             from ..evolution.representatives import public_centres
 
             pub = self.plan.public_idx
-            emb = ctx.private_embeddings[pub]
+            emb = ctx.compute.public_embeddings(pub)  # public rows (no secret)
             labels = ctx.label_codes[pub]
+            # public rows: their largest norm bounds the centres (1 for unit embeddings)
+            self._public_norm = max(1.0, float(np.linalg.norm(emb, axis=1).max()))
             per_label = allocate(ctx.config.secpe.clusters,
                                  np.bincount(labels, minlength=ctx.n_labels).astype(float))
             self._centres = {}
@@ -126,50 +147,55 @@ class SecPEStrategy(AugPEStrategy):
                 rows = emb[labels == y]
                 if len(rows):
                     k = max(1, int(per_label[y]))
-                    self._centres[y] = public_centres(rows, k, seed=ctx.config.privacy.seed)
+                    seed = int(ctx.config.privacy.seed or 0)  # public data: any fixed seed
+                    self._centres[y] = public_centres(rows, k, seed=seed)
         return self._centres
 
     def score(self, ctx: RunContext, t: int, pool: Pool,
               emb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        from ..evolution.representatives import accumulate_private, representative_vote
+        from ..evolution.representatives import (
+            PrivateAccumulation,
+            RepresentativeGroup,
+            RepresentativeNoise,
+            release_representatives,
+            representative_vote,
+        )
 
         centres = self.centres(ctx)
         R = ctx.config.secpe.clip
         priv = self.plan.private_idx
-        priv_emb = ctx.private_embeddings[priv]  # once, not per label
         priv_labels = ctx.label_codes[priv]
         sampler = ctx.session.noise_for(f"iter{t}/poisson")  # Poisson coins: mechanism randomness
-        # True statistic, in units of each coordinate's noise scale: per label y and centre k,
-        # the mean shifted by the sampled private rows, times n_k / (2R), then the counts.
-        blocks, layout = [], []
+        # the coins are drawn here, by the session, label by label; the engine (this process
+        # or the Ray shards) sums the clipped sampled rows per centre, exactly
+        take = np.zeros(len(ctx.dataset), dtype=bool)
+        for y in sorted(centres):
+            mask = priv_labels == y
+            if mask.any():
+                take[priv[mask]] = np.asarray(sampler.uniform(int(mask.sum()))) < \
+                    self.plan.rates[mask]
+        sums = ctx.compute.centre_sums({y: c for y, (c, _) in centres.items()}, take, R,
+                                       len(ctx.dataset))
+        labels, groups = [], []
         for y, (cent, sizes) in sorted(centres.items()):
             mask = priv_labels == y
-            acc = accumulate_private(cent, [priv_emb[mask]],
-                                     self.plan.rates[mask], R, sampler)
-            mean = (sizes[:, None] * cent + acc.sums) / (sizes + acc.counts)[:, None]
-            blocks.append((mean * (sizes[:, None] / (2 * R))).ravel())
-            blocks.append((sizes + acc.counts).astype(np.float64))
-            layout.append((y, cent.shape, sizes))
-        value = np.concatenate(blocks)
-        if self.plan.protects:
-            noisy = ctx.session.gaussian(f"iter{t}/representatives", value, JOINT_SENSITIVITY,
-                                         self.plan.sigma, name="representatives",
-                                         sampling_rate=float(self.plan.rates.max()))
-        else:
-            noisy = value  # no secret needs protection: representatives are public statistics
+            acc = PrivateAccumulation(sums=sums[y][0], counts=sums[y][1], n_seen=int(mask.sum()),
+                                      n_sampled=int(take[priv[mask]].sum()))
+            labels.append(y)
+            groups.append(RepresentativeGroup(cent, sizes, acc))
+        plan = RepresentativeNoise(clip_R=R, sigma=self.plan.sigma, public_norm=self._public_norm)
+        rate = float(self.plan.rates.max()) if len(self.plan.rates) else 1.0
+        reps = release_representatives(ctx.session, f"iter{t}/representatives", groups, plan,
+                                       sampling_rate=rate)
+        self.released = dict(zip(labels, reps, strict=True))
         hist = np.zeros(len(pool))
-        offset = 0
-        for y, (k, d), sizes in layout:
-            e_tilde = noisy[offset: offset + k * d].reshape(k, d) * (2 * R / sizes[:, None])
-            offset += k * d
-            n_tilde = noisy[offset: offset + k]
-            offset += k
+        for y, rep in self.released.items():
             idx = np.flatnonzero(pool.labels == y)
             if len(idx):
-                hist[idx] += representative_vote(e_tilde.astype(np.float32), n_tilde, emb[idx])
+                hist[idx] += representative_vote(rep.e_tilde, rep.n_tilde, emb[idx])
         scores = thresholded(hist, ctx.config.synthesis.threshold * self.plan.sigma)
-        return scores, {"noise_sigma": self.plan.sigma, "vote_mass": float(hist.sum()),
-                        "representatives": int(sum(s[1][0] for s in layout)),
+        return scores, {"vote_mass": float(hist.sum()),
+                        "representatives": int(sum(len(r.n_tilde) for r in reps)),
                         "candidates_with_votes": int((scores > 0).sum())}
 
 
@@ -209,19 +235,22 @@ class SecPE(Method):
             "r": plan.r,
             "r_over_p": cfg.r_over_p,
             "iterations": ctx.config.synthesis.iterations,
-            "noise_sigma": plan.sigma,
-            "calibrated_sigma_per_unit_shift": plan.sigma_star,
+            "noise_scale": "calibrated by SecretNoise from the secrets found in the private "
+                           "data; kept in private/diagnostics.jsonl, not released",
             "clip_R": cfg.clip,
             "clusters": cfg.clusters,
-            "split": plan.report(),
-            "per_type": {t: {"p": plan.p, "r": plan.r, "secrets": v["secrets"]}
-                         for t, v in plan.report()["per_type"].items()},
-            "summary": (f"(p={plan.p:g}, r={plan.r:g}) per secret"
-                        if plan.protects else "no secret found: no noise needed for secrets"),
+            # the configured definitions by kind and name only (a 'strings' list holds secrets)
+            "secret_definitions": [{"kind": d.get("kind"), "name": d.get("name")}
+                                   for d in cfg.secrets],
+            "summary": plan.summary(),
         }
         return {
             "epsilon": None,
             "delta": None,
+            "noise_multiplier": None,  # data-dependent (SecretNoise): diagnostics only
+            # names and counts only: the events' noise parameters are data-dependent
+            "mechanisms": [{"name": m.get("name"), "count": m.get("count")}
+                           for m in ctx.session.accountant.summary()],
             "classical_dp": {
                 "holds": False,
                 "reason": "records without secrets are treated as public and enter the "

@@ -1,17 +1,21 @@
 """WASP (Zou et al. 2025): few private samples, several generators, Top-Q weighted voting and
-contrastive prompts. METHODS.md section 2.
+contrastive prompts. docs/methods.md §2.
 
-Per round t: every generator k writes its share w_k of the round's samples per label (round 0
-zero-shot, later contrastive); each private record gives 2^-q to its q-th nearest (H_near) and
-q-th furthest (H_far) candidate of its label, q < Q; both histograms get Gaussian noise, with
-joint L2 sensitivity sqrt(8/3 (1 - 4^-Q)); the top of H~_near is the good set, the top of
-H~_far the bad set; generator weights follow the noisy nearest votes (step 4); the synthetic
-set accumulates over rounds. Federated mode: parties' histograms meet only through Flower's
-SecAgg+ (dpsynth.federated).
+Rounds 0..T (T = synthesis.iterations): round 0 is zero-shot; after private vote t (t < T) the
+generators write round t + 1 from contrastive prompts, so the last round T is written after the
+last vote and the synthetic set, accumulated over all T + 1 rounds, has synthesis.samples rows.
+Every generator k writes its share w_k of a round's samples per label; each private record gives
+2^-q to its q-th nearest (H_near) and q-th furthest (H_far) candidate of its label, q < Q; both
+histograms get Gaussian noise, with joint L2 sensitivity sqrt(8/3 (1 - 4^-Q)); the top of
+H~_near is the good set, the top of H~_far the bad set; generator weights follow the noisy
+nearest votes only (step 4). Federated mode: parties' histograms meet only through Flower's
+SecAgg+ (dpsynth.federated); each round is charged at its worst-case noise (only min_parties
+noise shares arrive) before it runs (dpsynth.federated.rounds).
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +46,12 @@ def generator_weights(near: np.ndarray, sources: np.ndarray, n_generators: int,
     z = np.exp((score - score.max()) / temperature)
     z = np.where(sizes > 0, z, 0.0)
     return z / z.sum()
+
+
+def worst_case_sigma(sigma: float, min_parties: int, parties: int) -> float:
+    """Std of a federated round's noise when only min_parties of the P noise shares arrive:
+    sigma * sqrt(min_parties / P) (SecAgg+ cannot unmask a sum of fewer)."""
+    return sigma * math.sqrt(min_parties / parties)
 
 
 def round_sizes(quota: np.ndarray, rounds: int) -> np.ndarray:
@@ -78,33 +88,43 @@ class WaspStrategy:
         sens = topq_sensitivity(wasp.top_q)
         key = f"iter{t}/topq"
         if wasp.federated.parties == 0:
-            hist = topq_vote(ctx.private_embeddings, ctx.label_codes, emb, pool.labels,
-                             wasp.top_q, ctx.users)
+            hist = ctx.compute.topq_histograms(emb, pool.labels, wasp.top_q)
             return ctx.release_gaussian(key, hist, sens, name="topq_votes")
         return self._federated(ctx, key, pool, emb, sens)
 
     def _federated(self, ctx: RunContext, key: str, pool: Pool, emb: np.ndarray,
                    sens: float) -> np.ndarray:
-        """Parties add N(0, sigma^2 / P) each; only the SecAgg+ sum reaches this process."""
+        """Parties add N(0, sigma^2 / P) each; only the SecAgg+ sum reaches this process.
+
+        The round is charged at its worst case (only min_parties noise shares arrive, and
+        SecAgg+ cannot unmask with fewer) and that charge is committed before any party is
+        contacted (federated.rounds.accounted_round)."""
         from ..federated import PartyData, federated_noisy_histogram
+        from ..federated.rounds import accounted_round
         from ..privacy import GaussianEvent
 
-        session = ctx.session
-        if session.has(key):
-            return np.asarray(session.get(key), dtype=np.float64)
         fed = ctx.config.wasp.federated
-        split = dirichlet_parties(len(ctx.dataset), fed.parties, fed.dirichlet_alpha,
-                                  ctx.rng_for("parties"))
-        parties = [PartyData(ctx.private_embeddings[idx], ctx.label_codes[idx]) for idx in split]
-        result = federated_noisy_histogram(
-            parties, emb, pool.labels, partial(topq_vote, q=ctx.config.wasp.top_q),
-            ctx.sigma * sens, seed=None if ctx.config.privacy.noise == "secure"
-            else stable_seed(ctx.config.privacy.seed, "federated", key),
-            noise_mode=ctx.config.privacy.noise, min_parties=fed.min_parties,
-        )
-        event = GaussianEvent(sigma=result.effective_sigma, sensitivity=sens, name="topq_votes")
-        session.record(key, event, np.asarray(result.histogram, dtype=np.float64))
-        return np.asarray(result.histogram, dtype=np.float64)
+        min_parties = fed.min_parties or fed.parties
+        sigma = ctx.sigma * sens
+        event = GaussianEvent(sigma=worst_case_sigma(sigma, min_parties, fed.parties),
+                              sensitivity=sens, name="topq_votes")
+
+        def run_round() -> np.ndarray:
+            split = dirichlet_parties(len(ctx.dataset), fed.parties, fed.dirichlet_alpha,
+                                      ctx.rng_for("parties"))
+            parties = [PartyData(ctx.private_embeddings[idx], ctx.label_codes[idx])
+                       for idx in split]
+            result = federated_noisy_histogram(
+                parties, emb, pool.labels, partial(topq_vote, q=ctx.config.wasp.top_q), sigma,
+                seed=None if ctx.config.privacy.noise == "secure"
+                else stable_seed(ctx.seed, "federated", key),  # the run's private seed
+                noise_mode=ctx.config.privacy.noise, min_parties=min_parties,
+            )
+            ctx.log(f"federated round {key}: {result.parties_present} of {fed.parties} parties")
+            return result.histogram
+
+        return accounted_round(ctx.session, key, event, run_round,
+                               ctx.run.private / "federated")
 
     def score(self, ctx: RunContext, t: int, pool: Pool,
               emb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
@@ -129,8 +149,7 @@ class WaspStrategy:
             self.weights = generator_weights(scores, pool.sources, len(self.weights),
                                              wasp.weight_temperature)
         self.history.append(self.weights.tolist())
-        if last:
-            return pool
+        # After the last vote too: round t + 1 = T is the last of the T + 1 rounds of samples.
         per = wasp.demonstrations
         good = {y: [pool.texts[i] for i in idx]
                 for y, idx in top_indices(scores, pool.labels, per).items()}
@@ -170,8 +189,32 @@ class Wasp(Method):
         if fed.parties and config.privacy.unit == "user":
             raise ConfigError("wasp.federated: user-level privacy is not supported in "
                               "federated mode; set privacy.unit to 'record'")
+        if fed.parties and config.compute.engine != "local":
+            raise ConfigError("wasp.federated simulates its parties in this process: set "
+                              "compute.engine to 'local' (each party is its own shard)")
         if fed.parties == 1:
             raise ConfigError("wasp.federated.parties must be 0 (off) or at least 2")
+        if fed.parties and fed.min_parties is not None and not (
+                2 <= fed.min_parties <= fed.parties):
+            raise ConfigError(f"wasp.federated.min_parties = {fed.min_parties} must lie in "
+                              f"[2, parties = {fed.parties}]")
+
+    def planned_events(self, config: RunConfig, n_labels: int, sigma: float) -> list[Any]:
+        """Federated votes are planned at their worst-case noise, sigma sqrt(min_parties / P),
+        the noise each round is charged with before it runs."""
+        fed = config.wasp.federated
+        if not fed.parties:
+            return super().planned_events(config, n_labels, sigma)
+        from ..privacy import GaussianEvent
+
+        events = [GaussianEvent(sigma=sigma, sensitivity=1.0, name="label_counts")] \
+            if n_labels > 1 else []
+        rounds = config.synthesis.iterations
+        if rounds:
+            worst = worst_case_sigma(sigma, fed.min_parties or fed.parties, fed.parties)
+            events.append(GaussianEvent(sigma=worst, sensitivity=1.0, count=rounds,
+                                        name="topq_votes"))
+        return events
 
     def strategy(self, ctx: RunContext) -> WaspStrategy:
         return WaspStrategy(len(ctx.config.generators))

@@ -1,12 +1,14 @@
 """Privacy accounting: compose the events of a run and convert to (epsilon, delta).
 
-Kinds (METHODS.md section 0):
+Kinds (docs/methods.md §0):
 
 - ``"pld"`` (default): privacy loss distributions from ``dp_accounting`` (Gaussian, Poisson-
   subsampled Gaussian, and exponential mechanisms as generic pure eps-DP; pessimistic
   discretisation). epsilon is ALSO computed with the RDP accountant below and the smaller of the
   two (both sound upper bounds for the same run) is reported; for Gaussian runs that is the PLD
-  value. zCDP events have no PLD: a run holding any is reported by RDP alone.
+  value. zCDP events have no PLD: a run holding any is reported by RDP alone. Other pure-DP
+  events (:class:`PureDpEvent` without bounded range, ``LaplaceDpEvent``) are RDP
+  min(eps, alpha eps^2 / 2) (pure DP implies eps^2/2-zCDP).
 - ``"rdp"``: Renyi DP on a grid of orders; Gaussians via ``dp_accounting``; rho-zCDP as
   RDP(alpha) = rho * alpha (exact); exponential as min(eps, alpha eps^2 / 8) per order (pure DP
   and bounded-range zCDP, Cesar & Rogers 2021). Conversion to (eps, delta) is
@@ -19,20 +21,30 @@ Kinds (METHODS.md section 0):
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy import optimize
 from scipy.special import log_ndtr
 
 from .errors import PrivacyConfigError
-from .events import Event, ExponentialEvent, GaussianEvent, ZCDPEvent, params_key
+from .events import (
+    RELEASE_EVENTS,
+    Event,
+    ExponentialEvent,
+    GaussianEvent,
+    PureDpEvent,
+    as_event_list,
+)
 
 KINDS = ("pld", "rdp", "zcdp", "gdp")
 
@@ -163,20 +175,70 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 Groups = dict[tuple, int]
 
 
+def _label(event: Any) -> str:
+    name = getattr(event, "name", None)
+    return f"{type(event).__name__}(name={name!r})" if name is not None else repr(event)
+
+
 def _check_supported(kind: str, event: Event) -> None:
-    if not isinstance(event, GaussianEvent | ExponentialEvent | ZCDPEvent):
+    """Refuse a release event this kind cannot account (message names the event)."""
+    if not isinstance(event, RELEASE_EVENTS):
         raise PrivacyConfigError(f"not a privacy event: {type(event).__name__}")
-    label = f"{type(event).__name__}(name={event.name!r})"
-    if kind in ("zcdp", "gdp") and isinstance(event, GaussianEvent) and event.sampling_rate < 1:
-        raise PrivacyConfigError(
-            f"the {kind!r} accountant cannot account the Poisson-subsampled {label} "
-            f"(sampling_rate={event.sampling_rate}); use accountant 'pld' or 'rdp'"
-        )
-    if kind == "gdp" and not isinstance(event, GaussianEvent):
-        raise PrivacyConfigError(
-            f"the 'gdp' accountant only composes Gaussian mechanisms, got {label}; "
+    err = _collect(kind, event.dp_event(), 1, {})
+    if err is not None:
+        raise PrivacyConfigError(err.replace("{label}", _label(event)))
+
+
+def _collect(kind: str, event: dp_event.DpEvent, count: int, out: Groups) -> str | None:
+    """Walk a dp_accounting event into ``out`` (mechanism key -> count); an error message
+    (with a ``{label}`` placeholder) when ``kind`` cannot account it."""
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return None
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _collect(kind, event.event, count * int(event.count), out)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        for sub in event.events:
+            err = _collect(kind, sub, count, out)
+            if err is not None:
+                return err
+        return None
+    key: tuple | None = None
+    if isinstance(event, dp_event.GaussianDpEvent):
+        if not event.noise_multiplier > 0:
+            return "{label}: a Gaussian with noise multiplier 0 has no finite epsilon"
+        key = ("gaussian", float(event.noise_multiplier), 1.0)
+    elif isinstance(event, dp_event.PoissonSampledDpEvent):
+        inner = event.event
+        q = float(event.sampling_probability)
+        if not isinstance(inner, dp_event.GaussianDpEvent) or not inner.noise_multiplier > 0:
+            return "{label}: only Poisson-subsampled Gaussians are supported"
+        if not 0.0 < q <= 1.0:
+            return "{label}: sampling probability must be in (0, 1]"
+        if q < 1.0 and kind in ("zcdp", "gdp"):
+            return (
+                f"the {kind!r} accountant cannot account the Poisson-subsampled {{label}} "
+                f"(sampling_rate={q}); use accountant 'pld' or 'rdp'"
+            )
+        key = ("gaussian", float(inner.noise_multiplier), q)
+    elif isinstance(event, PureDpEvent):
+        key = ("exponential" if event.bounded_range else "pure", float(event.epsilon))
+    elif isinstance(event, dp_event.LaplaceDpEvent):
+        if not event.noise_multiplier > 0:
+            return "{label}: a Laplace with noise multiplier 0 has no finite epsilon"
+        key = ("pure", 1.0 / float(event.noise_multiplier))
+    elif isinstance(event, dp_event.ZCDpEvent):
+        if event.xi != 0:
+            return "{label}: (xi, rho)-zCDP with xi != 0 is not supported"
+        key = ("zcdp", float(event.rho))
+    else:
+        return f"{{label}}: the {kind!r} accountant does not support {type(event).__name__}"
+    if kind == "gdp" and key[0] != "gaussian":
+        return (
+            "the 'gdp' accountant only composes Gaussian mechanisms, got {label}; "
             "use accountant 'pld', 'rdp' or 'zcdp'"
         )
+    out[key] = out.get(key, 0) + count
+    return None
 
 
 def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
@@ -195,6 +257,9 @@ def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
         elif key[0] == "exponential":
             eps = key[1]
             total += count * np.minimum(eps, orders * eps**2 / 8.0)
+        elif key[0] == "pure":
+            eps = key[1]
+            total += count * np.minimum(eps, orders * eps**2 / 2.0)
         else:
             total += count * key[1] * orders
     total[small] += np.asarray(acct.rdp, dtype=np.float64)
@@ -208,6 +273,8 @@ def _zcdp_rho(groups: Groups) -> float:
             rho += count / (2.0 * key[1] ** 2)
         elif key[0] == "exponential":
             rho += count * key[1] ** 2 / 8.0
+        elif key[0] == "pure":
+            rho += count * key[1] ** 2 / 2.0
         else:
             rho += count * key[1]
     return rho
@@ -217,26 +284,56 @@ def _gdp_mu(groups: Groups) -> float:
     return math.sqrt(sum(count / key[1] ** 2 for key, count in groups.items()))
 
 
-class Accountant:
-    """Composes privacy events of one run; see the module docstring for the kinds."""
+class Accountant(PrivacyAccountant):
+    """Composes the privacy events of one run; see the module docstring for the kinds.
+
+    A ``dp_accounting.PrivacyAccountant``: ``compose(dp_event, count)``, ``supports``,
+    ``get_epsilon`` / ``get_delta`` and ``ledger`` work as in dp_accounting (so
+    ``dp_accounting.calibrate_dp_mechanism`` can drive it). :meth:`add` takes the named release
+    events of :mod:`dpsynth.privacy.events`, which also feed :meth:`summary`.
+    """
 
     def __init__(self, kind: str = "pld", *, value_discretization_interval: float = 1e-4) -> None:
         if kind not in KINDS:
             raise PrivacyConfigError(f"accountant kind must be one of {KINDS}, got {kind!r}")
+        super().__init__(NeighboringRelation.ADD_OR_REMOVE_ONE)
         self.kind = kind
         self.value_discretization_interval = value_discretization_interval
         self.events: list[Event] = []
         self._groups: Groups = {}
         self._cache: dict[tuple[str, float], float] = {}
 
+    # -- dp_accounting interface ---------------------------------------------------------------
+    def _maybe_compose(
+        self, event: dp_event.DpEvent, count: int, do_compose: bool
+    ) -> PrivacyAccountant.CompositionErrorDetails | None:
+        groups: Groups = {}
+        err = _collect(self.kind, event, count, groups)
+        if err is not None:
+            return PrivacyAccountant.CompositionErrorDetails(
+                invalid_event=event, error_message=err.replace("{label}", repr(event))
+            )
+        if do_compose:
+            for key, c in groups.items():
+                self._groups[key] = self._groups.get(key, 0) + c
+            self._cache.clear()
+        return None
+
+    def get_epsilon(self, target_delta: float) -> float:
+        """dp_accounting's name for :meth:`epsilon`."""
+        return self.epsilon(target_delta)
+
+    def get_delta(self, target_epsilon: float) -> float:
+        """dp_accounting's name for :meth:`delta`."""
+        return self.delta(target_epsilon)
+
     # -- state ---------------------------------------------------------------------------------
     def add(self, event: Event) -> None:
-        """Compose one more event (raises PrivacyConfigError when this kind cannot account it)."""
+        """Compose one more release event (raises PrivacyConfigError when this kind cannot
+        account it)."""
         _check_supported(self.kind, event)
+        self.compose(event.dp_event())
         self.events.append(event)
-        key = params_key(event)
-        self._groups[key] = self._groups.get(key, 0) + event.count
-        self._cache.clear()
 
     def extend(self, events: Iterable[Event]) -> None:
         """Add several events."""
@@ -250,6 +347,7 @@ class Accountant:
         new.events = list(self.events)
         new._groups = dict(self._groups)
         new._cache = dict(self._cache)
+        new._ledger = copy.deepcopy(self._ledger)
         return new
 
     def __copy__(self) -> Accountant:
@@ -280,16 +378,10 @@ class Accountant:
         _check_supported(self.kind, event)
 
     def _groups_with(self, events: Event | Iterable[Event]) -> Groups:
-        evs = (
-            [events]
-            if isinstance(events, GaussianEvent | ExponentialEvent | ZCDPEvent)
-            else (list(events))
-        )
         groups = dict(self._groups)
-        for ev in evs:
+        for ev in as_event_list(events):
             _check_supported(self.kind, ev)
-            key = params_key(ev)
-            groups[key] = groups.get(key, 0) + ev.count
+            _collect(self.kind, ev.dp_event(), 1, groups)
         return groups
 
     def epsilon_if_added(self, events: Event | Iterable[Event], delta: float) -> float:
@@ -381,7 +473,7 @@ class Accountant:
         vdi = self.value_discretization_interval
         if any(k[0] == "zcdp" for k in groups):
             return None
-        span = sum(c * k[1] for k, c in groups.items() if k[0] == "exponential") / vdi
+        span = sum(c * k[1] for k, c in groups.items() if k[0] in ("exponential", "pure")) / vdi
         if span > _PLD_MAX_SPAN:
             return None
         parts: list[pld_lib.PrivacyLossDistribution] = []
@@ -404,7 +496,7 @@ class Accountant:
                     value_discretization_interval=vdi,
                 )
                 parts.append(one.self_compose(count) if count > 1 else one)
-            elif key[0] == "exponential":
+            elif key[0] in ("exponential", "pure"):
                 one = pld_lib.from_privacy_parameters(
                     pld_common.DifferentialPrivacyParameters(key[1], 0.0),
                     value_discretization_interval=vdi,

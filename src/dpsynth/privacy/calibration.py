@@ -5,11 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scipy import optimize
+from dp_accounting import calibrate_dp_mechanism
+from dp_accounting.dp_event import DpEvent
+from dp_accounting.mechanism_calibration import (
+    BracketInterval,
+    ExplicitBracketInterval,
+    LowerEndpointAndGuess,
+    NoBracketIntervalFoundError,
+)
 
 from .accountant import Accountant
 from .errors import PrivacyConfigError
-from .events import Event, GaussianEvent
+from .events import Event, GaussianEvent, to_dp_event
+
+# Smallest sigma the search considers (below it every real plan is far above any target).
+_SIGMA_MIN = 1e-3
 
 Plan = Callable[[float], list[Event]]
 
@@ -39,50 +49,62 @@ def calibrate_gaussian_sigma(
     sigma_max: float = 1e7,
 ) -> float:
     """Smallest sigma (up to ``tol``, rounded towards more noise) such that the run
-    ``plan(sigma)`` is (epsilon, delta)-DP under accountant ``kind``.
+    ``plan(sigma)`` is (epsilon, delta)-DP under accountant ``kind`` (docs/methods.md §0).
 
-    epsilon is non-increasing in sigma: bracket by doubling, then Brent's method. The returned
-    sigma always satisfies the target and is within ``tol`` of the smallest one that does.
+    The one calibration of the package, built on ``dp_accounting.calibrate_dp_mechanism``:
+    the plan becomes one ``ComposedDpEvent`` per sigma and a fresh :class:`Accountant` judges
+    it. For 'pld' the cheap RDP calibration (never below the PLD answer) first gives a tight
+    bracket. The returned sigma always meets the target.
     """
     validate_epsilon_delta(epsilon, delta)
     if not (tol > 0):
         raise PrivacyConfigError(f"tol must be > 0, got {tol!r}")
 
-    def eps_at(s: float) -> float:
-        return plan_epsilon(plan, s, delta, kind)
+    def event(s: float) -> DpEvent:
+        return to_dp_event(plan(s))
 
+    def eps_at(s: float) -> float:
+        return Accountant(kind).compose(event(s)).get_epsilon(delta)
+
+    # ('pld' delegates this check to its RDP calibration below, which is never below it)
+    if kind != "pld" and eps_at(sigma_max) > epsilon:
+        raise PrivacyConfigError(
+            f"no sigma <= {sigma_max:g} reaches epsilon={epsilon} at delta={delta}: the plan "
+            "has a part that does not depend on sigma and already exceeds the target"
+        )
+    bracket: BracketInterval
     if kind == "pld":
-        # RDP is looser than the PLD for the same run (pld reports the min of both), so the
-        # cheap RDP calibration gives an upper end; a few PLD evaluations then suffice.
+        # RDP's sigma is never below the PLD one: bracket downwards from it.
         hi = calibrate_gaussian_sigma(epsilon, delta, plan, "rdp", tol, sigma_max=sigma_max)
         lo = 0.8 * hi
-        if eps_at(lo) > epsilon:
-            return _refine(eps_at, epsilon, lo, hi, tol)
-    hi = 1.0
-    while eps_at(hi) > epsilon:
-        hi *= 2.0
-        if hi > sigma_max:
-            raise PrivacyConfigError(
-                f"no sigma <= {sigma_max:g} reaches epsilon={epsilon} at delta={delta}: the plan "
-                "has a part that does not depend on sigma and already exceeds the target"
+        while eps_at(lo) <= epsilon:
+            if lo <= _SIGMA_MIN:
+                return lo
+            hi, lo = lo, max(_SIGMA_MIN, lo / 2.0)
+        bracket = ExplicitBracketInterval(lo, hi)
+    else:
+        if eps_at(_SIGMA_MIN) <= epsilon:
+            return _SIGMA_MIN
+        bracket = LowerEndpointAndGuess(_SIGMA_MIN, 1.0)
+    try:
+        sigma = float(
+            calibrate_dp_mechanism(
+                lambda: Accountant(kind),
+                event,
+                epsilon,
+                delta,
+                bracket_interval=bracket,
+                tol=tol / 4.0,
             )
-    lo = hi / 2.0
-    while eps_at(lo) <= epsilon:
-        if lo < 1e-6:
-            return lo
-        hi, lo = lo, lo / 2.0
-    return _refine(eps_at, epsilon, lo, hi, tol)
-
-
-def _refine(
-    eps_at: Callable[[float], float], epsilon: float, lo: float, hi: float, tol: float
-) -> float:
-    """Given eps_at(lo) > epsilon >= eps_at(hi): Brent's method on eps(sigma) - epsilon (few
-    accountant calls), then the nearest sigma above the root that meets the target."""
-    root = optimize.brentq(lambda s: eps_at(s) - epsilon, lo, hi, xtol=tol / 4.0)
-    sigma = min(hi, root + tol / 2.0)
+        )
+    except (NoBracketIntervalFoundError, ValueError) as err:
+        raise PrivacyConfigError(
+            f"no sigma reaches epsilon={epsilon} at delta={delta} ({err})"
+        ) from None
+    # Round towards more noise, and never return a sigma that misses the target.
+    sigma = min(sigma_max, sigma + tol / 4.0)
     while eps_at(sigma) > epsilon:
-        sigma = min(hi, sigma + tol)
+        sigma += tol / 2.0
     return sigma
 
 
@@ -95,7 +117,7 @@ def calibrate_steps(
     tol: float = 1e-4,
 ) -> float:
     """sigma for ``steps`` Gaussian releases of L2 sensitivity ``sensitivity`` (e.g. T Aug-PE
-    iterations) meeting (epsilon, delta); METHODS.md section 0: eps=1, delta=1e-5, T=10 -> 11.80."""
+    iterations) meeting (epsilon, delta); docs/methods.md §0: eps=1, delta=1e-5, T=10 -> 11.80."""
     validate_epsilon_delta(epsilon, delta)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise PrivacyConfigError(f"steps must be an integer >= 1, got {steps!r}")

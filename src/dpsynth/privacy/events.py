@@ -1,11 +1,15 @@
 """Descriptions of single releases, from the worst case of one record (or one user).
 
 An event says what a mechanism guarantees, not what it computed: the accountant composes events.
-Composition semantics:
+The privacy core speaks dp_accounting's event language: each release event below (which also
+carries a ``name`` and its sensitivity, for the statement and the release store) converts to a
+``dp_accounting`` event with :meth:`dp_event` (``GaussianDpEvent``, ``PoissonSampledDpEvent``,
+``SelfComposedDpEvent``, ``ZCDpEvent``), plus :class:`PureDpEvent` for the exponential mechanism,
+which dp_accounting has no class for. Composition semantics (docs/methods.md §0):
 
 - ``count`` is the number of identical sequential compositions of the same mechanism.
 - Overlapping parallel composition (each record takes part in at most L of the parts, e.g.
-  DP-SynRAG's soft clusters, METHODS.md section 4): account the per-part event L times, see
+  DP-SynRAG's soft clusters, docs/methods.md §4): account the per-part event L times, see
   :func:`overlapping`.
 - Disjoint parallel composition (the parts partition D, e.g. per-label vote histograms in Aug-PE):
   account ONE release whose sensitivity covers all parts together (a record changes only its own
@@ -17,10 +21,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import attr
+from dp_accounting import dp_event
+
 from .errors import PrivacyConfigError
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class PureDpEvent(dp_event.DpEvent):
+    """A mechanism that is pure epsilon-DP, e.g. the exponential mechanism (eps = 2 Delta_u /
+    tau), which is moreover eps^2/8-zCDP by bounded range (Cesar & Rogers 2021) when
+    ``bounded_range`` is true. dp_accounting has no class for it; the accountants here do."""
+
+    epsilon: float
+    bounded_range: bool = True
 
 
 def _check_count(count: int) -> None:
@@ -92,6 +110,14 @@ class GaussianEvent(_EventMixin):
         """sigma / Delta."""
         return self.sigma / self.sensitivity
 
+    def dp_event(self) -> dp_event.DpEvent:
+        """The dp_accounting event: Gaussian(sigma / Delta), Poisson-subsampled when q < 1,
+        self-composed ``count`` times."""
+        one: dp_event.DpEvent = dp_event.GaussianDpEvent(self.noise_multiplier)
+        if self.sampling_rate < 1.0:
+            one = dp_event.PoissonSampledDpEvent(self.sampling_rate, one)
+        return _self_composed(one, self.count)
+
 
 @dataclass(frozen=True)
 class ExponentialEvent(_EventMixin):
@@ -113,11 +139,15 @@ class ExponentialEvent(_EventMixin):
         """zCDP parameter of one application: eps^2 / 8."""
         return self.epsilon**2 / 8.0
 
+    def dp_event(self) -> dp_event.DpEvent:
+        """The dp_accounting event: :class:`PureDpEvent` (bounded range), ``count`` times."""
+        return _self_composed(PureDpEvent(self.epsilon, True), self.count)
+
 
 @dataclass(frozen=True)
 class ZCDPEvent(_EventMixin):
     """A mechanism given directly as rho-zCDP (RDP of order alpha is rho * alpha), e.g. one private
-    token of DP-SynRAG: rho = (1/2) (c / tau)^2 (METHODS.md section 4)."""
+    token of DP-SynRAG: rho = (1/2) (c / tau)^2 (docs/methods.md §4)."""
 
     TYPE: ClassVar[str] = "zcdp"
     rho: float
@@ -129,6 +159,14 @@ class ZCDPEvent(_EventMixin):
         _check_count(self.count)
         _coerce(self, "rho", "count")
 
+    def dp_event(self) -> dp_event.DpEvent:
+        """The dp_accounting event: ``ZCDpEvent(rho)``, ``count`` times."""
+        return _self_composed(dp_event.ZCDpEvent(self.rho), self.count)
+
+
+def _self_composed(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
+    return event if count == 1 else dp_event.SelfComposedDpEvent(event, count)
+
 
 Event = GaussianEvent | ExponentialEvent | ZCDPEvent
 
@@ -137,6 +175,26 @@ _TYPES: dict[str, type] = {
     "exponential": ExponentialEvent,
     "zcdp": ZCDPEvent,
 }
+
+
+RELEASE_EVENTS = (GaussianEvent, ExponentialEvent, ZCDPEvent)
+
+
+def as_event_list(events: Event | Iterable[Event]) -> list[Event]:
+    """One release event or several, as a list (each checked to be a release event)."""
+    evs = [events] if isinstance(events, RELEASE_EVENTS) else list(events)  # type: ignore[arg-type]
+    for ev in evs:
+        if not isinstance(ev, RELEASE_EVENTS):
+            raise PrivacyConfigError(f"not a privacy event: {type(ev).__name__}")
+    return evs
+
+
+def to_dp_event(events: Event | Iterable[Event]) -> dp_event.DpEvent:
+    """The dp_accounting event of one or several release events (``ComposedDpEvent``)."""
+    evs = as_event_list(events)
+    if len(evs) == 1:
+        return evs[0].dp_event()
+    return dp_event.ComposedDpEvent([e.dp_event() for e in evs])
 
 
 def event_from_dict(d: dict[str, Any]) -> Event:

@@ -1,4 +1,11 @@
-"""Noise sources: a seeded one for reproducible experiments and a secure one for real releases.
+"""Noise sources: a secure one for real releases (the default) and a seeded one for research.
+
+Secure noise (``privacy.noise: secure``) comes from the OS CSPRNG and cannot be recomputed.
+Seeded noise is an explicit research mode: whoever learns the seed can recompute every draw, so
+the seed is drawn at random when the config gives none and kept only in the run's private/
+folder (:func:`run_seed`), and the ledger refuses a (dataset, seed) pair twice (docs/methods.md
+§0). The same private seed drives post-processing randomness so a resumed run makes the same
+choices.
 
 Floating-point caveat (Mironov 2012, "On significance of the least significant bits for
 differential privacy"): noise drawn as IEEE doubles does not have exactly the distribution the
@@ -13,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -139,10 +148,50 @@ class SecureNoise:
         return _inverse_cdf_choice(probs, float(self.uniform(1)[0]))
 
 
-def make_noise_source(mode: str = "seeded", seed: int | None = 0) -> NoiseSource:
-    """Build a noise source: "seeded" (numpy PCG64(seed)) or "secure" (OS entropy, no seed)."""
+def make_noise_source(mode: str = "secure", seed: int | None = None) -> NoiseSource:
+    """Build a noise source: "secure" (OS entropy, no seed; the default) or "seeded" (numpy
+    PCG64(seed); research mode, a None seed draws fresh entropy)."""
     if mode == "seeded":
         return SeededNoise(seed)
     if mode == "secure":
         return SecureNoise()
     raise ValueError(f"noise mode must be 'seeded' or 'secure', got {mode!r}")
+
+
+SEED_FILE = "seed"
+
+
+def run_seed(private_dir: Path | str, configured: int | None = None) -> int:
+    """The run's seed, kept in ``private_dir/seed`` (mode 0600) and reused on resume.
+
+    First call: the configured seed, or 128 random bits from the OS when none is configured.
+    Later calls return the stored seed; a configured seed that differs from it is an error.
+    """
+    path = Path(private_dir) / SEED_FILE
+    if path.is_file():
+        text = path.read_text(encoding="ascii").strip()
+        try:
+            stored = int(text)
+        except ValueError:
+            raise ValueError(f"{path}: not an integer seed") from None
+        if configured is not None and int(configured) != stored:
+            raise ValueError(
+                f"privacy.seed differs from the seed this run started with ({path}); "
+                "a resumed run must keep its seed"
+            )
+        return stored
+    seed = int(configured) if configured is not None else int.from_bytes(os.urandom(16), "big")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".seed.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(f"{seed}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return seed

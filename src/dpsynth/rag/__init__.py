@@ -1,4 +1,4 @@
-"""DP-SynRAG: a differentially private synthetic knowledge base for RAG (METHODS.md section 4).
+"""DP-SynRAG: a differentially private synthetic knowledge base for RAG (docs/methods.md §4).
 
 One module per step: :mod:`.keywords` (K keywords per document from a public vocabulary),
 :mod:`.clusters` (noisy keyword histogram, soft clustering), :mod:`.retrieval` (noisy centre,

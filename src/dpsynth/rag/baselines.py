@@ -33,9 +33,9 @@ from ..privacy import (
 from ..runs import RunDir, atomic_write_json, write_jsonl
 from .accounting import calibrate_clip, cluster_events
 from .answer import SYSTEM, Answerer
-from .config import SynRAGConfig, parse_synrag
+from .config import SynRAGConfig, max_private_tokens, parse_synrag
 from .index import KnowledgeBase, build_index
-from .private_prediction import private_predict
+from .private_prediction import Shortcut, private_predict, private_predict_shortcut
 from .retrieval import THRESHOLD_GRID
 
 
@@ -58,22 +58,34 @@ def subset_of(text: str, subsets: int, seed: int) -> int:
     return int.from_bytes(h[:8], "big") % subsets
 
 
-def build_dp_synth_kb(config: RunConfig, output_dir: str | Path, *, generator: Any,
-                      embedder: Any, documents: Sequence[str] | None = None) -> Path:
+def build_dp_synth_kb(config: RunConfig | str | Path, output_dir: str | Path, *,
+                      generator: Any = None, embedder: Any = None,
+                      documents: Sequence[str] | None = None,
+                      overrides: dict[str, Any] | None = None) -> Path:
     """DP-Synth: synrag.clusters random disjoint subsets, one private-prediction document each
-    (same prompt, T, tau; c calibrated to the whole target with L = 1); same self-filtering."""
-    from .build import private_documents
+    (same prompt, T, tau; c calibrated to the whole target with L = 1); same self-filtering.
+
+    With ``synrag.public_shortcut`` the texts are drawn by the SVT shortcut, which halts its
+    private draws after m = max_private_tokens private tokens (the rest public, free): the
+    m charged per subset are exactly the m that can be drawn (docs/methods.md §4). Generator
+    and embedder default to the config's models (``load_models``)."""
+    from ..api import _load
+    from ..config import dump_config
+    from ..diagnostics import append_diagnostic
+    from .build import load_models, private_documents
     from .filtering import self_filter
 
+    config = _load(config, overrides)
     scfg: SynRAGConfig = parse_synrag(config)
     run = RunDir(output_dir)
-    from ..config import dump_config
-
     run.create(dump_config(config), "dp_synth")
     docs = list(documents) if documents is not None else private_documents(config, run)[0]
+    generator, embedder = load_models(config, run, generator, embedder)
     eps, delta = config.privacy.epsilon, config.privacy.delta
     clip = calibrate_clip(eps, delta, lambda c: cluster_events(scfg, c, 1, retrieval=False))
-    seed = config.privacy.seed if config.privacy.noise == "seeded" else None
+    from ..api import _noise_seed
+
+    seed = _noise_seed(config, run)  # the run's private seed (seeded research mode) or None
     main = PrivacySession(run.private / "releases", Accountant("zcdp"),
                           make_noise_source(config.privacy.noise, seed), target=(eps, delta))
     store = PrivacySession(run.private / "subset-releases", Accountant("zcdp"),
@@ -86,10 +98,23 @@ def build_dp_synth_kb(config: RunConfig, output_dir: str | Path, *, generator: A
                 {"subsets": m})
     texts = []
     for j, group in enumerate(groups):
-        pred = private_predict(store, f"subset/{j:04d}", generator, group,
-                               instruction=scfg.rephrase_instruction, tokens=scfg.tokens,
-                               clip=clip, temperature=scfg.temperature,
-                               max_doc_tokens=scfg.max_doc_tokens)
+        key = f"subset/{j:04d}"
+        if scfg.public_shortcut:
+            shortcut = Shortcut(scfg.svt_epsilon, max_private_tokens(scfg),
+                                scfg.svt_threshold if scfg.svt_threshold is not None
+                                else scfg.target_size * clip)
+            pred, n_private = private_predict_shortcut(
+                store, key, generator, group, instruction=scfg.rephrase_instruction,
+                tokens=scfg.tokens, clip=clip, temperature=scfg.temperature,
+                max_doc_tokens=scfg.max_doc_tokens, shortcut=shortcut)
+        else:
+            pred = private_predict(store, key, generator, group,
+                                   instruction=scfg.rephrase_instruction, tokens=scfg.tokens,
+                                   clip=clip, temperature=scfg.temperature,
+                                   max_doc_tokens=scfg.max_doc_tokens)
+            n_private = pred.steps
+        append_diagnostic(run, {"subset": j, "members": len(group), "truncated": pred.truncated,
+                                "private_tokens": n_private})
         texts.append(pred.text)
     keep = (self_filter(generator, texts, scfg.filter_question) if scfg.self_filter
             else [bool(t.strip()) for t in texts])
@@ -101,7 +126,8 @@ def build_dp_synth_kb(config: RunConfig, output_dir: str | Path, *, generator: A
     build_index(run.release, [r["text"] for r in rows], embedder, config.embedder.model,
                 extra={"generator": config.generators[0].spec()})
     st = main.statement(config.privacy.unit, (eps, delta))
-    st.update(method="dp_synth", clip=clip)
+    st.update(method="dp_synth", clip=clip, subsets=m,
+              max_private_tokens_per_subset=max_private_tokens(scfg))
     atomic_write_json(run.release / "privacy.json", st)
     run.update_meta(status="finished")
     return run.root
@@ -226,9 +252,10 @@ def rho_for_epsilon(epsilon: float, delta: float) -> float:
     return lo
 
 
-def dprag_session(store_dir: Path, epsilon: float, delta: float, seed: int | None = 0
+def dprag_session(store_dir: Path, epsilon: float, delta: float, seed: int | None = None
                   ) -> PrivacySession:
-    """A zCDP session with the DP-RAG total target."""
+    """A zCDP session with the DP-RAG total target; secure noise unless a seed is given
+    (research mode)."""
     return PrivacySession(Path(store_dir), Accountant("zcdp"),
                           make_noise_source("seeded" if seed is not None else "secure", seed),
                           target=(epsilon, delta))

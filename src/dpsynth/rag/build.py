@@ -1,4 +1,4 @@
-"""The DP-SynRAG pipeline (METHODS.md section 4): `dpsynth rag build CONFIG --output DIR`.
+"""The DP-SynRAG pipeline (docs/methods.md §4): `dpsynth rag build CONFIG --output DIR`.
 
 Order: config -> data -> planned accounting (c calibrated) -> keywords (LLM, public
 vocabulary) -> noisy histogram -> soft clusters -> per cluster: noisy centre, threshold,
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError, RunConfig
+from ..diagnostics import append_diagnostic
 from ..runs import RunDir, atomic_write_json, write_jsonl
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
 from .clusters import histogram_sigma, keyword_counts, noise_floor, soft_clusters, top_keywords
@@ -43,7 +44,10 @@ METHOD = "dp_synrag"
 
 
 class Notice:
-    """Collects operator messages (also sent to the logger and the run's log.txt)."""
+    """Operator messages. Public ones (functions of released values and public inputs) go to
+    the logger or ``echo``, the run's log.txt and, as warnings, summary.json; :meth:`private`
+    ones (exact facts about the private data) go to ``echo`` or the logger and to
+    private/diagnostics.jsonl only (docs/methods.md §6)."""
 
     def __init__(self, run: RunDir, echo: Callable[[str], None] | None) -> None:
         self.run = run
@@ -59,15 +63,49 @@ class Notice:
         if self.echo is not None:
             self.echo(message)
 
+    def private(self, message: str, warn: bool = False, **record: Any) -> None:
+        """An exact fact about the private data: operator only (never log.txt or release/)."""
+        append_diagnostic(self.run, {"message": message, "warning": warn, **record})
+        if self.echo is not None:
+            self.echo(f"[private] {message}")
+        else:
+            (log.warning if warn else log.info)("[private] %s", message)
 
-def _resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path) -> None:
+
+def _resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path,
+                        output_dir: str | Path | None = None) -> None:
     """A vocabulary file named in the config is relative to the config file's folder (set in
-    place, so the stored config.yaml holds the absolute path)."""
-    if isinstance(config, RunConfig):
-        return
+    place, so the stored config.yaml holds the absolute path); then
+    :func:`check_vocabulary_public`."""
     voc = cfg.synrag.get("vocabulary")
-    if isinstance(voc, str) and voc not in ("demo", "tokenizer") and not Path(voc).is_absolute():
+    if (not isinstance(config, RunConfig) and isinstance(voc, str)
+            and voc not in ("demo", "tokenizer") and not Path(voc).is_absolute()):
         cfg.synrag["vocabulary"] = str((Path(config).parent / voc).resolve())
+    check_vocabulary_public(cfg, output_dir)
+
+
+def check_vocabulary_public(cfg: RunConfig, output_dir: str | Path | None = None) -> None:
+    """Refuse a vocabulary file that is (or lies inside) the private data or a run's private
+    area: the histogram's coordinates must be public input (docs/methods.md §4, step 1), else
+    the released key set would reveal words of the private documents."""
+    voc = cfg.synrag.get("vocabulary")
+    if not isinstance(voc, str) or voc in ("demo", "tokenizer"):
+        return
+    path = Path(voc).resolve()
+    private: list[Path] = []
+    if cfg.data.path != "demo":
+        private.append(Path(cfg.data.path).resolve())
+    if output_dir is not None:
+        private.append((Path(output_dir) / "private").resolve())
+    for p in private:
+        if path == p or p in path.parents:
+            raise ConfigError(
+                f"synrag.vocabulary: {voc!r} is the private data or inside a private area "
+                f"({p}); the keyword vocabulary must be PUBLIC input (a term list in the config, "
+                "a public file, 'demo' or 'tokenizer'), never built from the private documents")
+    if any(q.name == "private" and (q.parent / "run.json").is_file() for q in path.parents):
+        raise ConfigError(f"synrag.vocabulary: {voc!r} lies in a run's private/ folder; the "
+                          "keyword vocabulary must be public input")
 
 
 def private_documents(cfg: RunConfig, run: RunDir) -> tuple[list[str], str]:
@@ -87,9 +125,10 @@ def private_documents(cfg: RunConfig, run: RunDir) -> tuple[list[str], str]:
 
 def open_sessions(cfg: RunConfig, run: RunDir) -> tuple[Any, Any]:
     """(run session with the target: the statement; cluster store without target)."""
+    from ..api import _noise_seed
     from ..privacy import Accountant, PrivacySession, make_noise_source
 
-    seed = cfg.privacy.seed if cfg.privacy.noise == "seeded" else None
+    seed = _noise_seed(cfg, run)  # the run's private seed (seeded research mode) or None
     target = (cfg.privacy.epsilon, cfg.privacy.delta)
     main = PrivacySession(run.private / "releases", Accountant("zcdp"),
                           make_noise_source(cfg.privacy.noise, seed), target=target)
@@ -105,7 +144,8 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
         from ..llm import load_generator
 
         g = cfg.generators[0]
-        generator = load_generator(g.spec(), batch_size=g.batch_size)
+        extra = {"batch_size": g.batch_size} if g.backend == "local" else {}
+        generator = load_generator(g.spec(), **extra)
     if not hasattr(generator, "open_stepper"):
         raise ConfigError("DP-SynRAG's private prediction needs next-token logits: use a local "
                           "generator (generators[0].backend: local)")
@@ -174,7 +214,7 @@ def build_kb(
 
     def check(cfg: RunConfig) -> None:  # before run.create writes config.yaml
         parse_synrag(cfg)
-        _resolve_vocabulary(cfg, config)
+        _resolve_vocabulary(cfg, config, output_dir)
 
     run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,
                               method=METHOD, check=check)
@@ -188,16 +228,22 @@ def build_kb(
         if not docs:
             raise ConfigError("the private data has no records")
         if not resume:
-            from ..api import _ledger
+            from ..api import _ledger, _noise_seed
 
+            # keyed (HMAC) fingerprint: the raw digest never leaves this process
+            fingerprint = _ledger(cfg).dataset_id(fingerprint)
             run.update_meta(dataset_fingerprint=fingerprint, clip=clip)
             _ledger(cfg).reserve(fingerprint, meta["run_id"], eps, delta,
-                                 cfg.privacy.total_epsilon, cfg.privacy.total_delta)
+                                 cfg.privacy.total_epsilon, cfg.privacy.total_delta,
+                                 noise_seed=_noise_seed(cfg, run))
+        else:
+            fingerprint = run.meta().get("dataset_fingerprint", fingerprint)
         gen, emb_model = load_models(cfg, run, generator, embedder)
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)
-        note(f"{METHOD}: {len(docs)} documents, vocabulary of {len(vocab)} public terms "
-             f"({vocab.source}), clip c = {clip:.5g}")
+        note(f"{METHOD}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
+             f"clip c = {clip:.5g}")
+        note.private(f"{len(docs)} private documents", documents=len(docs))
         main, store = open_sessions(cfg, run)
 
         # 1. keywords and the noisy histogram
@@ -261,10 +307,11 @@ def build_kb(
                  "per-cluster releases composed by overlapping parallel composition over L",
         )
         atomic_write_json(run.release / "privacy.json", statement)
-        summary = {"method": METHOD, "documents": len(docs), "clusters": len(results),
+        summary = {"method": METHOD, "clusters": len(results),
                    "kb_passages": len(rows), "epsilon": statement["epsilon"], "delta": delta,
-                   "clip": clip, "warnings": note.messages,
-                   "wall_seconds": round(time.time() - started, 1)}
+                   "clip": clip, "warnings": note.messages}
+        # wall time depends on the private data (document count, cluster sizes): operator only
+        append_diagnostic(run, {"wall_seconds": round(time.time() - started, 1)})
         atomic_write_json(run.release / "summary.json", summary)
         from ..api import _ledger
 
@@ -286,7 +333,6 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
     """Steps 3-4 for every cluster, with a checkpoint per cluster."""
     results: list[dict[str, Any]] = []
     done_now = 0
-    diag_path = run.private / "diagnostics.jsonl"
     sigma_mu = centre_sigma(scfg.rho_centre)
     for r, (seed, members) in enumerate(zip(clusters.seeds, clusters.members, strict=True)):
         keyword = vocab.terms[int(seed)]
@@ -297,12 +343,13 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             got = retrieve_in_cluster(store, key, emb, members, sigma_mu=sigma_mu,
                                       eps_theta=scfg.eps_theta, target=scfg.target_size)
             if members.size == 0:
-                note(f"cluster {r} ('{keyword}') is empty: its releases are still made and "
-                     "charged (pure noise output, usually removed by self-filtering)", warn=True)
+                note.private(f"cluster {r} ('{keyword}') is empty: its releases are still made "
+                             "and charged (pure noise output, usually removed by "
+                             "self-filtering)", warn=True, cluster=r)
             elif got.selected.size < scfg.target_size:
-                note(f"cluster {r} ('{keyword}') has fewer than k = {scfg.target_size} "
-                     "documents above its threshold: its text rests on fewer documents "
-                     "(same charge)", warn=True)
+                note.private(f"cluster {r} ('{keyword}') has fewer than k = "
+                             f"{scfg.target_size} documents above its threshold: its text "
+                             "rests on fewer documents (same charge)", warn=True, cluster=r)
             chosen = [docs[i] for i in got.selected]
             n_private = None
             if scfg.public_shortcut:
@@ -320,15 +367,15 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
                                        temperature=scfg.temperature,
                                        max_doc_tokens=scfg.max_doc_tokens)
             if pred.truncated:
-                note(f"cluster {r}: {pred.truncated} document(s) longer than "
-                     f"{scfg.max_doc_tokens} tokens were truncated (not dropped)")
+                note.private(f"cluster {r}: {pred.truncated} document(s) longer than "
+                             f"{scfg.max_doc_tokens} tokens were truncated (not dropped)",
+                             cluster=r)
             state = {"cluster": r, "keyword": keyword, "noisy_count": float(noisy[seed]),
                      "theta": got.theta, "text": pred.text, "tokens": pred.steps,
                      "private_tokens": pred.steps if n_private is None else n_private}
-            with open(diag_path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"cluster": r, "members": int(members.size),
-                                     "selected": int(got.selected.size),
-                                     "truncated": pred.truncated}) + "\n")
+            append_diagnostic(run, {"cluster": r, "members": int(members.size),
+                                    "selected": int(got.selected.size),
+                                    "truncated": pred.truncated})
             run.save_checkpoint(name, state)
             run.append_stats({"iteration": r + 1, "stage": "cluster",
                               **{k: v for k, v in state.items() if k != "text"}})

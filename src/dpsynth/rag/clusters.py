@@ -56,7 +56,7 @@ class SoftClusters:
 def soft_clusters(
     keywords: Sequence[Sequence[int]], seeds: np.ndarray, overlap: int
 ) -> SoftClusters:
-    """METHODS.md section 4 step 2: visit the seeds from least to most frequent; keyword w_r
+    """docs/methods.md §4 step 2: visit the seeds from least to most frequent; keyword w_r
     forms C_r = documents that contain w_r and are in fewer than L clusters so far."""
     by_kw: dict[int, list[int]] = {}
     wanted = {int(s) for s in seeds}

@@ -1,4 +1,4 @@
-"""The ``synrag:`` section of a run config (DP-SynRAG, METHODS.md section 4).
+"""The ``synrag:`` section of a run config (DP-SynRAG, docs/methods.md §4).
 
 Defaults follow the paper (K = 10, R = 500, L = 5, k = 80, T = 70, tau = 1, rho_hist = 0.1,
 eps_theta = 0.4). The clip ``c`` is calibrated so that Theorem 1's total meets the run's

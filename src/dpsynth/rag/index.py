@@ -31,7 +31,7 @@ def build_index(folder: Path, texts: Sequence[str], embedder: Any, embedder_name
     folder = Path(folder)
     emb = embeddings if embeddings is not None else (
         np.asarray(embedder.embed(list(texts)), dtype=np.float32) if texts else None)
-    dim = int(emb.shape[1]) if emb is not None else 384
+    dim = int(emb.shape[1]) if emb is not None else int(getattr(embedder, "dim", None) or 384)
     index = faiss.IndexFlatIP(dim)
     if emb is not None and len(emb):
         index.add(np.ascontiguousarray(emb, dtype=np.float32))

@@ -13,7 +13,7 @@ that some document contains it. So the vocabulary comes from outside the data:
   independently of the private data.
 
 Each document contributes at most K distinct terms (indicator row with <= K ones), so the
-histogram has L2 sensitivity sqrt(K) (METHODS.md section 4, step 1) whatever the LLM says.
+histogram has L2 sensitivity sqrt(K) (docs/methods.md §4, step 1) whatever the LLM says.
 """
 
 from __future__ import annotations

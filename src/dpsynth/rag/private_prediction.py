@@ -3,7 +3,7 @@
 Each d in S_r gets the prompt p_d = "<instruction> Document: d". For token n,
 z_n = sum_{d in S_r} clip_c(logits(p_d, y_<n)) and y_n ~ softmax(z_n / tau) over the FULL
 vocabulary (no top-k / top-p): an exponential mechanism with per-coordinate sensitivity c,
-rho = (1/2) (c / tau)^2 per token (METHODS.md section 4; the sampling and its accounting are
+rho = (1/2) (c / tau)^2 per token (docs/methods.md §4; the sampling and its accounting are
 :meth:`dpsynth.privacy.PrivacySession.private_token`).
 
 Speed: one forward pass per token for ALL documents of the cluster (a KV-cached
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..privacy import clip_logits
+from .clipping import clip_logits
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -64,7 +64,7 @@ def clean_text(text: str) -> str:
 
 
 def clipped_sum(logits: np.ndarray, clip: float) -> np.ndarray:
-    """z = sum over rows of clip_c(logits) (METHODS.md section 4)."""
+    """z = sum over rows of clip_c(logits) (docs/methods.md §4)."""
     return np.asarray(clip_logits(np.asarray(logits, dtype=np.float64), clip)).sum(axis=0)
 
 
@@ -107,10 +107,7 @@ def private_predict(
                 return Prediction(gen.decode(out), out, n + 1, 0)
             out.append(int(tok))
         return Prediction(gen.decode(out), out, tokens, 0)
-    docs, cut = truncate_documents(gen, documents, max_doc_tokens)
-    if cut:
-        log.info("%s: %d of %d documents truncated to %d tokens", key, cut, len(docs),
-                 max_doc_tokens)
+    docs, cut = truncate_documents(gen, documents, max_doc_tokens)  # callers log ``cut``
     prefix, suffix = parts if parts is not None else prompt_parts(gen, instruction)
     steps = 0
     with gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) as stepper:
@@ -190,10 +187,11 @@ def private_predict_shortcut(
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     delta_q = 2.0 * clip
     sc = shortcut
-    noise = session.record(
+    # admitted against the budget before the noise is drawn; a stored key is replayed
+    noise = session.release_external(
         f"{key}/svt",
         ZCDPEvent(0.5 * sc.epsilon**2, sc.max_private, "svt"),
-        _svt_noise(session, key, tokens, sc.max_private + 1),
+        lambda: _svt_noise(session, key, tokens, sc.max_private + 1),
     )
     thr_u = np.asarray(noise["threshold"], dtype=np.float64)
     q_u = np.asarray(noise["query"], dtype=np.float64)

@@ -2,10 +2,18 @@
 
 Routes: ``GET /health`` and ``POST /ask`` ({"question": "...", "k": 3}). The app is built from
 an answerer over the run's ``release/`` folder only: no route, file or object in it can reach
-the private area. Loopback by default; request bodies over ``max_body_bytes`` get 413 (checked
-on the Content-Length header and again while the body streams in), questions over
-``max_question_chars`` get 422. A budget-limited answerer (the query-time DP-RAG baseline)
-that refuses a query gets 429.
+the private area, and responses carry only released synthetic passages, the public privacy
+statement and generated answers (docs/methods.md §4, §6). Loopback by default; request bodies
+over ``max_body_bytes`` get 413 (checked on the Content-Length header and again while the body
+streams in), questions over ``max_question_chars`` or blank (empty or whitespace only) get 422.
+A budget-limited answerer (the query-time DP-RAG baseline) that refuses a query gets 429.
+
+Back-pressure: one model answers one question at a time; at most ``max_pending`` questions
+are admitted (answering or waiting), the next gets 503 with ``Retry-After`` at once, and an
+admitted one that waits over ``queue_timeout`` seconds for the model gets 503 too (as does one
+whose client has gone away), so no request waits unanswered and no work is done for nobody.
+At start-up the knowledge base's index dimension must match the embedder's
+(:func:`check_dimensions`), else the service refuses to start.
 """
 
 
@@ -15,13 +23,18 @@ import logging
 import threading
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..config import ConfigError
 
 log = logging.getLogger("dpsynth.rag")
 
 MAX_BODY_BYTES = 4096
 MAX_QUESTION_CHARS = 1000
 MAX_K = 10
+MAX_PENDING = 8
+QUEUE_TIMEOUT = 30.0
+RETRY_AFTER_S = 2
 
 
 class AskRequest(BaseModel):
@@ -29,22 +42,61 @@ class AskRequest(BaseModel):
     question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
     k: int = Field(3, ge=0, le=MAX_K)
 
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("question is blank (empty or whitespace only)")
+        return v
+
+
+class _Busy(Exception):
+    """The model did not become free in time (or the client left): answer 503."""
+
 
 def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
-               max_body_bytes: int = MAX_BODY_BYTES) -> Any:
+               max_body_bytes: int = MAX_BODY_BYTES, max_pending: int = MAX_PENDING,
+               queue_timeout: float = QUEUE_TIMEOUT, retry_after: int = RETRY_AFTER_S) -> Any:
     """The FastAPI app; ``answerer.ask(question, k) -> dict``."""
+    import anyio.from_thread
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.concurrency import run_in_threadpool
 
     from ..privacy import BudgetExceededError, BudgetRefusedError
 
+    if max_pending < 1 or queue_timeout <= 0:
+        raise ConfigError("max_pending must be >= 1 and queue_timeout > 0")
     app = FastAPI(title="dpsynth rag", docs_url=None, redoc_url=None, openapi_url=None)
-    lock = threading.Lock()
+    model_lock = threading.Lock()  # one model, one request at a time
+    count_lock = threading.Lock()
+    pending = [0]
     public = dict(info or {})
+    busy_headers = {"Retry-After": str(int(retry_after))}
 
-    def _ask(question: str, k: int) -> dict[str, Any]:
-        with lock:  # one model, one request at a time
+    def _admit() -> bool:
+        with count_lock:
+            if pending[0] >= max_pending:
+                return False
+            pending[0] += 1
+            return True
+
+    def _leave() -> None:
+        with count_lock:
+            pending[0] -= 1
+
+    def _ask(question: str, k: int, request: Request) -> dict[str, Any]:
+        if not model_lock.acquire(timeout=queue_timeout):
+            raise _Busy(f"no answer slot within {queue_timeout:g} s")
+        try:
+            try:
+                gone = anyio.from_thread.run(request.is_disconnected)
+            except Exception:  # noqa: BLE001 - no way to tell: answer anyway
+                gone = False
+            if gone:
+                raise _Busy("client disconnected")
             return answerer.ask(question, k)
+        finally:
+            model_lock.release()
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -67,10 +119,17 @@ def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
                             for e in err.errors()) if isinstance(err, ValidationError) else (
                 "body is not valid JSON")
             raise HTTPException(422, msg) from None
+        if not _admit():
+            raise HTTPException(503, f"busy: {max_pending} questions pending; retry later",
+                                headers=busy_headers)
         try:
-            return await run_in_threadpool(_ask, req.question, req.k)
+            return await run_in_threadpool(_ask, req.question, req.k, request)
+        except _Busy as err:
+            raise HTTPException(503, f"busy: {err}; retry later", headers=busy_headers) from None
         except (BudgetExceededError, BudgetRefusedError):
             raise HTTPException(429, "privacy budget spent: no more queries") from None
+        finally:
+            _leave()
 
     return app
 
@@ -84,23 +143,65 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def kb_app(kb_dir: Any, *, generator: Any = None, embedder: Any = None,
-           max_body_bytes: int = MAX_BODY_BYTES) -> Any:
-    """The app over a built KB (reads only its release/ folder)."""
-    from .answer import open_answerer, privacy_of
+def embedder_dim(embedder: Any) -> int:
+    """The embedder's output dimension (its ``dim``, else one embedding of a fixed text)."""
+    dim = getattr(embedder, "dim", None)
+    if dim is None:
+        import numpy as np
 
+        dim = np.asarray(embedder.embed(["dimension check"])).shape[1]
+    return int(dim)
+
+
+def check_dimensions(kb: Any, embedder: Any, where: Any = "the knowledge base") -> None:
+    """Refuse (ConfigError) a KB whose faiss index dimension differs from its embedder's:
+    every question would fail. Checked once, at start-up."""
+    if kb is None or embedder is None:
+        return
+    index_dim = int(kb.index.d)
+    meta_dim = (kb.meta or {}).get("dim")
+    if meta_dim is not None and int(meta_dim) != index_dim:
+        raise ConfigError(f"{where}: index.json says dimension {meta_dim} but kb.faiss has "
+                          f"{index_dim}; rebuild the index")
+    got = embedder_dim(embedder)
+    if got != index_dim:
+        raise ConfigError(
+            f"{where}: the index has dimension {index_dim} but the embedder gives {got} "
+            f"(the KB was built with embedder {kb.embedder_name!r}); serve it with that "
+            "embedder or rebuild the KB")
+
+
+def kb_app(kb_dir: Any, *, generator: Any = None, embedder: Any = None,
+           max_body_bytes: int = MAX_BODY_BYTES, max_pending: int = MAX_PENDING,
+           queue_timeout: float = QUEUE_TIMEOUT) -> Any:
+    """The app over a built KB (reads only its release/ folder). Raises ConfigError, before
+    any generator is loaded, when the index dimension does not match the embedder."""
+    from .answer import open_answerer, privacy_of, release_dir
+    from .index import KnowledgeBase
+
+    rel = release_dir(kb_dir)
+    kb = KnowledgeBase.open(rel)
+    if embedder is None:
+        from ..embed import Embedder
+
+        embedder = Embedder(kb.embedder_name)
+    check_dimensions(kb, embedder, rel)
     answerer = open_answerer(kb_dir, generator=generator, embedder=embedder)
     priv = privacy_of(kb_dir)
     info = {"passages": len(answerer.kb) if answerer.kb else 0,
             "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
             "method": priv.get("method")}
-    return create_app(answerer, info, max_body_bytes=max_body_bytes)
+    return create_app(answerer, info, max_body_bytes=max_body_bytes, max_pending=max_pending,
+                      queue_timeout=queue_timeout)
 
 
-def serve(kb_dir: Any, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the API with uvicorn (blocking)."""
+def serve(kb_dir: Any, host: str = "127.0.0.1", port: int = 8000, *, app: Any = None,
+          max_pending: int = MAX_PENDING, queue_timeout: float = QUEUE_TIMEOUT) -> None:
+    """Run the API with uvicorn (blocking); ``app`` defaults to :func:`kb_app` of ``kb_dir``."""
     import uvicorn
 
     if not is_loopback(host):
         log.warning("serving on %s: reachable from other machines", host)
-    uvicorn.run(kb_app(kb_dir), host=host, port=port, log_level="warning")
+    if app is None:
+        app = kb_app(kb_dir, max_pending=max_pending, queue_timeout=queue_timeout)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

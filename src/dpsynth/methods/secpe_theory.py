@@ -1,4 +1,4 @@
-"""(p, r)-secret protection for SecPE (ICLR 2026, "Secret-Protected Evolution"), METHODS.md s.3.
+"""(p, r)-secret protection for SecPE (ICLR 2026, "Secret-Protected Evolution"), docs/methods.md §3.
 
 A mechanism A gives (p, r)-secret protection when, for every reconstruction attack B and every
 secret s_j with prior success rate p_j, Pr[B(A(D_j)) = s_j] <= r_j. This is a single-point
@@ -139,9 +139,10 @@ def sampling_rates(w: np.ndarray, rule: str = "paper") -> np.ndarray:
     """Poisson sampling rates rho_i from LP weights.
 
     rule="paper": rho_i = (1 / max_i w_i) * w_i / sum_i' w_i' (SecPE paper, SecretNoise step;
-    METHODS.md agrees). Note this makes sum_i rho_i = 1 / max w, so few records are sampled; the
-    rate is clipped to 1. rule="max": rho_i = w_i / max w (the record with the largest weight is
-    always included). Either is private: the calibration below uses whatever rates are given.
+    docs/methods.md §3 agrees). Note this makes sum_i rho_i = 1 / max w, so few records are
+    sampled; the rate is clipped to 1. rule="max": rho_i = w_i / max w (the record with the
+    largest weight is always included). Either is private: the calibration below uses whatever
+    rates are given.
     """
     w = np.asarray(w, dtype=np.float64)
     if w.size == 0:
@@ -446,7 +447,7 @@ class SecretNoisePlan:
     """Everything the SecPE mechanism needs from the SecretNoise calibration (no secret values).
 
     sigma is for a unit-sensitivity release per sampled record (see
-    representatives.JOINT_SENSITIVITY for releasing centres and counts together).
+    dpsynth.evolution.representatives.JOINT_SENSITIVITY for releasing centres and counts together).
     """
 
     sigma: float

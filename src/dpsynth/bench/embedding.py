@@ -1,0 +1,99 @@
+"""Benchmark: today's torch embedder vs a fast engine, side by side on the same texts.
+
+Both engines are loaded first (the fast one exports its ONNX graph on first use, outside the
+timing), warmed on a few texts, then timed in alternating rounds (torch, fast, torch, fast...)
+so that the shared machine's load falls on both alike; each engine's rate is the median over
+rounds. Agreement is the cosine between the two engines' vectors of every text (both are unit
+norm). The texts are public benchmark data; nothing of them is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def load_texts(path: Path, column: str = "text", limit: int | None = None) -> list[str]:
+    """Texts of one column of a CSV / JSONL file (the first ``limit`` rows)."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        frame = pd.read_json(path, lines=True, nrows=limit)
+    else:
+        frame = pd.read_csv(path, nrows=limit)
+    if column not in frame.columns:
+        raise ValueError(f"{path}: no column {column!r} (has {', '.join(map(str, frame.columns))})")
+    return frame[column].fillna("").astype(str).tolist()
+
+
+def demo_texts(n: int, seed: int = 0) -> list[str]:
+    """``n`` texts of the built-in (synthetic, public) demo corpus."""
+    import tempfile
+
+    from dpsynth.demo_corpus import write_demo_corpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_demo_corpus(tmp, n=n, seed=seed, test_n=1)
+        return load_texts(paths["private"])[:n]
+
+
+def bench_embedding(
+    texts: Sequence[str],
+    *,
+    engine: str = "auto",
+    batch_size: int = 64,
+    threads: int | None = None,
+    rounds: int = 3,
+    model: str = "minilm",
+) -> dict[str, Any]:
+    """Sentences/s of torch and of ``engine`` on ``texts``, speedup and cosine agreement."""
+    from dpsynth.embed import Embedder
+
+    if not texts:
+        raise ValueError("bench_embedding: no texts")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    texts = list(texts)
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    fast = Embedder(model, engine=engine, batch_size=batch_size, threads=threads)
+    fast_load = time.perf_counter() - t0
+    base = Embedder(model, engine="torch", batch_size=batch_size)
+    warm = texts[: min(len(texts), 8)]
+    base.embed(warm)
+    fast.embed(warm)
+    rates: dict[str, list[float]] = {"torch": [], "fast": []}
+    vecs: dict[str, np.ndarray] = {}
+    for _ in range(rounds):
+        for name, emb in (("torch", base), ("fast", fast)):
+            start = time.perf_counter()
+            vecs[name] = emb.embed(texts)
+            rates[name].append(len(texts) / (time.perf_counter() - start))
+    cos = np.sum(vecs["torch"] * vecs["fast"], axis=1)
+    fast_rate = statistics.median(rates["fast"])
+    base_rate = statistics.median(rates["torch"])
+    return {
+        "engine": fast.engine_tag,
+        "sentences_per_second": round(fast_rate, 2),
+        "baseline_sentences_per_second": round(base_rate, 2),
+        "speedup": round(fast_rate / base_rate, 3),
+        "min_cosine": float(np.min(cos)),
+        "mean_cosine": float(np.mean(cos)),
+        "texts": len(texts),
+        "mean_chars": round(float(np.mean([len(t) for t in texts])), 1),
+        "batch_size": batch_size,
+        "threads": fast.threads,
+        "rounds": rounds,
+        "fast_rates": [round(r, 2) for r in rates["fast"]],
+        "baseline_rates": [round(r, 2) for r in rates["torch"]],
+        "engine_load_seconds": round(fast_load, 2),
+        "skipped_engines": fast.skipped,
+        "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+    }

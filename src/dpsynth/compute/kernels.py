@@ -1,0 +1,214 @@
+"""Per-shard partial statistics and their exact, order-free sum (docs/methods.md §0).
+
+Both engines (``local``: one shard in this process; ``ray``: one shard per actor) compute every
+private statistic through these functions, so a release does not depend on how the records were
+sharded:
+
+* Records are partitioned by user: a record's *bucket* is a hash of its user id (of its row
+  number at record level) modulo :data:`USER_BUCKETS`, and shard ``s`` of ``S`` holds the
+  buckets ``b`` with ``b % S == s``. A user's whole contribution therefore sits on one shard
+  and is bounded there, once, before any sum.
+* Record level: partial votes are exact integers (Aug-PE: vote counts per candidate, the weight
+  1/sqrt(k) is applied after the sum; WASP: votes times 2^(Q-1); SecPE: clipped embeddings on a
+  2^-32 fixed-point grid, truncated toward zero so no row grows past the clip norm). Integer sums
+  do not depend on the order of the shards.
+* User level: each bucket's bounded sum is a float vector, computed from the same records in
+  the same order whatever the shard count; the driver adds the buckets in bucket order.
+
+Noise is never added here: the driver's privacy session noises the summed statistic once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import faiss
+import numpy as np
+
+from ..evolution.voting import knn_vote, topq_vote, user_label_counts
+
+#: Buckets users are hashed into; fixed, so a run's sums are the same for any shard count
+#: (the largest useful shard count).
+USER_BUCKETS = 64
+#: Fixed-point scale of SecPE's per-centre sums: coordinates are truncated to multiples of 2^-32.
+FIXED_POINT_BITS = 32
+
+
+def buckets_of(keys: Iterable[str]) -> np.ndarray:
+    """Bucket of every user id (or row number as text): blake2b-64 of the key mod USER_BUCKETS."""
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(k.encode("utf-8"), digest_size=8).digest(), "little")
+         % USER_BUCKETS for k in keys), dtype=np.int64)
+
+
+def record_keys(n: int, users: Sequence[str] | None) -> list[str]:
+    """Partition keys: the user ids at user level, else the row numbers."""
+    return list(users) if users is not None else [str(i) for i in range(n)]
+
+
+def shard_of(buckets: np.ndarray, shards: int) -> np.ndarray:
+    """Shard index of each record (whole buckets per shard)."""
+    return buckets % shards
+
+
+@dataclass
+class ShardData:
+    """The private rows one shard holds: embeddings, label codes, global row numbers, buckets,
+    and (user level) user ids. Never leaves the worker that built it."""
+
+    emb: np.ndarray  # [m, d] float32
+    labels: np.ndarray  # [m] int64 joint label codes
+    rows: np.ndarray  # [m] int64 global row numbers, increasing
+    buckets: np.ndarray  # [m] int64
+    users: np.ndarray | None = None  # [m] user ids (str) at user level
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class Partial:
+    """A shard's partial statistic: an exact integer vector (record level) or the float sums of
+    whole user buckets (user level)."""
+
+    ints: np.ndarray | None = None
+    buckets: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def _user_codes(users: np.ndarray) -> np.ndarray:
+    return np.unique(users, return_inverse=True)[1].astype(np.int64)
+
+
+def _per_bucket(shard: ShardData, fn: Any) -> Partial:
+    """fn(rows mask, user codes) for every user bucket on the shard (users in id order)."""
+    out = Partial()
+    assert shard.users is not None
+    for b in np.unique(shard.buckets).tolist():
+        sel = shard.buckets == b
+        out.buckets[int(b)] = np.asarray(fn(sel, _user_codes(shard.users[sel])), np.float64)
+    return out
+
+
+def _exact_ints(values: np.ndarray, scale: np.ndarray | float, what: str) -> np.ndarray:
+    """values * scale as int64, refusing anything that is not (numerically) an integer."""
+    scaled = np.asarray(values, np.float64) * scale
+    ints = np.rint(scaled)
+    if not np.all(np.abs(scaled - ints) < 0.25):
+        raise ArithmeticError(f"{what}: partial votes are not integral after scaling; "
+                              "the exact cross-shard sum cannot be formed")
+    return ints.astype(np.int64)
+
+
+def knn_weights(cand_labels: np.ndarray, k: int) -> np.ndarray:
+    """The weight 1/sqrt(min(k, candidates of its label)) each candidate's votes carry."""
+    sizes = np.bincount(cand_labels)[cand_labels] if len(cand_labels) else np.zeros(0, int)
+    kk = np.minimum(k, sizes)
+    return 1.0 / np.sqrt(np.maximum(kk, 1).astype(np.float64))
+
+
+def knn_partial(shard: ShardData, cand_emb: np.ndarray, cand_labels: np.ndarray, k: int,
+                user_level: bool, **vote_options: Any) -> Partial:
+    """Aug-PE votes of the shard's records (docs/methods.md §1): counts per candidate at
+    record level, bounded per-bucket sums at user level (``voting.knn_vote``)."""
+    if not user_level:
+        hist = knn_vote(shard.emb, shard.labels, cand_emb, cand_labels, k, **vote_options)
+        return Partial(ints=_exact_ints(hist, 1.0 / knn_weights(cand_labels, k), "knn votes"))
+    return _per_bucket(shard, lambda sel, codes: knn_vote(
+        shard.emb[sel], shard.labels[sel], cand_emb, cand_labels, k, users=codes,
+        **vote_options))
+
+
+def topq_partial(shard: ShardData, cand_emb: np.ndarray, cand_labels: np.ndarray, q: int,
+                 user_level: bool, **vote_options: Any) -> Partial:
+    """WASP's (H_near, H_far) of the shard's records (docs/methods.md §2): votes times 2^(Q-1)
+    (exact integers) at record level, bounded per-bucket sums at user level."""
+    if not user_level:
+        hist = topq_vote(shard.emb, shard.labels, cand_emb, cand_labels, q, **vote_options)
+        return Partial(ints=_exact_ints(hist, 2.0 ** (q - 1), "top-Q votes"))
+    return _per_bucket(shard, lambda sel, codes: topq_vote(
+        shard.emb[sel], shard.labels[sel], cand_emb, cand_labels, q, users=codes,
+        **vote_options))
+
+
+def label_count_partial(shard: ShardData, n_labels: int, user_level: bool) -> Partial:
+    """Label histogram of the shard (sensitivity 1 per record, or per user)."""
+    if not user_level:
+        return Partial(ints=np.bincount(shard.labels, minlength=n_labels).astype(np.int64))
+    return _per_bucket(shard, lambda sel, codes: user_label_counts(
+        shard.labels[sel], n_labels, codes))
+
+
+def sum_partials(parts: Sequence[Partial]) -> Partial:
+    """Add shard partials: integers exactly; buckets must be disjoint (each on one shard)."""
+    out = Partial()
+    for part in parts:
+        if part.ints is not None:
+            out.ints = part.ints.copy() if out.ints is None else out.ints + part.ints
+        for b, vec in part.buckets.items():
+            if b in out.buckets:
+                raise RuntimeError(f"user bucket {b} came from two shards: a user's records "
+                                   "must sit on one shard")
+            out.buckets[b] = vec
+    return out
+
+
+def finish(total: Partial, n: int, scale: np.ndarray | float = 1.0) -> np.ndarray:
+    """The summed statistic as float64: ints * scale, or the buckets added in bucket order."""
+    if total.ints is not None:
+        return total.ints.astype(np.float64) * scale
+    out = np.zeros(n, dtype=np.float64)
+    for b in sorted(total.buckets):
+        out = out + total.buckets[b]
+    return out
+
+
+# -- SecPE: per-centre sums of clipped, Poisson-sampled private embeddings --------------------
+def fixed_point_limit(clip_R: float, n_records: int) -> None:
+    """Refuse sums that could overflow int64 on the 2^-32 grid."""
+    if clip_R * max(n_records, 1) * 2.0 ** FIXED_POINT_BITS >= 2.0 ** 62:
+        raise ValueError(f"clip R = {clip_R:g} with {n_records} records overflows the exact "
+                         "fixed-point centre sums; lower secpe.clip")
+
+
+def centre_partial(shard: ShardData, take: np.ndarray, centres: dict[int, np.ndarray],
+                   clip_R: float) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per label y: (sums [K_y, d] int64 on the 2^-32 grid, counts [K_y] int64) of the shard's
+    sampled rows (``take``, a global boolean mask) clipped to norm R and assigned to their
+    nearest public centre (L2) of their label (docs/methods.md §3)."""
+    sampled = take[shard.rows]
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for y, cent in sorted(centres.items()):
+        c = np.ascontiguousarray(cent, dtype=np.float32)
+        k, d = c.shape
+        sums = np.zeros((k, d), dtype=np.int64)
+        counts = np.zeros(k, dtype=np.int64)
+        sel = sampled & (shard.labels == y)
+        if sel.any():
+            x = np.array(shard.emb[sel], dtype=np.float32)
+            norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+            x *= np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))[:, None]
+            index = faiss.IndexFlatL2(d)
+            index.add(c)
+            lab = index.search(x, 1)[1][:, 0]
+            grid = np.trunc(x.astype(np.float64) * 2.0 ** FIXED_POINT_BITS).astype(np.int64)
+            np.add.at(sums, lab, grid)
+            counts += np.bincount(lab, minlength=k)
+        out[y] = (sums, counts)
+    return out
+
+
+def sum_centre_partials(parts: Sequence[dict[int, tuple[np.ndarray, np.ndarray]]]
+                        ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Exact sums of the shards' per-centre integer sums and counts; sums back to float64."""
+    total: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for part in parts:
+        for y, (s, c) in part.items():
+            if y in total:
+                total[y] = (total[y][0] + s, total[y][1] + c)
+            else:
+                total[y] = (s.copy(), c.copy())
+    return {y: (s.astype(np.float64) * 2.0 ** -FIXED_POINT_BITS, c)
+            for y, (s, c) in sorted(total.items())}

@@ -1,0 +1,174 @@
+"""Pure DP mechanisms: values, parameters and a noise source in, the noisy output out.
+
+Nothing here stores or accounts anything: :class:`dpsynth.privacy.PrivacySession` admits the
+release against the budget, calls one of these functions, and commits the result
+(docs/methods.md §0). The empirical audit (tests/test_empirical_dp.py) calls these same functions
+many times on neighbouring inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .errors import PrivacyConfigError
+from .noise import NoiseSource
+
+
+def as_finite_array(name: str, x: Any, *, allow_neg_inf: bool = False) -> np.ndarray:
+    """``x`` as a float64 array; PrivacyConfigError naming ``name`` on NaN / +inf (and -inf)."""
+    a = np.asarray(x, dtype=np.float64)
+    bad = np.isnan(a) | np.isposinf(a)
+    if not allow_neg_inf:
+        bad |= np.isneginf(a)
+    if bad.any():
+        raise PrivacyConfigError(f"{name} contains non-finite entries")
+    return a
+
+
+def check_positive(name: str, value: Any) -> float:
+    """``value`` as a float; PrivacyConfigError unless it is a finite number > 0."""
+    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+    if not ok or not math.isfinite(float(value)) or float(value) <= 0:
+        raise PrivacyConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def gumbel_argmax(noise: NoiseSource, log_weights: np.ndarray) -> int:
+    """argmax(log_weights + Gumbel): index i with probability proportional to exp(log_weights[i]);
+    -inf entries are never chosen."""
+    lw = np.asarray(log_weights, dtype=np.float64)
+    g = np.asarray(noise.gumbel(lw.shape), dtype=np.float64)
+    return int(np.argmax(np.where(np.isneginf(lw), -np.inf, lw + g)))
+
+
+def gaussian_mechanism(value: Any, sigma: float, noise: NoiseSource) -> np.ndarray:
+    """value + N(0, sigma^2 I) (docs/methods.md §0); the caller bounds the L2 sensitivity."""
+    check_positive("sigma", sigma)
+    v = as_finite_array("value", value)
+    return (v + np.asarray(noise.normal(v.shape, sigma), dtype=np.float64)).reshape(v.shape)
+
+
+def check_utilities(utilities: Any) -> np.ndarray:
+    """Utilities of the exponential mechanism (finite or -inf = excluded, at least one finite)."""
+    u = as_finite_array("utilities", utilities, allow_neg_inf=True).ravel()
+    if u.size == 0 or np.isneginf(u).all():
+        raise PrivacyConfigError("utilities must contain at least one finite entry")
+    return u
+
+
+def exponential_mechanism(
+    utilities: Any, sensitivity: float, epsilon: float, noise: NoiseSource
+) -> int:
+    """Exponential mechanism (McSherry & Talwar 2007): index i with probability proportional to
+    exp(eps u_i / (2 Delta_u)), by Gumbel-max; eps-DP. -inf utilities are excluded candidates
+    (their exclusion must not depend on private data)."""
+    check_positive("sensitivity", sensitivity)
+    check_positive("epsilon", epsilon)
+    u = check_utilities(utilities)
+    return gumbel_argmax(noise, epsilon * u / (2.0 * sensitivity))
+
+
+def threshold_log_weights(
+    values: np.ndarray, target: int, candidates: np.ndarray, epsilon: float, mode: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Log-weights of the threshold exponential mechanism and its grid (utility
+    -|#{v > theta} - target|, sensitivity 1; docs/methods.md §4). Returns (log_weights, points):
+    in "grid" mode the points are the candidates; in "interval" mode they are the interval end
+    points (len(points) = len(log_weights) + 1)."""
+    v = as_finite_array("values", values).ravel()
+    cand = as_finite_array("candidates", candidates).ravel()
+    if cand.size == 0:
+        raise PrivacyConfigError("candidates must not be empty")
+    if mode == "grid":
+        counts = (v[None, :] > cand[:, None]).sum(axis=1)
+        util = -np.abs(counts - target).astype(np.float64)
+        return epsilon * util / 2.0, cand
+    if mode == "interval":
+        lo, hi = float(cand.min()), float(cand.max())
+        s = np.sort(np.clip(v, lo, hi))
+        points = np.concatenate([[lo], s, [hi]])
+        lengths = np.diff(points)
+        # theta in [points[j], points[j+1]) has exactly n - j values above it (ties: length 0).
+        counts = v.size - np.arange(lengths.size)
+        util = -np.abs(counts - target).astype(np.float64)
+        with np.errstate(divide="ignore"):
+            logw = np.log(lengths) + epsilon * util / 2.0
+        return logw, points
+    raise PrivacyConfigError(f"threshold mode must be 'grid' or 'interval', got {mode!r}")
+
+
+def sample_threshold(noise: NoiseSource, logw: np.ndarray, points: np.ndarray, mode: str) -> float:
+    """Draw theta from :func:`threshold_log_weights` output: a grid point, or an interval then a
+    uniform point inside it."""
+    if mode == "grid":
+        return float(points[gumbel_argmax(noise, logw)])
+    if np.isneginf(logw).all():  # empty range (min == max): nothing to choose
+        return float(points[0])
+    j = gumbel_argmax(noise, logw)
+    u = float(np.asarray(noise.uniform(1)).ravel()[0])
+    return float(points[j] + u * (points[j + 1] - points[j]))
+
+
+def check_threshold_target(target: Any) -> int:
+    """The threshold mechanism's target count (an integer >= 0)."""
+    if isinstance(target, bool) or not isinstance(target, int | np.integer) or target < 0:
+        raise PrivacyConfigError(f"target must be an integer >= 0, got {target!r}")
+    return int(target)
+
+
+def threshold_mechanism(
+    values: Any,
+    target: int,
+    candidates: Any,
+    epsilon: float,
+    noise: NoiseSource,
+    mode: str = "grid",
+) -> float:
+    """A threshold theta with about ``target`` values above it: the exponential mechanism with
+    utility -|#{v > theta} - target| (sensitivity 1), eps-DP (docs/methods.md §4)."""
+    check_positive("epsilon", epsilon)
+    logw, points = threshold_log_weights(
+        values, check_threshold_target(target), candidates, epsilon, mode
+    )
+    return sample_threshold(noise, logw, points, mode)
+
+
+def private_token_rho(clip: float, temperature: float) -> float:
+    """zCDP cost of one private token: rho = (1/2) (c / tau)^2 (docs/methods.md §4)."""
+    c = check_positive("clip", clip)
+    t = check_positive("temperature", temperature)
+    return 0.5 * (c / t) ** 2
+
+
+def check_logit_sum(clipped_logit_sum: Any) -> np.ndarray:
+    """The summed clipped logits as a non-empty finite vector."""
+    z = as_finite_array("clipped_logit_sum", clipped_logit_sum).ravel()
+    if z.size == 0:
+        raise PrivacyConfigError("clipped_logit_sum must not be empty")
+    return z
+
+
+def private_token_mechanism(
+    clipped_logit_sum: Any, temperature: float, noise: NoiseSource
+) -> int:
+    """One private token (DP-SynRAG, docs/methods.md §4): y ~ softmax(z / tau) over the FULL
+    vocabulary, z = the sum of clipped logit rows (per-coordinate sensitivity c)."""
+    t = check_positive("temperature", temperature)
+    return gumbel_argmax(noise, check_logit_sum(clipped_logit_sum) / t)
+
+
+__all__ = [
+    "as_finite_array",
+    "check_positive",
+    "exponential_mechanism",
+    "gaussian_mechanism",
+    "gumbel_argmax",
+    "private_token_mechanism",
+    "private_token_rho",
+    "sample_threshold",
+    "threshold_log_weights",
+    "threshold_mechanism",
+]

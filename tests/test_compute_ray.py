@@ -1,0 +1,333 @@
+"""compute.engine: ray (dpsynth.compute): private rows sharded by user on Ray actors, the same
+release as one process (docs/methods.md §0).
+
+The fast tests check the shard kernels and the exact sums in this process. The cluster tests
+start a real Ray cluster on 127.0.0.1 (a head node and one more node, separate `ray start`
+processes, one CPU each), run Aug-PE, WASP and SecPE with the deterministic fakes on both
+engines and compare release/ byte for byte, kill a worker mid-vote, and resume a crashed
+driver. Every process the fixture starts is stopped by pid at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpsynth.compute import LocalCompute, kernels
+from dpsynth.config import ConfigError, parse_config
+from dpsynth.evolution.voting import knn_vote, topq_vote
+from dpsynth.llm import GenerationError
+from fakes import FakeEmbedder, FakeGenerator
+from test_release_check import pe_config, private_rows, shared_files, write_csv
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+
+
+# -- fast: config, kernels, exact sums -------------------------------------------------------
+def test_compute_config_defaults_to_local_and_checks_its_fields():
+    cfg = parse_config({})
+    assert cfg.compute.engine == "local"
+    cfg = parse_config({"compute": {"engine": "ray", "address": "ray://10.0.0.1:10001",
+                                    "shards": 4}})
+    assert (cfg.compute.engine, cfg.compute.shards) == ("ray", 4)
+    for bad in ({"engine": "spark"}, {"shards": 0}, {"shards": 65}, {"address": "cluster"}):
+        with pytest.raises(ConfigError, match="compute"):
+            parse_config({"compute": bad})
+
+
+def _toy(n: int, users: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray, Any]:
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((n, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    labels = rng.integers(0, 3, size=n)
+    ids = None if users is None else [f"user{i % users}" for i in range(n)]
+    return emb, labels, ids
+
+
+def _shards(emb: np.ndarray, labels: np.ndarray, users: list[str] | None,
+            shards: int) -> list[kernels.ShardData]:
+    """The production partition (kernels.buckets_of / shard_of), built in this process."""
+    buckets = kernels.buckets_of(kernels.record_keys(len(emb), users))
+    out = []
+    for s in range(shards):
+        rows = np.flatnonzero(kernels.shard_of(buckets, shards) == s)
+        out.append(kernels.ShardData(
+            emb=emb[rows], labels=labels[rows], rows=rows, buckets=buckets[rows],
+            users=None if users is None else np.asarray([users[i] for i in rows], object)))
+    return out
+
+
+class _InProcessShards(LocalCompute):
+    """The production PrivateCompute sums over shards built in this process (no Ray)."""
+
+    def __init__(self, shards: list[kernels.ShardData], user_level: bool) -> None:
+        super().__init__(lambda: np.zeros(0), np.zeros(0, dtype=np.int64), None)
+        self.user_level = user_level
+        self._parts = shards
+
+    def _map(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [getattr(kernels, kernel)(s, *args, **kwargs) for s in self._parts]
+
+
+@pytest.mark.parametrize("users", [None, 7])
+@pytest.mark.parametrize("shards", [2, 5])
+def test_sharded_sums_are_bitwise_the_one_process_sums(users, shards):
+    emb, labels, ids = _toy(300, users)
+    cand, cand_labels, _ = _toy(40, None, seed=1)
+    one = LocalCompute(lambda: emb, labels, ids)
+    many = _InProcessShards(_shards(emb, labels, ids, shards), users is not None)
+    for k in (1, 3):
+        a, b = one.knn_histogram(cand, cand_labels, k), many.knn_histogram(cand, cand_labels, k)
+        assert a.tobytes() == b.tobytes()
+        np.testing.assert_allclose(a, knn_vote(emb, labels, cand, cand_labels, k,
+                                               None if ids is None else
+                                               np.unique(ids, return_inverse=True)[1]),
+                                   rtol=1e-12, atol=1e-12)
+    a, b = one.topq_histograms(cand, cand_labels, 4), many.topq_histograms(cand, cand_labels, 4)
+    assert a.tobytes() == b.tobytes()
+    if users is None:
+        assert a.tobytes() == topq_vote(emb, labels, cand, cand_labels, 4).tobytes()
+    assert one.label_counts(3).tobytes() == many.label_counts(3).tobytes()
+    centres = {y: cand[cand_labels == y][:3] for y in range(3)}
+    take = np.random.default_rng(5).random(len(emb)) < 0.5
+    sa, sb = one.centre_sums(centres, take, 0.8, len(emb)), many.centre_sums(centres, take, 0.8,
+                                                                            len(emb))
+    for y in centres:
+        assert sa[y][0].tobytes() == sb[y][0].tobytes() and np.array_equal(sa[y][1], sb[y][1])
+        assert sa[y][1].sum() == (take & (labels == y)).sum()
+
+
+def test_a_user_split_by_rows_is_bounded_once_when_sharded_by_user():
+    """User u0 has 6 records; sharded by row they would land on two shards and be bounded
+    twice (norm up to 2). Sharded by user hash, the whole user sits on one shard."""
+    emb, labels, _ = _toy(12, None)
+    labels[:] = 0
+    ids = ["u0"] * 6 + [f"v{i}" for i in range(6)]
+    cand, cand_labels, _ = _toy(5, None, seed=2)
+    cand_labels[:] = 0
+    codes = np.unique(ids, return_inverse=True)[1]
+    whole = knn_vote(emb, labels, cand, cand_labels, 1, users=codes)
+    one = LocalCompute(lambda: emb, labels, ids).knn_histogram(cand, cand_labels, 1)
+    sharded = _InProcessShards(_shards(emb, labels, ids, 2), True).knn_histogram(
+        cand, cand_labels, 1)
+    assert one.tobytes() == sharded.tobytes()
+    np.testing.assert_allclose(sharded, whole, rtol=1e-12)
+    # the naive row split (records 0-2 and 3-5 of u0 apart) bounds u0 twice: more mass
+    naive = sum(knn_vote(emb[part], labels[part], cand, cand_labels, 1,
+                         users=np.unique(np.asarray(ids)[part], return_inverse=True)[1])
+                for part in (np.arange(0, 3).tolist() + list(range(6, 9)),
+                             list(range(3, 6)) + list(range(9, 12))))
+    assert naive.sum() > whole.sum() + 0.5
+    # and the partition really keeps each user on one shard
+    parts = _shards(emb, labels, ids, 2)
+    assert sum("u0" in set(p.users) for p in parts) == 1
+
+
+def test_wasp_federated_refuses_the_ray_engine(tmp_path):
+    from dpsynth.methods import get_method
+
+    cfg = parse_config(pe_config("wasp", tmp_path / "d.csv", **{
+        "wasp.federated.parties": 2, "compute.engine": "ray"}))
+    with pytest.raises(ConfigError, match="compute.engine"):
+        get_method("wasp").validate(cfg, 40, 2)
+
+
+# -- a real local Ray cluster ---------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tree(procs: list[subprocess.Popen]) -> list[Any]:
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            root = psutil.Process(p.pid)
+            out += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Stop the processes this fixture started and everything they started, by pid."""
+    import psutil
+
+    for _ in range(3):
+        tree = _tree(procs)
+        if not tree:
+            break
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.terminate()
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=5)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A head and one more node on 127.0.0.1 (one CPU each); yields the address."""
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are limited
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), str(SRC),
+                                          os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--object-store-memory=80000000",
+              "--block", "--disable-usage-stats"]
+    log = open(Path(temp) / "cluster.log", "ab")  # noqa: SIM115 (closed in finally)
+    procs: list[subprocess.Popen] = []
+    address = f"127.0.0.1:{port}"
+    try:
+        procs.append(subprocess.Popen(
+            [ray_bin, "start", "--head", f"--port={port}", "--include-dashboard=false",
+             f"--temp-dir={temp}", *common], env=env, stdout=log, stderr=log,
+            start_new_session=True))
+        _wait_nodes(address, 1, procs)
+        procs.append(subprocess.Popen(
+            [ray_bin, "start", f"--address={address}", *common], env=env, stdout=log,
+            stderr=log, start_new_session=True))
+        _wait_nodes(address, 2, procs)
+        yield address
+    finally:
+        _stop(procs)
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_nodes(address: str, n: int, procs: list[subprocess.Popen],
+                timeout: float = 180.0) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a `ray start` process exited early")
+        try:
+            ray.init(address=address, log_to_driver=False)
+            try:
+                alive = sum(1 for node in ray.nodes() if node["Alive"])
+            finally:
+                ray.shutdown()
+            if alive >= n:
+                return
+        except Exception:  # noqa: BLE001 (the head is still starting)
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"the Ray cluster at {address} did not reach {n} nodes")
+
+
+@pytest.fixture(autouse=True)
+def _ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+
+
+def _run(cfg: dict[str, Any], out: Path, gens: list[FakeGenerator] | None = None, *,
+         resume: bool = False) -> Path:
+    from dpsynth.api import run_generation
+
+    gens = gens or [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
+    config: Any = out if resume else parse_config(cfg)
+    return Path(run_generation(config, out, resume=resume, progress=False, generators=gens,
+                               embedder=FakeEmbedder()))
+
+
+def _both(tmp_path: Path, cfg: dict[str, Any], address: str, name: str) -> tuple[Path, Path]:
+    """The same config on engine local and engine ray (separate ledgers: one seed each)."""
+    local = {**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / f"{name}-l.json")}}
+    ray_cfg = {**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / f"{name}-r.json")},
+               "compute": {"engine": "ray", "address": address, "shards": 2}}
+    return _run(local, tmp_path / f"{name}-local"), _run(ray_cfg, tmp_path / f"{name}-ray")
+
+
+SECPE = {"secpe.secrets": [{"kind": "regex", "pattern": r"ACCT-\d{4}"}],
+         "secpe.clusters": 4, "secpe.clip": 0.5, "synthesis.iterations": 1}  # calibration: slow
+
+
+@pytest.mark.parametrize("method,unit", [("aug_pe", "record"), ("aug_pe", "user"),
+                                         ("wasp", "record"), ("wasp", "user"),
+                                         ("secpe", "record")])
+def test_ray_release_is_byte_identical_to_local(ray_cluster, tmp_path, method, unit):
+    over: dict[str, Any] = {"privacy.unit": unit, "wasp.top_q": 3, "wasp.demonstrations": 2,
+                            "synthesis.k": 2}
+    if unit == "user":
+        over["data.user"] = "user"
+    if method == "secpe":
+        over.update(SECPE)
+    rows = private_rows(48, users=9 if unit == "user" else 0)
+    for i in (2, 9, 16, 30, 41):  # SecPE's secrets (an account number)
+        rows[i]["text"] += f" account ACCT-{7100 + i}"
+    cfg = pe_config(method, write_csv(tmp_path / "d.csv", rows), **over)
+    local, ray_run = _both(tmp_path, cfg, ray_cluster, method)
+    a, b = shared_files(local), shared_files(ray_run)
+    assert a == b
+    stats = (ray_run / "stats.jsonl").read_text()
+    assert stats.count("\n") == (1 if method == "secpe" else 2)
+    shards = sorted(p.name for p in (ray_run / "private" / "compute").glob("shard-*.npz"))
+    assert shards == ["shard-0-of-2.npz", "shard-1-of-2.npz"]
+    assert not (ray_run / "private" / "private-embeddings.npy").exists()  # never on the driver
+    log = (ray_run / "log.txt").read_text()
+    assert "compute: ray, 2 shards" in log and "ACCT-" not in log
+
+
+def test_a_worker_killed_mid_vote_is_retried_to_the_same_release(ray_cluster, tmp_path):
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(40)))
+    local = _run({**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / "l.json")}},
+                 tmp_path / "local")
+    out = tmp_path / "ray"
+    compute = out / "private" / "compute"
+    ray_cfg = {**cfg, "compute": {"engine": "ray", "address": ray_cluster, "shards": 2}}
+
+    class ArmFault(FakeGenerator):
+        """Arms the kill of shard 1 in the first vote, once the shards exist."""
+
+        def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
+            if compute.is_dir() and not (compute / "armed").exists():
+                (compute / "armed").write_text("")
+                (compute / "fault-knn_partial-shard1").write_text("")
+            return super().generate(requests, **kw)
+
+    done = _run(ray_cfg, out, [ArmFault("fake-g0")])
+    assert (compute / "armed").exists() and not (compute / "fault-knn_partial-shard1").exists()
+    assert shared_files(local) == shared_files(done)
+
+
+def test_a_crashed_ray_driver_resumes_to_the_same_release(ray_cluster, tmp_path):
+    cfg = pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(40)),
+                    **{"wasp.top_q": 3, "wasp.demonstrations": 2})
+    whole = _run({**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / "l.json")}},
+                 tmp_path / "whole")
+    ray_cfg = {**cfg, "compute": {"engine": "ray", "address": ray_cluster, "shards": 2}}
+    out = tmp_path / "crash"
+    with pytest.raises(GenerationError):
+        _run(ray_cfg, out, [FakeGenerator("fake-g0", raise_after=4)])
+    before = (out / "private" / "releases" / "releases.jsonl").read_text()
+    assert before.count("\n") >= 2  # label counts and a vote were released before the crash
+    done = _run(ray_cfg, out, resume=True)
+    after = (done / "private" / "releases" / "releases.jsonl").read_text()
+    assert after.startswith(before)  # replayed, not redrawn
+    a, b = shared_files(whole), shared_files(done)
+    a.pop("release/summary.json")  # attempts and LLM-call counts differ, by design
+    b.pop("release/summary.json")
+    assert a == b
+    assert json.loads((done / "run.json").read_text())["status"] == "finished"

@@ -1,0 +1,180 @@
+"""The local generation engine: selection, ctranslate2 conversion cache, seeds, quality, threads.
+
+Fast tests use tiny fake directories; the rest use the real offline SmolLM2 (``smollm``,
+conftest, default engine) and, for the quality guard, Gemma 3 270M.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dpsynth.config import GeneratorConfig
+from dpsynth.llm import GenerationError, GenerationRequest, SamplingParams, load_generator
+from dpsynth.llm import ct2 as ct2_mod
+from dpsynth.llm import local as local_mod
+
+needs_ct2 = pytest.mark.skipif(not ct2_mod.available(), reason="ctranslate2 not installed")
+CHAT = ({"role": "user", "content": "Write a short message to your clinic."},)
+
+
+# ------------------------------------------------------------------ fast, no model
+def test_engine_resolution(monkeypatch) -> None:
+    assert local_mod.resolve_engine("transformers") == "transformers"
+    assert local_mod.resolve_engine("ctranslate2") == "ctranslate2"
+    monkeypatch.setattr(ct2_mod, "available", lambda: False)
+    assert local_mod.resolve_engine("auto") == "transformers"
+    monkeypatch.setattr(ct2_mod, "available", lambda: True)
+    assert local_mod.resolve_engine("auto") == "ctranslate2"
+    with pytest.raises(ValueError, match="engine must be one of"):
+        local_mod.resolve_engine("vllm")
+
+
+def test_config_engine_and_threads_reach_the_spec() -> None:
+    assert GeneratorConfig().spec() == "smollm2"
+    assert GeneratorConfig().batch_size is None  # picked by the engine
+    spec = GeneratorConfig(engine="transformers", threads=1).spec()
+    assert spec == {"backend": "local", "model": "smollm2", "engine": "transformers",
+                    "num_threads": 1}
+    with pytest.raises(ValueError):
+        GeneratorConfig(engine="onnx")
+    with pytest.raises(ValueError, match="unknown local keys"):
+        load_generator({"backend": "local", "model": "smollm2", "threads": 2})
+
+
+def test_threads_never_exceed_idle_cores(monkeypatch) -> None:
+    monkeypatch.delenv("DPSYNTH_TORCH_THREADS", raising=False)
+    monkeypatch.setattr(local_mod, "_available_cores", lambda: 4)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert local_mod.default_threads() == 1  # busy machine: one thread, no oversubscription
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert local_mod.default_threads() == 4
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    assert local_mod.default_threads() == 3
+    assert local_mod._idle_threads() == 3
+
+
+def test_conversion_fingerprint_tracks_the_source(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"x" * 10)
+    out = ct2_mod.converted_dir(src, tmp_path / "cache", "src", embedded=False)
+    assert out.parent == tmp_path / "cache" / "_ct2" and out.name.endswith("-int8")
+    assert not ct2_mod.is_current(out, src)
+    out.mkdir(parents=True)
+    (out / "model.bin").write_bytes(b"")
+    meta = {"source": ct2_mod.source_fingerprint(src), "quantization": "int8"}
+    (out / ct2_mod.CT2_MARKER).write_text(json.dumps(meta))
+    assert ct2_mod.is_current(out, src)
+    (src / "model.safetensors").write_bytes(b"y" * 11)  # the source changed: stale
+    assert not ct2_mod.is_current(out, src)
+    assert ct2_mod.seed32(2**40 + 5) == 5 and 0 <= ct2_mod.seed32(None) < 2**32
+
+
+# ------------------------------------------------------------------ real SmolLM2
+models = pytest.mark.models
+
+
+@needs_ct2
+@models
+def test_default_engine_is_ctranslate2_and_conversion_is_cached(smollm, monkeypatch) -> None:
+    assert smollm.engine == "ctranslate2" and smollm.batch_size == local_mod.AUTO_BATCH[
+        "ctranslate2"]
+    assert ct2_mod.is_current(smollm.ct2_dir, smollm.model_dir)
+
+    def no_convert(*args, **kwargs):
+        raise AssertionError("a current conversion must not be converted again")
+
+    monkeypatch.setattr(ct2_mod, "convert", no_convert)
+    again = local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent)
+    assert again.engine == "ctranslate2" and again.ct2_converted is False
+    assert again._model is None  # sampling alone never loads the float32 model
+
+
+@needs_ct2
+@models
+def test_auto_falls_back_to_transformers_when_conversion_fails(smollm, monkeypatch) -> None:
+    def broken(model_dir, out_dir):
+        raise RuntimeError("unsupported architecture")
+
+    monkeypatch.setattr(ct2_mod, "is_current", lambda *a: False)
+    monkeypatch.setattr(ct2_mod, "convert", broken)
+    gen = local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent, batch_size=2)
+    assert gen.engine == "transformers" and gen._model is not None
+    with pytest.raises(GenerationError, match="conversion to ctranslate2 failed"):
+        local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent,
+                                 engine="ctranslate2")
+
+
+@needs_ct2
+@models
+def test_per_request_seeds_are_deterministic(smollm) -> None:
+    def reqs(seeds: list[int]) -> list[GenerationRequest]:
+        return [
+            GenerationRequest(CHAT, SamplingParams(temperature=1.0, max_new_tokens=12, seed=s))
+            for s in seeds
+        ]
+
+    loads = smollm._ct2.loads
+    first = smollm.generate(reqs([1, 2, 3]), progress=False)
+    assert smollm._ct2.loads == loads + 1  # a sampled batch runs on a freshly seeded engine
+    assert smollm.generate(reqs([1, 2, 3]), progress=False) == first
+    assert len(set(first)) == 3  # rows of one batch draw differently
+    assert smollm.generate(reqs([4, 5, 6]), progress=False) != first
+    # The thread count does not change the texts (the next batch may get other threads).
+    one = local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent, num_threads=1)
+    assert one.generate(reqs([1, 2, 3]), progress=False) == first
+    # Unseeded requests draw fresh OS randomness, not the last batch's seed.
+    free = [GenerationRequest(CHAT, SamplingParams(temperature=1.0, max_new_tokens=12))] * 3
+    assert smollm.generate(free, progress=False) != smollm.generate(free, progress=False)
+
+
+@needs_ct2
+@models
+def test_chat_template_reaches_the_engine(smollm, monkeypatch) -> None:
+    seen: list[list[int]] = []
+    real = smollm._ct2.generate
+
+    def spy(prompts, *args, **kwargs):
+        seen.extend(list(p) for p in prompts)
+        return real(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(smollm._ct2, "generate", spy)
+    p = SamplingParams(temperature=0.0, max_new_tokens=4)
+    out = smollm.generate([GenerationRequest(CHAT, p), GenerationRequest("Hello", p)],
+                          progress=False)
+    rendered = smollm.tokenizer.decode(seen[0])
+    assert rendered.startswith("<|im_start|>") and rendered.rstrip().endswith("assistant")
+    assert "Write a short message" in rendered and "<|im_start|>" not in out[0]
+    assert smollm.tokenizer.decode(seen[1]) == "Hello"
+
+
+@needs_ct2
+@models
+def test_stop_strings_end_rows_early(smollm) -> None:
+    p = SamplingParams(temperature=0.0, max_new_tokens=24, stop=("\n",))
+    before = smollm.generated_tokens
+    (cut,) = smollm.generate([GenerationRequest("The capital of France is", p)], progress=False)
+    assert "\n" not in cut
+    assert smollm.generated_tokens - before < 24  # the engine stopped at the newline
+
+
+@needs_ct2
+@models
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_int8_quality_guard(model: str, smollm) -> None:
+    gen = smollm if model == "smollm2" else load_generator("gemma3")
+    assert gen.engine == "ctranslate2"
+    pairs = [
+        ("Dear doctor,", " I would like to move my appointment on Tuesday to Friday morning."),
+        ("The patient wrote to the clinic because", " her knee still hurts after the operation."),
+        ("The capital of France is", " Paris, and the capital of Germany is Berlin."),
+    ]
+    q = ct2_mod.compare_with_float(gen, pairs)
+    # Measured: SmolLM2 KL ~0.08, top-1 ~0.82; Gemma 3 KL ~0.03, top-1 ~0.87.
+    assert q["positions"] >= 20
+    assert q["mean_kl"] < 0.2 and q["top1_agreement"] >= 0.7, q

@@ -1,0 +1,736 @@
+"""The release checker (issue 11): release/ is a function of released noisy values and public
+inputs only, and holds no exact private count, size or text (docs/methods.md §0, §6).
+
+For every method, D and its neighbour D' (one record, one user, or one secret added) are run
+with the deterministic fakes (tests/fakes.py) and the same seeded noise, then:
+
+1. structure: both runs release under the same keys with the same privacy events;
+2. substitution (the heart): a copy of each run's folder holding only config.yaml, run.json and
+   D's release stores is resumed, so every release is replayed from D's stores. The two replays
+   must request exactly the keys of D's stores, draw nothing new, and write byte-identical
+   release/ (and stats.jsonl): whatever still differs was not explained by a noisy value;
+3. exact values: no release file or stats.jsonl holds an exact private record count,
+   per-label count or user count as a JSON number, and none of them nor log.txt holds a private
+   text substring of >= 20 characters.
+
+Step 2 is the authoritative structural check (the replays ask for exactly D's keys); step 1 is
+strict for the PE methods, whose release keys are fixed by the config. For DP-SynRAG the number
+of clusters is post-processing of the noisy histogram, so there only the shared keys of step 1
+are compared.
+
+The checker itself is tested on crafted run folders, so each check can fail.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpsynth.privacy.session import PrivacySession
+from fakes import WORDS, FakeEmbedder, FakeGenerator
+
+pytestmark = pytest.mark.release_check
+
+#: Timing fields are not functions of the data in the DP sense we can check; they are
+#: normalised away (none should be in release/ any more; listed so a reappearance is visible).
+VOLATILE_KEYS = frozenset({"wall_seconds", "time", "created", "started", "finished", "ended"})
+#: Private folders that hold released values outside a release store: federated rounds keep
+#: their unmasked sums there (their charge is in the store, dpsynth.federated.rounds).
+RESULT_DIRS = ("federated",)
+LABELS = ["billing", "clinical", "scheduling"]  # public domain; D has no "scheduling" record
+MIN_TEXT = 20
+
+# ----------------------------------------------------------------------------- the checker
+
+
+def store_dirs(run: Path) -> dict[str, Path]:
+    """The run's release stores: every folder under private/ that holds a releases.jsonl."""
+    return {p.parent.relative_to(run / "private").as_posix(): p.parent
+            for p in sorted((run / "private").rglob("releases.jsonl"))}
+
+
+def store_records(run: Path) -> dict[str, list[dict[str, Any]]]:
+    """store name -> its release records (key, events, value), in release order."""
+    out = {}
+    for name, folder in store_dirs(run).items():
+        lines = (folder / "releases.jsonl").read_text(encoding="utf-8").splitlines()
+        out[name] = [json.loads(line) for line in lines if line.strip()]
+    return out
+
+
+def _normalise(obj: Any, drop: frozenset[str]) -> Any:
+    if isinstance(obj, dict):
+        return {k: _normalise(v, drop) for k, v in obj.items() if k not in drop}
+    if isinstance(obj, list):
+        return [_normalise(v, drop) for v in obj]
+    return obj
+
+
+def shared_files(run: Path, ignore: frozenset[str] = frozenset()) -> dict[str, bytes]:
+    """Every file of release/ plus stats.jsonl, JSON timing fields (and ``ignore``d keys, for
+    a known finding) normalised away."""
+    drop = VOLATILE_KEYS | ignore
+    paths = sorted(p for p in (run / "release").rglob("*") if p.is_file())
+    if (run / "stats.jsonl").is_file():
+        paths.append(run / "stats.jsonl")
+    out = {}
+    for p in paths:
+        raw = p.read_bytes()
+        rel = p.relative_to(run).as_posix()
+        if p.suffix == ".json":
+            raw = json.dumps(_normalise(json.loads(raw), drop), sort_keys=True).encode()
+        elif p.suffix == ".jsonl":
+            raw = b"\n".join(json.dumps(_normalise(json.loads(line), drop),
+                                         sort_keys=True).encode()
+                             for line in raw.splitlines() if line.strip())
+        out[rel] = raw
+    return out
+
+
+def structure_problems(run_a: Path, run_b: Path, strict_keys: bool = True) -> list[str]:
+    """Differences in what is released (stores, keys, event parameters, value shapes) between
+    two runs; ``strict_keys=False`` compares only the keys both runs released."""
+    a, b = store_records(run_a), store_records(run_b)
+    problems = []
+    if set(a) != set(b):
+        problems.append(f"release stores differ: {sorted(a)} vs {sorted(b)}")
+    for name in sorted(set(a) & set(b)):
+        ka = [r["key"] for r in a[name]]
+        kb = [r["key"] for r in b[name]]
+        if strict_keys and ka != kb:
+            only = sorted(set(ka) ^ set(kb))[:5]
+            problems.append(f"{name}: release keys differ (e.g. {only}; {len(ka)} vs {len(kb)})")
+        rb = {r["key"]: r for r in b[name]}
+        for r in a[name]:
+            other = rb.get(r["key"])
+            if other is None:
+                continue
+            if r["events"] != other["events"]:
+                problems.append(f"{name}: key {r['key']!r} released with other events: "
+                                f"{r['events']} vs {other['events']}")
+            if _shape(r["value"]) != _shape(other["value"]):
+                problems.append(f"{name}: key {r['key']!r} released with another shape: "
+                                f"{_shape(r['value'])} vs {_shape(other['value'])}")
+    return problems
+
+
+def _shape(value: dict[str, Any]) -> Any:
+    """What a stored value looks like without its numbers (kind, dtype, shape, JSON keys)."""
+    if value.get("kind") == "json" and isinstance(value.get("data"), dict):
+        return ("json", sorted(value["data"]))
+    return (value.get("kind"), value.get("dtype"), value.get("shape"))
+
+
+def file_differences(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
+    """Shared files that differ, or exist on one side only."""
+    out = [f"{name}: only in one run" for name in sorted(set(a) ^ set(b))]
+    for name in sorted(set(a) & set(b)):
+        if a[name] != b[name]:
+            out.append(f"{name}: {_first_difference(a[name], b[name])}")
+    return out
+
+
+def _first_difference(x: bytes, y: bytes) -> str:
+    i = next((k for k, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+    return f"differs at byte {i}: {x[max(0, i - 40):i + 40]!r} vs {y[max(0, i - 40):i + 40]!r}"
+
+
+def replay_skeleton(run: Path, stores_from: Path, meta_from: Path, dest: Path) -> Path:
+    """A copy of ``run`` holding only its config.yaml, ``meta_from``'s run.json and the release
+    stores of ``stores_from``: resuming it replays every release from those stores."""
+    dest.mkdir(parents=True)
+    shutil.copy2(run / "config.yaml", dest / "config.yaml")
+    meta = json.loads((meta_from / "run.json").read_text())
+    meta.update(status="failed", attempts=1)
+    (dest / "run.json").write_text(json.dumps(meta))
+    (dest / "private").mkdir(mode=0o700)
+    (dest / "release").mkdir()
+    for name, folder in store_dirs(stores_from).items():
+        shutil.copytree(folder, dest / "private" / name)
+    for name in RESULT_DIRS:
+        if (stores_from / "private" / name).is_dir():
+            shutil.copytree(stores_from / "private" / name, dest / "private" / name)
+    return dest
+
+
+class KeySpy:
+    """Records every release key a session is asked for (production code, observed only)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.keys: list[str] = []
+        stored, has = PrivacySession._stored, PrivacySession.has
+
+        def spy_stored(session: PrivacySession, key: str, events: Any) -> Any:
+            self.keys.append(key)
+            return stored(session, key, events)
+
+        def spy_has(session: PrivacySession, key: str) -> bool:
+            found = has(session, key)
+            if found:  # a stored release read back (e.g. a federated round's charge)
+                self.keys.append(key)
+            return found
+
+        monkeypatch.setattr(PrivacySession, "_stored", spy_stored)
+        monkeypatch.setattr(PrivacySession, "has", spy_has)
+
+    def take(self) -> list[str]:
+        keys, self.keys = self.keys, []
+        return keys
+
+
+def substitution_problems(run_d: Path, run_dp: Path, resume: Callable[[Path], Any],
+                          tmp: Path, spy: KeySpy, ignore: frozenset[str] = frozenset()
+                          ) -> list[str]:
+    """Replay D and D' with D's noise; any remaining difference in release/ is unexplained."""
+    base = store_records(run_d)
+    replays = {}
+    for tag, run in (("D", run_d), ("D'", run_dp)):
+        dest = replay_skeleton(run, run_d, run_d, tmp / f"replay-{tag.replace(chr(39), 'p')}")
+        spy.take()
+        resume(dest)
+        requested = spy.take()
+        problems = []
+        after = store_records(dest)
+        for name, records in after.items():
+            drawn = [r["key"] for r in records[len(base.get(name, [])):]]
+            if drawn:
+                problems.append(f"{tag} replay drew new releases in {name}: {drawn[:5]}")
+        stored = [r["key"] for recs in base.values() for r in recs]
+        if sorted(set(requested)) != sorted(stored):
+            missing = sorted(set(stored) - set(requested))[:5]
+            extra = sorted(set(requested) - set(stored))[:5]
+            problems.append(f"{tag} replay asked for other keys: missing {missing}, new {extra}")
+        if problems:
+            return problems
+        replays[tag] = shared_files(dest, ignore)
+    return [f"not explained by a released value: {d}"
+            for d in file_differences(replays["D"], replays["D'"])]
+
+
+def private_facts(rows: list[dict[str, str]], label: str | None, user: str | None
+                  ) -> tuple[dict[str, int], list[str]]:
+    """Exact counts (named) and texts of a private dataset."""
+    counts = {"records": len(rows)}
+    if label:
+        for value, n in Counter(r[label] for r in rows).items():
+            counts[f"label {value}"] = n
+    if user:
+        users = Counter(r[user] for r in rows)
+        counts["users"] = len(users)
+        counts["largest user"] = max(users.values())
+    return counts, [r["text"] for r in rows]
+
+
+def _leaves(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, obj
+
+
+def exact_value_problems(run: Path, counts: dict[str, int], texts: list[str],
+                         allowed: frozenset[int] = frozenset()) -> list[str]:
+    """Exact private counts (as whole-number JSON values) or private text (>= 20-character
+    substrings) in release/, stats.jsonl or log.txt. ``allowed``: numbers that are public
+    config values of this run (a count that equals one cannot be told apart)."""
+    problems = []
+    files = [p for p in (run / "release").rglob("*") if p.is_file()]
+    files += [p for p in (run / "stats.jsonl", run / "log.txt") if p.is_file()]
+    wanted = {n: name for name, n in counts.items() if n not in allowed}
+    for path in files:
+        rel = path.relative_to(run).as_posix()
+        raw = path.read_bytes()
+        text = raw.decode("utf-8", errors="replace")
+        for t in texts:
+            for s in range(max(1, len(t) - MIN_TEXT + 1)):
+                piece = t[s:s + MIN_TEXT]
+                if len(piece) == MIN_TEXT and piece in text:
+                    problems.append(f"{rel}: private text {piece!r}")
+                    break
+        docs: list[Any] = []
+        if path.suffix == ".json":
+            docs = [json.loads(raw)]
+        elif path.suffix == ".jsonl" or path.name == "stats.jsonl":
+            docs = [json.loads(line) for line in raw.splitlines() if line.strip()]
+        for i, doc in enumerate(docs):
+            for where, value in _leaves(doc):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    continue
+                if float(value).is_integer() and int(value) in wanted:
+                    problems.append(f"{rel}[{i}]{where} = {value}: exact private "
+                                    f"{wanted[int(value)]}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- data and runs
+
+_NAMES = ["Zorvath", "Quellmir", "Brastino", "Velkaris", "Trundhelm", "Osprevan", "Mirkadel",
+          "Feldrosk", "Hanvilet", "Cortaxin", "Drumbelle", "Ystravon"]
+
+
+def private_rows(n: int, *, users: int = 0, extra: str = "") -> list[dict[str, str]]:
+    """n records: labels billing/clinical only (23 : rest), shared words + a unique name."""
+    rows = []
+    for i in range(n):
+        label = "billing" if i % 7 < 4 else "clinical"
+        topic = ("bill insurance form refill pharmacy" if label == "billing"
+                 else "doctor pain headache fever blood test")
+        name = f"{_NAMES[i % len(_NAMES)]}{i:03d}"
+        rows.append({"text": f"patient {name} asks about {topic} {extra}".strip(),
+                     "label": label, "user": f"user{i % users}" if users else f"u{i}"})
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, str]]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=["text", "label", "user"])
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def pe_config(method: str, data: Path, **over: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "method": method,
+        "data": {"path": str(data), "text": "text", "labels": ["label"],
+                 "label_values": {"label": LABELS}},
+        # seeded noise, one seed on both sides (research mode); RDP calibrates fast
+        "privacy": {"epsilon": 4.0, "delta": 1e-5, "noise": "seeded", "seed": 4242,
+                    "accountant": "rdp"},
+        "generators": [{"model": "fake-g0", "max_new_tokens": 24}],
+        "embedder": {"model": "fake"},
+        "prompts": {"task": "a short patient message", "label_template": "about {label}"},
+        "synthesis": {"samples": 9, "iterations": 2, "pool_multiplier": 2, "retries": 1},
+    }
+    for dotted, value in over.items():
+        node = cfg
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
+def run_pe(cfg: dict[str, Any], out: Path, *, resume: bool = False) -> Path:
+    from dpsynth.api import run_generation
+    from dpsynth.config import parse_config
+
+    gens = [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
+    config: Any = out if resume else parse_config(cfg)
+    return Path(run_generation(config, out, resume=resume, progress=False, generators=gens,
+                               embedder=FakeEmbedder()))
+
+
+@pytest.fixture(autouse=True)
+def _ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+
+
+def check_neighbours(tmp: Path, spy: KeySpy, make_cfg: Callable[[Path], dict[str, Any]],
+                     rows_d: list[dict[str, str]], rows_dp: list[dict[str, str]],
+                     run: Callable[[dict[str, Any], Path], Path],
+                     resume: Callable[[Path], Any], *, user: bool = False,
+                     allowed: frozenset[int] = frozenset(),
+                     ignore: frozenset[str] = frozenset(), strict_keys: bool = True
+                     ) -> list[str]:
+    """All three checks for one method on D and D'; returns the problems found."""
+    runs = {}
+    for tag, rows in (("d", rows_d), ("dp", rows_dp)):
+        cfg = make_cfg(write_csv(tmp / f"{tag}.csv", rows))
+        runs[tag] = run(cfg, tmp / f"run-{tag}")
+    problems = structure_problems(runs["d"], runs["dp"], strict_keys)
+    problems += substitution_problems(runs["d"], runs["dp"], resume, tmp, spy, ignore)
+    for tag, rows in (("d", rows_d), ("dp", rows_dp)):
+        counts, texts = private_facts(rows, "label", "user" if user else None)
+        problems += exact_value_problems(runs[tag], counts, texts, allowed)
+    return problems
+
+
+# ----------------------------------------------------------------------------- the checker, tested
+
+
+def _fake_run(root: Path, release: dict[str, Any], keys: list[str], value: float = 1.0) -> Path:
+    (root / "private" / "releases").mkdir(parents=True)
+    (root / "release").mkdir()
+    lines = [json.dumps({"key": k, "events": [{"type": "gaussian", "sigma": 2.0}],
+                         "value": {"kind": "float", "data": value}}) for k in keys]
+    (root / "private" / "releases" / "releases.jsonl").write_text("\n".join(lines) + "\n")
+    for name, obj in release.items():
+        (root / "release" / name).write_text(json.dumps(obj))
+    return root
+
+
+def test_checker_flags_data_dependent_structure_and_exact_values(tmp_path):
+    a = _fake_run(tmp_path / "a", {"summary.json": {"documents": 61, "wall_seconds": 3.2}},
+                  ["hist", "cluster/0000"])
+    b = _fake_run(tmp_path / "b", {"summary.json": {"documents": 62, "wall_seconds": 9.9}},
+                  ["hist", "cluster/0000", "cluster/0001"])
+    assert any("release keys differ" in p for p in structure_problems(a, b))
+    assert structure_problems(a, a) == []
+    diff = file_differences(shared_files(a), shared_files(b))
+    assert len(diff) == 1 and "documents" in diff[0]  # wall_seconds is normalised away
+    rows = private_rows(61)
+    counts, texts = private_facts(rows, "label", None)
+    found = exact_value_problems(a, counts, texts)
+    assert any("exact private records" in p for p in found), found
+    (a / "release" / "kb.jsonl").write_text(json.dumps({"text": "x " + rows[3]["text"]}) + "\n")
+    assert any("private text" in p for p in exact_value_problems(a, counts, texts))
+    clean = _fake_run(tmp_path / "c", {"summary.json": {"clusters": 3}}, ["hist"])
+    assert exact_value_problems(clean, counts, texts) == []
+
+
+def test_fakes_are_deterministic_and_meaningful():
+    from dpsynth.llm import GenerationRequest, SamplingParams
+
+    gen = FakeGenerator("x", fail_every=3)
+    reqs = [GenerationRequest("write about a fever", SamplingParams(seed=s)) for s in (1, 2, 1)]
+    out = gen.generate(reqs)
+    assert out[0] and out[1] and out[0] != out[1] and out[2] == ""
+    assert FakeGenerator("x").generate(reqs[:1]) == out[:1]
+    # words come from the public list only, never from the prompt
+    assert set(out[0].lower().rstrip(".").split()) <= set(WORDS)
+    secret = FakeGenerator("x").generate([GenerationRequest("Zorvath123 Quellmir says hi")])[0]
+    assert "zorvath" not in secret.lower() and "quellmir" not in secret.lower()
+    emb = FakeEmbedder().embed(["fever and cough today", "cough and fever", "bill insurance"])
+    assert abs(float((emb ** 2).sum(axis=1).max()) - 1) < 1e-5
+    assert emb[0] @ emb[1] > emb[0] @ emb[2]
+    with gen.open_stepper(["doc one", "doc two"], shared_prefix="Rephrase:\n") as st:
+        first = st.logits()
+        st.advance(3)
+        assert first.shape == (2, gen.vocab_size) and not (st.logits() == first).all()
+
+
+# ----------------------------------------------------------------------------- per method
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> KeySpy:
+    return KeySpy(monkeypatch)
+
+
+def _resume_pe(path: Path) -> Path:
+    return run_pe({"generators": _generators_of(path)}, path, resume=True)
+
+
+def _generators_of(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    return yaml.safe_load((path / "config.yaml").read_text())["generators"]
+
+
+# Public config values a count may coincide with (they are not leaks).
+PE_PUBLIC = frozenset({0, 1, 2, 3, 4, 8, 9, 12, 18, 24})
+
+
+def test_aug_pe_record_neighbours(tmp_path, spy):
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks to schedule a new visit tomorrow morning",
+             "label": "scheduling", "user": "u-new"}  # the only 'scheduling' record
+    problems = check_neighbours(tmp_path, spy, lambda p: pe_config("aug_pe", p), rows,
+                                rows + [extra], run_pe, _resume_pe, allowed=PE_PUBLIC)
+    assert problems == [], "\n".join(problems)
+
+
+def test_aug_pe_user_neighbours(tmp_path, spy):
+    rows = private_rows(69, users=23)  # 3 records per user
+    new_user = [{"text": f"patient Quorrin{j} asks about the bill and the insurance form",
+                 "label": "billing", "user": "user-new"} for j in range(3)]
+    problems = check_neighbours(
+        tmp_path, spy, lambda p: pe_config("aug_pe", p, **{"privacy.unit": "user",
+                                                          "data.user": "user"}),
+        rows, rows + new_user, run_pe, _resume_pe, user=True, allowed=PE_PUBLIC)
+    assert problems == [], "\n".join(problems)
+
+
+def test_wasp_record_neighbours(tmp_path, spy):
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks about a skin rash since last week",
+             "label": "clinical", "user": "u-new"}
+
+    def cfg(p: Path) -> dict[str, Any]:
+        return pe_config("wasp", p, generators=[{"model": "fake-g0"}, {"model": "fake-g1"}],
+                         **{"wasp.top_q": 3, "wasp.demonstrations": 2})
+
+    problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
+                                allowed=PE_PUBLIC)
+    assert problems == [], "\n".join(problems)
+
+
+def test_wasp_federated_record_neighbours(tmp_path, spy):
+    pytest.importorskip("flwr")
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks about a skin rash since last week",
+             "label": "clinical", "user": "u-new"}
+
+    def cfg(p: Path) -> dict[str, Any]:
+        return pe_config("wasp", p, generators=[{"model": "fake-g0"}],
+                         **{"wasp.top_q": 3, "wasp.demonstrations": 2,
+                            "wasp.federated.parties": 3, "synthesis.iterations": 1})
+
+    problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
+                                allowed=PE_PUBLIC)
+    assert problems == [], "\n".join(problems)
+
+
+def test_federated_round_is_charged_before_parties_are_contacted(tmp_path, monkeypatch):
+    """Bug 5: a federated round is a release the moment the server sees the sum, so a budget
+    that cannot take it must refuse it before any party is contacted. The run resumes with a
+    store whose budget is already spent elsewhere; no Flower round may start."""
+    import dpsynth.federated as federated
+    from dpsynth.config import dump_config, parse_config
+    from dpsynth.privacy import BudgetExceededError, GaussianEvent
+
+    contacted: list[int] = []
+
+    def no_round(*args: Any, **kwargs: Any) -> Any:
+        contacted.append(1)
+        raise AssertionError("a federated round started although the budget cannot take it")
+
+    monkeypatch.setattr(federated, "federated_noisy_histogram", no_round)
+    cfg = pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(61)),
+                    generators=[{"model": "fake-g0"}],
+                    **{"wasp.top_q": 3, "wasp.demonstrations": 2, "wasp.federated.parties": 3,
+                       "synthesis.iterations": 1, "data.labels": [], "data.label_values": {},
+                       "prompts.label_template": ""})
+    run = tmp_path / "run"
+    (run / "private" / "releases").mkdir(parents=True)
+    (run / "release").mkdir()
+    (run / "config.yaml").write_text(dump_config(parse_config(cfg)))
+    (run / "run.json").write_text(json.dumps({"run_id": "spent", "method": "wasp",
+                                              "status": "failed", "attempts": 1}))
+    spent = {"key": "elsewhere", "events": [GaussianEvent(0.3, 1.0).to_dict()],
+             "value": {"kind": "none"}, "noise": "seeded"}
+    (run / "private" / "releases" / "releases.jsonl").write_text(json.dumps(spent) + "\n")
+    with pytest.raises(BudgetExceededError):
+        run_pe({"generators": cfg["generators"]}, run, resume=True)
+    assert contacted == []
+
+
+# SecPE's noise scale is calibrated from the secrets in the private data (SecretNoise, as in the
+# paper; docs/methods.md §3), so its privacy EVENTS differ between neighbours. That scale is
+# therefore never released: it must be absent from release/ and stats.jsonl, and the events
+# (kept in private/) are the one allowed difference.
+
+
+def test_secpe_secret_neighbours(tmp_path, spy):
+    rows = private_rows(61)
+    holders = (2, 9, 16, 30, 41, 57)  # records holding a secret (an account number)
+    for i in holders:
+        rows[i]["text"] += f" account ACCT-{7100 + i}"
+    extra = {"text": "patient Wexhollow asks about the bill for account ACCT-9913",
+             "label": "billing", "user": "u-new"}  # one new secret
+
+    def cfg(p: Path) -> dict[str, Any]:
+        return pe_config("secpe", p, **{"secpe.secrets": [{"kind": "regex",
+                                                           "pattern": r"ACCT-\d{4}"}],
+                                        "secpe.clusters": 4, "secpe.clip": 0.5,
+                                        "synthesis.iterations": 1})  # calibration is slow
+
+    problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
+                                allowed=PE_PUBLIC)
+    # the exact number of records (and secrets) with a secret is private too
+    for tag, n in (("d", len(holders)), ("dp", len(holders) + 1)):
+        problems += exact_value_problems(tmp_path / f"run-{tag}", {"secret holders": n}, [],
+                                         PE_PUBLIC)
+    # by design the events differ (data-dependent calibration); everything else must match
+    problems = [p for p in problems if "/representatives' released with other events" not in p]
+    assert problems == [], "\n".join(problems)
+    for tag in ("d", "dp"):
+        privacy = json.loads((tmp_path / f"run-{tag}" / "release" / "privacy.json").read_text())
+        assert privacy["noise_multiplier"] is None
+        assert "noise_sigma" not in privacy["secret_protection"]
+        assert all(set(m) == {"name", "count"} for m in privacy["mechanisms"])
+        stats = (tmp_path / f"run-{tag}" / "stats.jsonl").read_text()
+        assert "noise_sigma" not in stats
+
+
+def test_zero_shot_releases_nothing_private(tmp_path, spy):
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks to schedule a new visit tomorrow morning",
+             "label": "scheduling", "user": "u-new"}
+    problems = check_neighbours(tmp_path, spy, lambda p: pe_config("zero_shot", p), rows,
+                                rows + [extra], run_pe, _resume_pe, allowed=PE_PUBLIC)
+    assert problems == [], "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- DP-SynRAG
+
+RAG_VOCAB = ["bill", "insurance", "pharmacy", "doctor", "pain", "headache", "fever", "blood",
+             "visit", "skin", "rash", "schedule"]
+
+
+def rag_config(data: Path, **over: Any) -> dict[str, Any]:
+    cfg = pe_config("synrag", data)
+    cfg["privacy"]["accountant"] = "zcdp"
+    cfg["synrag"] = {"vocabulary": RAG_VOCAB, "keyword_extractor": "vocabulary",
+                     "keywords_per_doc": 2, "clusters": 3, "overlap": 2, "target_size": 3,
+                     "tokens": 5, "max_doc_tokens": 32, **over}
+    return cfg
+
+
+def run_rag(cfg: dict[str, Any], out: Path, *, resume: bool = False) -> Path:
+    from dpsynth.config import parse_config
+    from dpsynth.rag.build import build_kb
+
+    config: Any = out if resume else parse_config(cfg)
+    return Path(build_kb(config, out, resume=resume, generator=FakeGenerator("fake-g0"),
+                         embedder=FakeEmbedder()))
+
+
+RAG_PUBLIC = frozenset({0, 1, 2, 3, 4, 5, 9, 12, 24, 32})
+
+
+def test_dp_synrag_user_neighbours(tmp_path, spy):
+    """User level: each user's records are joined into one document; D' adds one user."""
+    rows = private_rows(69, users=23)
+    new_user = [{"text": f"patient Quorrin{j} asks about a skin rash and a fever this week",
+                 "label": "clinical", "user": "user-new"} for j in range(3)]
+
+    def cfg(p: Path) -> dict[str, Any]:
+        c = rag_config(p)
+        c["privacy"]["unit"] = "user"
+        c["data"]["user"] = "user"
+        return c
+
+    problems = check_neighbours(
+        tmp_path, spy, cfg, rows, rows + new_user, run_rag,
+        lambda path: run_rag({}, path, resume=True), user=True, allowed=RAG_PUBLIC,
+        strict_keys=False)
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize("shortcut", [False, True], ids=["tokens", "public-shortcut"])
+def test_dp_synrag_record_neighbours(tmp_path, spy, shortcut):
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks about a skin rash and fever since last week",
+             "label": "clinical", "user": "u-new"}
+    problems = check_neighbours(
+        tmp_path, spy, lambda p: rag_config(p, public_shortcut=shortcut), rows, rows + [extra],
+        run_rag, lambda path: run_rag({}, path, resume=True), allowed=RAG_PUBLIC,
+        strict_keys=False)
+    assert problems == [], "\n".join(problems)
+
+
+def test_dp_synth_baseline_neighbours_and_token_charge(tmp_path, spy):
+    """DP-Synth (baseline): no resume, so D's stores are laid into a fresh folder first; and
+    every private token drawn must be charged in the run's session (the shortcut option must
+    not shrink the charge of a baseline that never uses the shortcut)."""
+    from dpsynth.config import parse_config
+    from dpsynth.rag.baselines import build_dp_synth_kb
+
+    def run(cfg: dict[str, Any], out: Path) -> Path:
+        return Path(build_dp_synth_kb(parse_config(cfg), out, generator=FakeGenerator("fake-g0"),
+                                      embedder=FakeEmbedder()))
+
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks about a skin rash and fever since last week",
+             "label": "clinical", "user": "u-new"}
+    runs = {}
+    for tag, data in (("d", rows), ("dp", rows + [extra])):
+        runs[tag] = run(rag_config(write_csv(tmp_path / f"{tag}.csv", data),
+                                   public_shortcut=True), tmp_path / f"run-{tag}")
+    problems = structure_problems(runs["d"], runs["dp"])
+    replays = {}
+    for tag in ("d", "dp"):
+        dest = tmp_path / f"replay-{tag}"
+        (dest / "private").mkdir(parents=True, mode=0o700)
+        for name, folder in store_dirs(runs["d"]).items():
+            shutil.copytree(folder, dest / "private" / name)
+        cfg = rag_config(write_csv(tmp_path / f"{tag}2.csv", rows if tag == "d" else
+                                   rows + [extra]), public_shortcut=True)
+        spy.take()
+        run(cfg, dest)
+        assert sorted(spy.take()) == sorted(r["key"] for recs in store_records(runs["d"]).values()
+                                            for r in recs)
+        replays[tag] = shared_files(dest)
+    problems += file_differences(replays["d"], replays["dp"])
+    for tag, data in (("d", rows), ("dp", rows + [extra])):
+        counts, texts = private_facts(data, "label", None)
+        problems += exact_value_problems(runs[tag], counts, texts, RAG_PUBLIC)
+    assert problems == [], "\n".join(problems)
+    # every drawn private token is charged: tokens per subset <= charged token count
+    stores = store_records(runs["d"])
+    charged = [e for r in stores["releases"] for e in r["events"]
+               if "token" in json.dumps(e)]
+    assert charged, stores["releases"]
+    per_subset = Counter(r["key"].split("/tok")[0] for r in stores["subset-releases"]
+                         if "/tok" in r["key"])
+    limit = max(int(e.get("count", 1)) * int((e.get("inner") or {}).get("count", 1))
+                for e in charged)
+    assert max(per_subset.values()) <= limit, (per_subset, charged)
+
+
+# ----------------------------------------------------------------------------- default noise
+
+
+def test_default_noise_is_secure_and_fresh(tmp_path):
+    """Bug 1: with the default config the noise is 'secure' (privacy.json says so) and two
+    runs of the same config on the same data release different noisy values."""
+    rows = private_rows(61)
+    data = write_csv(tmp_path / "d.csv", rows)
+    cfg = pe_config("aug_pe", data, **{"synthesis.iterations": 1})
+    cfg["privacy"] = {"epsilon": 4.0, "delta": 1e-5}  # defaults for noise and seed
+    a = run_pe(cfg, tmp_path / "a")
+    b = run_pe(cfg, tmp_path / "b")
+    privacy = json.loads((a / "release" / "privacy.json").read_text())
+    assert privacy["noise"] == "secure"
+    va = [r["value"] for r in store_records(a)["releases"]]
+    vb = [r["value"] for r in store_records(b)["releases"]]
+    assert va and va != vb
+
+
+# ----------------------------------------------------------------------------- the checker fails
+
+
+def _exact_count_in_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like DP-SynRAG's old summary.json `documents`: an exact size in release/."""
+    import dpsynth.api as api
+
+    original = api._statement
+
+    def statement(cfg: Any, ctx: Any, method: Any) -> dict[str, Any]:
+        return {**original(cfg, ctx, method), "records": len(ctx.dataset)}
+
+    monkeypatch.setattr(api, "_statement", statement)
+
+
+def _label_domain_from_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old behaviour of bug 3: the label classes are the values seen in the records."""
+    import dpsynth.data as data
+
+    original = data.load_dataset
+
+    def load_dataset(path: Any, text: str, labels: Any = (), *args: Any, **kwargs: Any) -> Any:
+        with open(path, newline="", encoding="utf-8") as fh:
+            seen = list(csv.DictReader(fh))
+        domain = {c: sorted({r[c] for r in seen}) for c in labels}
+        return original(path, text, labels, *args, **{**kwargs, "label_values": domain})
+
+    monkeypatch.setattr(data, "load_dataset", load_dataset)
+
+
+@pytest.mark.parametrize("mutant", [_exact_count_in_summary, _label_domain_from_records],
+                         ids=["exact-count", "label-domain-from-records"])
+def test_checker_fails_on_known_bugs(tmp_path, spy, monkeypatch, mutant):
+    mutant(monkeypatch)
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks to schedule a new visit tomorrow morning",
+             "label": "scheduling", "user": "u-new"}
+    try:
+        problems = check_neighbours(
+            tmp_path, spy, lambda p: pe_config("aug_pe", p, **{"synthesis.iterations": 1}),
+            rows, rows + [extra], run_pe, _resume_pe, allowed=PE_PUBLIC)
+    except Exception as err:  # noqa: BLE001  (a replay that cannot even run also fails)
+        problems = [f"replay failed: {type(err).__name__}: {err}"]
+    assert problems, "the checker missed a data-dependent release"
