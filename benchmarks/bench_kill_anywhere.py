@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 CONFIG = REPO / "examples" / "tiny-aug-pe.yaml"
 DPSYNTH = [sys.executable, "-m", "dpsynth"]
-COUNTERS = {"llm_calls", "llm_calls_earlier_attempts", "attempts", "requested", "sent",
+COUNTERS = {"llm_calls", "llm_calls_earlier_attempts", "llm_requests_sent", "attempts",
+            "requested", "sent",
             "dropped", "retried", "http_retries"}
 
 
@@ -126,7 +127,7 @@ def main() -> None:
     rows = []
     for i in range(args.kills):
         run = args.work / f"kill{i:02d}"
-        at = rng.uniform(0.02, 1.0) * duration
+        at = rng.uniform(0.05, 0.9) * duration  # within the reference run's lifetime
         proc = _start(run)
         deadline = time.monotonic() + at
         while time.monotonic() < deadline and proc.poll() is None:
@@ -138,10 +139,12 @@ def main() -> None:
         phase = _phase(run) if killed else "(finished before the kill)"
         before = _store(run)
         cached = _cache_rows(run)
+        resumed = False
         if (run / "run.json").exists():
             status = json.loads((run / "run.json").read_text())["status"]
             if status != "finished":
                 _finish(_start(run, resume=True), f"resume {i}")
+                resumed = True
         else:  # killed before the folder existed: nothing to resume, start again
             _finish(_start(run), f"restart {i}")
         files = _release_files(run)
@@ -152,15 +155,23 @@ def main() -> None:
         redrawn = sum(1 for k, v in before.items() if after.get(k) != v)
         redrawn += 0 if after == ref_store else 1
         summary = json.loads((run / "release" / "summary.json").read_text())
-        resumed_calls = summary["llm_calls"] if killed else ref_calls
-        repaid = max(0, resumed_calls - (ref_calls - cached)) if killed else 0
+        # a resumed attempt may send only the requests the cache did not hold at the kill
+        repaid = max(0, summary["llm_calls"] - (ref_calls - cached)) if resumed else 0
+        if killed and not resumed:
+            phase += " (nothing left to resume)" if (run / "run.json").exists() else ""
         rows.append((i, round(at, 1), phase, same, redrawn, repaid))
         print(f"kill {i}: t={at:.1f}s phase={phase!r} identical={same} redrawn={redrawn} "
               f"repaid={repaid}", file=sys.stderr, flush=True)
     ok = sum(r[3] for r in rows)
     print(f"## Kill anywhere ({args.kills} SIGKILLs, tiny Aug-PE, real models)\n")
-    print(f"Reference run: {duration:.0f} s, {ref_calls} LLM calls. Each run below was killed "
-          "at a random moment and resumed with --resume.\n")
+    print(f"Reference run: {duration:.0f} s, {ref_calls} LLM calls. Each run below was "
+          "SIGKILLed at a random moment between 5 % and 90 % of the reference run's wall time "
+          "(uniform, seeded) and resumed with --resume (a run killed before its folder existed "
+          "is started again). Release identical: every file of release/ byte for byte, "
+          "summary.json less its per-attempt call counters. Noise redrawn: stored releases "
+          "that changed. Calls repaid: requests sent by the resume beyond those missing from "
+          "the request cache at the kill. Load average (1 min) when the table was written: "
+          f"{os.getloadavg()[0]:.1f}.\n")
     print("| kill | at (s) | phase (last log line) | release identical | noise redrawn | "
           "calls repaid |")
     print("|---|---|---|---|---|---|")

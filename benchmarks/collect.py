@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-ORDER = ["generation", "augpe_voting", "voting", "yelp", "wasp", "secpe",
-         "private_prediction", "medsynth", "serving"]
+ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "wasp", "secpe",
+         "private_prediction", "medsynth", "serving", "ray", "ray-1label", "kill_anywhere"]
 HEADER = """# Benchmarks
 
 Every number here was measured by a script in `benchmarks/` on the machine it names, with the
@@ -18,15 +18,19 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 
 | section | script |
 |---|---|
-| Generation throughput, embedder | `bench_generation.py` |
+| Generation: ctranslate2 vs transformers | `bench_generation.py` (`dpsynth bench generation`) |
+| Embedding: torch vs ONNX Runtime / OpenVINO | `bench_embedding.py` (`dpsynth bench embedding`) |
 | Aug-PE voting: faiss vs reference | `bench_augpe_voting.py` |
 | SecPE representative voting | `dpsynth bench voting` (`src/dpsynth/bench/voting.py`) |
+| Aug-PE voting at 1M: exact vs IVF / HNSW, memory, SecPE | `bench_knn.py` (`dpsynth bench knn`) |
 | Yelp: Aug-PE | `bench_yelp.py` |
 | WASP: Banking77 | `bench_wasp.py` |
 | SecPE vs Aug-PE on Yelp | `bench_secpe.py` |
 | DP-SynRAG private prediction | `bench_private_prediction.py` |
 | DP-SynRAG on Medical Synth | `bench_medsynth.py` |
 | Serving: `llm serve` micro-batching | `bench_serving.py` (`dpsynth bench serving`) |
+| Ray compute engine: vote step, 100M plan | `bench_ray.py` |
+| Kill anywhere: SIGKILL and resume, 20 times | `bench_kill_anywhere.py` |
 
 """
 

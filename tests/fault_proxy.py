@@ -19,41 +19,18 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from dpsynth.llm.base import GenerationRequest
+from dpsynth.loopback import free_port, serve_in_thread
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def running(app: Any) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread on a free loopback port; yield the /v1 URL."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+def running(app: Any) -> contextlib.AbstractContextManager[str]:
+    """Serve ``app`` on a free loopback port; yields the /v1 URL."""
+    return serve_in_thread(app, "/v1", start_timeout_s=30)
 
 
 class FakeGenerator:
@@ -108,6 +85,7 @@ class FaultProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
+        self._open: set[asyncio.StreamWriter] = set()  # connections being served
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
@@ -136,6 +114,7 @@ class FaultProxy:
             return kind
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._open.add(writer)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
@@ -177,6 +156,8 @@ class FaultProxy:
             await self._reply(writer, f"{resp.status_code} X", resp.content, extra)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             writer.transport.abort()
+        finally:
+            self._open.discard(writer)
 
     @staticmethod
     async def _reply(writer: asyncio.StreamWriter, status: str, payload: bytes,
@@ -198,6 +179,8 @@ class FaultProxy:
             self._ready.set()
             async with server:
                 await self._stop.wait()
+                for writer in list(self._open):  # as a killed process: connections reset
+                    writer.transport.abort()
 
         asyncio.run(main())
 
@@ -207,7 +190,12 @@ class FaultProxy:
             raise RuntimeError("fault proxy did not start")
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+    def stop(self) -> None:
+        """Stop listening (later connections are refused, as from a killed server); idempotent."""
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -37,7 +37,8 @@ def test_tiny_run_completes_through_a_flaky_server(smollm, tmp_path, monkeypatch
         raw["generators"] = [{
             "backend": "openai", "base_url": proxy.url, "model": "smollm2",
             "max_new_tokens": 16, "max_concurrency": 4,
-            "timeout_s": 20, "retry_budget_s": 600, "outage_patience_s": 120,
+            # generous per-attempt timeout: a slow (not hung) answer must not be paid twice
+            "timeout_s": 40, "retry_budget_s": 900, "outage_patience_s": 120,
         }]
         cfg = tmp_path / "chaos.yaml"
         cfg.write_text(yaml.safe_dump(raw))
@@ -54,6 +55,10 @@ def test_tiny_run_completes_through_a_flaky_server(smollm, tmp_path, monkeypatch
     assert sum(proxy.upstream_ok.values()) == rows > 0
     summary = json.loads((run / "release" / "summary.json").read_text())
     assert summary["llm_calls"] == rows
+    # truthful counters: every injected fault cost one failed attempt that was retried
+    assert summary["http_retries"] == sum(proxy.faults.values())
+    assert meta["history"][-1] == {"attempt": 1, "status": "finished", "error": None,
+                                   "reason": None, "llm_calls": rows}
 
     # the final epsilon is the planned accountant value, faults or not
     privacy = json.loads((run / "release" / "privacy.json").read_text())

@@ -4,8 +4,9 @@ release as one process (docs/methods.md §0).
 The fast tests check the shard kernels and the exact sums in this process. The cluster tests
 start a real Ray cluster on 127.0.0.1 (a head node and one more node, separate `ray start`
 processes, one CPU each), run Aug-PE, WASP and SecPE with the deterministic fakes on both
-engines and compare release/ byte for byte, kill a worker mid-vote, and resume a crashed
-driver. Every process the fixture starts is stopped by pid at the end.
+engines and compare release/ byte for byte, kill a worker mid-vote, resume a crashed driver,
+and run DP-SynRAG's per-cluster private prediction on worker actors (same tokens, same
+release). Every process the fixture starts is stopped by pid at the end.
 """
 
 from __future__ import annotations
@@ -109,6 +110,21 @@ def test_sharded_sums_are_bitwise_the_one_process_sums(users, shards):
     for y in centres:
         assert sa[y][0].tobytes() == sb[y][0].tobytes() and np.array_equal(sa[y][1], sb[y][1])
         assert sa[y][1].sum() == (take & (labels == y)).sum()
+
+
+@pytest.mark.parametrize("index", ["ivf", "hnsw"])
+def test_approximate_voting_sums_the_same_when_sharded(index):
+    """ANN voting (an index trained on the candidates only, rebuilt on every shard) gives the
+    one-process histogram bitwise too."""
+    emb, labels, _ = _toy(1500, None)
+    cand, cand_labels, _ = _toy(2400, None, seed=3)
+    labels[:] = 0
+    cand_labels[:] = 0  # one label, above the index's exact-search cut-off
+    one = LocalCompute(lambda: emb, labels, None).knn_histogram(cand, cand_labels, 2,
+                                                                index=index)
+    many = _InProcessShards(_shards(emb, labels, None, 3), False).knn_histogram(
+        cand, cand_labels, 2, index=index)
+    assert one.tobytes() == many.tobytes() and one.sum() > 0
 
 
 def test_a_user_split_by_rows_is_bounded_once_when_sharded_by_user():
@@ -323,7 +339,10 @@ def test_a_crashed_ray_driver_resumes_to_the_same_release(ray_cluster, tmp_path)
         _run(ray_cfg, out, [FakeGenerator("fake-g0", raise_after=4)])
     before = (out / "private" / "releases" / "releases.jsonl").read_text()
     assert before.count("\n") >= 2  # label counts and a vote were released before the crash
+    shard_files = sorted((out / "private" / "compute").glob("shard-*.npz"))
+    stamps = [p.stat().st_mtime_ns for p in shard_files]
     done = _run(ray_cfg, out, resume=True)
+    assert [p.stat().st_mtime_ns for p in shard_files] == stamps  # not embedded again
     after = (done / "private" / "releases" / "releases.jsonl").read_text()
     assert after.startswith(before)  # replayed, not redrawn
     a, b = shared_files(whole), shared_files(done)
@@ -331,3 +350,73 @@ def test_a_crashed_ray_driver_resumes_to_the_same_release(ray_cluster, tmp_path)
     b.pop("release/summary.json")
     assert a == b
     assert json.loads((done / "run.json").read_text())["status"] == "finished"
+
+
+def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_cluster,
+                                                                           tmp_path):
+    """DP-SynRAG (docs/methods.md §4): logit sums on two LogitWorker actors, every token
+    released by the driver's session in cluster order; the same tokens as private_predict run
+    cluster after cluster (each release key has its own noise stream)."""
+    import ray
+
+    from dpsynth.compute.rag import GivenGenerator, logit_workers, private_predict_clusters
+    from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
+    from dpsynth.rag.private_prediction import private_predict
+
+    gen = FakeGenerator("fake-g0")
+    rows = private_rows(12)
+    clusters = [("cluster/0000", [r["text"] for r in rows[:5]]),
+                ("cluster/0001", []),  # an empty cluster: pure-noise tokens, still released
+                ("cluster/0002", [r["text"] for r in rows[5:]])]
+    opts = {"instruction": "Rephrase the document.", "tokens": 8, "clip": 1.0,
+            "temperature": 1.0, "max_doc_tokens": 64}
+
+    def session(name: str) -> PrivacySession:
+        return PrivacySession(tmp_path / name, Accountant("zcdp"),
+                              make_noise_source("seeded", 7))
+
+    with session("seq") as s:
+        sequential = [private_predict(s, key, gen, docs, **opts) for key, docs in clusters]
+    ray.init(address=ray_cluster, log_to_driver=False)
+    try:
+        workers = logit_workers(GivenGenerator(FakeGenerator("fake-g0")), 2)
+        with session("ray") as s:
+            parallel = private_predict_clusters(s, gen, clusters, workers, **opts)
+            spent = s.epsilon(1e-6)
+        for w in workers:
+            ray.kill(w)
+    finally:
+        ray.shutdown()
+    assert parallel == sequential
+    assert any(p.token_ids for p in parallel)
+    with session("seq") as s:
+        assert s.epsilon(1e-6) == pytest.approx(spent)  # the same releases, charged the same
+
+
+def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path):
+    """rag build with compute.engine ray: the clusters' private predictions run on LogitWorker
+    actors, the release is byte for byte the one-process build's."""
+    from dpsynth.rag.build import build_kb
+
+    example = TESTS.parent / "examples" / "tiny-synrag.yaml"
+    over: dict[str, Any] = {
+        "data.demo_rows": 40, "privacy.epsilon": 10.0, "privacy.delta": 1e-3,
+        "privacy.noise": "seeded", "privacy.seed": 11,
+        "synrag": {"vocabulary": "demo", "keyword_extractor": "vocabulary",
+                   "keywords_per_doc": 4, "clusters": 3, "overlap": 2, "target_size": 6,
+                   "tokens": 8, "max_doc_tokens": 96, "rho_hist": 0.5,
+                   "min_noisy_count": 2.0, "self_filter": False, "eps_theta": 2.0}}
+    runs = []
+    for name, extra in (("local", {}), ("ray", {"compute.engine": "ray",
+                                                "compute.address": ray_cluster,
+                                                "compute.shards": 2})):
+        runs.append(build_kb(example, tmp_path / name, generator=FakeGenerator("fake-g0"),
+                             embedder=FakeEmbedder(), overrides={
+                                 **over, **extra,
+                                 "privacy.ledger": str(tmp_path / f"{name}-ledger.json")}))
+    local, ray_run = (shared_files(Path(r)) for r in runs)
+    assert local == ray_run
+    kb = (Path(runs[1]) / "release" / "kb.jsonl").read_text()
+    assert kb.strip()  # clusters were formed and written
+    assert "clusters on Ray (2 workers)" in (Path(runs[1]) / "log.txt").read_text()
+    assert "on Ray" not in (Path(runs[0]) / "log.txt").read_text()

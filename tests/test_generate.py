@@ -115,7 +115,7 @@ def test_aug_pe_killed_after_a_release_resumes_without_redraw_or_repeat(tmp_path
     assert summary["llm_calls"] == _cache_rows(cache) - rows_before
 
     privacy = json.loads((run / "release" / "privacy.json").read_text())
-    assert privacy["target_epsilon"] == 4.0 and privacy["noise"] == "seeded"
+    assert privacy["target_epsilon"] == 4.0 and privacy["noise"] == "secure"  # the default
     assert privacy["epsilon"] <= 4.0 + 1e-6 and privacy["epsilon"] > 3.9  # calibrated, no more
     from dpsynth.privacy import Accountant, GaussianEvent
 

@@ -75,6 +75,22 @@ def test_conversion_fingerprint_tracks_the_source(tmp_path: Path) -> None:
     assert ct2_mod.seed32(2**40 + 5) == 5 and 0 <= ct2_mod.seed32(None) < 2**32
 
 
+def test_shared_prefix_leaves_a_token_per_row() -> None:
+    assert ct2_mod.shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
+    assert ct2_mod.shared_prefix([[1, 2], [1, 2, 3]]) == 1  # the shorter row keeps one token
+    assert ct2_mod.shared_prefix([[7, 8, 9]]) == 2
+    assert ct2_mod.shared_prefix([[1], [2]]) == 0
+
+
+def test_ct2_batches_are_sorted_by_prompt_length() -> None:
+    from dpsynth.llm.local import plan_batches
+
+    p = SamplingParams(temperature=1.0)
+    reqs = [GenerationRequest(f"r{i}", p) for i in range(5)]
+    assert plan_batches(reqs, 2) == [[0, 1], [2, 3], [4]]
+    assert plan_batches(reqs, 2, lengths=[9, 1, 5, 1, 3]) == [[1, 3], [4, 2], [0]]
+
+
 # ------------------------------------------------------------------ real SmolLM2
 models = pytest.mark.models
 
@@ -147,10 +163,11 @@ def test_chat_template_reaches_the_engine(smollm, monkeypatch) -> None:
     p = SamplingParams(temperature=0.0, max_new_tokens=4)
     out = smollm.generate([GenerationRequest(CHAT, p), GenerationRequest("Hello", p)],
                           progress=False)
-    rendered = smollm.tokenizer.decode(seen[0])
+    texts = sorted((smollm.tokenizer.decode(r) for r in seen), key=len)  # batch: by length
+    assert texts[0] == "Hello"
+    rendered = texts[1]
     assert rendered.startswith("<|im_start|>") and rendered.rstrip().endswith("assistant")
     assert "Write a short message" in rendered and "<|im_start|>" not in out[0]
-    assert smollm.tokenizer.decode(seen[1]) == "Hello"
 
 
 @needs_ct2
@@ -178,3 +195,27 @@ def test_int8_quality_guard(model: str, smollm) -> None:
     # Measured: SmolLM2 KL ~0.08, top-1 ~0.82; Gemma 3 KL ~0.03, top-1 ~0.87.
     assert q["positions"] >= 20
     assert q["mean_kl"] < 0.2 and q["top1_agreement"] >= 0.7, q
+
+
+def test_topp_runs_within_candidates_and_the_rest_is_exact() -> None:
+    assert ct2_mod._topk(SamplingParams(temperature=1.0)) == 0  # the whole vocabulary
+    assert ct2_mod._topk(SamplingParams(temperature=0.8, top_k=40)) == 40
+    assert ct2_mod._topk(SamplingParams(temperature=0.8, top_p=0.9)) == ct2_mod.TOPP_CANDIDATES
+
+
+@needs_ct2
+@models
+def test_bench_generation_cli_json(smollm) -> None:
+    from typer.testing import CliRunner
+
+    from dpsynth.cli.bench import bench_app
+
+    res = CliRunner().invoke(bench_app, ["generation", "--prompts", "2", "--tokens", "4",
+                                         "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    for key in ("engine", "tokens_per_second", "baseline_tokens_per_second", "speedup"):
+        assert key in data
+    assert data["engine"] == "ctranslate2" and data["tokens"]["engine"] > 0
+    assert data["speedup"] == pytest.approx(
+        data["tokens_per_second"] / data["baseline_tokens_per_second"], rel=0.01)

@@ -65,6 +65,26 @@ def test_max_attempts_stops_with_error_naming_finished(tmp_path) -> None:
     assert len(cache) == 2
 
 
+def test_each_result_reaches_the_cache_as_it_arrives(tmp_path) -> None:
+    """Not at the end of the call: a crash mid-call keeps every answer already received."""
+    class Counted(FakeGenerator):
+        finished = 0
+
+        def generate(self, *args, **kw):  # type: ignore[no-untyped-def]
+            out = super().generate(*args, **kw)
+            self.finished += 1
+            return out
+
+    upstream = Counted(delay=0.5)
+    with running(create_app(upstream, max_batch_requests=1)) as url:
+        cache = RequestCache(tmp_path / "llm.sqlite")
+        gen = CachedGenerator(client(url, max_concurrency=1), cache)
+        when: list[tuple[int, int]] = []
+        gen.generate([req(i) for i in range(3)], progress=False,
+                     on_result=lambda i, t: when.append((len(cache), upstream.finished)))
+    assert when[0] == (1, 1)  # the first answer was stored while the next was being made
+
+
 def test_retry_budget_is_time_not_count() -> None:
     with running(create_app(FakeGenerator())) as up, FaultProxy(up, script=["503"] * 1000) as p:
         gen = client(p.url, retry_budget_s=0.6, backoff_base=0.05, backoff_max=0.1,
@@ -160,8 +180,12 @@ def test_parse_retry_after() -> None:
 # --------------------------------------------------------------------- real model
 @pytest.mark.models
 def test_chat_and_completions_match_local(smollm) -> None:
+    from dpsynth.llm import load_generator
+
     reqs = [GenerationRequest(CHAT, GREEDY), GenerationRequest("The capital of France is", GREEDY)]
-    local = smollm.generate(reqs, progress=False)
+    # the server decodes on the float32 transformers model (per-row seeds in a micro-batch),
+    # so its reference is the transformers engine, not the int8 ctranslate2 one
+    local = load_generator("smollm2", engine="transformers").generate(reqs, progress=False)
     with running(create_app(smollm, model_id="smollm2")) as url:
         models = httpx.get(f"{url}/models").json()
         assert [m["id"] for m in models["data"]] == ["smollm2"]

@@ -4,15 +4,13 @@ end (resume without redraw), `rag ask`, the HTTP service and the DP-RAG budget."
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from dpsynth.loopback import serve_in_thread
 from dpsynth.privacy import Accountant, BudgetExceededError, PrivacySession, make_noise_source
 from dpsynth.rag.private_prediction import (
     clipped_sum,
@@ -173,32 +171,9 @@ def test_rag_ask_cli_json(tiny_kb) -> None:
     assert out["answer"] and len(out["passages"]) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                return f"http://127.0.0.1:{self.port}"
-            time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+def _Server(app):  # noqa: N802 - kept as the name the tests use
+    """A real uvicorn server on 127.0.0.1 in a thread."""
+    return serve_in_thread(app)
 
 
 def test_service_over_http(tiny_kb, smollm, embedder) -> None:

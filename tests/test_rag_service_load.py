@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from dpsynth.config import ConfigError
+from dpsynth.loopback import serve_in_thread
 from dpsynth.rag.index import build_index
 from dpsynth.rag.service import create_app, kb_app
 
@@ -64,34 +64,9 @@ class SlowAnswerer:
         return {"question": question, "answer": "ok", "passages": []}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+def Server(app):  # noqa: N802 - kept as the name the tests use
     """A real uvicorn server on 127.0.0.1 in a thread."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        for _ in range(400):
-            if self.server.started:
-                return f"http://127.0.0.1:{self.port}"
-            time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+    return serve_in_thread(app)
 
 
 def _kb(tmp_path: Path, dim: int = 16, name: str = "fake") -> Path:

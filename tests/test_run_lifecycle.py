@@ -148,3 +148,38 @@ def test_resume_of_a_run_still_running_elsewhere_is_refused_untouched(tmp_path, 
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_resume_after_a_kill_before_the_ledger_entry_reserves_then(tmp_path, ledger):
+    """Killed after run.json was written but before the ledger reservation: --resume must
+    reserve (and then settle) instead of failing on a missing reservation."""
+    from dpsynth.config import dump_config, parse_config
+    from dpsynth.privacy import BudgetLedger
+    from fakes import FakeEmbedder, FakeGenerator
+
+    data = tmp_path / "private.csv"
+    pd.DataFrame({"text": [f"message number {i} about a clinic visit" for i in range(30)]}
+                 ).to_csv(data, index=False)
+    cfg = parse_config({"method": "aug_pe", "data": {"path": str(data)},
+                        "synthesis": {"samples": 4, "iterations": 1}})
+    run = RunDir(tmp_path / "run")
+    run_id = run.create(dump_config(cfg), "aug_pe")["run_id"]  # the state a kill leaves
+    run_generation(cfg, run.root, resume=True, progress=False,
+                   generators=[FakeGenerator()], embedder=FakeEmbedder())
+    (entry,) = [e for e in BudgetLedger(ledger).entries() if e["run_id"] == run_id]
+    assert entry["status"] == "settled"
+    assert json.loads(run.meta_path.read_text())["status"] == "finished"
+
+
+def test_set_on_resume_is_refused_not_ignored(tmp_path, ledger):
+    run = RunDir(tmp_path / "r")
+    missing = tmp_path / "gone.csv"  # the resumed run stops at its data, before any model
+    run.create(f"method: aug_pe\ndata: {{path: {missing}}}\nprivacy: {{epsilon: 4.0}}\n",
+               "aug_pe")
+    with pytest.raises(ConfigError, match="--set cannot change a run being resumed"):
+        run_generation(run.config_path, run.root, resume=True, progress=False,
+                       overrides={"privacy.epsilon": 8})
+    # repeating the stored value is allowed (it changes nothing): the run goes on to its data
+    with pytest.raises(Exception, match="gone.csv"):
+        run_generation(run.config_path, run.root, resume=True, progress=False,
+                       overrides={"privacy.epsilon": 4.0})

@@ -223,8 +223,12 @@ def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
     assert plan.protects and len(plan.private_idx) == n_priv
     emb = _unit(rng, n_pub + n_priv, d)
     session = _session(tmp_path)
-    ctx = SimpleNamespace(config=cfg, private_embeddings=emb, label_codes=np.zeros(len(texts),
-                          dtype=np.int64), n_labels=1, session=session)
+    from dpsynth.compute import LocalCompute
+
+    codes = np.zeros(len(texts), dtype=np.int64)
+    ctx = SimpleNamespace(config=cfg, private_embeddings=emb, label_codes=codes, n_labels=1,
+                          session=session, dataset=texts,
+                          compute=LocalCompute(lambda: emb, codes, None))
     strategy = SecPEStrategy(plan)
     cand = _unit(rng, 10, d)
     strategy.score(ctx, 0, Pool([f"c{i}" for i in range(10)], np.zeros(10, dtype=np.int64),

@@ -47,6 +47,14 @@ def open_run(config: RunConfig | str | Path, output_dir: str | Path, *, resume: 
     if resume:
         if not run.exists():
             raise ConfigError(f"{run.root}: nothing to resume (no run.json there)")
+        if overrides:  # a resumed run keeps its config; --set may only repeat it
+            stored = yaml.safe_load(run.config_path.read_text()) or {}
+            wanted = yaml.safe_load(run.config_path.read_text()) or {}
+            apply_overrides(wanted, overrides)
+            if parse_config(wanted) != parse_config(stored):
+                raise ConfigError("--set cannot change a run being resumed: it continues with "
+                                  f"its stored {run.config_path} (its privacy parameters are "
+                                  "fixed)")
         from .privacy.store import held_by_another_process
 
         if held_by_another_process(run.private / "releases"):
@@ -128,6 +136,7 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
     method = get_method(cfg.method)
     working = resume  # a resumed run has already worked: its folder always stays
     ctx: RunContext | None = None
+    session: Any = None
     with stop_signals():
         try:
             dataset = load_run_data(cfg, run)
@@ -143,7 +152,11 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
                     sigma = calibrate_sigma(cfg, method, n_labels)
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
             fingerprint = _ledger(cfg).dataset_id(dataset.fingerprint())
-            if not resume:
+            # a resumed run whose first attempt was killed before its ledger entry was written
+            # reserves now (nothing was released before the reservation)
+            recorded = resume and any(e.get("run_id") == meta["run_id"]
+                                      for e in _ledger(cfg).entries())
+            if not recorded:
                 run.update_meta(dataset_fingerprint=fingerprint, sigma=sigma)
                 if private:
                     _ledger(cfg).reserve(fingerprint, meta["run_id"], cfg.privacy.epsilon,
@@ -211,9 +224,10 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
             _end_failed(run, ctx, "interrupted", type(err).__name__, interruption_reason(err))
             raise
         finally:
-            if ctx is not None:  # release the store's lock now, not when the traceback dies
+            if ctx is not None:
                 ctx.close_compute()
-                ctx.session.close()
+            if session is not None:  # release the store's lock now, not when the traceback dies
+                session.close()
 
 
 def _end_failed(run: RunDir, ctx: RunContext | None, status: str, error: str,

@@ -206,6 +206,15 @@ class GeneratorConfig(_Section):
     model: str = "smollm2"
     backend: Literal["local", "openai"] = "local"
     base_url: str | None = None
+    base_urls: list[str] | None = Field(
+        None, min_length=1,
+        description="openai: several endpoints (replicas of the model) sharing the requests, "
+                    "instead of base_url"
+    )
+    endpoint_cooldown_s: float = Field(
+        5.0, ge=0, description="openai: a failed endpoint gets no requests this long at first "
+                               "(doubling while it keeps failing, at most 60 s)"
+    )
     api_key_env: str | None = None
     chat: bool | None = None
     batch_size: int | None = Field(
@@ -217,7 +226,7 @@ class GeneratorConfig(_Section):
     threads: int | None = Field(
         None, gt=0, description="local: CPU threads; None = the idle cores (never more)"
     )
-    max_concurrency: int = Field(4, gt=0)
+    max_concurrency: int = Field(4, gt=0, description="openai: requests in flight per endpoint")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
@@ -232,8 +241,12 @@ class GeneratorConfig(_Section):
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> GeneratorConfig:
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("generators: backend 'openai' needs base_url")
+        if self.backend == "openai" and not (self.base_url or self.base_urls):
+            raise ValueError("generators: backend 'openai' needs base_url or base_urls")
+        if self.base_url and self.base_urls:
+            raise ValueError("generators: give base_url or base_urls, not both")
+        if self.base_urls and len(set(self.base_urls)) != len(self.base_urls):
+            raise ValueError("generators: base_urls lists an endpoint twice")
         return self
 
     def spec(self) -> str | dict[str, Any]:
@@ -245,7 +258,9 @@ class GeneratorConfig(_Section):
                     "num_threads": self.threads}
         return {
             "backend": "openai",
-            "base_url": self.base_url,
+            **({"base_urls": list(self.base_urls)} if self.base_urls
+               else {"base_url": self.base_url}),
+            "endpoint_cooldown_s": self.endpoint_cooldown_s,
             "model": self.model,
             "api_key_env": self.api_key_env,
             "chat": True if self.chat is None else self.chat,
@@ -299,6 +314,14 @@ class SynthesisConfig(_Section):
     min_chars: int = Field(12, ge=1)
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
     max_candidates: int = Field(200_000, gt=0)
+    voting: Literal["exact", "ivf", "hnsw"] = Field(
+        "exact", description="nearest-candidate search of the private vote: exact, or faiss "
+                             "IVF / HNSW built on the candidates only (docs/methods.md §1); "
+                             "labels with < 2000 candidates are searched exactly")
+    voting_nlist: int | None = Field(None, ge=1, description="IVF lists per label "
+                                                             "(default sqrt(candidates))")
+    voting_nprobe: int = Field(8, ge=1, description="IVF lists searched per record")
+    voting_ef_search: int = Field(64, ge=1, description="HNSW efSearch")
 
 
 class FederatedConfig(_Section):

@@ -95,7 +95,7 @@ class RunContext:
         self.log(f"loading embedder {cfg.model} (engine {cfg.engine})")
         embedder = Embedder(cfg.model, cache_dir=self.run.private / "embed-cache",
                             batch_size=cfg.batch_size, engine=cfg.engine, threads=cfg.threads)
-        self.log(f"embedder engine: {embedder.engine_tag}")
+        self.log(f"embedder engine: {getattr(embedder, 'engine_tag', type(embedder).__name__)}")
         return embedder
 
     @cached_property

@@ -282,7 +282,8 @@ class _GraphEngine:
 
     tag = "graph"
 
-    def __init__(self, model_dir: Path, export: Path, batch_size: int, threads: int) -> None:
+    def __init__(self, model_dir: Path, export: Path, batch_size: int, threads: int,
+                 model_file: str = "model.onnx") -> None:
         from transformers import AutoTokenizer
 
         cfg_path = model_dir / "sentence_bert_config.json"
@@ -291,7 +292,7 @@ class _GraphEngine:
         self.threads = threads
         self._tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         self.max_len = int(cfg.get("max_seq_length") or self._tok.model_max_length)
-        self._load(export / "model.onnx")
+        self._load(export / model_file)
         self.dim = int(self._run(*self._tokens(["x"])).shape[1])
 
     def _load(self, path: Path) -> None:
@@ -589,13 +590,18 @@ def embed_to_file(
         os.chmod(path, 0o600)
         out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
     else:
-        out = np.lib.format.open_memmap(path, mode="r+")
-        if out.shape != (n, dim) or out.dtype != np.float32:
-            del out
+        try:
+            out = np.lib.format.open_memmap(path, mode="r+")
+            usable = out.shape == (n, dim) and out.dtype == np.float32
+        except ValueError:  # not a readable .npy (e.g. cut short): start again
+            usable = False
+        if not usable:
+            out = None
             path.unlink()
             return embed_to_file(embedder, texts, n, path, chunk=chunk, log=log)
     if log is not None:
-        log(f"embedding {n - done} of {n} records" + (f" (resuming at {done})" if done else ""))
+        # no counts: log.txt sits outside private/ and the number of records is private
+        log("embedding the private records" + (" (resuming)" if done else ""))
     encode = getattr(embedder, "encode_uncached", None) or embedder.embed
     stream = iter(texts)
     if done:

@@ -44,6 +44,22 @@ def demo_texts(n: int, seed: int = 0) -> list[str]:
         return load_texts(paths["private"])[:n]
 
 
+def time_alternating(embedders: dict[str, Any], texts: list[str],
+                     rounds: int) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
+    """Sentences/s of each embedder per round (rounds alternate between them) and vectors."""
+    warm = texts[: min(len(texts), 8)]
+    for emb in embedders.values():
+        emb.embed(warm)
+    rates: dict[str, list[float]] = {name: [] for name in embedders}
+    vecs: dict[str, np.ndarray] = {}
+    for _ in range(rounds):
+        for name, emb in embedders.items():
+            start = time.perf_counter()
+            vecs[name] = emb.embed(texts)
+            rates[name].append(len(texts) / (time.perf_counter() - start))
+    return rates, vecs
+
+
 def bench_embedding(
     texts: Sequence[str],
     *,
@@ -52,8 +68,13 @@ def bench_embedding(
     threads: int | None = None,
     rounds: int = 3,
     model: str = "minilm",
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Sentences/s of torch and of ``engine`` on ``texts``, speedup and cosine agreement."""
+    """Sentences/s of torch and of ``engine`` on ``texts``, speedup and cosine agreement.
+
+    ``extra``: more embedders (name -> object with ``embed``) timed in the same rounds and
+    reported under ``"extra"``.
+    """
     from dpsynth.embed import Embedder
 
     if not texts:
@@ -66,34 +87,34 @@ def bench_embedding(
     fast = Embedder(model, engine=engine, batch_size=batch_size, threads=threads)
     fast_load = time.perf_counter() - t0
     base = Embedder(model, engine="torch", batch_size=batch_size)
-    warm = texts[: min(len(texts), 8)]
-    base.embed(warm)
-    fast.embed(warm)
-    rates: dict[str, list[float]] = {"torch": [], "fast": []}
-    vecs: dict[str, np.ndarray] = {}
-    for _ in range(rounds):
-        for name, emb in (("torch", base), ("fast", fast)):
-            start = time.perf_counter()
-            vecs[name] = emb.embed(texts)
-            rates[name].append(len(texts) / (time.perf_counter() - start))
-    cos = np.sum(vecs["torch"] * vecs["fast"], axis=1)
-    fast_rate = statistics.median(rates["fast"])
+    rates, vecs = time_alternating({"torch": base, "fast": fast, **(extra or {})}, texts,
+                                   rounds)
     base_rate = statistics.median(rates["torch"])
+
+    def summary(name: str) -> dict[str, Any]:
+        cos = np.sum(vecs["torch"] * vecs[name], axis=1)
+        rate = statistics.median(rates[name])
+        return {"sentences_per_second": round(rate, 2), "speedup": round(rate / base_rate, 3),
+                "min_cosine": float(np.min(cos)), "mean_cosine": float(np.mean(cos)),
+                "rates": [round(r, 2) for r in rates[name]]}
+
+    main = summary("fast")
     return {
         "engine": fast.engine_tag,
-        "sentences_per_second": round(fast_rate, 2),
+        "sentences_per_second": main["sentences_per_second"],
         "baseline_sentences_per_second": round(base_rate, 2),
-        "speedup": round(fast_rate / base_rate, 3),
-        "min_cosine": float(np.min(cos)),
-        "mean_cosine": float(np.mean(cos)),
+        "speedup": main["speedup"],
+        "min_cosine": main["min_cosine"],
+        "mean_cosine": main["mean_cosine"],
         "texts": len(texts),
         "mean_chars": round(float(np.mean([len(t) for t in texts])), 1),
         "batch_size": batch_size,
         "threads": fast.threads,
         "rounds": rounds,
-        "fast_rates": [round(r, 2) for r in rates["fast"]],
+        "fast_rates": main["rates"],
         "baseline_rates": [round(r, 2) for r in rates["torch"]],
         "engine_load_seconds": round(fast_load, 2),
         "skipped_engines": fast.skipped,
+        "extra": {name: summary(name) for name in (extra or {})},
         "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
     }

@@ -48,11 +48,13 @@ def prompts(n: int, max_new_tokens: int) -> list[GenerationRequest]:
     ]
 
 
-def _timed(gen: Any, reqs: list[GenerationRequest]) -> tuple[float, int, list[str]]:
+def _timed(gen: Any, reqs: list[GenerationRequest]) -> tuple[float, float, int, list[str]]:
+    """Wall seconds, CPU seconds of this process, generated tokens, texts."""
     before = gen.generated_tokens
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = gen.generate(reqs, progress=False)
-    return time.perf_counter() - t0, gen.generated_tokens - before, out
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall, cpu, gen.generated_tokens - before, out
 
 
 def bench_generation(
@@ -75,17 +77,20 @@ def bench_generation(
     warm = [GenerationRequest(r.prompt, SamplingParams(max_new_tokens=2, seed=0)) for r in reqs[:2]]
     for g in (base, cand):
         g.generate(warm, progress=False)
-    tot = {"base": [0.0, 0], "cand": [0.0, 0]}
+    tot = {"base": [0.0, 0, 0.0], "cand": [0.0, 0, 0.0]}
     outs: dict[str, list[str]] = {}
     for r in range(rounds):
         order = (("base", base), ("cand", cand))
         for key, g in order if r % 2 == 0 else order[::-1]:
-            wall, toks, out = _timed(g, reqs)
+            wall, cpu, toks, out = _timed(g, reqs)
             tot[key][0] += wall
             tot[key][1] += toks
+            tot[key][2] += cpu
             outs[key] = out
     base_tps = tot["base"][1] / tot["base"][0]
     cand_tps = tot["cand"][1] / tot["cand"][0]
+    base_cpu = tot["base"][1] / tot["base"][2]
+    cand_cpu = tot["cand"][1] / tot["cand"][2]
     res: dict[str, Any] = {
         "model": cand.name,
         "engine": cand.engine,
@@ -96,11 +101,16 @@ def bench_generation(
         "baseline_threads": base.num_threads,
         "baseline_tokens_per_second": round(base_tps, 2),
         "speedup": round(cand_tps / base_tps, 3),
+        # Per CPU-second of this process: the ratio the machine's load does not distort.
+        "tokens_per_cpu_second": round(cand_cpu, 2),
+        "baseline_tokens_per_cpu_second": round(base_cpu, 2),
+        "speedup_cpu": round(cand_cpu / base_cpu, 3),
         "prompts": n_prompts,
         "max_new_tokens": max_new_tokens,
         "rounds": rounds,
         "tokens": {"baseline": tot["base"][1], "engine": tot["cand"][1]},
         "seconds": {"baseline": round(tot["base"][0], 2), "engine": round(tot["cand"][0], 2)},
+        "cpu_seconds": {"baseline": round(tot["base"][2], 2), "engine": round(tot["cand"][2], 2)},
         "cores": len(os.sched_getaffinity(0)),
         "default_threads_now": default_threads(),
         "load_avg_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},

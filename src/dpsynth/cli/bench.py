@@ -50,7 +50,9 @@ def knn(
                                help="Topics of the clustered embeddings (0 = N / 50)."),
     spread: float = typer.Option(1.0, "--spread", help="Spread of a topic's embeddings."),
     nlist: int = typer.Option(0, "--nlist", help="IVF lists per label (0 = 2 sqrt(n))."),
-    nprobe: int = typer.Option(16, "--nprobe", help="IVF lists searched."),
+    nprobe: list[int] = typer.Option(  # noqa: B006
+        [1, 2], "--nprobe", help="IVF lists searched (repeatable: one IVF run each)."
+    ),
     hnsw: bool = typer.Option(False, "--hnsw", help="Also time HNSW voting."),
     ef_search: int = typer.Option(64, "--ef-search", help="HNSW efSearch."),
     reference: bool = typer.Option(True, "--reference/--no-reference",
@@ -67,7 +69,7 @@ def knn(
 
     try:
         res = bench_knn(private, synthetic, labels, dim, topics or None, spread, seed,
-                        nlist or None, nprobe, ef_search, hnsw, reference, secpe, clusters,
+                        nlist or None, tuple(nprobe), ef_search, hnsw, reference, secpe, clusters,
                         threads)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -94,7 +94,14 @@ def print_summary(run_dir: Path, summary: dict, privacy: dict) -> None:
         table.add_row("noise", f"[yellow]{privacy['noise_note']}[/yellow]")
     if "secret_protection" in privacy:
         table.add_row("secret protection", str(privacy["secret_protection"].get("summary", "")))
-    table.add_row("LLM calls", str(summary.get("llm_calls", "?")))
+    calls = str(summary.get("llm_calls", "?"))
+    if summary.get("llm_calls_earlier_attempts"):
+        calls += f" (+{summary['llm_calls_earlier_attempts']} paid by earlier attempts)"
+    table.add_row("LLM calls", calls)
+    if summary.get("http_retries"):
+        table.add_row("HTTP retries", str(summary["http_retries"]))
+    if summary.get("attempts", 1) > 1:
+        table.add_row("attempts", str(summary["attempts"]))
     weights = _last_generator_weights(run_dir)
     if weights:
         table.add_row("generator weights", ", ".join(f"{k} {v:.2f}" for k, v in weights.items()))

@@ -5,7 +5,8 @@ private set; ``compute.engine: ray`` (:mod:`dpsynth.compute.ray_engine`) keeps t
 sharded by user on Ray actors and brings back only per-shard partial statistics. Both engines
 call the same kernels (:mod:`dpsynth.compute.kernels`) and the same exact sums, so for the same
 inputs and noise the release is byte-identical. Noise is added once, by the driver's privacy
-session, to the summed statistic (docs/methods.md §0).
+session, to the summed statistic (docs/methods.md §0). DP-SynRAG's per-cluster private
+prediction on Ray lives in :mod:`dpsynth.compute.rag`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ scores differ in the last bits between thread counts (and between identical rows
 the best ``k + 1`` are closer than float32 rounding can explain, the best ``k + 2`` found are
 re-scored in float64 and ranked by (similarity desc, candidate index asc);
 identical candidates are searched once and expanded in index order; ANN indexes are built on one
-thread and IVF's choice of lists avoids BLAS. Ties go to the lowest candidate index.
+thread and IVF's choice of lists avoids BLAS. Ties go to the lowest candidate index. (Residual
+case: more than k + 2 *distinct* candidates within float32 rounding of each other.)
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import faiss
 import numpy as np
 import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    from dpsynth.config import SynthesisConfig
 
 SearchFn = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 VoteIndexKind = Literal["exact", "ivf", "hnsw"]
@@ -49,7 +53,7 @@ class VoteIndex:
 
     kind: VoteIndexKind = "exact"
     nlist: int | None = None
-    nprobe: int = 16
+    nprobe: int = 8
     hnsw_m: int = 32
     ef_construction: int = 80
     ef_search: int = 64
@@ -63,6 +67,12 @@ class VoteIndex:
                 raise ValueError(f"voting index {name} must be >= 1, got {getattr(self, name)}")
         if self.nlist is not None and self.nlist < 1:
             raise ValueError(f"voting index nlist must be >= 1, got {self.nlist}")
+
+
+def vote_index_from(synthesis: SynthesisConfig) -> VoteIndex:
+    """The VoteIndex of a SynthesisConfig (its ``voting*`` fields)."""
+    return VoteIndex(kind=synthesis.voting, nlist=synthesis.voting_nlist,
+                     nprobe=synthesis.voting_nprobe, ef_search=synthesis.voting_ef_search)
 
 
 def _as_index(index: VoteIndex | str | None) -> VoteIndex:
@@ -139,7 +149,7 @@ class _LabelCandidates:
             index = faiss.IndexFlatIP(d)
             index.add(self.vecs)
             return index
-        with _faiss_threads(1):  # single-threaded build: the same index on any machine
+        with _faiss_threads(1):  # single-threaded build: the same index on any thread count
             if self.kind == "hnsw":
                 index = faiss.IndexHNSWFlat(d, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
                 index.hnsw.efConstruction = spec.ef_construction
@@ -224,17 +234,10 @@ def _rows(private_emb: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(private_emb[rows], dtype=np.float32)
 
 
-def nearest_candidates(private_emb: np.ndarray, private_labels: np.ndarray,
-                       cand_emb: np.ndarray, cand_labels: np.ndarray, k: int = 1, *,
-                       index: VoteIndex | str | None = None, batch: int = 8192,
-                       furthest: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """For each chunk of private records: (record indices [B], candidate indices [B, kk]), the
-    record's kk = min(k, candidates of its label) nearest candidates of its own label, best
-    first (``furthest``: the kk furthest). Records of a label without candidates are skipped.
-
-    The index is built on the candidates only (docs/methods.md §1); private rows are ordered by
-    label once and copied at most one chunk at a time.
-    """
+def _searches(private_emb: np.ndarray, private_labels: np.ndarray, cand_emb: np.ndarray,
+              cand_labels: np.ndarray, k: int, index: VoteIndex | str | None, batch: int,
+              directions: tuple[bool, ...]) -> Iterator[tuple[bool, np.ndarray, np.ndarray]]:
+    """(furthest?, record rows, candidate ids) per chunk and direction; one index per label."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if batch < 1:
@@ -247,20 +250,33 @@ def nearest_candidates(private_emb: np.ndarray, private_labels: np.ndarray,
     c_order, c_slices = _label_slices(np.asarray(cand_labels))
     cands = {label: c_order[a:b] for label, a, b in c_slices}
     order, slices = _label_slices(np.asarray(private_labels))
-    sign = np.float32(-1.0 if furthest else 1.0)
     for label, start, stop in slices:
         cand_idx = cands.get(label)
         if cand_idx is None or len(cand_idx) == 0:
             continue  # no candidate of this label: these records cast no vote
-        cand_idx = np.sort(cand_idx)
         label_cands = _LabelCandidates(cand_emb[cand_idx], cand_idx, spec)
         kk = min(k, label_cands.size)
         for s in range(start, stop, batch):
             rows = order[s: min(s + batch, stop)]
             queries = _rows(private_emb, rows)
-            if furthest:
-                queries = queries * sign
-            yield rows, label_cands.nearest(queries, kk)
+            for far in directions:
+                yield far, rows, label_cands.nearest(-queries if far else queries, kk)
+
+
+def nearest_candidates(private_emb: np.ndarray, private_labels: np.ndarray,
+                       cand_emb: np.ndarray, cand_labels: np.ndarray, k: int = 1, *,
+                       index: VoteIndex | str | None = None, batch: int = 8192,
+                       furthest: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """For each chunk of private records: (record indices [B], candidate indices [B, kk]), the
+    record's kk = min(k, candidates of its label) nearest candidates of its own label, best
+    first (``furthest``: the kk furthest). Records of a label without candidates are skipped.
+
+    The index is built on the candidates only (docs/methods.md §1); private rows are ordered by
+    label once and copied at most one chunk at a time.
+    """
+    for _, rows, ids in _searches(private_emb, private_labels, cand_emb, cand_labels, k, index,
+                                  batch, (furthest,)):
+        yield rows, ids
 
 
 def _bound_users(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, users: np.ndarray,
@@ -323,19 +339,17 @@ def topq_vote(private_emb: np.ndarray, private_labels: np.ndarray, cand_emb: np.
     weights_by_rank = 2.0 ** -np.arange(q)
     out = np.zeros(2 * n, dtype=np.float64)
     all_rows, all_cols, all_vals = [], [], []
-    searches = (nearest_candidates(private_emb, private_labels, cand_emb, cand_labels, q,
-                                   index=index, batch=batch, furthest=far) for far in (False, True))
-    for offset, found in zip((0, n), searches, strict=True):
-        for rows, ids in found:
-            qq = ids.shape[1]
-            cols = offset + ids.ravel()
-            vals = np.tile(weights_by_rank[:qq], len(rows))
-            if users is None:
-                out += _scatter(2 * n, cols, vals)
-            else:
-                all_rows.append(np.repeat(rows, qq))
-                all_cols.append(cols)
-                all_vals.append(vals)
+    for far, rows, ids in _searches(private_emb, private_labels, cand_emb, cand_labels, q, index,
+                                    batch, (False, True)):
+        qq = ids.shape[1]
+        cols = (n if far else 0) + ids.ravel()
+        vals = np.tile(weights_by_rank[:qq], len(rows))
+        if users is None:
+            out += _scatter(2 * n, cols, vals)
+        else:
+            all_rows.append(np.repeat(rows, qq))
+            all_cols.append(cols)
+            all_vals.append(vals)
     if users is not None and all_rows:
         out = _bound_users(np.concatenate(all_rows), np.concatenate(all_cols),
                            np.concatenate(all_vals), np.asarray(users), 2 * n,

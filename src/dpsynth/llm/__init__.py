@@ -24,6 +24,8 @@ __all__ = [
 
 _OPENAI_KEYS = {
     "base_url",
+    "base_urls",
+    "endpoint_cooldown_s",
     "model",
     "api_key_env",
     "chat",
@@ -53,7 +55,10 @@ def load_generator(
       "engine": "auto" | "transformers" | "ctranslate2"}`` (see
       :class:`~dpsynth.llm.local.LocalGenerator`; ``None`` values mean "pick for the machine");
     * ``{"backend": "openai", "base_url": ..., "model": ..., "api_key_env": "OPENAI_API_KEY",
-      "chat": true, ...}`` (other keys: see :class:`~dpsynth.llm.openai_compat.OpenAIGenerator`).
+      "chat": true, ...}`` (other keys: see :class:`~dpsynth.llm.openai_compat.OpenAIGenerator`);
+      ``"base_urls": [url1, url2, ...]`` instead of ``base_url`` spreads the requests over
+      several replicas of the model (:mod:`dpsynth.llm.fanout`; ``max_concurrency`` is per
+      endpoint).
 
     ``kwargs`` go to the backend's constructor. With ``cache_path`` the generator is wrapped in
     a :class:`~dpsynth.llm.cache.CachedGenerator` over a SQLite file at that path.
@@ -67,10 +72,14 @@ def load_generator(
             unknown = set(conf) - _OPENAI_KEYS
             if unknown:
                 raise ValueError(f"generator spec: unknown openai keys {sorted(unknown)}")
-            if "base_url" not in conf or "model" not in conf:
-                raise ValueError("generator spec: openai backend needs 'base_url' and 'model'")
+            if conf.get("base_url") is None and conf.get("base_urls") is None:
+                raise ValueError("generator spec: openai backend needs 'base_url' or "
+                                 "'base_urls'")
+            if "model" not in conf:
+                raise ValueError("generator spec: openai backend needs 'model'")
             from .openai_compat import OpenAIGenerator
 
+            conf.setdefault("base_url", None)
             gen = OpenAIGenerator(**conf)
         elif backend == "local":
             unknown = set(conf) - _LOCAL_KEYS

@@ -196,15 +196,23 @@ def batch_seed(seeds: Sequence[int | None]) -> int | None:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % (2**63 - 1)
 
 
-def plan_batches(requests: Sequence[GenerationRequest], batch_size: int) -> list[list[int]]:
+def plan_batches(
+    requests: Sequence[GenerationRequest],
+    batch_size: int,
+    lengths: Sequence[int] | None = None,
+) -> list[list[int]]:
     """Indices grouped by sampling parameters without the seed, cut into batches.
 
     Groups keep the order of their first request, and inside a group the original order, so
     interleaved parameters (A, B, A, B, ...) give full batches rather than batches of one.
+    With ``lengths`` (prompt tokens) a group is ordered by (length, index) first, so that a
+    batch holds prompts of similar length -- still a function of the request list alone.
     """
     groups: dict[SamplingParams, list[int]] = {}
     for i, r in enumerate(requests):
         groups.setdefault(r.params.without_seed(), []).append(i)
+    if lengths is not None:
+        groups = {k: sorted(v, key=lambda i: (lengths[i], i)) for k, v in groups.items()}
     return [
         idx[s : s + batch_size] for idx in groups.values() for s in range(0, len(idx), batch_size)
     ]
@@ -453,7 +461,7 @@ class LocalGenerator:
                     completed=0,
                     total=len(requests),
                 )
-        batches = self.plan_batches(requests)
+        batches = self.plan_batches(requests, [len(ids) for ids in encoded])
         self.last_batch_sizes = [len(b) for b in batches]
         out: list[str | None] = [None] * len(requests)
         with progress_bar(progress, len(batches), f"{self.name} generating") as advance:
@@ -473,9 +481,15 @@ class LocalGenerator:
                 advance()
         return [t if t is not None else "" for t in out]
 
-    def plan_batches(self, requests: Sequence[GenerationRequest]) -> list[list[int]]:
-        """Request indices in batches (see :func:`plan_batches`)."""
-        return plan_batches(requests, self.batch_size)
+    def plan_batches(
+        self, requests: Sequence[GenerationRequest], lengths: Sequence[int] | None = None
+    ) -> list[list[int]]:
+        """Request indices in batches (see :func:`plan_batches`).
+
+        On ctranslate2 batches are sorted by prompt length: it feeds a batch's prompts at once
+        only up to the shortest one and the rest a token per decoding step.
+        """
+        return plan_batches(requests, self.batch_size, lengths if self._ct2 else None)
 
     def _generate_batch(
         self,

@@ -13,6 +13,14 @@ ones finish, and a :class:`~dpsynth.llm.base.GenerationError` names the cause an
 requests finished. Retries are counted in ``retries`` and ``retry_causes``. A retry re-sends
 a prompt only: privacy noise is drawn elsewhere and never redrawn (docs/methods.md §0); the
 server sees prompts, never private records for the PE methods (docs/methods.md §6).
+
+Several endpoints (``base_urls``: replicas of one model behind vLLM, llama.cpp, Ollama or
+``dpsynth llm serve``) share the requests through an :class:`~dpsynth.llm.fanout.EndpointPool`:
+at most ``max_concurrency`` in flight per endpoint; an endpoint that fails is marked down for a
+cool-down and the failed attempt is retried at once on another endpoint that is up (counted in
+``retries`` and ``failovers``); the breaker counts only failures while no other endpoint is up,
+so its outage means "every endpoint down". The generator's ``name`` (the cache key) is the model
+name only, so a resumed run against another set of endpoints pays no call twice.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any
 
 import httpx
@@ -38,6 +46,7 @@ from .base import (
     progress_bar,
     render_chat_fallback,
 )
+from .fanout import Endpoint, EndpointPool, PoolAborted
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -55,11 +64,13 @@ class _RequestFailed(Exception):
 class _Transient(Exception):
     """One failed attempt that may be retried."""
 
-    def __init__(self, status: int | None, cause: str, retry_after: float | None) -> None:
+    def __init__(self, status: int | None, cause: str, retry_after: float | None,
+                 failover: bool = False) -> None:
         super().__init__(cause)
         self.status = status
         self.cause = cause
         self.retry_after = retry_after
+        self.failover = failover  # another endpoint is up: retry there without waiting
 
 
 class OutageError(Exception):
@@ -177,6 +188,8 @@ class _Wait(tenacity.wait.wait_base):
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         delay = float(self.jitter(retry_state))
         exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if getattr(exc, "failover", False):
+            return 0.0
         after = getattr(exc, "retry_after", None)
         if after is not None:
             delay = min(max(float(after), delay), self.max_retry_after)
@@ -191,14 +204,18 @@ class OpenAIGenerator:
     Plain-text prompts go to ``/completions``. ``top_k`` is sent only when > 0 (it is an
     extension of vLLM / llama.cpp). The API key is read from the environment variable
     ``api_key_env`` when set (optional for local servers). ``timeout`` is per attempt (and
-    never longer than what is left of the request's ``retry_budget_s``).
+    never longer than what is left of the request's ``retry_budget_s``). ``base_url`` may be
+    a list of endpoints (or pass ``base_urls``); ``max_concurrency`` is per endpoint and
+    ``endpoint_cooldown_s`` how long a failed endpoint is first left alone.
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str] | None,
         model: str,
         *,
+        base_urls: Sequence[str] | None = None,
+        endpoint_cooldown_s: float = 5.0,
         api_key_env: str | None = "OPENAI_API_KEY",
         chat: bool = True,
         max_concurrency: int = 8,
@@ -219,9 +236,11 @@ class OpenAIGenerator:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if not timeout > 0 or not retry_budget_s > 0:
             raise ValueError("timeout and retry_budget_s must be > 0")
-        self.base_url = base_url.rstrip("/")
+        urls = _endpoint_urls(base_url, base_urls)
+        self.base_urls = urls
+        self.base_url = urls[0]
         self.model = model
-        self.name = f"openai:{model}"
+        self.name = f"openai:{model}"  # the cache key: never the endpoint(s)
         self.supports_chat = bool(chat)
         self.max_concurrency = max_concurrency
         self.timeout = float(timeout)
@@ -235,25 +254,45 @@ class OpenAIGenerator:
         key = os.environ.get(api_key_env) if api_key_env else None
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.Client(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(max_connections=max_concurrency),
-        )
+
+        def make_client(url: str) -> httpx.Client:
+            return httpx.Client(
+                base_url=url,
+                headers=headers,
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+                limits=httpx.Limits(max_connections=max_concurrency),
+            )
+
+        self.pool = EndpointPool(urls, make_client, max_concurrency=max_concurrency,
+                                 cooldown_s=endpoint_cooldown_s,
+                                 max_cooldown_s=max(60.0, endpoint_cooldown_s))
         self.attempts = 0  # HTTP attempts made
         self.retries = 0  # attempts that were retried after a transient failure
+        self.failovers = 0  # retries sent at once to another endpoint that was up
         self.retry_causes: Counter[str] = Counter()  # e.g. {"HTTP 503": 3, "timeout": 1}
         # how retries wait; None = on the call's abort event (a failed call stops waiting)
         self.sleep: Callable[[float], None] | None = None
 
     def close(self) -> None:
-        self._client.close()
+        for ep in self.pool.endpoints:
+            ep.client.close()
 
     def retry_counts(self) -> dict[str, int]:
-        """HTTP counters for a run summary: attempts, retries, breaker openings."""
+        """HTTP counters for a run summary: attempts, retries, failovers, breaker openings."""
         return {"http_attempts": self.attempts, "http_retries": self.retries,
-                "breaker_openings": self.breaker.openings}
+                "http_failovers": self.failovers, "breaker_openings": self.breaker.openings,
+                "endpoints": len(self.pool)}
+
+    def endpoint_counts(self) -> dict[str, dict[str, Any]]:
+        """Per endpoint URL: answers served, failed attempts (by cause), peak in flight, up."""
+        return self.pool.counts()
+
+    def _failed(self, ep: Endpoint, cause: str, retry_after: float | None = None) -> bool:
+        """Record a failed attempt on ``ep``; return whether to fail over to another one."""
+        others_up = self.pool.failure(ep, cause, retry_after)
+        if not others_up or self.breaker.is_open:
+            self.breaker.failure()  # the outage the breaker waits out: every endpoint down
+        return others_up
 
     def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any], tuple[str, ...]]:
         p = request.params
@@ -298,30 +337,42 @@ class OpenAIGenerator:
             if abort.is_set():
                 raise _RequestFailed(None, "given up: another request failed", attempts)
             paused += self.breaker.before_attempt(abort)
-            attempts += 1
-            with self._count_lock:
-                self.attempts += 1
-            left = self.retry_budget_s - (time.monotonic() - start - paused)
-            t = max(1.0, min(self.timeout, left))
             try:
-                resp = self._client.post(
-                    path, json=body, timeout=httpx.Timeout(t, connect=min(t, 10.0))
-                )
-            except httpx.TimeoutException:
-                self.breaker.failure()
-                raise _Transient(None, "timeout", None) from None
-            except httpx.TransportError as exc:
-                self.breaker.failure()
-                raise _Transient(None, f"connection error ({type(exc).__name__})", None) from None
-            status = resp.status_code
-            if status in RETRY_STATUS:
-                self.breaker.failure()
-                after = parse_retry_after(resp.headers.get("Retry-After"))
-                raise _Transient(status, f"HTTP {status}", after)
-            self.breaker.success()  # any non-transient answer: the server is up
-            if status >= 400:
-                raise _RequestFailed(status, f"HTTP {status}", attempts)
-            return apply_stops(self._parse(resp, path, attempts), stops)
+                ep, waited = self.pool.acquire(abort)
+            except PoolAborted as exc:
+                raise _RequestFailed(None, str(exc), attempts) from None
+            paused += waited  # queueing for a free endpoint is not charged either
+            try:
+                attempts += 1
+                with self._count_lock:
+                    self.attempts += 1
+                left = self.retry_budget_s - (time.monotonic() - start - paused)
+                t = max(1.0, min(self.timeout, left))
+                try:
+                    resp = ep.client.post(
+                        path, json=body, timeout=httpx.Timeout(t, connect=min(t, 10.0))
+                    )
+                except httpx.TimeoutException:
+                    over = self._failed(ep, "timeout")
+                    raise _Transient(None, "timeout", None, over) from None
+                except httpx.TransportError as exc:
+                    cause = f"connection error ({type(exc).__name__})"
+                    over = self._failed(ep, cause)
+                    raise _Transient(None, cause, None, over) from None
+                status = resp.status_code
+                if status in RETRY_STATUS:
+                    after = parse_retry_after(resp.headers.get("Retry-After"))
+                    over = self._failed(ep, f"HTTP {status}", after)
+                    raise _Transient(status, f"HTTP {status}", after, over)
+                self.breaker.success()  # any non-transient answer: the server is up
+                if status >= 400:
+                    self.pool.answered(ep)
+                    raise _RequestFailed(status, f"HTTP {status}", attempts)
+                text = apply_stops(self._parse(resp, path, attempts), stops)
+                self.pool.success(ep)
+                return text
+            finally:
+                self.pool.release(ep)
 
         def stop(rs: tenacity.RetryCallState) -> bool:
             if abort.is_set():
@@ -335,6 +386,7 @@ class OpenAIGenerator:
             exc = rs.outcome.exception() if rs.outcome else None
             with self._count_lock:
                 self.retries += 1
+                self.failovers += bool(getattr(exc, "failover", False))
                 self.retry_causes[getattr(exc, "cause", "error")] += 1
 
         retrying = tenacity.Retrying(
@@ -366,40 +418,40 @@ class OpenAIGenerator:
         progress: bool = True,
         on_result: ResultCallback | None = None,
     ) -> list[str]:
-        """Send all requests (at most ``max_concurrency`` at once); same order out."""
+        """Send all requests (at most ``max_concurrency`` at once per endpoint); same order
+        out."""
         out: list[str | None] = [None] * len(requests)
         if not requests:
             return []
         failure: _RequestFailed | None = None
         abort = threading.Event()
-        pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests)))
+        workers = min(self.max_concurrency * len(self.pool), len(requests))
+        pool = ThreadPoolExecutor(max_workers=workers)
         try:
             futures: dict[Future[str], int] = {
                 pool.submit(self._one, r, abort): i for i, r in enumerate(requests)
             }
-            pending = set(futures)
             with progress_bar(progress, len(requests), f"{self.name} generating") as advance:
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                    for fut in done:
-                        if fut.cancelled():
-                            continue
-                        exc = fut.exception()
-                        if exc is None:
-                            i = futures[fut]
-                            out[i] = fut.result()
-                            if on_result is not None:
-                                on_result(i, out[i])  # type: ignore[arg-type]
-                            advance()
-                        elif failure is None:
-                            if isinstance(exc, OutageError):
-                                exc = _RequestFailed(None, str(exc), 0)
-                            elif not isinstance(exc, _RequestFailed):
-                                exc = _RequestFailed(None, type(exc).__name__, 1)
-                            failure = exc
-                            abort.set()  # running requests finish their attempt, no retries
-                            for other in pending:
-                                other.cancel()
+                # one by one as they finish, so the cache stores each answer at once
+                for fut in as_completed(futures):
+                    if fut.cancelled():
+                        continue
+                    exc = fut.exception()
+                    if exc is None:
+                        i = futures[fut]
+                        out[i] = fut.result()
+                        if on_result is not None:
+                            on_result(i, out[i])  # type: ignore[arg-type]
+                        advance()
+                    elif failure is None:
+                        if isinstance(exc, OutageError):
+                            exc = _RequestFailed(None, str(exc), 0)
+                        elif not isinstance(exc, _RequestFailed):
+                            exc = _RequestFailed(None, type(exc).__name__, 1)
+                        failure = exc
+                        abort.set()  # running requests finish their attempt, no retries
+                        for other in futures:
+                            other.cancel()
         finally:
             abort.set()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -407,11 +459,34 @@ class OpenAIGenerator:
             finished = sum(t is not None for t in out)
             how = (f"a request failed after {failure.attempts} attempt(s) with {failure.cause}"
                    if failure.attempts else failure.cause)
+            where = (self.base_url if len(self.base_urls) == 1
+                     else f"{len(self.base_urls)} endpoints ({', '.join(self.base_urls)})")
             raise GenerationError(
-                f"{self.name} at {self.base_url}: {how}; {finished} of {len(requests)} requests "
+                f"{self.name} at {where}: {how}; {finished} of {len(requests)} requests "
                 "finished (results already handed to the cache are kept)",
                 completed=finished,
                 total=len(requests),
                 status=failure.status,
             )
         return [t if t is not None else "" for t in out]
+
+
+def _endpoint_urls(base_url: str | Sequence[str] | None,
+                   base_urls: Sequence[str] | None) -> list[str]:
+    """The endpoint list from ``base_url`` (a URL or a list) or ``base_urls`` (not both)."""
+    if base_url is not None and base_urls is not None:
+        raise ValueError("give base_url or base_urls, not both")
+    given = base_urls if base_urls is not None else base_url
+    if given is None:
+        raise ValueError("an OpenAI-compatible generator needs base_url or base_urls")
+    raw = [given] if isinstance(given, str) else list(given)
+    if not raw or not all(isinstance(u, str) and u.strip() for u in raw):
+        raise ValueError("base_urls must be a non-empty list of URLs")
+    urls = [u.strip().rstrip("/") for u in raw]
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint URL {u!r} must start with http:// or https://")
+    dup = sorted({u for u in urls if urls.count(u) > 1})
+    if dup:
+        raise ValueError(f"base_urls lists an endpoint twice: {dup}")
+    return urls

@@ -18,6 +18,7 @@ import numpy as np
 from ..evolution import operators as ops
 from ..evolution.loop import Pool
 from ..evolution.selection import allocate, select_per_label, thresholded
+from ..evolution.voting import vote_index_from
 from ..runs import write_jsonl
 from .base import Method
 
@@ -78,7 +79,8 @@ class AugPEStrategy:
               emb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         syn = ctx.config.synthesis
         vote_emb = self.candidate_embeddings(ctx, t, pool, emb)
-        votes = ctx.compute.knn_histogram(vote_emb, pool.labels, syn.k)
+        votes = ctx.compute.knn_histogram(vote_emb, pool.labels, syn.k,
+                                          index=vote_index_from(syn))
         noisy = ctx.release_gaussian(f"iter{t}/votes", votes, 1.0, name="votes")
         scores = thresholded(noisy, syn.threshold * ctx.sigma)
         return scores, {

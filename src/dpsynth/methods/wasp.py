@@ -26,7 +26,7 @@ from ..evolution import operators as ops
 from ..evolution.loop import Pool
 from ..evolution.selection import allocate, top_indices
 from ..evolution.textgen import stable_seed
-from ..evolution.voting import topq_sensitivity, topq_vote
+from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
 from .aug_pe import noisy_quota, write_reference
 from .base import Method
 
@@ -88,7 +88,8 @@ class WaspStrategy:
         sens = topq_sensitivity(wasp.top_q)
         key = f"iter{t}/topq"
         if wasp.federated.parties == 0:
-            hist = ctx.compute.topq_histograms(emb, pool.labels, wasp.top_q)
+            hist = ctx.compute.topq_histograms(emb, pool.labels, wasp.top_q,
+                                               index=vote_index_from(ctx.config.synthesis))
             return ctx.release_gaussian(key, hist, sens, name="topq_votes")
         return self._federated(ctx, key, pool, emb, sens)
 

@@ -334,14 +334,32 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
     results: list[dict[str, Any]] = []
     done_now = 0
     sigma_mu = centre_sigma(scfg.rho_centre)
+
+    def retrieve(r: int, members: np.ndarray) -> Any:  # keyed: a second call replays
+        return retrieve_in_cluster(store, f"cluster/{r:04d}", emb, members, sigma_mu=sigma_mu,
+                                   eps_theta=scfg.eps_theta, target=scfg.target_size)
+
+    ray_preds: dict[int, Any] = {}
+    if cfg.compute.engine == "ray" and not scfg.public_shortcut:
+        # every pending cluster's private prediction at once on Ray (dpsynth.compute.rag);
+        # the tokens are still released here, by this session, in cluster order
+        from ..compute.rag import cluster_predictions
+
+        jobs = [(r, f"cluster/{r:04d}", [docs[i] for i in retrieve(r, m).selected])
+                for r, m in enumerate(clusters.members)
+                if run.load_checkpoint(f"cluster-{r:04d}") is None]
+        note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
+             "workers)")  # the cluster count follows the released histogram
+        ray_preds = cluster_predictions(
+            cfg, store, gen, jobs, instruction=scfg.rephrase_instruction, tokens=scfg.tokens,
+            clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens)
     for r, (seed, members) in enumerate(zip(clusters.seeds, clusters.members, strict=True)):
         keyword = vocab.terms[int(seed)]
         name = f"cluster-{r:04d}"
         state = run.load_checkpoint(name)
         if state is None:
             key = f"cluster/{r:04d}"
-            got = retrieve_in_cluster(store, key, emb, members, sigma_mu=sigma_mu,
-                                      eps_theta=scfg.eps_theta, target=scfg.target_size)
+            got = retrieve(r, members)
             if members.size == 0:
                 note.private(f"cluster {r} ('{keyword}') is empty: its releases are still made "
                              "and charged (pure noise output, usually removed by "
@@ -360,6 +378,8 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
                     store, key, gen, chosen, instruction=scfg.rephrase_instruction,
                     tokens=scfg.tokens, clip=clip, temperature=scfg.temperature,
                     max_doc_tokens=scfg.max_doc_tokens, shortcut=shortcut)
+            elif r in ray_preds:
+                pred = ray_preds[r]
             else:
                 pred = private_predict(store, key, gen, chosen,
                                        instruction=scfg.rephrase_instruction,
