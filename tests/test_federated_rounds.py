@@ -183,3 +183,16 @@ def test_federated_calibration_plans_the_worst_case():
         "method": "wasp", "wasp": {"federated": {"parties": 3, "min_parties": 4}}})
     with pytest.raises(ValueError, match="min_parties"):
         Wasp().validate(bad, 100, 2)
+
+
+def test_dirichlet_split_gives_every_party_a_record() -> None:
+    """The simulated split of records over parties: uneven shares, but no empty party (an
+    empty party failed whole runs at random once the run seed stopped being fixed)."""
+    from dpsynth.methods.wasp import dirichlet_parties
+
+    for seed in range(200):
+        split = dirichlet_parties(20, 5, 0.1, np.random.default_rng(seed))
+        assert all(len(part) >= 1 for part in split)
+        assert sorted(np.concatenate(split).tolist()) == list(range(20))
+    with pytest.raises(ValueError, match="at least 5 records"):
+        dirichlet_parties(3, 5, 1.0, np.random.default_rng(0))

@@ -61,9 +61,15 @@ def round_sizes(quota: np.ndarray, rounds: int) -> np.ndarray:
 
 def dirichlet_parties(n_records: int, parties: int, alpha: float,
                       rng: np.random.Generator) -> list[np.ndarray]:
-    """Split record indices over parties with Dirichlet(alpha) proportions (uneven shares)."""
+    """Split record indices over parties with Dirichlet(alpha) proportions (uneven shares);
+    every party holds at least one record (a party without records cannot take part)."""
+    if n_records < parties:
+        raise ValueError(f"{parties} parties need at least {parties} records, got {n_records}")
     shares = rng.dirichlet(np.full(parties, alpha))
-    owner = rng.choice(parties, size=n_records, p=shares)
+    perm = rng.permutation(n_records)
+    owner = np.empty(n_records, dtype=np.int64)
+    owner[perm[:parties]] = np.arange(parties)
+    owner[perm[parties:]] = rng.choice(parties, size=n_records - parties, p=shares)
     return [np.flatnonzero(owner == p) for p in range(parties)]
 
 
