@@ -10,6 +10,15 @@ bench_app = typer.Typer(help="Benchmarks (speed and memory, measured side by sid
                         no_args_is_help=True)
 
 
+def _emit(res: dict, as_json: bool) -> None:
+    """A benchmark's result: one JSON line, or ``key: value`` lines for a person."""
+    if as_json:
+        typer.echo(json.dumps(res))
+        return
+    for k, v in res.items():
+        typer.echo(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+
+
 @bench_app.command("voting")
 def voting(
     private: int = typer.Option(..., "--private", help="Number of private embeddings M."),
@@ -33,11 +42,7 @@ def voting(
                            also_rates=tuple(also_rate))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    if as_json:
-        typer.echo(json.dumps(res))
-        return
-    for k, v in res.items():
-        typer.echo(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    _emit(res, as_json)
 
 
 @bench_app.command("knn")
@@ -73,11 +78,7 @@ def knn(
                         threads)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    if as_json:
-        typer.echo(json.dumps(res))
-        return
-    for k, v in res.items():
-        typer.echo(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    _emit(res, as_json)
 
 
 @bench_app.command("serving")
@@ -96,11 +97,7 @@ def serving(
         res = bench_serving(model, clients, requests, tokens, max_batch)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    if as_json:
-        typer.echo(json.dumps(res))
-        return
-    for k, v in res.items():
-        typer.echo(f"{k}: {v}")
+    _emit(res, as_json)
 
 
 @bench_app.command("generation")
@@ -120,11 +117,7 @@ def generation(
         res = bench_generation(model, prompts, tokens, rounds, baseline_batch)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    if as_json:
-        typer.echo(json.dumps(res))
-        return
-    for k, v in res.items():
-        typer.echo(f"{k}: {v}")
+    _emit(res, as_json)
 
 
 @bench_app.command("embedding")
@@ -150,11 +143,7 @@ def embedding(
                               threads=threads or None, rounds=rounds)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    if as_json:
-        typer.echo(json.dumps(res))
-        return
-    for k, v in res.items():
-        typer.echo(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    _emit(res, as_json)
 
 
 def register(root: typer.Typer) -> None:

@@ -532,17 +532,13 @@ class LocalGenerator:
                 raise GenerationError(
                     f"{self.name}: model.generate failed ({type(exc).__name__})"
                 ) from exc
-        new = out[:, ids.shape[1] :].tolist()
-        texts: list[str] = []
-        counts: list[int] = []
         eos = set(self.eos_token_ids)
-        for row, row_stops, is_chat in zip(new, stops, chat, strict=True):
+        kept, counts = [], []
+        for row in out[:, ids.shape[1] :].tolist():
             n = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
+            kept.append(row[:n])
             counts.append(n)
-            text = apply_stops(self.decode(row[:n]), row_stops)
-            texts.append(text.strip() if is_chat else text)
-        self.generated_tokens += sum(counts)
-        return texts, counts
+        return self._finish(kept, counts, stops, chat)
 
     def _generate_batch_ct2(
         self,
@@ -553,10 +549,15 @@ class LocalGenerator:
         chat: Sequence[bool],
     ) -> tuple[list[str], list[int]]:
         rows = self._ct2.generate(prompts, params, batch_seed(seeds), stops, self.decode)
-        texts: list[str] = []
-        counts: list[int] = []
-        for (ids, ended), row_stops, is_chat in zip(rows, stops, chat, strict=True):
-            counts.append(len(ids) + int(ended))
+        return self._finish([ids for ids, _ in rows],
+                            [len(ids) + int(ended) for ids, ended in rows], stops, chat)
+
+    def _finish(self, rows: Sequence[Sequence[int]], counts: list[int],
+                stops: Sequence[tuple[str, ...]], chat: Sequence[bool]
+                ) -> tuple[list[str], list[int]]:
+        """Decode generated ids (either engine), cut at stop strings, strip chat replies."""
+        texts = []
+        for ids, row_stops, is_chat in zip(rows, stops, chat, strict=True):
             text = apply_stops(self.decode(ids), row_stops)
             texts.append(text.strip() if is_chat else text)
         self.generated_tokens += sum(counts)
