@@ -1,6 +1,6 @@
-"""Aug-PE voting at this machine's limit: exact vs approximate (IVF / HNSW) nearest-neighbour
-voting, the scikit-learn reference, and SecPE's representative vote, side by side in one run
-(the same clustered embeddings regenerated in each path's own process).
+"""Aug-PE voting at this machine's limit: exact vs approximate (PQ fast-scan + exact re-rank,
+IVF, HNSW) nearest-neighbour voting, the scikit-learn reference, and SecPE's representative
+vote, side by side in one run (the same embeddings regenerated in each path's own process).
 
     .venv/bin/python benchmarks/bench_knn.py --private 1000000 --synthetic 10000 --nprobe 1 \\
         --nprobe 2 --out benchmarks/results/knn_1m.json
@@ -13,6 +13,10 @@ Real embeddings (``--make-yelp OUT.npz``): candidates = the first 10 000 sentenc
 of yelp dev.csv, private = the sentences of yelp test.csv (other reviews), all-MiniLM-L6-v2,
 unit-normalised; ``--perturbed`` instead makes 4 noisy copies of every candidate the private
 records (cosine ~0.89 to their origin). Then pass ``--embeddings OUT.npz``.
+
+Real-ish 1M (``--expand SRC.npz --rows 1000000 --noise 0.25 OUT.npz``): the real private
+embeddings of SRC first, then noisy copies of them (normalise(x + noise * g / sqrt(d)), cosine
+~0.97 to their origin at noise 0.25) up to ``--rows``; SRC's candidates unchanged (other texts).
 """
 
 from __future__ import annotations
@@ -54,8 +58,9 @@ def render(paths: list[Path]) -> str:
     for p, r in zip(paths, runs, strict=True):
         for key, v in r.items():
             if isinstance(v, dict) and "agreement" in v:
-                setting = ", ".join(f"{a}={b if b is not None else 'sqrt(N)'}"
-                                    for a, b in v["params"].items())
+                setting = ", ".join(
+                    f"{a}={b if b is not None else ('sqrt(N)' if a == 'nlist' else 'd/2')}"
+                    for a, b in v["params"].items())
                 out.append(f"| {p.stem} | {key.split('_')[0]} {setting} | {_f(v['seconds'])} | "
                            f"{_f(r['exact']['seconds'] / v['seconds'])}x | "
                            f"{v['agreement']:.5f} |")
@@ -92,11 +97,35 @@ def make_yelp(out: Path, perturbed: bool,
     np.savez(out, private=np.asarray(priv, np.float32), candidates=np.asarray(cand, np.float32))
 
 
+def expand(src: Path, out: Path, rows: int, noise: float, seed: int = 0) -> None:
+    """Write SRC's real private embeddings plus noisy copies of them (``rows`` in all) and
+    SRC's candidates to ``out`` (see the module doc)."""
+    import numpy as np
+
+    with np.load(src) as f:
+        real, cand = f["private"].astype(np.float32), f["candidates"].astype(np.float32)
+    rng = np.random.default_rng(seed)
+    priv = np.empty((rows, real.shape[1]), dtype=np.float32)
+    head = min(rows, len(real))
+    priv[:head] = real[:head]
+    for s in range(head, rows, 65536):
+        n = min(65536, rows - s)
+        x = real[rng.integers(0, len(real), n)] + rng.standard_normal(
+            (n, real.shape[1]), dtype=np.float32) * np.float32(noise / np.sqrt(real.shape[1]))
+        priv[s: s + n] = x / np.linalg.norm(x, axis=1, keepdims=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, private=priv, candidates=cand)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--render", type=Path, nargs="+")
     ap.add_argument("--make-yelp", type=Path, help="write real MiniLM embeddings to this .npz")
     ap.add_argument("--perturbed", action="store_true")
+    ap.add_argument("--expand", type=Path, help="with OUT.npz: noisy copies of SRC's private")
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--noise", type=float, default=0.25)
+    ap.add_argument("out_npz", nargs="?", type=Path)
     ap.add_argument("--private", type=int)
     ap.add_argument("--synthetic", type=int)
     ap.add_argument("--labels", type=int, default=1)
@@ -105,6 +134,14 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=1.0)
     ap.add_argument("--nlist", type=int, default=0)
     ap.add_argument("--nprobe", type=int, action="append")
+    ap.add_argument("--no-ivf", action="store_true", help="no IVF setting")
+    ap.add_argument("--rerank", type=int, action="append",
+                    help="PQ fast-scan re-rank width (repeatable; default 16)")
+    ap.add_argument("--pq-m", type=int, action="append",
+                    help="PQ sub-vectors (repeatable; default d / 2)")
+    ap.add_argument("--no-pq", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="interleaved rounds of exact and ANN (median time)")
     ap.add_argument("--hnsw", action="store_true")
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--no-secpe", action="store_true")
@@ -115,6 +152,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.render:
         print(render(args.render), end="")
+        return
+    if args.expand:
+        if not args.out_npz:
+            ap.error("--expand SRC.npz needs OUT.npz")
+        expand(args.expand, args.out_npz, args.rows, args.noise)
         return
     if args.make_yelp:
         make_yelp(args.make_yelp, args.perturbed)
@@ -129,11 +171,14 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({**load, **res}, indent=1))
 
+    nprobes = () if args.no_ivf else tuple(args.nprobe or [1, 2])
+    reranks = () if args.no_pq else tuple(args.rerank or [16])
     res = bench_knn(args.private, args.synthetic, args.labels, args.dim, args.topics or None,
-                    args.spread, 0, args.nlist or None, tuple(args.nprobe or [1, 2]),
+                    args.spread, 0, args.nlist or None, nprobes,
                     hnsw=args.hnsw, reference=not args.no_reference, secpe=not args.no_secpe,
                     clusters=args.clusters, threads=args.threads, progress=save,
-                    embeddings=args.embeddings)
+                    embeddings=args.embeddings, rerank=reranks, repeats=args.repeats,
+                    pq_m=tuple(args.pq_m or [0]))
     load["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     save(res)
     print(json.dumps({**load, **res}))

@@ -125,7 +125,9 @@ def main() -> None:
     from dpsynth.llm import load_generator
     from dpsynth.privacy import zcdp_to_eps_cks
     from dpsynth.rag.answer import Answerer
-    from dpsynth.rag.baselines import (
+    from dpsynth.rag.build import build_kb
+    from dpsynth.rag.index import KnowledgeBase
+    from rag_baselines import (  # benchmarks/rag_baselines.py (research code)
         DPRAG,
         aug_pe_kb,
         build_dp_synth_kb,
@@ -134,8 +136,6 @@ def main() -> None:
         rag_without_dp,
         rho_for_epsilon,
     )
-    from dpsynth.rag.build import build_kb
-    from dpsynth.rag.index import KnowledgeBase
 
     t_start = time.time()
     work = Path(args.work or tempfile.mkdtemp(prefix="medsynth-"))

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "wasp", "secpe",
+ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "yelp_n1000",
+         "yelp_n1000_label_fidelity", "wasp", "wasp_small_m", "secpe",
          "private_prediction", "medsynth", "serving", "ray", "ray-1label", "kill_anywhere"]
 HEADER = """# Benchmarks
 
@@ -22,9 +23,9 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 | Embedding: torch vs ONNX Runtime / OpenVINO | `bench_embedding.py` (`dpsynth bench embedding`) |
 | Aug-PE voting: faiss vs reference | `bench_augpe_voting.py` |
 | SecPE representative voting | `dpsynth bench voting` (`src/dpsynth/bench/voting.py`) |
-| Aug-PE voting at 1M: exact vs IVF / HNSW, memory, SecPE | `bench_knn.py` (`dpsynth bench knn`) |
-| Yelp: Aug-PE | `bench_yelp.py` |
-| WASP: Banking77 | `bench_wasp.py` |
+| Aug-PE voting at 1M: exact vs PQ / IVF / HNSW, SecPE | `bench_knn.py` (`dpsynth bench knn`) |
+| Yelp: Aug-PE (N = 100, and N = 1000 on all 5000 records) | `bench_yelp.py` |
+| WASP: Banking77 (and WASP vs Aug-PE at small M) | `bench_wasp.py` |
 | SecPE vs Aug-PE on Yelp | `bench_secpe.py` |
 | DP-SynRAG private prediction | `bench_private_prediction.py` |
 | DP-SynRAG on Medical Synth | `bench_medsynth.py` |
@@ -97,11 +98,17 @@ def _demote(text: str) -> str:
     return "\n".join(out)
 
 
+def _raw_table(name: str) -> bool:
+    return name.endswith("_table") or name.startswith("yelp_val_")
+
+
 def main() -> None:
     results = ROOT / "results"
     parts = [HEADER]
     names = [n for n in ORDER if (results / f"{n}.md").is_file()]
-    names += sorted(p.stem for p in results.glob("*.md") if p.stem not in ORDER)
+    # raw per-run tables (a summary section quotes them) stay in results/ only
+    names += sorted(p.stem for p in results.glob("*.md")
+                    if p.stem not in ORDER and not _raw_table(p.stem))
     for name in names:
         parts.append(_demote((results / f"{name}.md").read_text().strip()) + "\n\n")
         if name in NOTES:

@@ -74,7 +74,10 @@ def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
     else:
         ev, _ = evaluate_run(run_dir, test_path, labels=labels, with_audits=False,
                              with_mauve=False, embedder=embedder())
-    row: dict[str, Any] = {"arm": name, "wall_seconds": round(summary.get("wall_seconds", wall)),
+    # the run's own wall time (run.json, kept across resumes), else this call's
+    meta = json.loads((run_dir / "run.json").read_text())
+    wall = summary.get("wall_seconds") or meta.get("wall_seconds") or wall
+    row: dict[str, Any] = {"arm": name, "wall_seconds": round(wall),
                            "llm_calls": summary.get("llm_calls"), "samples": summary["samples"],
                            "epsilon": summary.get("epsilon")}
     fid = ev["fidelity"]

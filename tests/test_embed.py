@@ -325,9 +325,9 @@ def test_uses_encode_uncached_when_present(tmp_path) -> None:
     assert state["model"] == "fake@x"
 
 
-def test_run_context_streams_private_embeddings(tmp_path) -> None:
-    """RunContext.private_embeddings (the production path) writes the resumable memmap."""
-    from dpsynth.context import RunContext
+def test_private_view_streams_private_embeddings(tmp_path) -> None:
+    """PrivateView.private_embeddings (the production path) writes the resumable memmap."""
+    from dpsynth.context import PrivateView
 
     class _Data:
         texts = _texts(9)
@@ -351,8 +351,8 @@ def test_run_context_streams_private_embeddings(tmp_path) -> None:
                         "generators": [{"model": "smollm2"}],
                         "privacy": {"epsilon": 1.0, "noise": "seeded", "seed": 1}})
     _Run.private.mkdir(mode=0o700)
-    ctx = RunContext(cfg, _Run(), _Data(), 1.0, None, embedder=FakeEmbedder(dim=8))
-    got = ctx.private_embeddings
+    view = PrivateView(cfg, _Run(), _Data(), embedder=lambda: FakeEmbedder(dim=8))
+    got = view.private_embeddings
     np.testing.assert_array_equal(np.asarray(got), FakeEmbedder(dim=8).embed(_Data.texts))
     assert isinstance(got, np.memmap)
     state = Path(_Run.private) / "private-embeddings.npy.progress.json"

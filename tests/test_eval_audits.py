@@ -11,7 +11,6 @@ from dpsynth.eval.audits import (
     dcr_audit,
     find_phones,
     insert_canaries,
-    levenshtein,
     membership_inference,
     pii_leakage,
 )
@@ -88,7 +87,9 @@ def test_count_canary_hits_exact_near_and_none():
     assert hits["exact"] == 1 and hits["near"] == 1 and hits["outputs"] == 4
     assert canary_similarity(outputs[2], canary) < 0.5
     assert count_canary_hits(outputs, canary, threshold=0.99)["near"] == 0
-    assert levenshtein("kitten", "sitting") == 3
+    # normalised edit similarity: one substitution in the 17 characters of "the code is zebra"
+    assert canary_similarity("The code is zebre.", "the code is zebra") == pytest.approx(
+        1 - 1 / 17)
 
 
 def test_pii_leakage_finds_planted_values_only():
@@ -115,6 +116,11 @@ def test_pii_leakage_finds_planted_values_only():
     assert "Velasquez" not in flat and "555" not in flat  # numbers only
     clean = pii_leakage(outputs[2:], private_texts, private_values)
     assert clean["records_with_any_leak"] == 0
+    # without PII columns the private names, phones and e-mails come from the private texts
+    # (Presidio's analyzer): the full name and the phone still leak, the title is ignored
+    texts_only = pii_leakage(["Dr. Maria Velasquez called from 415-555-0199."], private_texts)
+    assert texts_only["name"]["leaked"] == 1 and texts_only["phone"]["leaked"] == 1
+    assert texts_only["email"]["detected"] == 0
 
 
 def test_phone_detector_ignores_dates():

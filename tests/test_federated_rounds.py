@@ -107,18 +107,32 @@ def test_crash_after_start_is_refused_when_the_budget_cannot_take_a_rerun(tmp_pa
     assert sum(e["count"] for e in resumed.accountant.summary()) == 1
 
 
-def _wasp_ctx(tmp_path, session, sigma, parties=3, min_parties=2):
+class _View:
+    """The parts of dpsynth.context.PrivateView that federated WASP reads."""
+
+    def __init__(self, emb: np.ndarray, codes: np.ndarray, run: SimpleNamespace) -> None:
+        self.private_embeddings, self.label_codes, self.run = emb, codes, run
+
+    def __len__(self) -> int:
+        return len(self.label_codes)
+
+    def log(self, message: str) -> None:
+        pass
+
+
+def _wasp_strategy(tmp_path, session, sigma, parties=3, min_parties=2) -> WaspStrategy:
+    """The production WaspStrategy with a small private view, its releaser and rngs."""
+    from dpsynth.context import Releaser, Rngs
+
     cfg = RunConfig.model_validate({
         "method": "wasp", "privacy": {"seed": 0, "noise": "seeded"},
         "wasp": {"top_q": 2, "federated": {"parties": parties, "min_parties": min_parties}}})
     rng = np.random.default_rng(0)
     emb = rng.normal(size=(30, 8)).astype(np.float32)
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    run = SimpleNamespace(private=tmp_path / "private")
-    return SimpleNamespace(
-        config=cfg, session=session, sigma=sigma, dataset=list(range(30)), seed=0,
-        private_embeddings=emb, label_codes=np.zeros(30, dtype=np.int64), run=run,
-        rng_for=lambda tag: np.random.default_rng(1), log=lambda msg: None)
+    view = _View(emb, np.zeros(30, dtype=np.int64), SimpleNamespace(private=tmp_path / "private"))
+    gen = SimpleNamespace(names=["g0"])
+    return WaspStrategy(cfg, view, Releaser(session, sigma), gen, Rngs(0))
 
 
 def _pool(n=6):
@@ -140,11 +154,11 @@ def test_wasp_charges_the_worst_case_before_any_sum(tmp_path, monkeypatch):
     full, worst = _eps(sigma), _eps(worst_case_sigma(sigma, 2, 3))
     assert worst > full
     session = _session(tmp_path / "store", eps=(full + worst) / 2)
-    ctx = _wasp_ctx(tmp_path, session, sigma)
+    strategy = _wasp_strategy(tmp_path, session, sigma)
     rng = np.random.default_rng(1)
     emb = rng.normal(size=(6, 8)).astype(np.float32)
     with pytest.raises(BudgetExceededError):
-        WaspStrategy(1)._federated(ctx, "iter0/topq", _pool(), emb, sens)
+        strategy.federated("iter0/topq", _pool(), emb, sens)
     assert calls == [] and session.keys() == []
 
 
@@ -162,9 +176,8 @@ def test_wasp_round_is_accounted_at_worst_case_sigma(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fed_pkg, "federated_noisy_histogram", fake_round)
     sens = topq_sensitivity(2)
-    ctx = _wasp_ctx(tmp_path, session, 2.0)
-    out = WaspStrategy(1)._federated(ctx, "iter0/topq", _pool(), np.eye(6, 8, dtype=np.float32),
-                                     sens)
+    strategy = _wasp_strategy(tmp_path, session, 2.0)
+    out = strategy.federated("iter0/topq", _pool(), np.eye(6, 8, dtype=np.float32), sens)
     assert out.shape == (12,)
     assert seen == {"charged_first": True, "min_parties": 2}
     (event,) = session.accountant.summary()

@@ -71,8 +71,11 @@ def test_crash_then_resume_gives_the_uninterrupted_release(tmp_path):
                  tmp_path / "whole", [FakeGenerator("fake-g0")])
     cfg["privacy"]["ledger"] = str(tmp_path / "l2.json")
     crashing = FakeGenerator("fake-g0", raise_after=22)  # 18 initial, dies in the variations
-    with pytest.raises(GenerationError):
+    with pytest.raises(GenerationError) as failed:
         _run(cfg, tmp_path / "crash", [crashing])
+    # the CLI prints this under the error line: the work done so far is kept for --resume
+    assert failed.value.hint is not None and "--resume" in failed.value.hint
+    assert str(tmp_path / "crash") in failed.value.hint
     meta = json.loads((tmp_path / "crash" / "run.json").read_text())
     assert meta["status"] == "failed"
     before = (tmp_path / "crash" / "private" / "releases" / "releases.jsonl").read_text()

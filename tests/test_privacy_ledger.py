@@ -9,13 +9,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from dpsynth.data import fingerprint_columns
 from dpsynth.privacy import (
     BudgetLedger,
     BudgetRefusedError,
     PrivacyConfigError,
-    dataset_fingerprint,
     default_ledger_path,
 )
+
+
+def dataset_fingerprint(texts: list[str], labels: list[str] | None = None) -> str:
+    """The one dataset fingerprint (dpsynth.data), over texts and an optional label column."""
+    if labels is None:
+        return fingerprint_columns(texts, [], [], None)
+    return fingerprint_columns(texts, [labels], ["label"], None)
 
 
 def test_fingerprint() -> None:
@@ -23,7 +30,7 @@ def test_fingerprint() -> None:
     assert a == dataset_fingerprint(["ab", "c"]) and len(a) == 64
     assert a != dataset_fingerprint(["a", "bc"])  # boundaries matter
     assert a != dataset_fingerprint(["c", "ab"])  # order matters
-    assert a != dataset_fingerprint(["ab", "c"], extra="labels:1,0")
+    assert a != dataset_fingerprint(["ab", "c"], labels=["1", "0"])
 
 
 def test_reserve_refuse_settle(tmp_path: Path) -> None:

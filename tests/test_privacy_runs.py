@@ -13,9 +13,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dpsynth.api import load_run_data, run_generation
+from dpsynth.api import run_generation
 from dpsynth.config import load_config
 from dpsynth.privacy import BudgetLedger, BudgetRefusedError
+from dpsynth.run_data import load_run_data
 from dpsynth.runs import RunDir
 from fakes import fake_models  # tests/ is on sys.path (rootdir conftest)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -182,7 +183,8 @@ def test_vocabulary_from_private_data_is_refused(tmp_path) -> None:
 def test_dp_synth_shortcut_states_what_it_draws(tmp_path) -> None:
     """DP-Synth with public_shortcut: the per-subset cost actually recorded (subsets are
     disjoint: parallel composition, the worst subset counts) equals the stated epsilon."""
-    from dpsynth.rag.baselines import build_dp_synth_kb
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from rag_baselines import build_dp_synth_kb  # research code, outside the package
 
     # threshold -1e9: the documents always "disagree", every step wants a private token
     cfg = load_config(EXAMPLE, _overrides(public_shortcut=True, svt_threshold=-1e9,

@@ -180,3 +180,25 @@ def test_cli_blank_question_and_missing_kb_exit_2(tmp_path) -> None:
     assert res.exit_code == 2 and "blank" in res.output
     res = CliRunner().invoke(app, ["rag", "serve", "--kb", str(tmp_path / "nothing")])
     assert res.exit_code == 2 and "kb.jsonl" in res.output
+
+
+@pytest.mark.parametrize("broken", ["kb.faiss", "index.json"])
+def test_corrupt_kb_file_is_an_input_error(tmp_path, broken) -> None:
+    from dpsynth.errors import InputError
+
+    kb = _kb(tmp_path)
+    (kb / "release" / broken).write_bytes(b"\x00not what it should be")
+    with pytest.raises(InputError, match=f"{broken} is not"):
+        kb_app(kb, generator=FakeGen(), embedder=FakeEmbedder(16))
+
+
+def test_missing_kb_and_missing_extra_are_dpsynth_errors(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from dpsynth.errors import MissingExtraError, MissingFileError
+
+    with pytest.raises(MissingFileError, match="kb.jsonl"):
+        kb_app(tmp_path / "nothing", generator=FakeGen(), embedder=FakeEmbedder(16))
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    with pytest.raises(MissingExtraError, match=r"dpsynth\[rag\]"):
+        kb_app(_kb(tmp_path), generator=FakeGen(), embedder=FakeEmbedder(16))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -623,42 +624,27 @@ def test_dp_synrag_record_neighbours(tmp_path, spy, shortcut):
 
 
 def test_dp_synth_baseline_neighbours_and_token_charge(tmp_path, spy):
-    """DP-Synth (baseline): no resume, so D's stores are laid into a fresh folder first; and
-    every private token drawn must be charged in the run's session (the shortcut option must
-    not shrink the charge of a baseline that never uses the shortcut)."""
+    """DP-Synth (baseline) runs through the runner, so it resumes like every method: the same
+    three checks on D and D'; and every private token drawn must be charged in the run's
+    session (the shortcut option must not shrink the charge of a baseline that never uses
+    the shortcut)."""
     from dpsynth.config import parse_config
-    from dpsynth.rag.baselines import build_dp_synth_kb
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from rag_baselines import build_dp_synth_kb  # research code, outside the package
 
-    def run(cfg: dict[str, Any], out: Path) -> Path:
-        return Path(build_dp_synth_kb(parse_config(cfg), out, generator=FakeGenerator("fake-g0"),
-                                      embedder=FakeEmbedder()))
+    def run(cfg: dict[str, Any], out: Path, resume: bool = False) -> Path:
+        config: Any = out if resume else parse_config(cfg)
+        return Path(build_dp_synth_kb(config, out, generator=FakeGenerator("fake-g0"),
+                                      embedder=FakeEmbedder(), resume=resume))
 
     rows = private_rows(61)
     extra = {"text": "patient Wexhollow asks about a skin rash and fever since last week",
              "label": "clinical", "user": "u-new"}
-    runs = {}
-    for tag, data in (("d", rows), ("dp", rows + [extra])):
-        runs[tag] = run(rag_config(write_csv(tmp_path / f"{tag}.csv", data),
-                                   public_shortcut=True), tmp_path / f"run-{tag}")
-    problems = structure_problems(runs["d"], runs["dp"])
-    replays = {}
-    for tag in ("d", "dp"):
-        dest = tmp_path / f"replay-{tag}"
-        (dest / "private").mkdir(parents=True, mode=0o700)
-        for name, folder in store_dirs(runs["d"]).items():
-            shutil.copytree(folder, dest / "private" / name)
-        cfg = rag_config(write_csv(tmp_path / f"{tag}2.csv", rows if tag == "d" else
-                                   rows + [extra]), public_shortcut=True)
-        spy.take()
-        run(cfg, dest)
-        assert sorted(spy.take()) == sorted(r["key"] for recs in store_records(runs["d"]).values()
-                                            for r in recs)
-        replays[tag] = shared_files(dest)
-    problems += file_differences(replays["d"], replays["dp"])
-    for tag, data in (("d", rows), ("dp", rows + [extra])):
-        counts, texts = private_facts(data, "label", None)
-        problems += exact_value_problems(runs[tag], counts, texts, RAG_PUBLIC)
+    problems = check_neighbours(
+        tmp_path, spy, lambda p: rag_config(p, public_shortcut=True), rows, rows + [extra],
+        run, lambda path: run({}, path, resume=True), allowed=RAG_PUBLIC)
     assert problems == [], "\n".join(problems)
+    runs = {"d": tmp_path / "run-d"}
     # every drawn private token is charged: tokens per subset <= charged token count
     stores = store_records(runs["d"])
     charged = [e for r in stores["releases"] for e in r["events"]
@@ -695,14 +681,14 @@ def test_default_noise_is_secure_and_fresh(tmp_path):
 
 def _exact_count_in_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     """Like DP-SynRAG's old summary.json `documents`: an exact size in release/."""
-    import dpsynth.api as api
+    from dpsynth.methods.pe import PEMethod
 
-    original = api._statement
+    original = PEMethod.statement
 
-    def statement(cfg: Any, ctx: Any, method: Any) -> dict[str, Any]:
-        return {**original(cfg, ctx, method), "records": len(ctx.dataset)}
+    def statement(self: Any, job: Any, outcome: Any) -> dict[str, Any]:
+        return {**original(self, job, outcome), "records": len(job.dataset)}
 
-    monkeypatch.setattr(api, "_statement", statement)
+    monkeypatch.setattr(PEMethod, "statement", statement)
 
 
 def _label_domain_from_records(monkeypatch: pytest.MonkeyPatch) -> None:

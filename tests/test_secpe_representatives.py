@@ -5,8 +5,6 @@ with a real privacy session (stored, accounted release)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -17,7 +15,7 @@ from dpsynth.evolution.representatives import (
     RepresentativeNoise,
     accumulate_private,
     assign_private,
-    per_point_vote,
+    nearest_count_vote,
     public_centres,
     release_representatives,
     representative_vote,
@@ -171,14 +169,30 @@ def test_centre_sensitivity_bounds_the_worst_record(clip_r):
         assert shift > 2 * clip_r / n  # the old scale understated the shift
 
 
-def test_per_point_vote_matches_numpy(data):
+def test_nearest_count_vote_matches_numpy(data):
     _, private, cand = data
     x = private / np.linalg.norm(private, axis=1, keepdims=True)
-    hist = per_point_vote(_chunks(x, 37), cand, batch=50)
+    hist = nearest_count_vote(_chunks(x, 37), cand, batch=50)
     ref = np.bincount(np.argmax(x @ cand.T, axis=1), minlength=len(cand))
     np.testing.assert_array_equal(hist, ref)
-    hist2 = per_point_vote(_chunks(x, 37), cand, k=3)
-    assert hist2.sum() == 3 * len(x)
+    hist3 = nearest_count_vote(_chunks(x, 37), cand, k=3)
+    top3 = np.argsort(-(x @ cand.T), axis=1)[:, :3]
+    np.testing.assert_array_equal(hist3, np.bincount(top3.ravel(), minlength=len(cand)))
+
+
+def test_nearest_count_vote_is_weight_one_not_aug_pe(data):
+    """Weight 1 per neighbour: equal to Aug-PE's kNN vote (1/sqrt(k)) for k = 1 and one label,
+    sqrt(k) times it for k > 1."""
+    from dpsynth.evolution.voting import knn_vote
+
+    _, private, cand = data
+    x = (private / np.linalg.norm(private, axis=1, keepdims=True)).astype(np.float32)
+    one = np.zeros(len(x), dtype=np.int64)
+    one_c = np.zeros(len(cand), dtype=np.int64)
+    for k in (1, 3):
+        aug = knn_vote(x, one, cand, one_c, k=k)
+        counts = nearest_count_vote(_chunks(x, 37), cand, k=k)
+        np.testing.assert_allclose(counts, aug * np.sqrt(k), rtol=1e-9, atol=1e-9)
 
 
 def test_bad_input_messages(data, tmp_path):
@@ -206,11 +220,12 @@ def test_centre_longer_than_public_norm_rejected(tmp_path):
 
 
 def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
-    """Production path: SecPEStrategy.score at clip R = 0.1 on unit embeddings releases centres
+    """Production path: SecPEStrategy.vote at clip R = 0.1 on unit embeddings releases centres
     with noise (R + 1) / n_k * sigma per coordinate (not 2R / n_k * sigma)."""
     from dpsynth.config import RunConfig
     from dpsynth.evolution.loop import Pool
     from dpsynth.methods.secpe import SecPEStrategy, SecretPlan
+    from dpsynth.secrets import find_secrets
 
     rng = np.random.default_rng(0)
     n_pub, n_priv, d = 300, 40, 2048
@@ -219,26 +234,33 @@ def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
         "method": "secpe", "synthesis": {"iterations": 1}, "privacy": {"seed": 0},
         "secpe": {"secrets": [{"kind": "strings", "values": ["zebra"]}], "clip": 0.1,
                   "clusters": 3, "p": 1e-4, "r_over_p": 10}})
-    plan = SecretPlan(cfg, texts)
+    plan = SecretPlan(cfg, find_secrets(texts, cfg.secpe.secrets))
     assert plan.protects and len(plan.private_idx) == n_priv
     emb = _unit(rng, n_pub + n_priv, d)
     session = _session(tmp_path)
     from dpsynth.compute import LocalCompute
+    from dpsynth.context import Releaser, Rngs
 
     codes = np.zeros(len(texts), dtype=np.int64)
-    ctx = SimpleNamespace(config=cfg, private_embeddings=emb, label_codes=codes, n_labels=1,
-                          session=session, dataset=texts,
-                          compute=LocalCompute(lambda: emb, codes, None))
-    strategy = SecPEStrategy(plan)
+
+    class _View:  # the parts of dpsynth.context.PrivateView that SecPE's vote reads
+        n_labels = 1
+        compute = LocalCompute(lambda: emb, codes, None)
+
+        def __len__(self) -> int:
+            return len(texts)
+
+    view = _View()
+    strategy = SecPEStrategy(cfg, plan, view, Releaser(session, plan.sigma), None, Rngs(0))
     cand = _unit(rng, 10, d)
-    strategy.score(ctx, 0, Pool([f"c{i}" for i in range(10)], np.zeros(10, dtype=np.int64),
-                                np.zeros(10, dtype=np.int64)), cand)
-    cent, sizes = strategy.centres(ctx)[0]
+    vote = strategy.vote(0, Pool([f"c{i}" for i in range(10)], np.zeros(10, dtype=np.int64),
+                                 np.zeros(10, dtype=np.int64)), cand)
+    cent, sizes = strategy.centres()[0]
     # the exact statistic, from the same Poisson coins the production path drew
     acc = accumulate_private(cent, [emb[plan.private_idx]], plan.rates, 0.1,
                              session.noise_for("iter0/poisson"))
     exact = (sizes[:, None] * cent + acc.sums) / (sizes + acc.counts)[:, None]
-    rep = strategy.released[0]
+    rep = vote.released[0]
     expected = (0.1 + 1.0) / sizes * plan.sigma
     np.testing.assert_allclose(rep.centre_noise_std, expected, rtol=1e-6)
     np.testing.assert_allclose((rep.e_tilde - exact).std(axis=1), expected, rtol=0.1)

@@ -1,5 +1,5 @@
 """Private voting (docs/methods.md §1-§2): the label-ordered exact path against the old
-per-label-copy path, approximate (IVF / HNSW) voting, sensitivity, determinism and memory."""
+per-label-copy path, approximate (PQ / IVF / HNSW) voting, sensitivity, determinism and memory."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from dpsynth.evolution.voting import (
     vote_index_from,
 )
 
-ANN = [VoteIndex(kind="ivf", nprobe=4, min_candidates=1),
+ANN = [VoteIndex(kind="pq", rerank=64, min_candidates=1),
+       VoteIndex(kind="ivf", nprobe=4, min_candidates=1),
        VoteIndex(kind="hnsw", min_candidates=1)]
 
 
@@ -200,7 +201,7 @@ def test_vote_index_config_and_validation():
     spec = vote_index_from(syn)
     assert (spec.kind, spec.nprobe, spec.nlist) == ("ivf", 3, 10)
     assert vote_index_from(SynthesisConfig()).kind == "exact"
-    with pytest.raises(ValueError, match="exact, ivf or hnsw"):
+    with pytest.raises(ValueError, match="exact, pq, ivf or hnsw"):
         VoteIndex(kind="lsh")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="nprobe"):
         VoteIndex(kind="ivf", nprobe=0)

@@ -13,9 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-
-class ConfigError(ValueError):
-    """A run configuration that cannot work, with a message that says what to change."""
+from .errors import ConfigError as ConfigError  # re-exported; the class lives in dpsynth.errors
 
 
 class _Section(BaseModel):
@@ -314,10 +312,12 @@ class SynthesisConfig(_Section):
     min_chars: int = Field(12, ge=1)
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
     max_candidates: int = Field(200_000, gt=0)
-    voting: Literal["exact", "ivf", "hnsw"] = Field(
+    voting: Literal["exact", "pq", "ivf", "hnsw"] = Field(
         "exact", description="nearest-candidate search of the private vote: exact, or faiss "
-                             "IVF / HNSW built on the candidates only (docs/methods.md §1); "
-                             "labels with < 2000 candidates are searched exactly")
+                             "PQ fast-scan + exact re-rank / IVF / HNSW built on the candidates "
+                             "only (docs/methods.md §1); small labels are searched exactly")
+    voting_rerank: int = Field(16, ge=1, description="pq: candidates re-scored exactly per "
+                                                     "neighbour")
     voting_nlist: int | None = Field(None, ge=1, description="IVF lists per label "
                                                              "(default sqrt(candidates))")
     voting_nprobe: int = Field(8, ge=1, description="IVF lists searched per record")

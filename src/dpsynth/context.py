@@ -1,64 +1,114 @@
-"""Everything one run needs, opened once: data, labels, privacy session, models, caches.
+"""The small typed collaborators a method is handed (docs/architecture.md, "Seams").
 
-Models load lazily, so a run that fails validation never pays for a model load.
+* :class:`Rngs` - post-processing randomness derived from the run seed and a tag;
+* :class:`PrivateView` - the private data as a method may see it: the public label classes,
+  and per-record fields (label codes, users, texts) read lazily, only where a local step needs
+  them (with ``compute.engine: ray`` they live on the shards), plus the compute engine;
+* :class:`Releaser` - the only door to the privacy session: every noisy statistic a method
+  releases goes through it (docs/methods.md §0).
+
+They import nothing of the evolution package but the seed helper of ``textgen`` (which
+imports no collaborator), so there is no import cycle.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .config import RunConfig
-from .evolution.textgen import Synthesizer
+from .evolution.textgen import stable_seed
 from .runs import RunDir
 
+if TYPE_CHECKING:
+    from .compute.sharded import ShardedDataset
+    from .data import Dataset
+    from .privacy import Event, NoiseSource, PrivacySession
 
-class RunContext:
-    """Thin holder of a run's state; the methods and the loop take it as their argument."""
 
-    def __init__(self, config: RunConfig, run: RunDir, dataset: Any, sigma: float,
-                 session: Any, *, progress: bool = True,
-                 generators: Sequence[Any] | None = None, embedder: Any | None = None) -> None:
-        """``generators`` / ``embedder``: ready objects used instead of loading the configured
-        models (one generator per ``config.generators`` entry), e.g. the test fakes."""
-        if generators is not None and len(generators) != len(config.generators):
-            raise ValueError(f"{len(generators)} generators given for "
-                             f"{len(config.generators)} configured")
-        self._given_generators = list(generators) if generators is not None else None
-        self._given_embedder = embedder
-        self.config = config
-        self.run = run
-        from .privacy import run_seed
+class PrivateStatistics(Protocol):
+    """Exact private statistics without noise (the releaser adds it): what the methods ask of
+    the compute engine (implemented by :class:`dpsynth.compute.PrivateCompute`)."""
 
-        # the run's private seed (private/seed, drawn once when the config gives none): drives
-        # post-processing and LLM sampling, so a resumed run makes the same choices
-        self.seed: int = run_seed(run.private, config.privacy.seed)
-        self.dataset = dataset
-        self.sigma = sigma
-        self.session = session
-        self.progress = progress
-        # the classes are the product of the public label domain (declared in the config or
-        # found privately), never derived from the records (docs/methods.md §0)
-        self.label_codes, self.label_classes = dataset.joint_label_codes()
-        self.label_codes = np.asarray(self.label_codes, dtype=np.int64)
-        self.users: np.ndarray | None = None
-        if config.privacy.unit == "user":
-            _, inverse = np.unique(np.asarray(dataset.users), return_inverse=True)
-            self.users = inverse.astype(np.int64)
+    def label_counts(self, n_labels: int) -> np.ndarray: ...
 
-    def rng_for(self, tag: str) -> np.random.Generator:
-        """A generator for post-processing randomness (selection, styles, masks) derived from
-        the run seed and a tag, so a resumed step makes exactly the same choices."""
-        from .evolution.textgen import stable_seed
+    def knn_histogram(self, cand_emb: np.ndarray, cand_labels: np.ndarray, k: int,
+                      **vote_options: Any) -> np.ndarray: ...
 
+    def topq_histograms(self, cand_emb: np.ndarray, cand_labels: np.ndarray, q: int,
+                        **vote_options: Any) -> np.ndarray: ...
+
+    def centre_sums(self, centres: dict[int, np.ndarray], take: np.ndarray, clip_R: float,
+                    n_records: int) -> dict[int, tuple[np.ndarray, np.ndarray]]: ...
+
+    def public_embeddings(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def public_labels(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def masked_label_counts(self, take: np.ndarray, n_labels: int) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+class Rngs:
+    """Random generators for post-processing (selection, styles, masks), one per tag, derived
+    from the run's private seed: a resumed step makes exactly the same choices."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def __call__(self, tag: str) -> np.random.Generator:
         return np.random.default_rng(stable_seed(self.seed, "post", tag))
 
-    # -- labels ----------------------------------------------------------------------------
+    def seed_for(self, *parts: object) -> int:
+        """An integer seed for a named purpose (e.g. a federated round's seeded noise)."""
+        return stable_seed(self.seed, *parts)
+
+
+def label_classes(dataset: Dataset | ShardedDataset) -> list[tuple[str, ...]]:
+    """Joint label classes of a dataset, in declared order: the product of the public label
+    domains (never derived from the records; docs/methods.md §0). Raises ``ValueError``
+    without a public domain."""
+    return list(dataset.label_classes())
+
+
+class PrivateView:
+    """A run's private data as the methods see it.
+
+    The label classes (the product of the public label domains, docs/methods.md §0) are always
+    available; per-record fields are computed on first use only. The attributes ``config``,
+    ``run``, ``dataset``, ``private_embeddings``, ``label_codes``, ``given_embedder`` and
+    ``log`` are what :func:`dpsynth.compute.make_compute` reads to build the engine.
+
+    ``embedder``: a factory of the run's embedder (loaded on first use); ``given_embedder``:
+    a ready embedder object handed to the run (a test fake), which the Ray engine ships to its
+    workers.
+    """
+
+    def __init__(self, config: RunConfig, run: RunDir, dataset: Dataset | ShardedDataset, *,
+                 embedder: Callable[[], Any], given_embedder: Any | None = None,
+                 progress: bool = True) -> None:
+        self.config = config
+        self.run = run
+        self.dataset = dataset
+        self._embedder = embedder
+        self.given_embedder = given_embedder
+        self.progress = progress
+
+    # -- public facts -----------------------------------------------------------------------
+    @cached_property
+    def label_classes(self) -> list[tuple[str, ...]]:
+        """Joint label classes, in declared order (public: never derived from the records)."""
+        return label_classes(self.dataset)
+
+    @property
+    def label_columns(self) -> list[str]:
+        return list(self.dataset.label_columns)
+
     @property
     def n_labels(self) -> int:
         """Joint label classes, including declared ones that no record holds."""
@@ -66,64 +116,28 @@ class RunContext:
 
     def label_dict(self, code: int) -> dict[str, str]:
         """Label column -> value of joint class ``code``."""
-        return dict(zip(self.dataset.label_columns, self.label_classes[code], strict=True))
+        return dict(zip(self.label_columns, self.label_classes[code], strict=True))
 
-    # -- privacy ---------------------------------------------------------------------------
-    @property
-    def private(self) -> bool:
-        return not math.isinf(self.config.privacy.epsilon)
-
-    def release_gaussian(self, key: str, value: np.ndarray, sensitivity: float,
-                         name: str = "gaussian") -> np.ndarray:
-        """Release value + N(0, (sigma)^2) through the session (stored, accounted, resumable).
-
-        With epsilon = inf the run is declared non-private and the true value is used.
-        """
-        if not self.private:
-            return np.asarray(value, dtype=np.float64)
-        return self.session.gaussian(key, np.asarray(value, dtype=np.float64), sensitivity,
-                                     self.sigma * sensitivity, name=name)
-
-    # -- models ----------------------------------------------------------------------------
-    @cached_property
-    def embedder(self) -> Any:
-        from .embed import Embedder
-
-        if self._given_embedder is not None:
-            return self._given_embedder
-        cfg = self.config.embedder
-        self.log(f"loading embedder {cfg.model} (engine {cfg.engine})")
-        embedder = Embedder(cfg.model, cache_dir=self.run.private / "embed-cache",
-                            batch_size=cfg.batch_size, engine=cfg.engine, threads=cfg.threads)
-        self.log(f"embedder engine: {getattr(embedder, 'engine_tag', type(embedder).__name__)}")
-        return embedder
+    # -- per-record fields (lazy) -----------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.dataset)
 
     @cached_property
-    def synthesizers(self) -> list[Synthesizer]:
-        from .llm import load_generator
+    def label_codes(self) -> np.ndarray:
+        """Joint label code of every record (local steps only)."""
+        return np.asarray(self.dataset.joint_label_codes()[0], dtype=np.int64)
 
-        out = []
-        for i, gen_cfg in enumerate(self.config.generators):
-            if self._given_generators is not None:
-                from .llm.cache import CachedGenerator, RequestCache
-
-                # the same request cache as a loaded model: resume pays no call twice
-                generator = CachedGenerator(self._given_generators[i],
-                                            RequestCache(self.llm_cache_path))
-            else:
-                self.log(f"loading generator {i}: {gen_cfg.short_name}")
-                extra = {"batch_size": gen_cfg.batch_size} if gen_cfg.backend == "local" else {}
-                generator = load_generator(gen_cfg.spec(), cache_path=self.llm_cache_path,
-                                           **extra)
-            out.append(Synthesizer(generator, gen_cfg, self.config.synthesis,
-                                   self.seed))
-        return out
+    @cached_property
+    def users(self) -> np.ndarray | None:
+        """Dense user index of every record with ``privacy.unit: user``, else None."""
+        if self.config.privacy.unit != "user":
+            return None
+        _, inverse = np.unique(np.asarray(self.dataset.users), return_inverse=True)
+        return inverse.astype(np.int64)
 
     @property
-    def llm_cache_path(self) -> Path:
-        if self.config.llm_cache:
-            return Path(self.config.llm_cache)
-        return self.run.private / "llm-cache.sqlite"
+    def texts(self) -> list[str]:
+        return self.dataset.texts
 
     @cached_property
     def private_embeddings(self) -> np.ndarray:
@@ -131,18 +145,18 @@ class RunContext:
         private area (mode 0600), resumed where a stopped run left it (``embed.embed_to_file``)."""
         from .embed import embed_to_file
 
-        return embed_to_file(self.embedder, self.dataset.texts, len(self.dataset),
+        return embed_to_file(self._embedder(), self.dataset.texts, len(self.dataset),
                              self.run.private / "private-embeddings.npy", log=self.log)
 
     @cached_property
-    def compute(self) -> Any:
+    def compute(self) -> PrivateStatistics:
         """The private-statistics engine (``compute.engine``): the methods' one access to
         private embeddings (dpsynth.compute; docs/methods.md §0)."""
         from .compute import make_compute
 
         return make_compute(self)
 
-    def close_compute(self) -> None:
+    def close(self) -> None:
         """Release the compute engine's workers, if it was started."""
         if "compute" in self.__dict__:
             try:
@@ -150,44 +164,57 @@ class RunContext:
             except Exception as err:  # the run's outcome stands; note it for the operator
                 self.log(f"compute engine did not close cleanly: {type(err).__name__}")
 
-    def embed_synthetic(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embedder.embed(list(texts), progress=self.progress)
-
-    def rows(self, pool: Any) -> list[dict[str, Any]]:
-        """release/*.jsonl rows of a synthetic pool: text, labels by column, generator name."""
-        names = [g.short_name for g in self.config.generators]
-        return [{"text": text, "labels": self.label_dict(int(y)), "generator": names[int(g)]}
-                for text, y, g in zip(pool.texts, pool.labels, pool.sources, strict=True)]
-
-    # -- logging ---------------------------------------------------------------------------
     def log(self, message: str) -> None:
         """Progress note to log.txt (counts and names only; never private text)."""
         self.run.log(message)
 
-    def llm_counts(self) -> dict[str, int]:
-        total: dict[str, int] = {"requested": 0, "sent": 0, "dropped": 0, "retried": 0}
-        if "synthesizers" not in self.__dict__:
-            return total
-        for synth in self.synthesizers:
-            for key in total:
-                total[key] += getattr(synth.counts, key)
-        # llm_calls: answers received (and stored) by this attempt, i.e. calls paid for;
-        # requests that failed for good are in llm_requests_sent but not in llm_calls
-        total["llm_calls"] = sum(int(getattr(s.generator, "delivered", 0))
-                                 for s in self.synthesizers)
-        total["llm_requests_sent"] = sum(int(getattr(s.generator, "misses", 0))
-                                         for s in self.synthesizers)
-        total["http_retries"] = sum(int(getattr(s.generator, "retries", 0) or 0)
-                                    for s in self.synthesizers)
-        return total
 
+class Releaser:
+    """The only door from a method to the privacy session: Gaussian releases at the run's noise
+    multiplier, keyed noise streams, pre-charged events and externally noised rounds.
 
-def demo_data_paths(run: RunDir, rows: int, seed: int) -> dict[str, Path]:
-    """Write the built-in demo corpus into the run's private area (once) and return its paths."""
-    from .demo_corpus import write_demo_corpus
+    ``sigma`` is the noise multiplier; with epsilon = inf (``private`` False) the true value
+    is returned and nothing is stored."""
 
-    out = run.private / "demo-data"
-    if not (out / "private.csv").is_file():
-        out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return write_demo_corpus(out, n=rows, seed=seed)
-    return {p.stem: p for p in out.iterdir() if p.suffix in {".csv", ".json"}}
+    def __init__(self, session: PrivacySession, sigma: float, private: bool = True) -> None:
+        self._session = session
+        self.sigma = float(sigma)
+        self.private = private
+
+    def gaussian(self, key: str, value: np.ndarray, sensitivity: float,
+                 name: str = "gaussian", *, std: float | None = None) -> np.ndarray:
+        """value + N(0, std^2) through the session (stored, accounted, resumable); ``std``
+        defaults to sigma x sensitivity."""
+        value = np.asarray(value, dtype=np.float64)
+        if not self.private:
+            return value
+        std = self.sigma * sensitivity if std is None else std
+        return np.asarray(self._session.gaussian(key, value, sensitivity, std, name=name))
+
+    def noisy_counts(self, key: str, counts: Any, sigma: float, name: str) -> Any:
+        """Noisy counts at an explicit noise scale (label-domain discovery)."""
+        return self._session.noisy_counts(key, counts, sigma, name=name)
+
+    def noise_for(self, key: str) -> NoiseSource:
+        """The key's own noise stream (mechanism randomness such as Poisson coins)."""
+        return self._session.noise_for(key)
+
+    def external_round(self, key: str, event: Event, compute: Callable[[], np.ndarray],
+                       folder: Path) -> np.ndarray:
+        """A value noised outside this process (a federated round), charged before it runs."""
+        from .federated.rounds import accounted_round
+
+        return accounted_round(self._session, key, event, compute, folder)
+
+    @property
+    def session(self) -> PrivacySession:
+        """The session itself, for mechanisms that release through it directly
+        (representatives.release_representatives)."""
+        return self._session
+
+    def mechanisms(self) -> list[dict[str, Any]]:
+        """The accountant's summary of what was released so far."""
+        return self._session.accountant.summary()
+
+    def statement(self, unit: str, target: tuple[float, float]) -> dict[str, Any]:
+        return self._session.statement(unit, target)

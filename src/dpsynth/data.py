@@ -14,6 +14,13 @@ Row numbers in problems are 1-based **data rows**:
   an editor's "go to line" finds it. A ``.json`` file holding one JSON array is accepted
   too; its rows are the 1-based array positions.
 
+The file is streamed (:data:`CHUNK_ROWS` records at a time; only a ``.json`` array is parsed
+whole): each chunk is validated and its texts appended to a private memory-mapped Arrow file
+(:mod:`dpsynth.columns`), so the texts never sit in memory; labels and users are kept as int32
+codes. Duplicates are found across chunks by a 64-bit hash of text and labels, confirmed by
+comparing the records. :meth:`Dataset.fingerprint` reads the texts back in chunks and gives the
+same digest as the whole-file loader did.
+
 Private text never appears in a problem message beyond a short excerpt of at most 40
 characters ending in an ellipsis (see :func:`excerpt`).
 
@@ -34,15 +41,16 @@ import hashlib
 import itertools
 import json
 import math
-import os
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from .errors import InputError
+from .io import write_jsonl  # re-exported: JSON Lines writes live in dpsynth.io
 
 __all__ = [
     "CheckReport",
@@ -101,7 +109,7 @@ def _format_problems(problems: Sequence[DataProblem], limit: int = MAX_LISTED) -
     return "\n".join(lines)
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """Invalid input data; ``problems`` lists every problem found (errors first)."""
 
     def __init__(self, problems: Sequence[DataProblem]):
@@ -158,13 +166,15 @@ def check_label_values(
 class Dataset:
     """Validated records: texts, labels per column (as strings) and optional user ids.
 
-    ``label_domain`` is the public domain of each label column (declared in the config, or
+    ``load_dataset`` gives a text column kept on disk (:class:`dpsynth.columns.TextColumn`)
+    and coded label and user columns (:class:`dpsynth.columns.CodedColumn`); plain lists work
+    too. ``label_domain`` is the public domain of each label column (declared in the config, or
     found privately by :mod:`dpsynth.label_domain`); ``None`` when none was given.
     """
 
-    texts: list[str]
-    labels: dict[str, list[str]]
-    users: list[str] | None
+    texts: Sequence[str]
+    labels: dict[str, Sequence[str]]
+    users: Sequence[str] | None
     source: str
     text_column: str
     label_columns: list[str]
@@ -185,15 +195,23 @@ class Dataset:
             raise ValueError(_no_domain_message(missing))
         return check_label_values({c: source[c] for c in columns}, self.label_columns)
 
-    def _column_codes(self, column: str, values: list[str]) -> np.ndarray:
+    def _codes_in(self, column: str, values: list[str]) -> np.ndarray:
+        """Index of every record's value of ``column`` in ``values`` (-1 when absent)."""
+        from .columns import CodedColumn
+
         column_values = self.labels[column]
-        codes = pd.Categorical(column_values, categories=values).codes.astype(np.int64)
+        if isinstance(column_values, CodedColumn):
+            return column_values.codes_in(values)
+        return pd.Categorical(list(column_values), categories=values).codes.astype(np.int64)
+
+    def _column_codes(self, column: str, values: list[str]) -> np.ndarray:
+        codes = self._codes_in(column, values)
         outside = np.flatnonzero(codes < 0)
         if outside.size:
             i = int(outside[0])
             raise ValueError(
-                f"record {i + 1}: {column} value {excerpt(column_values[i])} is not in the "
-                f"declared domain of {column!r} ({len(values)} values)"
+                f"record {i + 1}: {column} value {excerpt(self.labels[column][i])} is not in "
+                f"the declared domain of {column!r} ({len(values)} values)"
             )
         return codes
 
@@ -228,8 +246,13 @@ class Dataset:
         codes = np.zeros(len(self), dtype=np.int64)
         for col, size in zip(self.label_columns, sizes, strict=True):
             codes = codes * size + self._column_codes(col, dom[col])
-        classes = list(itertools.product(*(dom[c] for c in self.label_columns)))
-        return codes, classes
+        return codes, label_classes(self.label_columns, dom)
+
+    def label_classes(self, domain: Mapping[str, Sequence[str]] | None = None
+                      ) -> list[tuple[str, ...]]:
+        """The joint classes of :meth:`joint_label_codes` (public: from the domain only)."""
+        return label_classes(self.label_columns, self._domain(self.label_columns, domain)
+                             if self.label_columns else {})
 
     def with_label_domain(self, domain: Mapping[str, Sequence[str]]) -> Dataset:
         """The records whose label values all lie in ``domain`` (e.g. a privately discovered
@@ -237,25 +260,24 @@ class Dataset:
         dom = check_label_values(domain, self.label_columns)
         keep = np.ones(len(self), dtype=bool)
         for col, vals in dom.items():
-            allowed = set(vals)
-            keep &= np.fromiter((v in allowed for v in self.labels[col]), dtype=bool,
-                                count=len(self))
+            keep &= self._codes_in(col, vals) >= 0
         out = self.subset(keep)
         out.label_domain = {**(self.label_domain or {}), **dom}
         return out
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> Dataset:
-        """The records at ``indices`` (ints, in the given order, or a boolean mask)."""
+        """The records at ``indices`` (ints, in the given order, or a boolean mask); a text
+        column on disk is viewed through the indices, not copied."""
         idx = np.asarray(indices)
         if idx.dtype == bool:
             if idx.shape != (len(self),):
                 raise ValueError(f"boolean mask has shape {idx.shape}, expected ({len(self)},)")
             idx = np.flatnonzero(idx)
-        idx_list = [int(i) for i in idx.reshape(-1)]
+        idx = idx.reshape(-1).astype(np.int64)
         return Dataset(
-            texts=[self.texts[i] for i in idx_list],
-            labels={c: [v[i] for i in idx_list] for c, v in self.labels.items()},
-            users=None if self.users is None else [self.users[i] for i in idx_list],
+            texts=_take(self.texts, idx),
+            labels={c: _take(v, idx) for c, v in self.labels.items()},
+            users=None if self.users is None else _take(self.users, idx),
             source=self.source,
             text_column=self.text_column,
             label_columns=list(self.label_columns),
@@ -265,26 +287,76 @@ class Dataset:
         )
 
     def fingerprint(self) -> str:
-        """sha256 over the texts, labels (by column) and users, in order (length-prefixed)."""
-        h = hashlib.sha256()
+        """sha256 over the texts, labels (by column) and users, in order (length-prefixed);
+        read in chunks (:func:`fingerprint_columns`)."""
+        return fingerprint_columns(self.texts, [self.labels[c] for c in self.label_columns],
+                                   self.label_columns, self.users)
 
-        def put(s: str) -> None:
-            b = s.encode("utf-8")
-            h.update(len(b).to_bytes(8, "little"))
-            h.update(b)
 
-        put("texts")
-        for t in self.texts:
-            put(t)
-        for col in self.label_columns:
-            put("label:" + col)
-            for v in self.labels[col]:
-                put(v)
-        if self.users is not None:
-            put("users")
-            for u in self.users:
-                put(u)
-        return h.hexdigest()
+def label_classes(columns: Sequence[str], domain: Mapping[str, Sequence[str]]
+                  ) -> list[tuple[str, ...]]:
+    """The Cartesian product of the public values of ``columns`` (last varies fastest)."""
+    return list(itertools.product(*(domain[c] for c in columns)))
+
+
+def _take(column: Sequence[str], idx: np.ndarray) -> Sequence[str]:
+    take = getattr(column, "take", None)
+    if take is not None and not isinstance(column, list | tuple):
+        return take(idx)
+    return [column[i] for i in idx.tolist()]
+
+
+def _prefixed(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return len(b).to_bytes(8, "little") + b
+
+
+class Fingerprint:
+    """The streamed sha256 of :meth:`Dataset.fingerprint`: feed texts, then each label column,
+    then the users, each in chunks, in record order."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._h.update(_prefixed("texts"))
+
+    def strings(self, values: Iterable[str]) -> None:
+        self._h.update(b"".join(_prefixed(v) for v in values))
+
+    def coded(self, codes: np.ndarray, categories: Sequence[str]) -> None:
+        pre = [_prefixed(c) for c in categories]
+        self._h.update(b"".join(pre[c] for c in np.asarray(codes).tolist()))
+
+    def section(self, name: str) -> None:
+        self._h.update(_prefixed(name))
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def fingerprint_columns(texts: Sequence[str], labels: Sequence[Sequence[str]],
+                        label_columns: Sequence[str], users: Sequence[str] | None) -> str:
+    """sha256 over the texts, labels (by column) and users, in order (length-prefixed)."""
+    from .columns import CodedColumn, chunks_of
+
+    fp = Fingerprint()
+    for chunk in chunks_of(texts):
+        fp.strings(chunk)
+
+    def put(column: Sequence[str]) -> None:
+        if isinstance(column, CodedColumn):
+            for start in range(0, len(column), 1 << 16):
+                fp.coded(column.codes[start:start + (1 << 16)], column.categories)
+        else:
+            for chunk in chunks_of(column):
+                fp.strings(chunk)
+
+    for col, values in zip(label_columns, labels, strict=True):
+        fp.section("label:" + col)
+        put(values)
+    if users is not None:
+        fp.section("users")
+        put(users)
+    return fp.hexdigest()
 
 
 @dataclass
@@ -312,18 +384,30 @@ class CheckReport:
 
 # ----------------------------------------------------------------------------- reading
 
+#: Records read, validated and written to the text file at a time.
+CHUNK_ROWS = 16384
+
 
 @dataclass
 class _Table:
-    """Requested columns as pandas ``str`` Series (NA = missing) with their reported rows.
+    """One chunk of requested columns as pandas ``str`` Series (NA = missing) with their
+    reported rows and reading problems (bad bytes, bad JSON, wrong types).
 
     Pandas' ``str`` dtype is Arrow-backed, so validation runs vectorised, not per value.
     """
 
     columns: dict[str, pd.Series]
     rows: np.ndarray  # reported row number of each record
-    available: list[str]
-    problems: list[DataProblem]  # reading problems (bad bytes, bad JSON, wrong types)
+    problems: list[DataProblem] = field(default_factory=list)
+
+
+@dataclass
+class _FileInfo:
+    """What a reader learns about the whole file: its columns and file-level problems found
+    after the last chunk (e.g. where the undecodable bytes are)."""
+
+    available: list[str] = field(default_factory=list)
+    problems: list[DataProblem] = field(default_factory=list)
 
 
 class _FileError(Exception):
@@ -397,7 +481,8 @@ def _incomplete_tail(data: bytes) -> bytes:
     return b""
 
 
-def _read_csv(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
+def _read_csv(path: Path, name: str, wanted: Sequence[str], limit: int | None, size: int,
+              info: _FileInfo) -> Iterator[_Table]:
     try:
         header = pd.read_csv(path, nrows=0, encoding="utf-8", encoding_errors="replace")
     except pd.errors.EmptyDataError:
@@ -408,55 +493,62 @@ def _read_csv(path: Path, name: str, wanted: Sequence[str], limit: int | None) -
         raise _FileError(
             [DataProblem(name, None, None, f"cannot parse CSV: {_short(err)}")]
         ) from None
-    available = [str(c) for c in header.columns]
-    missing = _missing_columns(name, available, wanted)
+    info.available = [str(c) for c in header.columns]
+    missing = _missing_columns(name, info.available, wanted)
     if missing:
         raise _FileError(missing)
+    cols = list(dict.fromkeys(wanted))
+    bad_cells: list[tuple[int, str, int]] = []
+    n_bad = dict.fromkeys(cols, 0)
+    done = 0
     try:
         # All columns are parsed (no usecols): with usecols pandas silently drops the extra
         # fields of a ragged row, e.g. a text cut at an unquoted comma.
-        df = pd.read_csv(
-            path,
-            dtype=str,
-            keep_default_na=False,
-            na_filter=False,
-            encoding="utf-8",
-            encoding_errors="replace",
-            nrows=limit,
-        )
+        with pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
+                         encoding="utf-8", encoding_errors="replace", nrows=limit,
+                         chunksize=size) as reader:
+            for df in reader:
+                rows = np.arange(done + 1, done + len(df) + 1)
+                done += len(df)
+                for col in cols:
+                    s = df[col]
+                    mask = s.str.contains("\ufffd", regex=False).to_numpy(dtype=bool)
+                    for i in np.flatnonzero(mask)[: _MAX_PER_KIND - n_bad[col]]:
+                        bad_cells.append((int(rows[i]), col, str(s.iat[int(i)]).count("\ufffd")))
+                        n_bad[col] += 1
+                yield _Table({c: df[c].astype("str") for c in cols}, rows)
     except pd.errors.ParserError as err:
         raise _FileError(
             [DataProblem(name, None, None, f"cannot parse CSV: {_short(err)}")]
         ) from None
-    if len(df) == 0:
+    if done == 0:
         raise _FileError([DataProblem(name, None, None, "no data rows (header only)")])
-    rows = np.arange(1, len(df) + 1)
-    problems: list[DataProblem] = []
-    bad_cells: list[tuple[int, str, int]] = []
-    for col in dict.fromkeys(wanted):
-        s = df[col]
-        mask = s.str.contains("\ufffd", regex=False).to_numpy(dtype=bool)
-        for i in np.flatnonzero(mask)[:_MAX_PER_KIND]:
-            bad_cells.append((int(i), col, str(s.iat[int(i)]).count("\ufffd")))
     if bad_cells:
-        offsets, total = _scan_utf8(path)
-        if offsets:
-            where = ", ".join(f"byte offset {o} (file line {ln})" for o, ln in offsets[:5])
-            more = f" and {total - 5} more" if total > 5 else ""
-            problems.append(
-                DataProblem(
-                    name, None, None, f"file is not valid UTF-8: undecodable bytes at {where}{more}"
-                )
+        info.problems += _utf8_problems(path, name, bad_cells)
+
+
+def _utf8_problems(path: Path, name: str,
+                   bad_cells: list[tuple[int, str, int]]) -> list[DataProblem]:
+    """Problems for cells holding U+FFFD: undecodable bytes (errors, with their offsets) or,
+    in a valid UTF-8 file, text damaged before it was saved (warnings)."""
+    problems: list[DataProblem] = []
+    offsets, total = _scan_utf8(path)
+    if offsets:
+        where = ", ".join(f"byte offset {o} (file line {ln})" for o, ln in offsets[:5])
+        more = f" and {total - 5} more" if total > 5 else ""
+        problems.append(
+            DataProblem(
+                name, None, None, f"file is not valid UTF-8: undecodable bytes at {where}{more}"
             )
-        for i, col, k in sorted(bad_cells):
-            if offsets:
-                msg = f"not valid UTF-8 ({k} undecodable byte{'s' if k != 1 else ''})"
-                problems.append(DataProblem(name, int(rows[i]), col, msg))
-            else:  # valid UTF-8 holding U+FFFD: the text was damaged before it was saved
-                msg = "contains U+FFFD replacement characters (damaged by an earlier decoding)"
-                problems.append(DataProblem(name, int(rows[i]), col, msg, severity="warning"))
-    columns = {c: df[c].astype("str") for c in dict.fromkeys(wanted)}
-    return _Table(columns, rows, available, problems)
+        )
+    for row, col, k in sorted(bad_cells):
+        if offsets:
+            msg = f"not valid UTF-8 ({k} undecodable byte{'s' if k != 1 else ''})"
+            problems.append(DataProblem(name, row, col, msg))
+        else:  # valid UTF-8 holding U+FFFD: the text was damaged before it was saved
+            msg = "contains U+FFFD replacement characters (damaged by an earlier decoding)"
+            problems.append(DataProblem(name, row, col, msg, severity="warning"))
+    return problems
 
 
 def _short(err: BaseException, n: int = 200) -> str:
@@ -508,29 +600,84 @@ def _convert_column(
     return pd.Series(out, dtype="str"), problems
 
 
-def _read_jsonl(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
+class _Records:
+    """Collects JSON objects into chunks of converted columns."""
+
+    def __init__(self, name: str, wanted: Sequence[str], info: _FileInfo) -> None:
+        self.name = name
+        self.wanted = wanted
+        self.cols = list(dict.fromkeys(wanted))
+        self.info = info
+        self.available: dict[str, None] = {}
+        self.values: dict[str, list[Any]] = {c: [] for c in self.cols}
+        self.rows: list[int] = []
+        self.count = 0
+        self.pending: list[DataProblem] = []  # reading problems of the coming chunk
+        self.unreadable = 0
+
+    def problem(self, problem: DataProblem) -> None:
+        self.pending.append(problem)
+        self.unreadable += 1
+
+    def add(self, row: int, obj: Any) -> None:
+        if not isinstance(obj, dict):
+            self.problem(
+                DataProblem(self.name, row, None, f"expected a JSON object, got {_json_type(obj)}")
+            )
+            return
+        for k in obj:
+            self.available.setdefault(str(k), None)
+        self.rows.append(row)
+        self.count += 1
+        for c in self.cols:
+            self.values[c].append(obj.get(c))
+
+    def chunk(self) -> _Table:
+        rows = np.asarray(self.rows, dtype=np.int64)
+        columns: dict[str, pd.Series] = {}
+        problems, self.pending = self.pending, []
+        for c in self.cols:
+            columns[c], probs = _convert_column(self.name, c, self.values[c], rows,
+                                                is_text=(c == self.wanted[0]))
+            problems.extend(probs)
+            self.values[c] = []
+        self.rows = []
+        return _Table(columns, rows, problems)
+
+    def end(self) -> Iterator[_Table]:
+        """The last chunk; then the checks that need the whole file."""
+        if self.rows or self.pending:
+            yield self.chunk()
+        self.info.available = list(self.available)
+        if self.count:
+            missing = _missing_columns(self.name, self.info.available, self.wanted)
+            if missing:
+                raise _FileError(missing)
+        elif not self.unreadable:
+            raise _FileError([DataProblem(self.name, None, None, "empty file (no records)")])
+
+
+def _read_jsonl(path: Path, name: str, wanted: Sequence[str], limit: int | None, size: int,
+                info: _FileInfo) -> Iterator[_Table]:
     with path.open("rb") as fh:
         first = fh.read(1 << 16).removeprefix(b"\xef\xbb\xbf").lstrip()
     if not first:
         raise _FileError([DataProblem(name, None, None, "empty file (no records)")])
     if first.startswith(b"["):
-        return _read_json_array(path, name, wanted, limit)
-    cols = list(dict.fromkeys(wanted))
-    values: dict[str, list[Any]] = {c: [] for c in cols}
-    rows: list[int] = []
-    available: dict[str, None] = {}
-    problems: list[DataProblem] = []
+        yield from _read_json_array(path, name, wanted, limit, size, info)
+        return
+    rec = _Records(name, wanted, info)
     offset = 0
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             line_start = offset
             offset += len(raw)
-            if limit is not None and len(rows) >= limit:
+            if limit is not None and rec.count >= limit:
                 break
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                problems.append(
+                rec.problem(
                     DataProblem(
                         name,
                         lineno,
@@ -547,30 +694,20 @@ def _read_jsonl(path: Path, name: str, wanted: Sequence[str], limit: int | None)
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
-                problems.append(
+                rec.problem(
                     DataProblem(name, lineno, None, f"invalid JSON: {err.msg} (column {err.colno})")
                 )
                 continue
-            if not isinstance(obj, dict):
-                problems.append(
-                    DataProblem(
-                        name, lineno, None, f"expected a JSON object, got {_json_type(obj)}"
-                    )
-                )
-                continue
-            for k in obj:
-                available.setdefault(str(k), None)
-            rows.append(lineno)
-            for c in cols:
-                values[c].append(obj.get(c))
-    if not rows and not problems:
-        raise _FileError([DataProblem(name, None, None, "empty file (no records)")])
-    return _finish_records(
-        name, cols, values, np.asarray(rows, dtype=np.int64), list(available), problems, wanted
-    )
+            rec.add(lineno, obj)
+            if len(rec.rows) >= size:
+                yield rec.chunk()
+    yield from rec.end()
 
 
-def _read_json_array(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
+def _read_json_array(path: Path, name: str, wanted: Sequence[str], limit: int | None,
+                     size: int, info: _FileInfo) -> Iterator[_Table]:
+    """A ``.json`` file holding one array: parsed whole (the only format not streamed; use
+    JSON Lines for large data), then validated in chunks."""
     try:
         with path.open("r", encoding="utf-8-sig") as fh:
             data = json.load(fh)
@@ -591,27 +728,12 @@ def _read_json_array(path: Path, name: str, wanted: Sequence[str], limit: int | 
         ) from None
     if not isinstance(data, list):
         raise _FileError([DataProblem(name, None, None, "expected a JSON array of objects")])
-    cols = list(dict.fromkeys(wanted))
-    values: dict[str, list[Any]] = {c: [] for c in cols}
-    rows: list[int] = []
-    available: dict[str, None] = {}
-    problems: list[DataProblem] = []
+    rec = _Records(name, wanted, info)
     for i, obj in enumerate(data[:limit] if limit is not None else data, start=1):
-        if not isinstance(obj, dict):
-            problems.append(
-                DataProblem(name, i, None, f"expected a JSON object, got {_json_type(obj)}")
-            )
-            continue
-        for k in obj:
-            available.setdefault(str(k), None)
-        rows.append(i)
-        for c in cols:
-            values[c].append(obj.get(c))
-    if not rows and not problems:
-        raise _FileError([DataProblem(name, None, None, "empty file (no records)")])
-    return _finish_records(
-        name, cols, values, np.asarray(rows, dtype=np.int64), list(available), problems, wanted
-    )
+        rec.add(i, obj)
+        if len(rec.rows) >= size:
+            yield rec.chunk()
+    yield from rec.end()
 
 
 def _json_type(obj: Any) -> str:
@@ -620,27 +742,8 @@ def _json_type(obj: Any) -> str:
     )
 
 
-def _finish_records(
-    name: str,
-    cols: list[str],
-    values: dict[str, list[Any]],
-    rows: np.ndarray,
-    available: list[str],
-    problems: list[DataProblem],
-    wanted: Sequence[str],
-) -> _Table:
-    if rows.size:
-        missing = _missing_columns(name, available, wanted)
-        if missing:
-            raise _FileError(problems + missing)
-    columns: dict[str, pd.Series] = {}
-    for c in cols:
-        columns[c], probs = _convert_column(name, c, values[c], rows, is_text=(c == wanted[0]))
-        problems.extend(probs)
-    return _Table(columns, rows, available, problems)
-
-
-def _read_parquet(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
+def _read_parquet(path: Path, name: str, wanted: Sequence[str], limit: int | None, size: int,
+                  info: _FileInfo) -> Iterator[_Table]:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -651,39 +754,36 @@ def _read_parquet(path: Path, name: str, wanted: Sequence[str], limit: int | Non
         raise _FileError(
             [DataProblem(name, None, None, f"cannot read Parquet: {_short(err)}")]
         ) from None
-    available = list(pf.schema_arrow.names)
-    missing = _missing_columns(name, available, wanted)
+    info.available = list(pf.schema_arrow.names)
+    missing = _missing_columns(name, info.available, wanted)
     if missing:
         raise _FileError(missing)
     if pf.metadata.num_rows == 0:
         raise _FileError([DataProblem(name, None, None, "empty file (no rows)")])
     cols = list(dict.fromkeys(wanted))
-    if limit is None:
-        table = pf.read(columns=cols)
-    else:
-        batches = []
-        n = 0
-        for batch in pf.iter_batches(columns=cols, batch_size=min(max(limit, 1), 65536)):
-            batches.append(batch)
-            n += batch.num_rows
-            if n >= limit:
-                break
-        table = pa.Table.from_batches(batches, schema=batches[0].schema).slice(0, limit)
-    rows = np.arange(1, table.num_rows + 1)
-    columns: dict[str, pd.Series] = {}
-    problems: list[DataProblem] = []
-    for c in cols:
-        col = table.column(c)
-        is_text = c == wanted[0]
-        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-            columns[c] = _arrow_strings(col)
-            continue
-        if not is_text and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
-            columns[c] = _arrow_strings(pc.cast(col, pa.string()))
-            continue
-        columns[c], probs = _convert_column(name, c, col.to_pylist(), rows, is_text=is_text)
-        problems.extend(probs)
-    return _Table(columns, rows, available, problems)
+    done = 0
+    batch_size = size if limit is None else min(size, max(limit, 1))
+    for batch in pf.iter_batches(columns=cols, batch_size=batch_size):
+        if limit is not None:
+            batch = batch.slice(0, limit - done)
+        rows = np.arange(done + 1, done + batch.num_rows + 1)
+        done += batch.num_rows
+        columns: dict[str, pd.Series] = {}
+        problems: list[DataProblem] = []
+        for c in cols:
+            col = batch.column(c)
+            is_text = c == wanted[0]
+            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                columns[c] = _arrow_strings(col)
+                continue
+            if not is_text and (pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)):
+                columns[c] = _arrow_strings(pc.cast(col, pa.string()))
+                continue
+            columns[c], probs = _convert_column(name, c, col.to_pylist(), rows, is_text=is_text)
+            problems.extend(probs)
+        yield _Table(columns, rows, problems)
+        if limit is not None and done >= limit:
+            break
 
 
 def _arrow_strings(col: Any) -> pd.Series:
@@ -691,7 +791,10 @@ def _arrow_strings(col: Any) -> pd.Series:
     return pd.Series(pd.array(col, dtype="str"))
 
 
-def _read(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _Table:
+def _read(path: Path, name: str, wanted: Sequence[str], limit: int | None, size: int,
+          info: _FileInfo) -> Iterator[_Table]:
+    """The file's records in chunks of ``size`` (raises :class:`_FileError` when it cannot be
+    read at all)."""
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
         raise _FileError(
@@ -712,10 +815,10 @@ def _read(path: Path, name: str, wanted: Sequence[str], limit: int | None) -> _T
     if path.stat().st_size == 0:
         raise _FileError([DataProblem(name, None, None, "empty file (0 bytes)")])
     if suffix == ".csv":
-        return _read_csv(path, name, wanted, limit)
+        return _read_csv(path, name, wanted, limit, size, info)
     if suffix == ".parquet":
-        return _read_parquet(path, name, wanted, limit)
-    return _read_jsonl(path, name, wanted, limit)
+        return _read_parquet(path, name, wanted, limit, size, info)
+    return _read_jsonl(path, name, wanted, limit, size, info)
 
 
 # -------------------------------------------------------------------------- validation
@@ -739,108 +842,175 @@ def _column_spec_problems(
     return problems
 
 
-def _cap(name: str, problems: list[DataProblem], kind: str) -> list[DataProblem]:
-    if len(problems) <= _MAX_PER_KIND:
-        return problems
-    extra = len(problems) - _MAX_PER_KIND
-    return problems[:_MAX_PER_KIND] + [
-        DataProblem(name, None, None, f"... and {extra} more rows with {kind}")
-    ]
+class _Kinds:
+    """Problems by kind, at most ``_MAX_PER_KIND`` kept per kind (the rest are counted)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.kept: dict[str, list[DataProblem]] = {}
+        self.extra: dict[str, int] = {}
+
+    def add(self, kind: str, problems: Iterable[DataProblem]) -> None:
+        kept = self.kept.setdefault(kind, [])
+        for p in problems:
+            if len(kept) < _MAX_PER_KIND:
+                kept.append(p)
+            else:
+                self.extra[kind] = self.extra.get(kind, 0) + 1
+
+    def room(self, kind: str) -> int:
+        """How many more problems of ``kind`` are kept (0: only count them)."""
+        return _MAX_PER_KIND - len(self.kept.get(kind, []))
+
+    def all(self) -> list[DataProblem]:
+        out: list[DataProblem] = []
+        for kind, kept in self.kept.items():
+            out += kept
+            if self.extra.get(kind):
+                out.append(DataProblem(self.name, None, None,
+                                       f"... and {self.extra[kind]} more rows with {kind}"))
+        return out
 
 
-def _validate(
-    table: _Table,
-    name: str,
-    text: str,
-    labels: Sequence[str],
-    user: str | None,
-    max_chars: int | None,
-    on_duplicate: str,
-    label_values: Mapping[str, list[str]] | None = None,
-) -> tuple[list[DataProblem], list[DataProblem], np.ndarray]:
-    """(errors, warnings, duplicate mask) for the table's records."""
-    errors: list[DataProblem] = []
-    warnings: list[DataProblem] = []
-    n = len(table.rows)
-    rows = table.rows
-    if n == 0:
-        errors.append(DataProblem(name, None, None, "no valid records"))
-        return errors, warnings, np.zeros(0, dtype=bool)
+class _Collector:
+    """Validates the chunks as they come, writes the texts to a private memory-mapped file
+    and codes the label and user columns (see :func:`load_dataset`)."""
 
-    t = table.columns[text]
-    t_missing = t.isna().to_numpy(dtype=bool)
-    t_str = t.fillna("")
-    blank = t_str.str.strip().eq("").to_numpy(dtype=bool)
-    errs = []
-    for i in np.flatnonzero(blank):
-        what = "missing text" if t_missing[i] else "empty or whitespace-only text"
-        errs.append(DataProblem(name, int(rows[i]), text, what))
-    errors += _cap(name, errs, "empty text")
-    if max_chars is not None:
-        lengths = t_str.str.len().to_numpy()
-        errs = [
-            DataProblem(
-                name,
-                int(rows[i]),
-                text,
-                f"text has {int(lengths[i]):,} characters, over the limit of {max_chars:,} "
-                f"(starts {excerpt(t_str.iat[int(i)])}); raise max_chars or shorten it",
-            )
-            for i in np.flatnonzero(lengths > max_chars)
-        ]
-        errors += _cap(name, errs, "over-long text")
-    for col, kind in [*((c, "label") for c in labels), *([(user, "user id")] if user else [])]:
-        s = table.columns[col]
-        empty = (s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)
-        errs = [
-            DataProblem(name, int(rows[i]), col, f"missing or empty {kind}")
-            for i in np.flatnonzero(empty)
-        ]
-        errors += _cap(name, errs, f"missing {kind}")
-    for col, values in (label_values or {}).items():
-        s = table.columns[col]
-        present = ~(s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)
-        outside = present & ~s.isin(values).to_numpy(dtype=bool)
-        errs = [
-            DataProblem(
-                name,
-                int(rows[i]),
-                col,
-                f"label value {excerpt(s.iat[int(i)])} is not among the {len(values)} declared "
-                f"values of {col!r} (data.label_values)",
-            )
-            for i in np.flatnonzero(outside)
-        ]
-        errors += _cap(name, errs, f"undeclared {col!r} values")
+    def __init__(self, name: str, text: str, labels: Sequence[str], user: str | None,
+                 max_chars: int | None, label_values: Mapping[str, list[str]] | None,
+                 text_dir: str | Path | None, words: bool) -> None:
+        from .columns import TextWriter
 
-    key_cols = [text, *labels]
-    frame = pd.DataFrame({c: table.columns[c].fillna("") for c in dict.fromkeys(key_cols)})
-    dup = frame.duplicated(keep="first").to_numpy(dtype=bool)
-    if dup.any() and on_duplicate != "ignore":
-        first_of = (
-            frame.reset_index().groupby(list(frame.columns), sort=False)["index"].transform("min")
-        )
-        first_idx = first_of.to_numpy()
-        what = "same text" + (" and labels" if labels else "")
-        probs = [
-            DataProblem(
-                name,
-                int(rows[i]),
-                text,
-                f"duplicate record ({what} as row {int(rows[first_idx[i]])})"
-                + ("; dropped" if on_duplicate == "drop" else ""),
-                severity="error" if on_duplicate == "error" else "warning",
-            )
-            for i in np.flatnonzero(dup)
-        ]
-        probs = _cap(name, probs, "duplicates")
-        if on_duplicate == "error":
-            errors += probs
-        else:
-            for p in probs:
-                p.severity = "warning"
-            warnings += probs
-    return errors, warnings, dup
+        self.name, self.text, self.labels, self.user = name, text, list(labels), user
+        self.max_chars = max_chars
+        self.label_values = label_values or {}
+        self.errors = _Kinds(name)
+        self.read_problems: list[DataProblem] = []
+        self.writer = TextWriter(text_dir)
+        self.coded = [*self.labels, *([user] if user else [])]
+        self.codes: dict[str, list[np.ndarray]] = {c: [] for c in self.coded}
+        self.values: dict[str, dict[str, int]] = {c: {} for c in self.coded}
+        self.rows: list[np.ndarray] = []
+        self.hashes: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+        self.words: list[np.ndarray] | None = [] if words else None
+
+    def add(self, table: _Table) -> None:
+        self.read_problems += table.problems
+        n = len(table.rows)
+        if n == 0:
+            return
+        rows = table.rows
+        self.rows.append(np.asarray(rows, dtype=np.int64))
+        name, text = self.name, self.text
+        t = table.columns[text]
+        t_missing = t.isna().to_numpy(dtype=bool)
+        t_str = t.fillna("")
+        self.writer.write(t_str)
+        blank = t_str.str.strip().eq("").to_numpy(dtype=bool)
+        self.errors.add("empty text", (
+            DataProblem(name, int(rows[i]), text,
+                        "missing text" if t_missing[i] else "empty or whitespace-only text")
+            for i in np.flatnonzero(blank)))
+        lengths = t_str.str.len().to_numpy(dtype=np.int64)
+        self.lengths.append(lengths)
+        if self.words is not None:
+            self.words.append(
+                t_str.str.split().str.len().fillna(0).to_numpy(dtype=np.int64))
+        if self.max_chars is not None:
+            mc = self.max_chars
+            self.errors.add("over-long text", (
+                DataProblem(
+                    name,
+                    int(rows[i]),
+                    text,
+                    f"text has {int(lengths[i]):,} characters, over the limit of {mc:,} "
+                    f"(starts {excerpt(t_str.iat[int(i)])}); raise max_chars or shorten it",
+                )
+                for i in np.flatnonzero(lengths > mc)))
+        kinds = [*((c, "label") for c in self.labels), *([(self.user, "user id")]
+                                                          if self.user else [])]
+        for col, kind in kinds:
+            s = table.columns[col]
+            empty = (s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)
+            self.errors.add(f"missing {kind}", (
+                DataProblem(name, int(rows[i]), col, f"missing or empty {kind}")
+                for i in np.flatnonzero(empty)))
+        for col, values in self.label_values.items():
+            s = table.columns[col]
+            present = ~(s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)
+            outside = present & ~s.isin(values).to_numpy(dtype=bool)
+            self.errors.add(f"undeclared {col!r} values", (
+                DataProblem(
+                    name,
+                    int(rows[i]),
+                    col,
+                    f"label value {excerpt(s.iat[int(i)])} is not among the {len(values)} "
+                    f"declared values of {col!r} (data.label_values)",
+                )
+                for i in np.flatnonzero(outside)))
+        for col in self.coded:
+            codes, uniques = pd.factorize(table.columns[col])
+            seen = self.values[col]
+            remap = np.array([seen.setdefault(str(u), len(seen)) for u in uniques] + [-1],
+                             dtype=np.int32)
+            self.codes[col].append(remap[codes])
+        key_cols = list(dict.fromkeys([text, *self.labels]))
+        frame = pd.DataFrame({c: table.columns[c].fillna("") for c in key_cols})
+        self.hashes.append(pd.util.hash_pandas_object(frame, index=False).to_numpy(np.uint64))
+
+    def finish(self, on_duplicate: str) -> tuple[Any, list[DataProblem], list[DataProblem],
+                                                  np.ndarray]:
+        """(text column, errors, warnings, duplicate mask) of the whole file."""
+        texts = self.writer.finish()
+        n = len(texts)
+        warnings: list[DataProblem] = []
+        if n == 0:
+            self.errors.add("no records", [DataProblem(self.name, None, None,
+                                                       "no valid records")])
+            return texts, self.errors.all(), warnings, np.zeros(0, dtype=bool)
+        rows = np.concatenate(self.rows)
+        dup, first = self._duplicates(texts)
+        if dup.any() and on_duplicate != "ignore":
+            what = "same text" + (" and labels" if self.labels else "")
+            kinds = _Kinds(self.name)
+            kinds.add("duplicates", (
+                DataProblem(
+                    self.name,
+                    int(rows[i]),
+                    self.text,
+                    f"duplicate record ({what} as row {int(rows[first[i]])})"
+                    + ("; dropped" if on_duplicate == "drop" else ""),
+                    severity="error" if on_duplicate == "error" else "warning",
+                )
+                for i in np.flatnonzero(dup)))
+            if on_duplicate == "error":
+                self.errors.add("duplicates", kinds.all())
+            else:
+                warnings += kinds.all()
+        return texts, self.errors.all(), warnings, dup
+
+    def column_codes(self, col: str) -> tuple[np.ndarray, list[str]]:
+        """(codes, values in first-seen order) of a label or user column."""
+        codes = np.concatenate(self.codes[col]) if self.codes[col] else np.zeros(0, np.int32)
+        return codes, list(self.values[col])
+
+    def _duplicates(self, texts: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(mask of rows repeating an earlier row's text and labels, that earlier row).
+
+        Rows are matched by a 64-bit hash, then compared exactly (a collision is not a
+        duplicate)."""
+        h = np.concatenate(self.hashes)
+        n = len(h)
+        _, first_idx, inverse = np.unique(h, return_index=True, return_inverse=True)
+        first = first_idx[inverse.reshape(-1)]
+        dup = first != np.arange(n)
+        label_codes = [self.column_codes(c)[0] for c in self.labels]
+        for i in np.flatnonzero(dup).tolist():
+            f = int(first[i])
+            if texts[i] != texts[f] or any(c[i] != c[f] for c in label_codes):
+                dup[i] = False
+        return dup, first
 
 
 def _load(
@@ -852,9 +1022,14 @@ def _load(
     on_duplicate: str,
     limit: int | None,
     label_values: Mapping[str, list[str]] | None = None,
-) -> tuple[_Table | None, list[DataProblem], list[DataProblem], np.ndarray]:
+    text_dir: str | Path | None = None,
+    words: bool = False,
+    chunk_rows: int | None = None,
+) -> tuple[_Collector | None, Any, list[DataProblem], list[DataProblem], np.ndarray,
+           _FileInfo]:
     p = Path(path)
     name = p.name
+    info = _FileInfo()
     if on_duplicate not in ON_DUPLICATE:
         raise ValueError(f"on_duplicate must be one of {ON_DUPLICATE}, got {on_duplicate!r}")
     if max_chars is not None and max_chars < 1:
@@ -862,24 +1037,27 @@ def _load(
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}")
     labels = list(labels)
+    none = np.zeros(0, dtype=bool)
     spec = _column_spec_problems(name, text, labels, user)
     if spec:
-        return None, spec, [], np.zeros(0, dtype=bool)
+        return None, None, spec, [], none, info
     wanted = [text, *labels, *([user] if user else [])]
+    collector = _Collector(name, text, labels, user, max_chars, label_values, text_dir, words)
     try:
-        table = _read(p, name, wanted, limit)
+        for table in _read(p, name, wanted, limit, chunk_rows or CHUNK_ROWS, info):
+            collector.add(table)
     except _FileError as err:
-        return None, err.problems, [], np.zeros(0, dtype=bool)
-    errors, warnings, dup = _validate(
-        table, name, text, labels, user, max_chars, on_duplicate, label_values
-    )
+        collector.writer.finish()
+        return None, None, collector.read_problems + err.problems, [], none, info
+    texts, errors, warnings, dup = collector.finish(on_duplicate)
     # a cell that could not be read (bad bytes, wrong type) is reported once, not again as empty
-    read_errors = [q for q in table.problems if q.severity == "error"]
-    warnings = [q for q in table.problems if q.severity != "error"] + warnings
+    reading = collector.read_problems + info.problems
+    read_errors = [q for q in reading if q.severity == "error"]
+    warnings = [q for q in reading if q.severity != "error"] + warnings
     unreadable = {(q.row, q.field) for q in read_errors if q.field is not None}
     errors = read_errors + [q for q in errors if (q.row, q.field) not in unreadable]
     errors.sort(key=lambda q: (q.row is not None, q.row or 0))
-    return table, errors, warnings, dup
+    return collector, texts, errors, warnings, dup, info
 
 
 def load_dataset(
@@ -892,8 +1070,19 @@ def load_dataset(
     on_duplicate: str = "warn",
     limit: int | None = None,
     label_values: Mapping[str, Sequence[str]] | None = None,
+    text_dir: str | Path | None = None,
+    chunk_rows: int | None = None,
 ) -> Dataset:
     """Load and validate ``path`` (.csv, .jsonl/.json, .parquet, chosen by extension).
+
+    The file is read ``chunk_rows`` records at a time (default :data:`CHUNK_ROWS`; a ``.json``
+    array is parsed whole, so use JSON Lines for large data) and each chunk is validated and
+    its texts appended to an Arrow file in a new private folder (mode 0700, file 0600) inside
+    ``text_dir`` (e.g. the run's private area), else in the system's temporary folder; the
+    folder is removed when the dataset (and every subset of it) is no longer used.
+    ``dataset.texts`` is that file memory-mapped (:class:`dpsynth.columns.TextColumn`);
+    labels and users are integer codes (:class:`dpsynth.columns.CodedColumn`), so the
+    records never sit in memory as text.
 
     ``label_values`` is the public label domain (column -> values, from the config's
     ``data.label_values``): a record with another value is an error naming its row, and the
@@ -905,20 +1094,26 @@ def load_dataset(
     ``limit`` reads only the first ``limit`` records. Raises :class:`DataError` listing every
     problem, and ``ValueError`` for invalid arguments.
     """
+    from .columns import CodedColumn
+
     if isinstance(labels, str):
         labels = [labels]
     domain = None if label_values is None else check_label_values(label_values, list(labels))
-    table, errors, warnings, dup = _load(
-        path, text, labels, user, max_chars, on_duplicate, limit, domain
-    )
-    if errors or table is None:
+    collector, texts, errors, warnings, dup, _ = _load(
+        path, text, labels, user, max_chars, on_duplicate, limit, domain, text_dir,
+        chunk_rows=chunk_rows)
+    if errors or collector is None:
         raise DataError(errors)
-    keep = ~dup if on_duplicate == "drop" else np.ones(len(table.rows), dtype=bool)
-    cols = {c: s[keep].tolist() for c, s in table.columns.items()}
+    keep = np.flatnonzero(~dup) if on_duplicate == "drop" and dup.any() else None
+
+    def coded(col: str) -> CodedColumn:
+        codes, values = collector.column_codes(col)
+        return CodedColumn(codes if keep is None else codes[keep], values)
+
     return Dataset(
-        texts=cols[text],
-        labels={c: cols[c] for c in labels},
-        users=cols[user] if user else None,
+        texts=texts if keep is None else texts.take(keep),
+        labels={c: coded(c) for c in labels},
+        users=coded(user) if user else None,
         source=Path(path).name,
         text_column=text,
         label_columns=list(labels),
@@ -939,6 +1134,10 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     }
 
 
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def check_dataset(
     path: str | Path,
     text: str,
@@ -947,6 +1146,7 @@ def check_dataset(
     *,
     max_chars: int | None = 20000,
     label_values: Mapping[str, Sequence[str]] | None = None,
+    chunk_rows: int | None = None,
 ) -> CheckReport:
     """Validate ``path`` like :func:`load_dataset` but return every problem and a summary.
 
@@ -954,26 +1154,31 @@ def check_dataset(
     label column: class -> count, most frequent first), ``text_chars`` and ``text_words``
     (min / median / mean / max), ``users`` (distinct user ids, or None), ``duplicates``.
     With ``label_values``, values outside the declared domain are errors. Never raises on
-    data problems.
+    data problems; reads the file in chunks like :func:`load_dataset`.
     """
     if isinstance(labels, str):
         labels = [labels]
     labels = list(labels)
     domain = None if label_values is None else check_label_values(label_values, labels)
-    table, errors, warnings, dup = _load(
-        path, text, labels, user, max_chars, "warn", None, domain
-    )
+    collector, texts, errors, warnings, dup, info = _load(
+        path, text, labels, user, max_chars, "warn", None, domain, words=True,
+        chunk_rows=chunk_rows)
     summary: dict[str, Any] = {"file": str(path), "rows": 0, "columns": [], "labels": {}}
-    if table is not None:
-        t = table.columns[text].fillna("")
-        summary["rows"] = len(table.rows)
-        summary["columns"] = table.available
+    if collector is not None:
+        summary["rows"] = len(texts)
+        summary["columns"] = info.available
         for c in labels:
-            counts = table.columns[c].fillna("").value_counts(sort=True)
-            summary["labels"][c] = {str(k): int(v) for k, v in counts.items()}
-        summary["text_chars"] = _stats(t.str.len().to_numpy(dtype=np.int64))
-        summary["text_words"] = _stats(t.str.split().str.len().fillna(0).to_numpy(dtype=np.int64))
-        summary["users"] = int(table.columns[user].dropna().nunique()) if user else None
+            codes, values = collector.column_codes(c)
+            counts = np.bincount(codes[codes >= 0], minlength=len(values))
+            order = np.argsort(-counts, kind="stable")
+            summary["labels"][c] = {values[i]: int(counts[i]) for i in order if counts[i]}
+        summary["text_chars"] = _stats(_concat(collector.lengths))
+        summary["text_words"] = _stats(_concat(collector.words or []))
+        if user:
+            codes, _ = collector.column_codes(user)
+            summary["users"] = int(np.unique(codes[codes >= 0]).size)
+        else:
+            summary["users"] = None
         summary["duplicates"] = int(dup.sum())
     summary["errors"] = len(errors)
     summary["warnings"] = len(warnings)
@@ -981,61 +1186,6 @@ def check_dataset(
 
 
 # ---------------------------------------------------------------------------- JSON Lines
-
-
-def write_jsonl(
-    path: str | Path, rows: Iterable[dict[str, Any]], *, mode: int | None = None
-) -> int:
-    """Write ``rows`` as JSON Lines atomically (temp file, fsync, rename); returns the count.
-
-    A crash leaves either the old file or the complete new one. ``mode`` (e.g. ``0o600``)
-    sets the file's permissions.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            for row in rows:
-                if not isinstance(row, dict):
-                    raise TypeError(f"row {n + 1}: expected a dict, got {type(row).__name__}")
-                fh.write(json.dumps(row, ensure_ascii=False, default=_json_default))
-                fh.write("\n")
-                n += 1
-            fh.flush()
-            os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return n
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

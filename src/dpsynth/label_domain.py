@@ -40,6 +40,7 @@ __all__ = [
     "DiscoveredDomain",
     "apply_discovery",
     "declared_statement",
+    "discover_from_counts",
     "discover_label_domain",
     "discovery_events",
     "discovery_threshold",
@@ -152,16 +153,30 @@ def discover_label_domain(
     Kept values are sorted (post-processing of the noisy counts). Raises ``ValueError`` when a
     column keeps no value (declare the values, or lower the noise).
     """
-    if not columns:
+    counts = {col: value_counts(vals, users) for col, vals in columns.items()}
+    return discover_from_counts(counts, noisy, sigma=sigma, delta_discover=delta_discover)
+
+
+def discover_from_counts(
+    counts: Mapping[str, tuple[list[str], np.ndarray]],
+    noisy: Callable[[str, np.ndarray], np.ndarray],
+    *,
+    sigma: float,
+    delta_discover: float,
+) -> DiscoveredDomain:
+    """:func:`discover_label_domain` from the exact counts of each column's present values
+    (``(sorted values, counts)``, e.g. summed over Ray shards by
+    ``PrivateCompute.label_value_counts``)."""
+    if not counts:
         return DiscoveredDomain(values={}, events=[], extra_delta=0.0, threshold=float("inf"))
-    tau = discovery_threshold(sigma, delta_discover / len(columns))
+    tau = discovery_threshold(sigma, delta_discover / len(counts))
     kept: dict[str, list[str]] = {}
-    for col, vals in columns.items():
-        names, counts = value_counts(vals, users)
-        released = np.asarray(noisy(f"{EVENT_NAME}/{col}", counts), dtype=np.float64)
-        if released.shape != counts.shape:
+    for col, (names, counts_col) in counts.items():
+        counts_col = np.asarray(counts_col, dtype=np.float64)
+        released = np.asarray(noisy(f"{EVENT_NAME}/{col}", counts_col), dtype=np.float64)
+        if released.shape != counts_col.shape:
             raise ValueError(f"noisy counts for {col!r} have shape {released.shape}, "
-                             f"expected {counts.shape}")
+                             f"expected {counts_col.shape}")
         kept[col] = [n for n, c in zip(names, released, strict=True) if c > tau]
         if not kept[col]:
             raise ValueError(
@@ -171,7 +186,7 @@ def discover_label_domain(
             )
     return DiscoveredDomain(
         values=kept,
-        events=discovery_events(len(columns), sigma),
+        events=discovery_events(len(counts), sigma),
         extra_delta=delta_discover,
         threshold=tau,
     )
@@ -193,16 +208,18 @@ def apply_discovery(
     discover``) and return the records whose values were kept, carrying the full domain.
 
     ``noisy`` as in :func:`discover_label_domain` with sigma ``data.label_domain_sigma``.
+    The exact counts come from the dataset's engine (``compute.data_compute``: this process,
+    or the Ray shards of a sharded dataset, which the driver never reads).
     Dropping the records whose value was not kept is post-processing of the released domain;
     how many were dropped is private (never log it). With ``user_level`` each user's
     contribution is bounded (:func:`value_counts`).
     """
+    from .compute import data_compute
+
     cols = undeclared_columns(dataset)
-    found = discover_label_domain(
-        {c: dataset.labels[c] for c in cols}, noisy, sigma=data.label_domain_sigma,
-        delta_discover=data.label_domain_delta,
-        users=dataset.users if user_level else None,
-    )
+    counts = data_compute(dataset, user_level).label_value_counts(cols) if cols else {}
+    found = discover_from_counts(counts, noisy, sigma=data.label_domain_sigma,
+                                 delta_discover=data.label_domain_delta)
     if not cols:
         return dataset, found
     return dataset.with_label_domain(found.values), found

@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .errors import ComputeError, require
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
@@ -23,8 +25,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serve_in_thread(app: Any, path: str = "", start_timeout_s: float = 60.0) -> Iterator[str]:
     """Run ``app`` until the block ends; yields ``http://127.0.0.1:PORT`` + ``path``."""
-    import uvicorn
-
+    uvicorn = require("uvicorn", "serve", "serving on loopback")
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            access_log=False))
@@ -33,7 +34,7 @@ def serve_in_thread(app: Any, path: str = "", start_timeout_s: float = 60.0) -> 
     deadline = time.monotonic() + start_timeout_s
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
+            raise ComputeError("uvicorn did not start")
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}{path}"

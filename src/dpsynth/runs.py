@@ -9,8 +9,8 @@
                        prompts; nothing here may leave the machine
       release/         only what is safe to share: synthetic data, privacy.json, summary.json
 
-Every file is written atomically (write to a temp file, fsync, rename) so that a crash leaves
-either the old or the new version, never half of one.
+Every file is written atomically through :mod:`dpsynth.io` (temp file, fsync, rename), so a
+crash leaves either the old or the new version, never half of one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 import uuid
@@ -28,46 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .data import write_jsonl  # noqa: F401  (the one atomic JSON-lines writer)
-
-
-def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write, fsync, rename: readers see the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), mode)
-
-
-def atomic_write_json(path: Path, obj: Any, mode: int | None = None) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n",
-                      mode)
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+from .errors import MissingFileError, OutputFolderError
+from .io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 
 
 class RunDir:
@@ -107,9 +68,9 @@ class RunDir:
         """Refuse to lay a run into a folder that holds something else (a file, or a non-empty
         folder that is not a run): the run's files would land beside the user's."""
         if self.root.exists() and not self.root.is_dir():
-            raise FileExistsError(f"{self.root} is a file, not a folder: choose another --output")
+            raise OutputFolderError(f"{self.root} is a file, not a folder: choose another --output")
         if self.root.is_dir() and not self.exists() and any(self.root.iterdir()):
-            raise FileExistsError(
+            raise OutputFolderError(
                 f"{self.root} exists, is not empty and is not a dpsynth run folder: choose a new "
                 "or empty --output folder")
 
@@ -143,7 +104,7 @@ class RunDir:
     def create(self, config_yaml: str, method: str) -> dict[str, Any]:
         """Lay out a new run folder; refuses to overwrite an existing run."""
         if self.exists():
-            raise FileExistsError(
+            raise OutputFolderError(
                 f"{self.root} already holds a run: use --resume to continue it, "
                 "or choose another --output"
             )
@@ -165,7 +126,7 @@ class RunDir:
 
     def meta(self) -> dict[str, Any]:
         if not self.exists():
-            raise FileNotFoundError(f"{self.root}: not a dpsynth run folder (no run.json)")
+            raise MissingFileError(f"{self.root}: not a dpsynth run folder (no run.json)")
         return json.loads(self.meta_path.read_text(encoding="utf-8"))
 
     def update_meta(self, **fields: Any) -> dict[str, Any]:
@@ -200,7 +161,7 @@ class RunDir:
     def stats(self) -> list[dict[str, Any]]:
         if not self.stats_path.is_file():
             return []
-        return [json.loads(line) for line in self.stats_path.read_text().splitlines() if line]
+        return read_jsonl(self.stats_path)
 
     def log(self, message: str) -> None:
         """Append a progress line. Callers pass counts and names, never private text."""

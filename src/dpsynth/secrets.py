@@ -12,22 +12,25 @@ The secret *values* are private: they live only in ``SecretIndex.values`` and ne
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import scipy.sparse as sp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .errors import InputError
+
 DEFAULT_PII_ENTITIES = ("PERSON", "PHONE_NUMBER", "EMAIL_ADDRESS")
 _WORD = re.compile(r"[a-z][a-z'-]*[a-z]|[a-z]")
 
 
-class SecretDefinitionError(ValueError):
+class SecretDefinitionError(InputError):
     """A secret definition is unusable (e.g. it matches every record)."""
 
 
@@ -181,6 +184,20 @@ def _doc_words(text: str) -> set[str]:
     return set(_WORD.findall(text.casefold()))
 
 
+doc_words = _doc_words
+
+
+def word_id(word: str) -> int:
+    """A 63-bit id of a word (blake2b): sharded secret scans exchange ids, never words."""
+    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(),
+                          "little") >> 1
+
+
+def secret_id(value: str) -> str:
+    """The id of a normalised secret value (hex blake2b-128): what a sharded scan reports."""
+    return hashlib.blake2b(value.encode("utf-8"), digest_size=16).hexdigest()
+
+
 def choose_random_words(texts: Sequence[str], spec: SecretSpec) -> list[str]:
     """``count`` words at the ``percentile``-th document-frequency percentile (seeded).
 
@@ -192,19 +209,7 @@ def choose_random_words(texts: Sequence[str], spec: SecretSpec) -> list[str]:
     df: Counter[str] = Counter()
     for t in texts:
         df.update(_doc_words(t))
-    vocab = sorted((w for w, c in df.items() if c >= spec.min_df), key=lambda w: (df[w], w))
-    if not vocab:
-        return []
-    dfs = np.array([df[w] for w in vocab], dtype=np.float64)
-    target = float(np.percentile(dfs, spec.percentile))
-    order = np.argsort(np.abs(dfs - target), kind="stable")
-    k = min(spec.count, len(vocab))
-    # Pool: all words tied with the k-th closest distance, so ties are not decided by the alphabet.
-    cutoff = np.abs(dfs - target)[order[k - 1]]
-    pool = [vocab[i] for i in order if abs(dfs[i] - target) <= cutoff]
-    rng = np.random.default_rng(spec.seed)
-    picked = rng.choice(len(pool), size=k, replace=False)
-    return sorted(pool[i] for i in picked)
+    return choose_random_word_ids(df, spec)
 
 
 def _find_random_words(texts: Sequence[str], spec: SecretSpec) -> dict[tuple[str, str], set[int]]:
@@ -302,49 +307,95 @@ def find_secrets(
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise ValueError(f"record {i}: text must be a string, got {type(t).__name__}")
-    found: dict[tuple[str, str], set[int]] = {}
-    messages: list[str] = []
-    for k, spec in enumerate(parsed):
+    hits = [{key: np.asarray(sorted(rows), dtype=np.int64)
+             for key, rows in _DETECTORS[spec.kind](texts, spec).items() if rows}
+            for spec in parsed]
+    return secret_index_from_hits(hits, parsed, n, strict=strict)
+
+
+# ------------------------------------------------------------------------------------------
+# Sharded scans (dpsynth.compute: secret_partial on each shard, then secret_index_from_hits)
+# ------------------------------------------------------------------------------------------
+
+
+def choose_random_word_ids(df: Mapping[Any, int], spec: SecretSpec) -> list[Any]:
+    """``count`` keys of ``df`` (words, or word ids on the shards, where the words stay) at the
+    ``percentile``-th document-frequency percentile, drawn with ``seed``; the candidate pool
+    holds every key tied with the k-th closest distance, so ties are not decided by the sort
+    order of the keys."""
+    vocab = sorted((w for w, c in df.items() if c >= spec.min_df), key=lambda w: (df[w], w))
+    if not vocab:
+        return []
+    dfs = np.array([df[w] for w in vocab], dtype=np.float64)
+    target = float(np.percentile(dfs, spec.percentile))
+    order = np.argsort(np.abs(dfs - target), kind="stable")
+    k = min(spec.count, len(vocab))
+    cutoff = np.abs(dfs - target)[order[k - 1]]
+    pool = [vocab[i] for i in order if abs(dfs[i] - target) <= cutoff]
+    rng = np.random.default_rng(spec.seed)
+    picked = rng.choice(len(pool), size=k, replace=False)
+    return sorted(pool[i] for i in picked)
+
+
+def find_in_texts(texts: Sequence[str], spec: SecretSpec | dict,
+                  chosen_word_ids: Sequence[int] | None = None
+                  ) -> dict[tuple[str, str], set[int]]:
+    """{(type, secret id): indices of ``texts`` holding it} for one definition (values
+    replaced by :func:`secret_id`). Random-word definitions need ``chosen_word_ids``."""
+    spec = spec if isinstance(spec, SecretSpec) else SecretSpec.model_validate(spec)
+    if spec.kind == "random_words":
+        chosen = set(chosen_word_ids or ())
+        hits: dict[tuple[str, str], set[int]] = defaultdict(set)
+        for i, t in enumerate(texts):
+            for w in _doc_words(t):
+                if word_id(w) in chosen:
+                    hits[(spec.label, w)].add(i)
+    else:
         hits = _DETECTORS[spec.kind](texts, spec)
-        hits = {key: rows for key, rows in hits.items() if rows}
+    return {(kind, secret_id(value)): rows for (kind, value), rows in hits.items() if rows}
+
+
+def secret_index_from_hits(hits: Sequence[dict[tuple[str, str], np.ndarray]],
+                           specs: Sequence[SecretSpec | dict], n_records: int, *,
+                           strict: bool = False) -> SecretIndex:
+    """The :class:`SecretIndex` of :func:`find_secrets` from per-definition hits over global
+    rows (summed over the shards), with the same checks and messages; ``values`` hold secret
+    ids, never values. Columns are ordered by (type, id)."""
+    parsed = [s if isinstance(s, SecretSpec) else SecretSpec.model_validate(s) for s in specs]
+    if not parsed:
+        raise SecretDefinitionError("no secret definitions given")
+    found: dict[tuple[str, str], np.ndarray] = {}
+    messages: list[str] = []
+    for k, (spec, spec_hits) in enumerate(zip(parsed, hits, strict=True)):
         desc = f"secret definition #{k} (kind={spec.kind}, name={spec.label})"
-        rows_hit = set().union(*hits.values()) if hits else set()
-        if not hits:
+        if not spec_hits:
             msg = f"{desc} matched no record: no noise is needed for it"
             if strict:
                 raise SecretDefinitionError(msg)
             messages.append(msg)
             continue
-        if n > 0 and len(rows_hit) == n:
+        rows_hit = np.unique(np.concatenate(list(spec_hits.values())))
+        if n_records > 0 and rows_hit.size == n_records:
             raise SecretDefinitionError(
-                f"{desc} matches every one of the {n} records: no public data would remain; "
-                "narrow the definition"
-            )
-        for key, rows in hits.items():
-            found.setdefault(key, set()).update(rows)
+                f"{desc} matches every record: no public data would remain; narrow the "
+                "definition")
+        for key, rows in spec_hits.items():
+            found[key] = np.union1d(found.get(key, np.zeros(0, np.int64)), rows)
     keys = sorted(found)
-    rows_idx: list[int] = []
-    cols_idx: list[int] = []
-    for j, key in enumerate(keys):
-        for i in sorted(found[key]):
-            rows_idx.append(i)
-            cols_idx.append(j)
+    rows_idx = np.concatenate([found[key] for key in keys]) if keys else np.zeros(0, np.int64)
+    cols_idx = np.concatenate([np.full(len(found[key]), j) for j, key in enumerate(keys)]) \
+        if keys else np.zeros(0, np.int64)
     membership = sp.csr_matrix(
-        (np.ones(len(rows_idx), dtype=np.int8), (rows_idx, cols_idx)), shape=(n, len(keys))
-    )
-    index = SecretIndex(
-        membership=membership,
-        values=[v for _, v in keys],
-        types=[t for t, _ in keys],
-        messages=messages,
-    )
+        (np.ones(len(rows_idx), dtype=np.int8), (rows_idx, cols_idx)),
+        shape=(n_records, len(keys)))
+    index = SecretIndex(membership=membership, values=[v for _, v in keys],
+                        types=[t for t, _ in keys], messages=messages)
     if index.no_secrets:
         index.messages.append(
             "no secret matched any record: no noise is needed for secrets; all records are public"
         )
-    elif n > 0 and bool(index.record_has_secret().all()):
+    elif n_records > 0 and bool(index.record_has_secret().all()):
         raise SecretDefinitionError(
-            f"the secret definitions together match every one of the {n} records: no public data "
-            "would remain for the public clustering; narrow the definitions"
-        )
+            "the secret definitions together match every record: no public data would remain "
+            "for the public clustering; narrow the definitions")
     return index

@@ -23,6 +23,7 @@ The random chunks (``chunk`` rows x d float32) count towards both paths equally.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -103,14 +104,14 @@ class PeakRSS:
 def _per_point_job(m: int, n: int, d: int, seed: int, threads: int, q) -> None:
     import faiss
 
-    from dpsynth.evolution.representatives import per_point_vote
+    from dpsynth.evolution.representatives import nearest_count_vote
 
     faiss.omp_set_num_threads(threads)
     cand = embeddings(n, d, seed, CANDIDATES)
     stream = TimedStream(m, d, seed)
     with PeakRSS() as mem:
         t = time.perf_counter()
-        hist = per_point_vote(stream, cand)
+        hist = nearest_count_vote(stream, cand)
         secs = time.perf_counter() - t - stream.gen_seconds
     q.put({"seconds": secs, "peak_mb": mem.extra_mb, "votes": float(hist.sum())})
 
@@ -192,7 +193,14 @@ def _in_subprocess(target, *args) -> dict:
     q = ctx.Queue()
     p = ctx.Process(target=target, args=(*args, q))
     p.start()
-    out = q.get()
+    while True:  # a child that dies before it answers is a failure, not a hang
+        try:
+            out = q.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if not p.is_alive():
+                raise RuntimeError("benchmark subprocess died with exit code "
+                                   f"{p.exitcode} before it answered") from None
     p.join()
     if p.exitcode != 0:
         raise RuntimeError(f"benchmark subprocess failed with exit code {p.exitcode}")
@@ -235,7 +243,7 @@ def bench_voting(private: int, synthetic: int, clusters: int = 1000, dim: int = 
     }
 
 
-# --- `dpsynth bench knn`: exact vs approximate (IVF / HNSW) Aug-PE voting, same data ----------
+# --- `dpsynth bench knn`: exact vs approximate (PQ / IVF / HNSW) Aug-PE voting, same data -----
 
 def mixture_centres(seed: int, topics: int, d: int) -> np.ndarray:
     """Unit topic centres of the clustered embedding generator."""
@@ -400,19 +408,26 @@ def bench_knn(private: int, synthetic: int, labels: int = 1, dim: int = 384,
               nlist: int | None = None, nprobe: int | tuple[int, ...] = 1, ef_search: int = 64,
               hnsw: bool = False, reference: bool = True, secpe: bool = True,
               clusters: int = 1000, threads: int = 2, progress=None,
-              embeddings: str | None = None) -> dict:
-    """Exact vs IVF (and HNSW) voting, the reference, and SecPE's representative vote, each in
-    its own spawned process on the same clustered embeddings; agreement = share of private
-    records whose nearest candidate is the same as exact search's. With several ``nprobe``,
-    ``ann_seconds`` is the fastest IVF setting with agreement >= 0.99 (else the most accurate).
+              embeddings: str | None = None, rerank: tuple[int, ...] = (16,),
+              repeats: int = 1, pq_m: tuple[int, ...] = (0,)) -> dict:
+    """Exact vs PQ fast-scan + re-rank, IVF (and HNSW) voting, the reference, and SecPE's
+    representative vote, each in its own spawned process on the same embeddings; agreement =
+    share of private records whose nearest candidate is the same as exact search's. Exact and
+    the ANN settings run ``repeats`` rounds, interleaved (exact, ANN..., exact, ANN...), and
+    each path's time is its median over the rounds (``runs_seconds`` lists them all), so a load
+    change on a shared machine hits both. PQ settings: every ``pq_m`` (0 = the default d / 2)
+    with every ``rerank``. ``ann`` / ``ann_seconds`` / ``speedup`` /
+    ``agreement``: the fastest ANN setting with agreement >= 0.99 (else the most accurate).
     ``progress(res)`` is called after each path."""
     import tempfile
 
     nprobes = (nprobe,) if isinstance(nprobe, int) else tuple(nprobe)
-    if not nprobes or min(private, synthetic, labels, dim, *nprobes, ef_search, clusters,
-                          threads) < 1:
-        raise ValueError("--private, --synthetic, --labels, --dim, --nprobe, --ef-search, "
-                         "--clusters and --threads must be >= 1")
+    if min(private, synthetic, labels, dim, *nprobes, *rerank, ef_search, clusters, threads,
+           repeats) < 1 or min(pq_m, default=0) < 0:
+        raise ValueError("--private, --synthetic, --labels, --dim, --nprobe, --rerank, "
+                         "--ef-search, --clusters, --threads and --repeats must be >= 1")
+    if not nprobes and not rerank and not hnsw:
+        raise ValueError("give at least one ANN setting (--nprobe, --rerank or --hnsw)")
     if spread <= 0:
         raise ValueError("--spread must be > 0")
     data = KnnData(private, synthetic, labels, dim, topics or max(10, synthetic // 50), spread,
@@ -435,19 +450,28 @@ def bench_knn(private: int, synthetic: int, labels: int = 1, dim: int = 384,
         if progress:
             progress(res)
 
+    ann = [(f"pq_m{m}_rerank{r}" if m else f"pq_rerank{r}", "pq",
+            {"pq_m": m or None, "rerank": r}) for m in pq_m for r in rerank]
+    ann += [(f"ivf_nprobe{p}", "ivf", {"nlist": nlist, "nprobe": p}) for p in nprobes]
+    if hnsw:
+        ann.append(("hnsw", "hnsw", {"ef_search": ef_search}))
     with tempfile.TemporaryDirectory() as tmp:
-        note("exact", _in_subprocess(_knn_job, "exact", data, {}, threads, f"{tmp}/exact.npy"))
-        exact_ids = np.load(f"{tmp}/exact.npy")
-        exact_hist = np.load(f"{tmp}/exact.npy.hist.npy")
-        ann = [(f"ivf_nprobe{p}", "ivf", {"nlist": nlist, "nprobe": p}) for p in nprobes]
-        if hnsw:
-            ann.append(("hnsw", "hnsw", {"ef_search": ef_search}))
-        for key, path, params in ann:
-            out = _in_subprocess(_knn_job, path, data, params, threads, f"{tmp}/{key}.npy")
-            ids = np.load(f"{tmp}/{key}.npy")
-            out["agreement"] = float((ids == exact_ids).mean())
-            out["params"] = params
-            note(key, out)
+        runs: dict[str, list[dict]] = {}
+        exact_ids = exact_hist = np.zeros(0)
+        for _ in range(repeats):  # interleaved rounds: exact, then every ANN setting
+            for key, path, params in [("exact", "exact", {}), *ann]:
+                out = _in_subprocess(_knn_job, path, data, params, threads, f"{tmp}/{key}.npy")
+                runs.setdefault(key, []).append(out)
+                out = {**out, "seconds": float(np.median([r["seconds"] for r in runs[key]])),
+                       "peak_mb": max(r["peak_mb"] for r in runs[key]),
+                       "runs_seconds": [r["seconds"] for r in runs[key]]}
+                ids = np.load(f"{tmp}/{key}.npy")
+                if key == "exact":
+                    exact_ids, exact_hist = ids, np.load(f"{tmp}/exact.npy.hist.npy")
+                else:
+                    out["agreement"] = float((ids == exact_ids).mean())
+                    out["params"] = params
+                note(key, out)
         if secpe:
             note("secpe", _in_subprocess(_knn_secpe_job, data, clusters, 1.0, threads))
         if reference:
@@ -457,11 +481,13 @@ def bench_knn(private: int, synthetic: int, labels: int = 1, dim: int = 384,
             out["max_abs_hist_diff_vs_exact"] = float(np.abs(ref_hist - exact_hist).max())
             note("reference", out)
     res["exact_seconds"] = res["exact"]["seconds"]
-    ivf = [res[f"ivf_nprobe{p}"] for p in nprobes]
-    good = [r for r in ivf if r["agreement"] >= 0.99]
-    best = (min(good, key=lambda r: r["seconds"]) if good
-            else max(ivf, key=lambda r: r["agreement"]))
-    res["ann"] = f"ivf nlist={nlist or 'sqrt(n)'} nprobe={best['params']['nprobe']}"
+    tried = [(key, res[key]) for key, _, _ in ann]
+    good = [kr for kr in tried if kr[1]["agreement"] >= 0.99]
+    key, best = (min(good, key=lambda kr: kr[1]["seconds"]) if good
+                 else max(tried, key=lambda kr: kr[1]["agreement"]))
+    res["ann"] = key.split("_")[0] + " " + ", ".join(
+        f"{a}={b if b is not None else ('sqrt(n)' if a == 'nlist' else 'd/2')}"
+        for a, b in best["params"].items())
     res["ann_seconds"] = best["seconds"]
     res["speedup"] = res["exact_seconds"] / max(res["ann_seconds"], 1e-9)
     res["agreement"] = best["agreement"]

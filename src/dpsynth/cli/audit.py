@@ -21,17 +21,6 @@ audit_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_ERRORS = ("EvalInputError", "DataError", "ConfigError", "BudgetRefusedError",
-           "BudgetExceededError", "PrivacyConfigError")
-
-
-def _fail(err: Exception) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    Console(stderr=True).print(f"[red]error:[/red] {escape(str(err))}")
-    raise typer.Exit(2)
-
 
 @audit_app.command("canary")
 def canary(
@@ -52,16 +41,11 @@ def canary(
     from ..eval.audits import DEFAULT_CANARY
     from ..eval.canary import run_canary_audit
 
-    try:
-        result = run_canary_audit(
-            config, output, canary=canary_text or DEFAULT_CANARY, copies=copies, seed=seed,
-            threshold=threshold, overrides=parse_sets(set_ or []),
-            progress=not (quiet or as_json),
-        )
-    except Exception as exc:  # noqa: BLE001
-        if type(exc).__name__ in _ERRORS:
-            _fail(exc)
-        raise
+    result = run_canary_audit(
+        config, output, canary=canary_text or DEFAULT_CANARY, copies=copies, seed=seed,
+        threshold=threshold, overrides=parse_sets(set_ or []),
+        progress=not (quiet or as_json),
+    )
     if as_json:
         typer.echo(json.dumps(result, default=str))
         return
@@ -95,12 +79,7 @@ def audit_run_cmd(
     private/eval/audit.json (operator only)."""
     from ..eval.suite import audit_run
 
-    try:
-        result = audit_run(run_dir, holdout, text=text, pii_columns=pii_column or None)
-    except Exception as exc:  # noqa: BLE001
-        if type(exc).__name__ in _ERRORS:
-            _fail(exc)
-        raise
+    result = audit_run(run_dir, holdout, text=text, pii_columns=pii_column or None)
     if as_json:
         typer.echo(json.dumps(result, default=str))
         return

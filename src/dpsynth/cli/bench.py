@@ -67,15 +67,26 @@ def knn(
     clusters: int = typer.Option(1000, "--clusters", help="SecPE public KMeans centres K."),
     seed: int = typer.Option(0, "--seed"),
     threads: int = typer.Option(2, "--threads", help="faiss OpenMP threads."),
+    rerank: list[int] = typer.Option(  # noqa: B006
+        [16], "--rerank", help="PQ: candidates re-scored exactly per neighbour (repeatable)."
+    ),
+    pq_m: list[int] = typer.Option(  # noqa: B006
+        [0], "--pq-m", help="PQ sub-vectors (0 = d / 2; repeatable)."
+    ),
+    embeddings: str | None = typer.Option(
+        None, "--embeddings", help="An .npz of real embeddings (benchmarks/bench_knn.py)."
+    ),
+    repeats: int = typer.Option(1, "--repeats", help="Alternating exact / ANN rounds."),
     as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
 ) -> None:
-    """Exact vs approximate (IVF, HNSW) Aug-PE voting on the same clustered embeddings."""
+    """Exact vs approximate (PQ, IVF, HNSW) Aug-PE voting on the same embeddings."""
     from dpsynth.bench.voting import bench_knn
 
     try:
         res = bench_knn(private, synthetic, labels, dim, topics or None, spread, seed,
                         nlist or None, tuple(nprobe), ef_search, hnsw, reference, secpe, clusters,
-                        threads)
+                        threads, embeddings=embeddings, rerank=tuple(rerank), repeats=repeats,
+                        pq_m=tuple(pq_m))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     _emit(res, as_json)
@@ -92,6 +103,10 @@ def serving(
 ) -> None:
     """`llm serve` one request at a time vs micro-batching, on loopback, side by side."""
     from dpsynth.bench.serving import bench_serving
+    from dpsynth.errors import require
+
+    for module in ("fastapi", "uvicorn"):
+        require(module, "serve", "`dpsynth bench serving`")
 
     try:
         res = bench_serving(model, clients, requests, tokens, max_batch)

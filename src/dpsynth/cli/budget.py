@@ -1,8 +1,8 @@
 """CLI commands: ``dpsynth budget show`` and ``dpsynth budget set`` (the cross-run ledger).
 
 The ledger and its semantics are described in docs/methods.md §0. Every error (a ledger path that
-is a directory, an unreadable or corrupt file, bad arguments) is one clear line on stderr and exit
-code 2, never a traceback.
+is a directory, an unreadable or corrupt file, bad arguments) is a DpsynthError: one clear line on
+stderr and exit code 2 (from the root command group), never a traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
+
+from ..errors import ConfigError, DpsynthError, InputError, PrivacyError
 
 budget_app = typer.Typer(
     name="budget",
@@ -28,11 +30,6 @@ LedgerOption = Annotated[
 ]
 
 
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"Error: {message}", err=True)
-    raise typer.Exit(code=2)
-
-
 def _counted(entry: dict[str, Any]) -> tuple[float | None, float | None]:
     if entry.get("guarantee", "dp") != "dp":
         return None, None
@@ -46,8 +43,8 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def _collect(ledger: Path | None) -> tuple[Any, list[dict], list[dict[str, Any]]]:
-    """(ledger, entries, one summary dict per dataset) or a clean exit 2."""
-    from dpsynth.privacy import BudgetLedger, PrivacyConfigError
+    """(ledger, entries, one summary dict per dataset); a PrivacyError if it cannot be read."""
+    from dpsynth.privacy import BudgetLedger
 
     book = BudgetLedger(ledger)
     try:
@@ -72,10 +69,11 @@ def _collect(ledger: Path | None) -> tuple[Any, list[dict], list[dict[str, Any]]
                     "runs": runs,
                 }
             )
-    except PrivacyConfigError as err:
-        _fail(str(err))
+    except DpsynthError:
+        raise
     except (OSError, KeyError, TypeError, ValueError) as err:
-        _fail(f"{book.path}: cannot read the budget ledger ({type(err).__name__})")
+        raise PrivacyError(f"{book.path}: cannot read the budget ledger "
+                           f"({type(err).__name__})") from None
     return book, entries, out
 
 
@@ -152,31 +150,28 @@ def set_budget(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Set a dataset's total budget; it applies to every later run on the dataset."""
-    from dpsynth.privacy import BudgetLedger, PrivacyConfigError
+    from dpsynth.privacy import BudgetLedger
 
     if (dataset is None) == (data is None):
-        _fail("give exactly one of --dataset FINGERPRINT or --data FILE")
+        raise ConfigError("give exactly one of --dataset FINGERPRINT or --data FILE")
     if total_epsilon is None and total_delta is None:
-        _fail("give --total-epsilon, --total-delta, or both")
+        raise ConfigError("give --total-epsilon, --total-delta, or both")
     if total_epsilon is not None and not (math.isfinite(total_epsilon) and total_epsilon >= 0):
-        _fail(f"--total-epsilon must be a finite number >= 0, got {total_epsilon}")
+        raise ConfigError(f"--total-epsilon must be a finite number >= 0, got {total_epsilon}")
     if total_delta is not None and not (0 <= total_delta < 1):
-        _fail(f"--total-delta must be in [0, 1), got {total_delta}")
+        raise ConfigError(f"--total-delta must be in [0, 1), got {total_delta}")
     book = BudgetLedger(ledger)
-    try:
-        if data is not None:
-            from dpsynth.data import DataError, load_dataset
+    if data is not None:
+        from dpsynth.data import load_dataset
 
-            try:
-                ds = load_dataset(data, text, label or [], user, on_duplicate="ignore")
-            except (DataError, ValueError, OSError) as err:
-                _fail(f"--data {data}: {err}")
-            dataset = book.dataset_id(ds.fingerprint())
-        assert dataset is not None
-        known = {e["dataset"] for e in book.entries()} | set(book.budgets())
-        stored = book.set_budget(dataset, total_epsilon, total_delta)
-    except PrivacyConfigError as err:
-        _fail(str(err))
+        try:
+            ds = load_dataset(data, text, label or [], user, on_duplicate="ignore")
+        except (ValueError, OSError) as err:  # the loader's DataError is a ValueError
+            raise InputError(f"--data {data}: {err}") from None
+        dataset = book.dataset_id(ds.fingerprint())
+    assert dataset is not None
+    known = {e["dataset"] for e in book.entries()} | set(book.budgets())
+    stored = book.set_budget(dataset, total_epsilon, total_delta)
     spent = book.spent(dataset)
     out = {
         "ledger": str(book.path),

@@ -8,16 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-_ERRORS = ("EvalInputError", "DataError", "ConfigError")
-
-
-def _fail(err: Exception) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    Console(stderr=True).print(f"[red]error:[/red] {escape(str(err))}")
-    raise typer.Exit(2)
-
 
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="run folder written by dpsynth generate")],
@@ -38,6 +28,9 @@ def evaluate(
     pii_column: Annotated[list[str] | None, typer.Option(
         "--pii-column", help="private column holding PII values (repeat; default: columns "
         "named like name/phone/email)")] = None,
+    zero_shot: Annotated[Path | None, typer.Option(
+        "--zero-shot", help="zero-shot run folder to use as the zero-shot reference "
+        "(default: the run's release/zero_shot.jsonl)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
     """Fidelity, utility and audits of a run against real test data; writes RUN_DIR/eval/."""
@@ -46,32 +39,31 @@ def evaluate(
     from ..eval.suite import evaluate_run
 
     err = Console(stderr=True)
-    try:
-        result, audit = evaluate_run(
-            run_dir, test, text=text, labels=label or None, classifier=classifier,  # type: ignore[arg-type]
-            k=k, finetune_epochs=epochs, with_mauve=mauve, with_audits=audits,
-            pii_columns=pii_column or None,
-            log=None if as_json else (lambda m: err.print(f"[dim]{m}[/dim]")),
-        )
-    except Exception as exc:  # noqa: BLE001
-        if type(exc).__name__ in _ERRORS:
-            _fail(exc)
-        raise
+    result, audit = evaluate_run(
+        run_dir, test, text=text, labels=label or None, classifier=classifier,  # type: ignore[arg-type]
+        k=k, finetune_epochs=epochs, with_mauve=mauve, with_audits=audits,
+        pii_columns=pii_column or None, zero_shot_run=zero_shot,
+        log=None if as_json else (lambda m: err.print(f"[dim]{m}[/dim]")),
+    )
     if as_json:
         typer.echo(json.dumps({"eval": result, "audit": audit}, default=str))
         return
     print_eval(result, audit)
-    Console().print(f"written: {Path(run_dir) / 'eval' / 'eval.json'}"
-                    + (f", {Path(run_dir) / 'private' / 'eval' / 'audit.json'}" if audit else ""))
+    private = Path(run_dir) / "private" / "eval"
+    Console().print(f"written: {Path(run_dir) / 'eval' / 'eval.json'}, {private}/"
+                    + ("{reference,audit}.json" if audit else "reference.json"))
+    typer.echo(result.get("verdict", ""))
 
 
 def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
-    """Rich tables for an eval result (fidelity, utility, audits)."""
+    """Rich tables for an eval result: fidelity; per label column synthetic vs zero-shot vs
+    real-trained vs chance (the CLI is the operator's view); audits."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from ..eval.common import fmt_metric, is_unavailable
+    from ..eval.view import utility_tables
 
     console = Console()
     eps = result.get("epsilon")
@@ -91,22 +83,16 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
                                       and "tv" in length else length)))
     console.print(fid)
     util = result["utility"]
-    for kind in ("logreg", "finetune"):
-        if kind not in util:
-            continue
-        table = Table(title=f"Utility: {kind} trained on each set, tested on real test data")
-        for col in ("label", "synthetic acc / F1", "private acc / F1", "zero-shot acc / F1",
-                    "chance"):
+    for view in utility_tables(util, operator=True):
+        table = Table(title=f"Utility: {view.title}",
+                      caption="trained on each set, tested on the real test data")
+        for col in ("trained on", "accuracy", "macro-F1"):
             table.add_column(col)
-        for col, row in util[kind].items():
-            cells = []
-            for name in ("synthetic", "private", "zero_shot"):
-                cell = row.get(name)
-                if isinstance(cell, dict) and "accuracy" in cell:
-                    cells.append(f"{cell['accuracy']:.3f} / {cell['macro_f1']:.3f}")
-                else:
-                    cells.append(escape(fmt_metric(cell)))
-            table.add_row(col, *cells, fmt_metric(row.get("chance")))
+        for row in view.rows:
+            table.add_row(row.name,
+                          fmt_metric(row.accuracy) if row.accuracy is not None
+                          else escape(row.note),
+                          fmt_metric(row.macro_f1) if row.macro_f1 is not None else "")
         console.print(table)
     if "next_token" in util:
         table = Table(title="Utility: next-token accuracy (word bigram LM) on real test text")
@@ -166,16 +152,11 @@ def report(
     """Write one self-contained HTML report (plots inlined) from release/, stats and eval/."""
     from ..eval.report import operator_report_path, write_report
 
-    try:
-        if test is not None:
-            from ..eval.suite import evaluate_run
+    if test is not None:
+        from ..eval.suite import evaluate_run
 
-            evaluate_run(run_dir, test)
-        path = write_report(run_dir, out)
-    except Exception as exc:  # noqa: BLE001
-        if type(exc).__name__ in _ERRORS:
-            _fail(exc)
-        raise
+        evaluate_run(run_dir, test)
+    path = write_report(run_dir, out)
     if as_json:
         typer.echo(json.dumps({"report": str(path),
                                "operator_report": str(operator_report_path(run_dir))}))

@@ -49,7 +49,11 @@ def serve_cmd(
     Concurrent requests are micro-batched; the queue is bounded and pushes back with 429/503
     and Retry-After rather than letting a client wait past its timeout.
     """
+    from ..errors import require
     from ..llm import load_generator
+
+    for module in ("fastapi", "uvicorn"):
+        require(module, "serve", "`dpsynth llm serve`")
     from ..llm.server import serve
 
     spec = _spec(model)

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from ..errors import ConfigError
+
 privacy_app = typer.Typer(
     name="privacy",
     help="Noise calibration and privacy accounting for Gaussian releases.",
@@ -16,15 +18,9 @@ privacy_app = typer.Typer(
 _ACCOUNTANTS = ("pld", "rdp", "zcdp", "gdp")
 
 
-def _fail(message: str) -> None:
-    """Print a clear error on stderr and exit with status 2 (bad input)."""
-    typer.echo(f"Error: {message}", err=True)
-    raise typer.Exit(code=2)
-
-
 def _check_accountant(kind: str) -> None:
     if kind not in _ACCOUNTANTS:
-        _fail(f"--accountant must be one of {', '.join(_ACCOUNTANTS)}, got {kind!r}")
+        raise ConfigError(f"--accountant must be one of {', '.join(_ACCOUNTANTS)}, got {kind!r}")
 
 
 @privacy_app.command("calibrate")
@@ -37,14 +33,10 @@ def calibrate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Smallest Gaussian sigma so that STEPS releases meet (EPSILON, DELTA)."""
-    from dpsynth.privacy import PrivacyConfigError, calibrate_steps
+    from dpsynth.privacy import calibrate_steps
 
     _check_accountant(accountant)
-    try:
-        sigma = calibrate_steps(epsilon, delta, steps, sensitivity=sensitivity, kind=accountant)
-    except PrivacyConfigError as err:
-        _fail(str(err))
-        return
+    sigma = calibrate_steps(epsilon, delta, steps, sensitivity=sensitivity, kind=accountant)
     if as_json:
         typer.echo(json.dumps({"sigma": sigma}))
     else:
@@ -64,14 +56,10 @@ def epsilon_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """epsilon at DELTA of STEPS Gaussian releases with noise SIGMA."""
-    from dpsynth.privacy import PrivacyConfigError, steps_epsilon
+    from dpsynth.privacy import steps_epsilon
 
     _check_accountant(accountant)
-    try:
-        eps = steps_epsilon(sigma, delta, steps, sensitivity=sensitivity, kind=accountant)
-    except PrivacyConfigError as err:
-        _fail(str(err))
-        return
+    eps = steps_epsilon(sigma, delta, steps, sensitivity=sensitivity, kind=accountant)
     if as_json:
         typer.echo(json.dumps({"epsilon": eps}))
     else:

@@ -7,14 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
+
+from ..errors import ConfigError
+from .generate import parse_sets
 
 group = typer.Typer(help="DP-SynRAG: a DP synthetic knowledge base, and RAG over it.",
                     no_args_is_help=True)
-
-
-def _err(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
 
 
 @group.command("build")
@@ -26,28 +24,16 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json."""
-    from ..config import ConfigError
     from ..rag.build import build_kb
 
-    overrides = {}
-    for item in set_ or []:
-        if "=" not in item:
-            raise typer.BadParameter(f"--set {item!r}: use KEY=VALUE, e.g. synrag.tokens=20")
-        k, v = item.split("=", 1)
-        overrides[k.strip()] = yaml.safe_load(v)
     echo = None if as_json else (lambda m: typer.echo(m, err=True))
-    try:
-        run_dir = build_kb(config, output, resume=resume, overrides=overrides, echo=echo)
-    except (ConfigError, FileExistsError, FileNotFoundError) as err:
-        _err(str(err))
-        raise typer.Exit(2) from None
-    except Exception as err:  # noqa: BLE001 - one clear line for known errors
-        if type(err).__name__ in {"DataError", "BudgetRefusedError", "BudgetExceededError",
-                                  "PrivacyConfigError", "GenerationError"}:
-            _err(str(err))
-            _err(f"nothing computed is lost: rerun with --resume -o {output}")
-            raise typer.Exit(2) from None
-        raise
+    try:  # a DpsynthError goes to the root group: one `error:` line, exit 2
+        run_dir = build_kb(config, output, resume=resume, overrides=parse_sets(set_ or []),
+                           echo=echo)
+    except KeyboardInterrupt as err:
+        typer.echo(f"stopped ({err or 'SIGINT'}); run.json says so. Continue with: "
+                   f"dpsynth rag build {config} -o {output} --resume", err=True)
+        raise typer.Exit(130) from None
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
     if as_json:
         typer.echo(json.dumps({"run_dir": str(run_dir), **summary}))
@@ -69,13 +55,8 @@ def ask(
     from ..rag.answer import answer
 
     if not question.strip():
-        _err("the question is blank (empty or whitespace only)")
-        raise typer.Exit(2)
-    try:
-        result = answer(question, kb, k)
-    except FileNotFoundError as err:
-        _err(str(err))
-        raise typer.Exit(2) from None
+        raise ConfigError("the question is blank (empty or whitespace only)")
+    result = answer(question, kb, k)
     if as_json:
         typer.echo(json.dumps(result, ensure_ascii=False))
         return
@@ -97,15 +78,11 @@ def serve(
         "--queue-timeout", min=0.1, help="seconds a question may wait for the model")] = 30.0,
 ) -> None:
     """Serve the KB as a JSON API: GET /health, POST /ask {"question": ..., "k": 3}."""
-    from ..config import ConfigError
-    from ..rag.service import is_loopback, kb_app
+    from ..rag.service import is_loopback, kb_app, require_serving
     from ..rag.service import serve as run_server
 
-    try:
-        app = kb_app(kb, max_pending=max_pending, queue_timeout=queue_timeout)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        _err(str(err))
-        raise typer.Exit(2) from None
+    require_serving()  # before any model loads
+    app = kb_app(kb, max_pending=max_pending, queue_timeout=queue_timeout)
     if not is_loopback(host):
         typer.echo(f"warning: serving on {host} makes the API reachable from other machines",
                    err=True)

@@ -25,10 +25,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import faiss
 import numpy as np
 
 from ..evolution.voting import knn_vote, topq_vote, user_label_counts
+from ..io import nearest
 
 #: Buckets users are hashed into; fixed, so a run's sums are the same for any shard count
 #: (the largest useful shard count).
@@ -141,6 +141,12 @@ def label_count_partial(shard: ShardData, n_labels: int, user_level: bool) -> Pa
         shard.labels[sel], n_labels, codes))
 
 
+def masked_label_count_partial(shard: ShardData, take: np.ndarray, n_labels: int
+                               ) -> np.ndarray:
+    """Label histogram (int64) of the shard's rows in ``take`` (a global boolean mask)."""
+    return np.bincount(shard.labels[take[shard.rows]], minlength=n_labels).astype(np.int64)
+
+
 def sum_partials(parts: Sequence[Partial]) -> Partial:
     """Add shard partials: integers exactly; buckets must be disjoint (each on one shard)."""
     out = Partial()
@@ -190,9 +196,7 @@ def centre_partial(shard: ShardData, take: np.ndarray, centres: dict[int, np.nda
             x = np.array(shard.emb[sel], dtype=np.float32)
             norms = np.sqrt(np.einsum("ij,ij->i", x, x))
             x *= np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))[:, None]
-            index = faiss.IndexFlatL2(d)
-            index.add(c)
-            lab = index.search(x, 1)[1][:, 0]
+            lab = nearest(x, c, 1, "l2")[1][:, 0]
             grid = np.trunc(x.astype(np.float64) * 2.0 ** FIXED_POINT_BITS).astype(np.int64)
             np.add.at(sums, lab, grid)
             counts += np.bincount(lab, minlength=k)
@@ -212,3 +216,188 @@ def sum_centre_partials(parts: Sequence[dict[int, tuple[np.ndarray, np.ndarray]]
                 total[y] = (s.copy(), c.copy())
     return {y: (s.astype(np.float64) * 2.0 ** -FIXED_POINT_BITS, c)
             for y, (s, c) in sorted(total.items())}
+
+
+# -- statistics of the texts and labels (before any embedding) -------------------------------
+@dataclass
+class TextShard:
+    """The private records one shard holds, before embedding: texts (read in chunks: a
+    :class:`dpsynth.columns.TextColumn` view), label columns and user ids (all as strings),
+    global row numbers and buckets. Never leaves the worker that built it."""
+
+    texts: Sequence[str]
+    labels: dict[str, Sequence[str]]
+    rows: np.ndarray
+    buckets: np.ndarray
+    users: Sequence[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def text_shard(dataset: Any, keys_users: Sequence[str] | None, shard: int = 0,
+               shards: int = 1) -> TextShard:
+    """Shard ``shard`` of ``shards`` of a loaded :class:`dpsynth.data.Dataset`, partitioned by
+    ``keys_users`` (the user ids at user level, else None: by row)."""
+    from ..data import _take
+
+    buckets = buckets_of(record_keys(len(dataset), keys_users))
+    rows = np.flatnonzero(shard_of(buckets, shards) == shard).astype(np.int64)
+    return TextShard(texts=_take(dataset.texts, rows),
+                     labels={c: _take(v, rows) for c, v in dataset.labels.items()},
+                     rows=rows, buckets=buckets[rows],
+                     users=None if dataset.users is None else _take(dataset.users, rows))
+
+
+def _text_chunks(shard: TextShard, size: int = 4096) -> Iterable[tuple[int, list[str]]]:
+    """(offset in the shard, texts) chunk by chunk."""
+    from ..columns import chunks_of
+
+    offset = 0
+    for chunk in chunks_of(shard.texts, size):
+        yield offset, chunk
+        offset += len(chunk)
+
+
+def label_value_partial(shard: TextShard, columns: Sequence[str], user_level: bool
+                        ) -> dict[str, Partial | dict[str, Any]]:
+    """Counts of the label values present, per column, for label-domain discovery
+    (``dpsynth.label_domain``): record level, each record adds 1 to its value (exact ints);
+    user level, per user bucket, a user with m distinct values adds 1/sqrt(m) to each (users in
+    id order, values in sorted order, so the float sums do not depend on the sharding)."""
+    out: dict[str, Any] = {}
+    for col in columns:
+        values = np.asarray(list(shard.labels[col]), dtype=object)
+        if not user_level:
+            names, counts = np.unique(values, return_counts=True) if len(values) else ([], [])
+            out[col] = {"ints": {str(v): int(c) for v, c in zip(names, counts, strict=True)}}
+            continue
+        assert shard.users is not None
+        users = np.asarray(list(shard.users), dtype=object)
+        per_bucket: dict[int, dict[str, float]] = {}
+        for b in np.unique(shard.buckets).tolist():
+            sel = shard.buckets == b
+            held: dict[str, set[str]] = {}
+            for u, v in zip(users[sel].tolist(), values[sel].tolist(), strict=True):
+                held.setdefault(u, set()).add(v)
+            totals: dict[str, float] = {}
+            for u in sorted(held):
+                w = 1.0 / np.sqrt(len(held[u]))
+                for v in sorted(held[u]):
+                    totals[v] = totals.get(v, 0.0) + w
+            per_bucket[int(b)] = totals
+        out[col] = {"buckets": per_bucket}
+    return out
+
+
+def sum_label_value_partials(parts: Sequence[dict[str, Any]], columns: Sequence[str]
+                             ) -> dict[str, tuple[list[str], np.ndarray]]:
+    """Per column: (the values present, sorted; their summed counts as float64). Integer counts
+    add exactly; user buckets (each on one shard) add in bucket order."""
+    out: dict[str, tuple[list[str], np.ndarray]] = {}
+    for col in columns:
+        ints: dict[str, int] = {}
+        buckets: dict[int, dict[str, float]] = {}
+        for part in parts:
+            for v, c in part[col].get("ints", {}).items():
+                ints[v] = ints.get(v, 0) + c
+            for b, totals in part[col].get("buckets", {}).items():
+                if b in buckets:
+                    raise RuntimeError(f"user bucket {b} came from two shards")
+                buckets[b] = totals
+        if buckets:
+            sums: dict[str, float] = {}
+            for b in sorted(buckets):
+                for v, x in buckets[b].items():
+                    sums[v] = sums.get(v, 0.0) + x
+            names = sorted(sums)
+            out[col] = (names, np.array([sums[v] for v in names], dtype=np.float64))
+        else:
+            names = sorted(ints)
+            out[col] = (names, np.array([ints[v] for v in names], dtype=np.float64))
+    return out
+
+
+def keyword_partial(shard: TextShard, vocab: Any, k: int, fill: str, user_level: bool,
+                    generator_factory: Any = None, max_new_tokens: int = 64) -> Partial:
+    """DP-SynRAG's keyword histogram of the shard's documents (docs/methods.md §4): K keyword
+    ids per document (``rag.keywords.extract_keywords``; with ``generator_factory`` the LLM
+    extractor runs here, on the shard), then how many documents hold each vocabulary term.
+    At user level a document is the user's records joined in row order (a whole user sits on
+    one shard). Exact integers, summed by :func:`sum_partials`."""
+    from ..rag.keywords import extract_keywords
+
+    generate = None
+    if generator_factory is not None:
+        from ..llm import GenerationRequest, SamplingParams
+
+        gen = generator_factory()
+        params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+
+        def generate(prompts: list) -> list[str]:
+            return gen.generate([GenerationRequest(p, params) for p in prompts], progress=False)
+
+    hist = np.zeros(len(vocab), dtype=np.int64)
+
+    def count(docs: list[str]) -> None:
+        for ids in extract_keywords(docs, vocab, k, generate=generate, fill=fill):
+            np.add.at(hist, np.asarray(ids, dtype=np.int64), 1)
+
+    if not user_level:
+        for _, chunk in _text_chunks(shard):
+            count(chunk)
+        return Partial(ints=hist)
+    assert shard.users is not None
+    groups: dict[str, list[str]] = {}
+    users = list(shard.users)
+    for offset, chunk in _text_chunks(shard):
+        for j, t in enumerate(chunk):
+            groups.setdefault(users[offset + j], []).append(t)
+    count(["\n".join(v) for v in groups.values()])
+    return Partial(ints=hist)
+
+
+def word_df_partial(shard: TextShard) -> dict[int, int]:
+    """Document frequency of every word (by its 64-bit hash, never the word) on the shard: the
+    first pass of SecPE's random-word secrets (``secrets.choose_random_word_ids``)."""
+    from ..secrets import doc_words, word_id
+
+    df: dict[int, int] = {}
+    for _, chunk in _text_chunks(shard):
+        for t in chunk:
+            for w in doc_words(t):
+                h = word_id(w)
+                df[h] = df.get(h, 0) + 1
+    return df
+
+
+def sum_counts(parts: Sequence[dict[int, int]]) -> dict[int, int]:
+    """Exact sum of integer count dicts."""
+    out: dict[int, int] = {}
+    for part in parts:
+        for key, c in part.items():
+            out[key] = out.get(key, 0) + c
+    return out
+
+
+def secret_partial(shard: TextShard, specs: Sequence[Any],
+                   chosen_words: dict[int, list[int]]) -> list[dict[tuple[str, str], np.ndarray]]:
+    """Per secret definition: {(type, secret id): global rows holding it} on the shard.
+    Secret ids are hashes of the normalised values (``secrets.secret_id``), so the driver sees
+    no secret value. ``chosen_words``: for random-word definitions (by index), the ids of the
+    words drawn from the summed document frequencies."""
+    from ..secrets import find_in_texts
+
+    out: list[dict[tuple[str, str], list[np.ndarray]]] = [{} for _ in specs]
+    for offset, chunk in _text_chunks(shard):
+        for j, spec in enumerate(specs):
+            hits = find_in_texts(chunk, spec, chosen_words.get(j))
+            for key, local in hits.items():
+                rows = shard.rows[offset + np.asarray(sorted(local), dtype=np.int64)]
+                out[j].setdefault(key, []).append(rows)
+    return [{key: np.concatenate(v) for key, v in part.items()} for part in out]
+
+
+def shard_size(shard: TextShard) -> int:
+    """Records on the shard (summed on the driver: the data set's size, private)."""
+    return len(shard)

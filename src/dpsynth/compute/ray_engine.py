@@ -16,6 +16,8 @@ same and no noise is drawn twice (noise is drawn only by the driver's session).
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -24,21 +26,27 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..io import atomic_write_bytes
 from . import PrivateCompute, kernels
 from .kernels import ShardData
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..context import PrivateView
 
 #: The kernels a driver may run on a shard (nothing else is callable remotely).
-KERNELS = frozenset({"label_count_partial", "knn_partial", "topq_partial", "centre_partial"})
+KERNELS = frozenset({"label_count_partial", "knn_partial", "topq_partial", "centre_partial",
+                     "masked_label_count_partial"})
+TEXT_KERNELS = frozenset({"shard_size", "label_value_partial", "keyword_partial",
+                          "word_df_partial", "secret_partial"})
 MAX_RESTARTS = 4
 
 
 @dataclass(frozen=True)
 class DataSpec:
     """How a worker reads the private file: the loader's arguments, the (possibly privately
-    discovered) label domain, and the driver's fingerprint of the whole file to check against."""
+    discovered) label domain and, when the driver loaded the file itself, its fingerprint and
+    record count to check against (``None``: the driver never read the file; the shards'
+    values are compared with each other)."""
 
     path: str
     text: str
@@ -49,8 +57,8 @@ class DataSpec:
     label_values: dict[str, list[str]] | None
     domain: dict[str, list[str]] | None
     user_level: bool
-    fingerprint: str
-    n_records: int
+    fingerprint: str | None = None
+    n_records: int | None = None
 
 
 @dataclass(frozen=True)
@@ -77,57 +85,125 @@ class GivenEmbedder:
         return self.embedder
 
 
-def load_shard(spec: DataSpec, shard: int, shards: int, embedder_factory: Any,
-               cache_dir: Path) -> ShardData:
-    """Read the private file, keep this shard's user buckets, embed them (or reuse the shard's
-    cached embeddings). Raises if the file differs from the one the driver validated."""
-    from ..data import load_dataset
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_bytes(path, data, mode=0o600)
 
-    ds = load_dataset(spec.path, spec.text, list(spec.labels), spec.user,
-                      max_chars=spec.max_chars, limit=spec.limit,
-                      label_values=spec.label_values)
-    if spec.domain is not None and ds.label_domain != spec.domain:
-        ds = ds.with_label_domain(spec.domain)
-    if ds.fingerprint() != spec.fingerprint:
-        raise RuntimeError(f"shard {shard}: the private file {spec.path} on this node differs "
-                           "from the one the driver validated")
-    codes, _ = ds.joint_label_codes()
-    users = ds.users if spec.user_level else None
-    buckets = kernels.buckets_of(kernels.record_keys(len(ds), users))
-    rows = np.flatnonzero(kernels.shard_of(buckets, shards) == shard).astype(np.int64)
-    cache = cache_dir / f"shard-{shard}-of-{shards}.npz"
-    emb = None
-    if cache.is_file():
-        with np.load(cache) as saved:
-            if (str(saved["fingerprint"]) == spec.fingerprint
-                    and np.array_equal(saved["rows"], rows)):
-                emb = saved["emb"]
-    if emb is None:
-        texts = [ds.texts[i] for i in rows.tolist()]
-        emb = (np.asarray(embedder_factory().embed(texts, progress=False), dtype=np.float32)
-               if texts else np.zeros((0, 0), dtype=np.float32))
-        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp.npz")
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
-            np.savez(handle, emb=emb, rows=rows, fingerprint=np.array(spec.fingerprint))
-        os.replace(tmp, cache)
-    return ShardData(emb=emb, labels=np.asarray(codes, dtype=np.int64)[rows], rows=rows,
-                     buckets=buckets[rows],
-                     users=None if users is None else np.asarray([users[i] for i in rows],
-                                                                 dtype=object))
+
+def embed_rows(embedder: Any, texts: Any, chunk: int = 4096) -> np.ndarray:
+    """Embeddings of a shard's texts, read ``chunk`` at a time (never all as Python text)."""
+    from ..columns import chunks_of
+
+    parts = [np.asarray(embedder.embed(c, progress=False), dtype=np.float32)
+             for c in chunks_of(texts, chunk)]
+    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
 
 class ShardActor:
-    """Holds one shard of private rows; answers with partial statistics only."""
+    """Holds one shard of private rows; answers with partial statistics only.
+
+    It reads and validates the whole private file (the texts go to a memory-mapped file in
+    its node's private compute folder), fingerprints it, keeps its user buckets, and embeds
+    them on the first vote (or reloads ``shard-S-of-N.npz``). A label domain or embedder set
+    later is kept in that folder too, so an actor restarted by Ray comes back the same."""
 
     def __init__(self, spec: DataSpec, shard: int, shards: int, embedder_factory: Any,
                  cache_dir: str) -> None:
-        self.shard_index = shard
+        import pickle
+
+        from ..data import DataError, load_dataset
+
+        self.shard_index, self.shards, self.spec = shard, shards, spec
         self.cache_dir = Path(cache_dir)
-        self.data = load_shard(spec, shard, shards, embedder_factory, self.cache_dir)
+        self.problems: list[dict[str, Any]] | None = None
+        self.embedder_factory = embedder_factory
+        saved = self.cache_dir / f"embedder-shard{shard}.pkl"
+        if embedder_factory is None and saved.is_file():
+            self.embedder_factory = pickle.loads(saved.read_bytes())
+        self._data: ShardData | None = None
+        try:
+            self.full = load_dataset(spec.path, spec.text, list(spec.labels), spec.user,
+                                     max_chars=spec.max_chars, limit=spec.limit,
+                                     label_values=spec.label_values,
+                                     text_dir=self.cache_dir / "texts")
+        except DataError as err:
+            self.problems = [p.to_dict() for p in err.problems]
+            return
+        self.file_fingerprint = self.full.fingerprint()
+        domain = spec.domain
+        marker = self.cache_dir / f"domain-shard{shard}.json"
+        if marker.is_file():
+            domain = json.loads(marker.read_text("utf-8"))
+        self._select(domain)
+
+    def _select(self, domain: dict[str, list[str]] | None) -> None:
+        ds = self.full
+        if domain is not None and ds.label_domain != domain:
+            ds = ds.with_label_domain(domain)
+        self.ds = ds
+        self.domain = domain
+        self.fingerprint = ds.fingerprint() if domain is not None else self.file_fingerprint
+        users = ds.users if self.spec.user_level else None
+        self.text = kernels.text_shard(ds, users, self.shard_index, self.shards)
+        self._data = None
+
+    def info(self) -> dict[str, Any]:
+        """What the driver checks: the whole file's fingerprint (and the selected records'),
+        the records in all and on this shard, the file's warnings (or its problems)."""
+        if self.problems is not None:
+            return {"problems": self.problems}
+        return {"file_fingerprint": self.file_fingerprint, "fingerprint": self.fingerprint,
+                "n_records": len(self.ds), "rows": len(self.text),
+                "warnings": [p.to_dict() for p in self.full.warnings]}
+
+    def set_domain(self, domain: dict[str, list[str]]) -> dict[str, Any]:
+        """Keep the records whose labels lie in ``domain`` (privately discovered)."""
+        _write_private(self.cache_dir / f"domain-shard{self.shard_index}.json",
+                       json.dumps(domain).encode())
+        self._select(domain)
+        return self.info()
+
+    def set_embedder(self, factory: Any) -> None:
+        import pickle
+
+        _write_private(self.cache_dir / f"embedder-shard{self.shard_index}.pkl",
+                       pickle.dumps(factory))
+        if factory != self.embedder_factory:
+            self.embedder_factory = factory
+            self._data = None
+
+    @property
+    def data(self) -> ShardData:
+        """The shard's embeddings and codes (embedded on first use, or reloaded)."""
+        if self._data is None:
+            self._data = self._embed()
+        return self._data
+
+    def _embed(self) -> ShardData:
+        if self.embedder_factory is None:
+            raise RuntimeError("no embedder was set on this shard")
+        codes, _ = self.ds.joint_label_codes()
+        rows = self.text.rows
+        key = json.dumps([self.fingerprint, self.domain], sort_keys=True)
+        cache = self.cache_dir / f"shard-{self.shard_index}-of-{self.shards}.npz"
+        emb = None
+        if cache.is_file():
+            with np.load(cache) as saved:
+                if str(saved["fingerprint"]) == key and np.array_equal(saved["rows"], rows):
+                    emb = saved["emb"]
+        if emb is None:
+            emb = embed_rows(self.embedder_factory(), self.text.texts)
+            buf = io.BytesIO()
+            np.savez(buf, emb=emb, rows=rows, fingerprint=np.array(key))
+            _write_private(cache, buf.getvalue())
+        users = self.text.users
+        return ShardData(emb=emb, labels=np.asarray(codes, dtype=np.int64)[rows], rows=rows,
+                         buckets=self.text.buckets,
+                         users=None if users is None or not self.spec.user_level
+                         else np.asarray(list(users), dtype=object))
 
     def ready(self) -> int:
-        """Rows held (a count, which the driver knows anyway from its own copy)."""
+        """Rows held (embeds them if not yet done)."""
         return len(self.data)
 
     def pid(self) -> int:
@@ -146,18 +222,53 @@ class ShardActor:
         if kernel not in KERNELS:
             raise ValueError(f"unknown shard kernel {kernel!r}")
         self._fault_point(kernel)
+        data = self.data
         start = time.perf_counter()
-        out = getattr(kernels, kernel)(self.data, *args, **kwargs)
+        out = getattr(kernels, kernel)(data, *args, **kwargs)
         return out, time.perf_counter() - start
+
+    def run_text(self, kernel: str, *args: Any, **kwargs: Any) -> Any:
+        """A text and label statistic of the shard (no embeddings needed)."""
+        if kernel not in TEXT_KERNELS:
+            raise ValueError(f"unknown shard kernel {kernel!r}")
+        self._fault_point(kernel)
+        return getattr(kernels, kernel)(self.text, *args, **kwargs)
 
     def rows_embeddings(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(global rows, embeddings) of the requested rows this shard holds."""
         keep = np.isin(self.data.rows, rows)
         return self.data.rows[keep], self.data.emb[keep]
 
+    def rows_labels(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(global rows, joint label codes) of the requested rows this shard holds."""
+        keep = np.isin(self.data.rows, rows)
+        return self.data.rows[keep], self.data.labels[keep]
+
+
+def data_spec(config: Any, run: Any, domain: dict[str, list[str]] | None = None,
+              fingerprint: str | None = None, n_records: int | None = None) -> DataSpec:
+    """The workers' reading of the run's private file (the demo corpus is written into the
+    run's private area first)."""
+    cfg = config
+    path = cfg.data.path
+    if path == "demo":
+        from ..run_data import demo_data_paths
+
+        path = str(demo_data_paths(run, cfg.data.demo_rows, cfg.data.demo_seed)["private"])
+    user_level = cfg.privacy.unit == "user"
+    user = cfg.data.user if user_level or cfg.data.user else None
+    return DataSpec(path=str(path), text=cfg.data.text, labels=tuple(cfg.data.labels),
+                    user=user, max_chars=cfg.data.max_chars, limit=cfg.data.limit,
+                    label_values=cfg.data.declared_label_values(), domain=domain,
+                    user_level=user_level, fingerprint=fingerprint, n_records=n_records)
+
 
 class RayCompute(PrivateCompute):
-    """Shards on Ray actors; the driver adds their partial statistics exactly."""
+    """Shards on Ray actors; the driver adds their partial statistics exactly.
+
+    Starting it validates the file on every shard: a file with problems raises the loader's
+    :class:`~dpsynth.data.DataError` here, and shards that read different files (or a file
+    other than the one the driver validated) raise :class:`~dpsynth.errors.ComputeError`."""
 
     engine = "ray"
 
@@ -185,45 +296,77 @@ class RayCompute(PrivateCompute):
         remote = ray.remote(ShardActor).options(
             num_cpus=1, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
             scheduling_strategy="SPREAD")
+        self.spec = spec
         self.shards = shards
         self.last_timing: dict[str, Any] = {}
         self.last_put_s = 0.0
         self.actors = [remote.remote(spec, s, shards, embedder_factory, str(cache_dir))
                        for s in range(shards)]
         try:
-            held = ray.get([a.ready.remote() for a in self.actors])
-        except Exception:
+            self._check(ray.get([a.info.remote() for a in self.actors]))
+            if embedder_factory is not None:
+                ray.get([a.ready.remote() for a in self.actors])
+        except BaseException:
             self.close()
             raise
-        if sum(held) != spec.n_records:
-            self.close()
-            raise RuntimeError(f"the shards hold {sum(held)} rows, the driver validated "
-                               f"{spec.n_records}")
+
+    def _check(self, infos: list[dict[str, Any]]) -> None:
+        """Every shard read the same valid file (and the one the driver validated, if it
+        did); sets the fingerprint, size and warnings the driver reports."""
+        from ..data import DataError, DataProblem
+        from ..errors import ComputeError
+
+        for info in infos:
+            if "problems" in info:
+                raise DataError([DataProblem(**p) for p in info["problems"]])
+        if len({(i["file_fingerprint"], i["fingerprint"], i["n_records"]) for i in infos}) != 1:
+            raise ComputeError(f"the private file {self.spec.path} differs between the nodes "
+                               "of the Ray cluster: every node must hold the same file")
+        first = infos[0]
+        if self.spec.fingerprint is not None and first["fingerprint"] != self.spec.fingerprint:
+            raise ComputeError(f"the private file {self.spec.path} on the Ray nodes differs "
+                               "from the one the driver validated")
+        if sum(i["rows"] for i in infos) != first["n_records"] or (
+                self.spec.n_records is not None and first["n_records"] != self.spec.n_records):
+            raise ComputeError("the shards do not hold every record exactly once")
+        self.fingerprint: str = first["fingerprint"]
+        self.file_fingerprint: str = first["file_fingerprint"]
+        self.n: int = first["n_records"]
+        self.warnings: list[dict[str, Any]] = first["warnings"]
 
     @classmethod
-    def for_context(cls, ctx: RunContext) -> RayCompute:
+    def for_context(cls, ctx: PrivateView) -> RayCompute:
+        """The run's engine: the shards that loaded a :class:`ShardedDataset` (given the
+        run's embedder now), else new shards checked against the driver's own dataset."""
         cfg = ctx.config
         ds = ctx.dataset
-        path = cfg.data.path
-        if path == "demo":
-            from ..context import demo_data_paths
-
-            path = str(demo_data_paths(ctx.run, cfg.data.demo_rows,
-                                       cfg.data.demo_seed)["private"])
-        user_level = cfg.privacy.unit == "user"
-        user = cfg.data.user if user_level or cfg.data.user else None
-        spec = DataSpec(
-            path=str(path), text=cfg.data.text, labels=tuple(cfg.data.labels), user=user,
-            max_chars=cfg.data.max_chars, limit=cfg.data.limit,
-            label_values=cfg.data.declared_label_values(),
-            domain=None if ds.label_domain is None else dict(ds.label_domain),
-            user_level=user_level, fingerprint=ds.fingerprint(), n_records=len(ds))
-        given = getattr(ctx, "_given_embedder", None)
+        given = ctx.given_embedder
         factory: Any = (GivenEmbedder(given) if given is not None else EmbedderSpec(
             cfg.embedder.model, str(ctx.run.private / "embed-cache"), cfg.embedder.batch_size))
         ctx.log(f"compute: ray, {cfg.compute.shards} shards at {cfg.compute.address}")
+        engine = getattr(ds, "compute", None)
+        if isinstance(engine, RayCompute):
+            engine.set_embedder(factory)
+            return engine
+        spec = data_spec(cfg, ctx.run, None if ds.label_domain is None else dict(ds.label_domain),
+                         ds.fingerprint(), len(ds))
         return cls(spec, factory, ctx.run.private / "compute", cfg.compute.shards,
                    cfg.compute.address)
+
+    def set_embedder(self, factory: Any) -> None:
+        """Give the shards the run's embedder; they embed their rows now (or reload them)."""
+        self._ray.get([a.set_embedder.remote(factory) for a in self.actors])
+        self._ray.get([a.ready.remote() for a in self.actors])
+
+    def set_domain(self, domain: dict[str, list[str]]) -> None:
+        """Keep, on every shard, the records whose labels lie in ``domain``."""
+        self._check(self._ray.get([a.set_domain.remote(domain) for a in self.actors]))
+
+    def _map_text(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self._ray.get([a.run_text.remote(kernel, *args, **kwargs) for a in self.actors])
+
+    def n_records(self) -> int:
+        return self.n
 
     def _map(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
         start = time.perf_counter()
@@ -239,14 +382,21 @@ class RayCompute(PrivateCompute):
         self.last_put_s = time.perf_counter() - start
         return ref
 
-    def public_embeddings(self, rows: np.ndarray) -> np.ndarray:
+    def _rows(self, method: str, rows: np.ndarray) -> np.ndarray:
+        """Per-row values of ``rows`` gathered from the shards, in the order of ``rows``."""
         rows = np.asarray(rows, dtype=np.int64)
-        parts = self._ray.get([a.rows_embeddings.remote(rows) for a in self.actors])
+        parts = self._ray.get([getattr(a, method).remote(rows) for a in self.actors])
         got = np.concatenate([r for r, _ in parts])
-        emb = np.concatenate([e for _, e in parts if len(e)])
+        values = np.concatenate([v for _, v in parts if len(v)] or [parts[0][1]])
         order = np.argsort(got)
         pos = np.searchsorted(got[order], rows)
-        return emb[order][pos]
+        return values[order][pos]
+
+    def public_embeddings(self, rows: np.ndarray) -> np.ndarray:
+        return self._rows("rows_embeddings", rows)
+
+    def public_labels(self, rows: np.ndarray) -> np.ndarray:
+        return self._rows("rows_labels", rows)
 
     def close(self) -> None:
         for actor in getattr(self, "actors", []):

@@ -1,8 +1,9 @@
 """Evaluation of synthetic text: fidelity, utility, privacy audits and the run report.
 
 Pure metric functions live in :mod:`.fidelity`, :mod:`.utility` and :mod:`.audits`;
-:mod:`.suite` evaluates a run folder, :mod:`.report` renders its HTML page and
-:mod:`.canary` runs the canary audit loop. Heavy libraries load inside the functions.
+:mod:`.suite` evaluates a run folder, :mod:`.view` builds the user's utility table and
+verdict, :mod:`.report` renders the HTML pages (Jinja2) and :mod:`.canary` runs the canary
+audit loop. Heavy libraries load inside the functions.
 """
 
 from .audits import (
@@ -15,6 +16,7 @@ from .audits import (
 from .common import EvalInputError, MetricUnavailable
 from .fidelity import fid, frechet_distance, knn_precision_recall, mauve_score
 from .utility import finetune_scores, logreg_scores, next_token_accuracy
+from .view import utility_tables, verdict, versus_zero_shot
 
 __all__ = [
     "EvalInputError",
@@ -31,4 +33,7 @@ __all__ = [
     "membership_inference",
     "next_token_accuracy",
     "pii_leakage",
+    "utility_tables",
+    "verdict",
+    "versus_zero_shot",
 ]

@@ -7,8 +7,8 @@ may go into a report.
 - :func:`dcr_audit`: distance to closest record, synthetic->private against synthetic->holdout.
 - :func:`membership_inference`: a distance-based attack; score = max similarity of a candidate
   record to the synthetic set; members = private records, non-members = holdout records.
-- :func:`pii_leakage`: e-mails, phone numbers and names in the output that occur in the
-  private data.
+- :func:`pii_leakage`: e-mails, phone numbers and names (found by Presidio's analyzer) in the
+  output that occur in the private data.
 - :func:`insert_canaries` / :func:`count_canary_hits`: secret strings planted in n private
   records and searched for in the output.
 """
@@ -36,15 +36,17 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return arr / np.maximum(norms, 1e-12)
 
 
-def max_similarity(queries: np.ndarray, refs: np.ndarray, chunk: int = 2048) -> np.ndarray:
-    """Cosine similarity of each query row to its nearest row of ``refs``."""
+def max_similarity(queries: np.ndarray, refs: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each query row to its nearest row of ``refs`` (exact faiss)."""
+    from ..io import nearest
+
     q, r = _unit(queries), _unit(refs)
     if len(r) == 0:
         raise MetricUnavailable("no reference records to compare with")
-    out = np.empty(len(q), dtype=np.float64)
-    for start in range(0, len(q), chunk):
-        out[start : start + chunk] = (q[start : start + chunk] @ r.T).max(axis=1)
-    return out
+    if len(q) == 0:
+        return np.zeros(0, dtype=np.float64)
+    scores, _ = nearest(q, r, k=1, metric="ip")
+    return scores[:, 0].astype(np.float64)
 
 
 def _equal_subsample(
@@ -166,17 +168,16 @@ def membership_inference(
 
 # -- PII leakage ----------------------------------------------------------------------------
 
-EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-PHONE_RE = re.compile(
-    r"(?<![\w])\+?\(?\d{1,4}\)?(?:[ .\-]?\(?\d{2,5}\)?){2,5}(?:\s*(?:x|ext\.?)\s*\d{1,5})?"
-)
+#: Presidio entity -> the kind reported by :func:`pii_leakage`.
+PII_ENTITIES = {"EMAIL_ADDRESS": "email", "PHONE_NUMBER": "phone", "PERSON": "name"}
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_CAP_RUN = re.compile(r"\b([A-Z][a-z]+(?:[ '\-][A-Z][a-z]+)+)\b")
 _WORDS = re.compile(r"\w+", re.UNICODE)
+#: Titles Presidio keeps inside a PERSON span ("Dr Smith"); dropped before comparing names.
+_TITLES = frozenset({"mr", "mrs", "ms", "miss", "dr", "prof", "doctor", "sir", "madam"})
 
 
 def normalise_phone(raw: str) -> str | None:
-    """Last 10 digits of a phone-like match (extension and country code dropped), or None."""
+    """Last 10 digits of a phone number (extension and country code dropped), or None."""
     core = re.split(r"\s*(?:x|ext\.?)\s*", raw.strip(), maxsplit=1)[0]
     if _ISO_DATE.match(core):
         return None
@@ -187,44 +188,56 @@ def normalise_phone(raw: str) -> str | None:
     return digits[-10:]
 
 
-def find_emails(text: str) -> set[str]:
-    return {m.lower() for m in EMAIL_RE.findall(text)}
+def normalise_name(value: str) -> str:
+    """Lower-cased word tokens of a name, leading titles dropped ("Dr. Jon Sutter" ->
+    "jon sutter"); empty when the span holds a digit (not a name)."""
+    words = [w.lower() for w in _WORDS.findall(value)]
+    if any(ch.isdigit() for w in words for ch in w):
+        return ""
+    while words and words[0] in _TITLES:
+        words.pop(0)
+    return " ".join(words)
+
+
+def _normalise(kind: str, span: str) -> str | None:
+    if kind == "phone":
+        return normalise_phone(span)
+    if kind == "email":
+        return span.strip().lower() or None
+    name = normalise_name(span)
+    return name if len(name.split()) >= 2 else None  # full names: a lone first name is noise
+
+
+def find_pii(texts: Sequence[str], score_threshold: float = 0.3,
+             batch_size: int = 64) -> list[dict[str, set[str]]]:
+    """Per text, the normalised e-mails, phones and person names Presidio's analyzer finds
+    (the offline spaCy model for names, phonenumbers for phones)."""
+    from presidio_analyzer import BatchAnalyzerEngine
+
+    from ..secrets import presidio_analyzer
+
+    texts = [str(t) for t in texts]
+    if not texts:
+        return []
+    batch = BatchAnalyzerEngine(analyzer_engine=presidio_analyzer())
+    results = batch.analyze_iterator(texts, language="en", batch_size=batch_size,
+                                     entities=list(PII_ENTITIES),
+                                     score_threshold=score_threshold)
+    out: list[dict[str, set[str]]] = []
+    for text, found in zip(texts, results, strict=True):
+        row: dict[str, set[str]] = {kind: set() for kind in PII_ENTITIES.values()}
+        for res in found:
+            kind = PII_ENTITIES[res.entity_type]
+            value = _normalise(kind, text[res.start : res.end])
+            if value:
+                row[kind].add(value)
+        out.append(row)
+    return out
 
 
 def find_phones(text: str) -> set[str]:
-    out = set()
-    for match in PHONE_RE.finditer(text):
-        digits = normalise_phone(match.group(0))
-        if digits:
-            out.add(digits)
-    return out
-
-
-_NOT_NAME_START = frozenset({
-    "hello", "hi", "hey", "dear", "my", "the", "a", "an", "this", "that", "please", "thanks",
-    "thank", "i", "we", "our", "your", "good", "best", "regards", "sincerely", "mr", "mrs", "ms",
-    "miss", "dr", "doctor", "prof", "yours", "kind", "warm", "call", "contact", "ask", "tell",
-    "email", "text", "from", "to", "for", "with", "and", "by", "patient", "name", "is",
-})
-
-
-def find_name_candidates(text: str) -> set[str]:
-    """Runs of two or three capitalised words (a cheap stand-in for an NER 'PERSON').
-
-    Leading greetings, articles and titles are dropped ("Hello Dr" is not a name); what is
-    left must still be two words or more.
-    """
-    out = set()
-    for match in _CAP_RUN.findall(text):
-        words = match.lower().replace("-", " ").replace("'", " ").split()
-        while words and words[0] in _NOT_NAME_START:
-            words.pop(0)
-        if 2 <= len(words) <= 3:
-            out.add(" ".join(words))
-        elif len(words) > 3:  # a long run: its word pairs and triples
-            for n in (2, 3):
-                out.update(" ".join(words[i : i + n]) for i in range(len(words) - n + 1))
-    return out
+    """Normalised phone numbers in one text (Presidio's phone recognizer)."""
+    return find_pii([text])[0]["phone"]
 
 
 def _ngrams(text: str, max_n: int) -> set[str]:
@@ -236,10 +249,6 @@ def _ngrams(text: str, max_n: int) -> set[str]:
     return out
 
 
-def _norm_name(value: str) -> str:
-    return " ".join(w.lower() for w in _WORDS.findall(value))
-
-
 def pii_leakage(
     outputs: Sequence[str],
     private_texts: Sequence[str],
@@ -248,21 +257,20 @@ def pii_leakage(
 ) -> dict[str, Any]:
     """PII in the output that also occurs in the private data (counts only, no strings).
 
-    Detected in the output: e-mails and phone numbers by regex, names as capitalised word runs
-    plus any value of the private PII columns. Private PII = the same detectors run on the
-    private texts, plus the values of ``private_values`` (column name -> values; a column whose
-    name mentions mail/phone/tel is read as e-mails/phones, anything else as names). When name
-    columns are given, they alone define the private names (the heuristic is noisy).
+    Detection is Presidio's analyzer (:func:`find_pii`): e-mails, phone numbers and full
+    person names, in the output and in the private texts. ``private_values`` (column name ->
+    values) adds the private PII columns: a column whose name mentions mail/phone/tel/mobile
+    is read as e-mails/phones, anything else as names, and a name value is also searched for
+    verbatim (as a word sequence) in the output. When name columns are given they alone
+    define the private names (NER on free text is noisier than a column).
     Returns, per kind, the number of distinct values detected in the output, how many of them
     occur in the private data (``leaked``) and how many output records hold one.
     """
-    priv_email: set[str] = set()
-    priv_phone: set[str] = set()
-    priv_name: set[str] = set()
-    for text in private_texts:
-        priv_email |= find_emails(text)
-        priv_phone |= find_phones(text)
-        priv_name |= find_name_candidates(text)
+    kinds = ("email", "phone", "name")
+    private: dict[str, set[str]] = {k: set() for k in kinds}
+    for row in find_pii(private_texts):
+        for kind in kinds:
+            private[kind] |= row[kind]
     column_names: set[str] = set()
     for column, values in (private_values or {}).items():
         lower = column.lower()
@@ -271,35 +279,30 @@ def pii_leakage(
                 continue
             value = str(value)
             if "mail" in lower:
-                priv_email |= find_emails(value) or {value.strip().lower()}
+                if value.strip():
+                    private["email"].add(value.strip().lower())
             elif "phone" in lower or "tel" in lower or "mobile" in lower:
                 digits = normalise_phone(value)
                 if digits:
-                    priv_phone.add(digits)
+                    private["phone"].add(digits)
             else:
-                norm = _norm_name(value)
+                norm = normalise_name(value)
                 if len(norm) >= min_name_chars:
                     column_names.add(norm)
-    # name columns are exact; with them the capitalised-run heuristic would only add noise
-    priv_name = column_names or {n for n in priv_name if len(n) >= min_name_chars}
+    private["name"] = column_names or {n for n in private["name"] if len(n) >= min_name_chars}
     max_n = max((len(n.split()) for n in column_names), default=1)
 
-    kinds = ("email", "phone", "name")
     detected: dict[str, set[str]] = {k: set() for k in kinds}
     leaked: dict[str, set[str]] = {k: set() for k in kinds}
     records: dict[str, int] = dict.fromkeys(kinds, 0)
     any_leak = 0
-    for text in outputs:
-        found = {
-            "email": find_emails(text),
-            "phone": find_phones(text),
-            "name": find_name_candidates(text) | (_ngrams(text, max_n) & column_names),
-        }
+    for text, found in zip(outputs, find_pii(outputs), strict=True):
+        if column_names:
+            found["name"] |= _ngrams(text, max_n) & column_names
         hit_any = False
-        for kind, private_set in (("email", priv_email), ("phone", priv_phone),
-                                  ("name", priv_name)):
+        for kind in kinds:
             detected[kind] |= found[kind]
-            hits = found[kind] & private_set
+            hits = found[kind] & private[kind]
             if hits:
                 leaked[kind] |= hits
                 records[kind] += 1
@@ -317,9 +320,8 @@ def pii_leakage(
         n_outputs=len(outputs),
         records_with_any_leak=any_leak,
         leak_rate=any_leak / len(outputs) if outputs else 0.0,
-        private_values_checked={k: len(v) for k, v in
-                                (("email", priv_email), ("phone", priv_phone),
-                                 ("name", priv_name))},
+        private_values_checked={k: len(v) for k, v in private.items()},
+        detector="presidio-analyzer (spaCy en_core_web_sm, phonenumbers)",
     )
     return result
 
@@ -355,25 +357,17 @@ def _norm_tokens(text: str) -> list[str]:
     return [w.lower() for w in _WORDS.findall(text)]
 
 
-def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insertions, deletions, substitutions), O(len(a) * len(b))."""
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
 def canary_similarity(output: str, canary: str) -> float:
     """Best normalised edit similarity between the canary and a same-sized token window.
 
     Both sides are lower-cased word tokens joined by single spaces; windows of the canary's
-    length +-1 tokens are compared when they share at least half of its tokens.
+    length +-1 tokens are compared when they share at least half of its tokens; similarity is
+    1 - Levenshtein distance / longer length (rapidfuzz).
     """
+    from ..errors import require
+
+    levenshtein = require("rapidfuzz.distance", "eval", "the canary audit's edit distance "
+                          "(rapidfuzz)").Levenshtein
     c_tok = _norm_tokens(canary)
     o_tok = _norm_tokens(output)
     if not c_tok or not o_tok:
@@ -387,9 +381,7 @@ def canary_similarity(output: str, canary: str) -> float:
             overlap = sum((Counter(window) & c_count).values()) / len(c_tok)
             if overlap < 0.5:
                 continue
-            w_str = " ".join(window)
-            sim = 1.0 - levenshtein(w_str, c_str) / max(len(w_str), len(c_str))
-            best = max(best, sim)
+            best = max(best, levenshtein.normalized_similarity(" ".join(window), c_str))
     return best
 
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..runs import atomic_write_json
+from ..io import atomic_write_json
 from .audits import DEFAULT_CANARY, count_canary_hits, insert_canaries
 from .common import EvalInputError
 

@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InputError
+
 
 class MetricUnavailable(ValueError):
     """A metric that cannot be computed on this input (too few samples, one class, ...).
@@ -15,7 +17,7 @@ class MetricUnavailable(ValueError):
     """
 
 
-class EvalInputError(ValueError):
+class EvalInputError(InputError):
     """Bad input to an evaluation (missing release/, mismatched labels, ...), clearly named."""
 
 

@@ -11,14 +11,15 @@ Two pages per run (docs/methods.md §5 evaluation, §6 threat model):
   membership inference, PII and canary audits. It is marked "operator only - do not share".
 
 Neither page opens the private data file; the operator page reads the evaluator's own
-``eval/*.json`` results. Plots are matplotlib PNGs inlined as base64 data URIs; a
-Content-Security-Policy forbids any external load.
+results (``eval/eval.json`` with ``private/eval/reference.json``, the audits). The HTML is the
+Jinja2 template ``templates/report.html.j2`` (autoescaped); plots are matplotlib PNGs inlined
+as base64 data URIs; a Content-Security-Policy forbids any external load.
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import functools
 import io
 import json
 import math
@@ -27,9 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..runs import atomic_write_text
+from ..io import atomic_write_text
 from .common import EvalInputError, fmt_metric, is_unavailable
 from .rundata import RunRelease, load_run
+from .view import UtilityTable, utility_tables
 
 # -- plots ----------------------------------------------------------------------------------
 
@@ -53,10 +55,6 @@ def _png(fig: Any) -> str:
     fig.tight_layout()
     fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _img(b64: str, alt: str) -> str:
-    return f'<img src="data:image/png;base64,{b64}" alt="{html.escape(alt)}">'
 
 
 def _series(stats: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -161,30 +159,61 @@ def plot_labels(column: str, synthetic: dict[str, float], real: dict[str, float]
     return _png(fig)
 
 
-# -- HTML pieces ----------------------------------------------------------------------------
-
-_CSS = """
-body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
-text-align:left;font-size:.92em}th{background:#f3f3f3}.statement{background:#eef6ee;
-border-left:4px solid #3a7;padding:.6em 1em}.note{color:#555;font-size:.9em}
-.sample{background:#fafafa;border:1px solid #ddd;padding:.5em;margin:.4em 0;white-space:pre-wrap}
-img{max-width:100%;display:block;margin:.6em 0}.warn{color:#a40}
-.banner{background:#fde8e8;border:2px solid #c22;color:#900;font-weight:bold;padding:.6em 1em}
-"""
+_SET_COLOURS = {"synthetic": "tab:blue", "zero_shot": "tab:orange", "private": "tab:green",
+                "chance": "tab:gray"}
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value))
+def utility_figure(table: UtilityTable) -> Any:
+    """Grouped bars (accuracy, macro-F1) of each training set, the numbers on the bars; a
+    set without scores stays in the legend with its reason ("not given")."""
+    fig = _figure(width=6.4, height=3.4)
+    ax = fig.add_subplot()
+    metrics = ("accuracy", "macro-F1")
+    width = 0.8 / len(table.rows)
+    for i, row in enumerate(table.rows):
+        values = [row.accuracy, row.macro_f1]
+        label = row.name if row.accuracy is not None else f"{row.name} ({row.note})"
+        xs = [m + (i - (len(table.rows) - 1) / 2) * width for m in range(len(metrics))]
+        bars = ax.bar(xs, [v or 0.0 for v in values], width=width, label=label,
+                      color=_SET_COLOURS.get(row.key))
+        ax.bar_label(bars, labels=["" if v is None else f"{v:.3f}" for v in values],
+                     fontsize=7, padding=2)
+    ax.set_xticks(range(len(metrics)))
+    ax.set_xticklabels(metrics)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("score on the real test data")
+    ax.set_title(table.title)
+    ax.legend(fontsize=7, loc="upper right")
+    return fig
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def plot_utility(table: UtilityTable) -> str | None:
+    """:func:`utility_figure` as a PNG (base64), or None when no set has a score."""
+    if all(r.accuracy is None for r in table.rows):
+        return None
+    return _png(utility_figure(table))
+
+
+# -- the page -------------------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """A table for the template's ``table`` macro."""
+    return {"header": list(header), "rows": [list(r) for r in rows]}
+
+
+def _plot(b64: str | None, alt: str) -> dict[str, str] | None:
+    return {"b64": b64, "alt": alt} if b64 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _templates() -> Any:
+    from ..errors import require
+
+    jinja2 = require("jinja2", "eval", "the HTML report's templates (jinja2)")
+    return jinja2.Environment(loader=jinja2.PackageLoader("dpsynth.eval", "templates"),
+                              autoescape=True, undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True)
 
 
 def noise_sentence(privacy: dict[str, Any]) -> str:
@@ -245,7 +274,7 @@ def _scalar_rows(obj: dict[str, Any] | None) -> list[list[Any]]:
     return rows
 
 
-def _fidelity_table(ev: dict[str, Any]) -> str:
+def _fidelity_table(ev: dict[str, Any]) -> dict[str, Any]:
     fid = ev.get("fidelity") or {}
     rows = []
     for name in ("synthetic", "zero_shot"):
@@ -271,99 +300,96 @@ def _fidelity_table(ev: dict[str, Any]) -> str:
 #: Training sets whose test-set scores depend on release/ and public data only.
 SHAREABLE_TRAIN_SETS: tuple[str, ...] = ("synthetic", "zero_shot")
 OPERATOR_BANNER = ("OPERATOR ONLY - DO NOT SHARE. This page holds values computed on the "
-                   "private data (private-trained reference, DCR, membership inference, PII "
+                   "private data (real-trained reference, DCR, membership inference, PII "
                    "and canary audits); they are not covered by the privacy guarantee.")
 OPERATOR_REPORT = "report-operator.html"
+KIND_HEADINGS = {"logreg": "Logistic regression on sentence embeddings",
+                 "finetune": "Fine-tuned MiniLM classifier"}
 
 
-def _utility_tables(ev: dict[str, Any], operator: bool) -> str:
-    """Test-set utility of each training set; the private-trained reference only when
-    ``operator`` (it is computed on the private data)."""
-    util = ev.get("utility") or {}
+def _utility_sections(ev: dict[str, Any], operator: bool) -> list[dict[str, Any]]:
+    """Per classifier: one table and bar chart per label column (synthetic vs zero-shot vs
+    chance, plus the real-trained reference when ``operator``)."""
+    sections: dict[str, dict[str, Any]] = {}
+    for t in utility_tables(ev.get("utility"), operator=operator):
+        rows = [[r.name, fmt_metric(r.accuracy) if r.accuracy is not None else r.note,
+                 fmt_metric(r.macro_f1) if r.macro_f1 is not None else ""] for r in t.rows]
+        section = sections.setdefault(t.kind, {"title": KIND_HEADINGS.get(t.kind, t.kind),
+                                               "tables": []})
+        section["tables"].append({
+            **_table(["trained on", "accuracy", "macro-F1"], rows), "column": t.column,
+            "plot": _plot(plot_utility(t), f"utility {t.kind} {t.column}"),
+        })
+    return list(sections.values())
+
+
+def _next_token_table(ev: dict[str, Any], operator: bool) -> dict[str, Any] | None:
+    cells = (ev.get("utility") or {}).get("next_token")
+    if not isinstance(cells, dict):
+        return None
     names = SHAREABLE_TRAIN_SETS + (("private",) if operator else ())
-    parts = []
-    titles = {"logreg": "Logistic regression on sentence embeddings",
-              "finetune": "Fine-tuned MiniLM classifier"}
-    for kind in ("logreg", "finetune"):
-        per_col = util.get(kind)
-        if not isinstance(per_col, dict):
-            continue
-        rows = []
-        for col, row in per_col.items():
-            for name in names:
-                cell = row.get(name)
-                if isinstance(cell, dict) and not is_unavailable(cell):
-                    rows.append([col, name, fmt_metric(cell.get("accuracy")),
-                                 fmt_metric(cell.get("macro_f1"))])
-                else:
-                    rows.append([col, name, fmt_metric(cell), ""])
-            rows.append([col, "chance (majority)", fmt_metric(row.get("chance")), ""])
-        parts.append(f"<h3>{_e(titles[kind])}</h3>"
-                     + _table(["label", "trained on", "accuracy", "macro-F1"], rows))
-    if isinstance(util.get("next_token"), dict):
-        rows = []
-        for name, cell in util["next_token"].items():
-            if name not in names:
-                continue
+    rows = []
+    for name, cell in cells.items():
+        if name in names:
             acc = cell.get("accuracy") if isinstance(cell, dict) and "accuracy" in cell else cell
             rows.append([name, fmt_metric(acc)])
-        parts.append("<h3>Next-token accuracy (word bigram LM)</h3>"
-                     + _table(["trained on", "accuracy"], rows))
-    return "".join(parts)
+    return _table(["trained on", "accuracy"], rows)
 
 
-def _audit_tables(audit: dict[str, Any]) -> str:
-    parts = []
+def _audit_parts(audit: dict[str, Any] | None, canary: dict[str, Any] | None
+                 ) -> list[dict[str, Any]]:
+    """Audit sections for the template: a title, a text or a table each."""
+    parts: list[dict[str, Any]] = []
+    audit = audit or {}
     dcr = audit.get("dcr")
     if isinstance(dcr, dict):
         if is_unavailable(dcr):
-            parts.append(f"<p>DCR: {_e(fmt_metric(dcr))}</p>")
+            parts.append({"text": f"DCR: {fmt_metric(dcr)}"})
         else:
-            parts.append("<h3>Distance to closest record</h3>" + _table(
+            parts.append({"title": "Distance to closest record", **_table(
                 ["median to private", "median to holdout", "gap", "share closer to private",
                  "one-sided p", "near copies (private / holdout)"],
                 [[fmt_metric(dcr["median_private"]), fmt_metric(dcr["median_holdout"]),
                   fmt_metric(dcr["gap"], 4), fmt_metric(dcr["share_closer_to_private"]),
                   fmt_metric(dcr["p_value"], 4),
-                  f"{dcr['near_copies_private']} / {dcr['near_copies_holdout']}"]]))
+                  f"{dcr['near_copies_private']} / {dcr['near_copies_holdout']}"]])})
     mia = audit.get("membership_inference")
     if isinstance(mia, dict):
         if is_unavailable(mia):
-            parts.append(f"<p>Membership inference: {_e(fmt_metric(mia))}</p>")
+            parts.append({"text": f"Membership inference: {fmt_metric(mia)}"})
         else:
             tprs = mia.get("tpr_at_fpr") or {}
-            parts.append("<h3>Membership inference (distance-based)</h3>" + _table(
+            parts.append({"title": "Membership inference (distance-based)", **_table(
                 ["AUC", *[f"TPR @ FPR {k}" for k in tprs], "members", "non-members"],
                 [[fmt_metric(mia["auc"]), *[fmt_metric(v) for v in tprs.values()],
-                  mia.get("n_members"), mia.get("n_non_members")]]))
+                  mia.get("n_members"), mia.get("n_non_members")]])})
     pii = audit.get("pii")
     if isinstance(pii, dict):
         rows = [[kind, pii[kind]["detected"], pii[kind]["leaked"], pii[kind]["records_with_leak"]]
                 for kind in ("email", "phone", "name") if isinstance(pii.get(kind), dict)]
-        parts.append("<h3>PII leakage</h3>" + _table(
+        parts.append({"title": "PII leakage", **_table(
             ["kind", "distinct values detected in output", "of which in private data",
-             "output records with a leak"], rows))
+             "output records with a leak"], rows)})
     control = audit.get("zero_shot_control")
     if isinstance(control, dict):
         c_dcr, c_mia = control.get("dcr"), control.get("membership_inference")
-        parts.append("<h3>Control: zero-shot data (no private data seen)</h3>" + _table(
+        parts.append({"title": "Control: zero-shot data (no private data seen)", **_table(
             ["DCR gap", "DCR p", "MIA AUC"],
             [[fmt_metric(c_dcr.get("gap") if isinstance(c_dcr, dict) and "gap" in c_dcr
                          else c_dcr, 4),
               fmt_metric(c_dcr.get("p_value") if isinstance(c_dcr, dict) and "p_value" in c_dcr
                          else None, 4),
               fmt_metric(c_mia.get("auc") if isinstance(c_mia, dict) and "auc" in c_mia
-                         else c_mia)]]))
-    return "".join(parts)
-
-
-def _canary_table(canary: dict[str, Any]) -> str:
-    hits = canary.get("synthetic") or {}
-    control = canary.get("zero_shot") or {}
-    return "<h3>Canary audit</h3>" + _table(
-        ["copies inserted", "exact hits", "near hits", "zero-shot exact / near", "outputs"],
-        [[canary.get("copies"), hits.get("exact"), hits.get("near"),
-          f"{control.get('exact', '-')} / {control.get('near', '-')}", hits.get("outputs")]])
+                         else c_mia)]])})
+    if canary:
+        hits = canary.get("synthetic") or {}
+        control_hits = canary.get("zero_shot") or {}
+        parts.append({"title": "Canary audit", **_table(
+            ["copies inserted", "exact hits", "near hits", "zero-shot exact / near", "outputs"],
+            [[canary.get("copies"), hits.get("exact"), hits.get("near"),
+              f"{control_hits.get('exact', '-')} / {control_hits.get('near', '-')}",
+              hits.get("outputs")]])})
+    return [{"title": None, "text": None, "header": None, "rows": [], **p} for p in parts]
 
 
 def _read_optional_json(path: Path) -> dict[str, Any] | None:
@@ -374,6 +400,16 @@ def _read_optional_json(path: Path) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def read_eval(release: RunRelease, *, operator: bool) -> dict[str, Any] | None:
+    """eval/eval.json; for the operator with private/eval/reference.json merged back in."""
+    from .suite import REFERENCE_FILE, merge_private
+
+    ev = _read_optional_json(release.eval_dir / "eval.json")
+    if ev is None or not operator:
+        return ev
+    return merge_private(ev, _read_optional_json(release.audit_dir / REFERENCE_FILE))
 
 
 def _fid_rows(ev: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -388,110 +424,86 @@ def _is_private_note(note: Any) -> bool:
     return note == PRIVATE_USE_NOTE
 
 
+def _label_plots(release: RunRelease, ev: dict[str, Any] | None) -> list[dict[str, str] | None]:
+    real_dists: dict[str, dict[str, float]] = {}
+    for col, block in (((ev or {}).get("fidelity") or {}).get("synthetic") or {}).get(
+            "labels", {}).items():
+        if isinstance(block, dict) and isinstance(block.get("real"), dict):
+            real_dists[col] = block["real"]
+    plots = []
+    for col, values in release.synthetic.labels.items():
+        counts = Counter(values)
+        total = sum(counts.values()) or 1
+        shares = {k: v / total for k, v in sorted(counts.items())}
+        plots.append(_plot(plot_labels(col, shares, real_dists.get(col)),
+                           f"label distribution {col}"))
+    return plots
+
+
 def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = False) -> str:
-    """The report's HTML (one string, no external resources).
+    """The report's HTML (one string, no external resources), from the Jinja2 template
+    ``templates/report.html.j2`` with autoescaping.
 
     ``operator=False`` (the default): the shareable page, built from release/, stats.jsonl,
     public test-set evaluations of the released sets and privacy.json only.
     ``operator=True``: the same page plus everything computed on the private data, under an
     "operator only - do not share" banner (docs/methods.md §5)."""
-    ev = _read_optional_json(release.eval_dir / "eval.json")
-    audit = _read_optional_json(release.audit_dir / "audit.json") if operator else None
-    canary = _read_optional_json(release.audit_dir / "audit_canary.json") if operator else None
+    ev = read_eval(release, operator=operator)
     meta = release.meta
-    kind = "operator-only report" if operator else "shareable report"
-    out: list[str] = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
-        "img-src data:; style-src 'unsafe-inline'\">",
-        f"<title>dpsynth {kind}: {_e(release.run_id)}</title><style>{_CSS}</style></head><body>",
+    privacy = release.privacy or {}
+    mechs = privacy.get("mechanisms")
+    curves = [
+        _plot(plot_kept(release.stats), "kept samples per iteration"),
+        _plot(plot_votes(release.stats), "vote mass vs noise scale"),
+        _plot(plot_fid(release.stats) or plot_fid(_fid_rows(ev)), "FID per iteration"),
+        _plot(plot_generator_weights(release.stats), "generator weights"),
     ]
-    if operator:
-        out.append(f"<p class='banner' id='operator-only'>{_e(OPERATOR_BANNER)}</p>")
-    out += [
-        f"<h1>dpsynth run {_e(release.run_id)}</h1>",
-        _table(["method", "status", "started", "finished", "synthetic samples"],
-               [[release.method, meta.get("status", "-"), meta.get("started", "-"),
-                 meta.get("finished", "-"), len(release.synthetic)]]),
-        "<h2>Privacy guarantee</h2>",
-        f"<p class='statement' id='privacy-statement'>{_e(privacy_statement(release.privacy))}"
-        "</p>",
-    ]
-    if release.privacy:
-        out.append(_table(["field", "value"], _scalar_rows(release.privacy)))
-        mechs = release.privacy.get("mechanisms")
-        if isinstance(mechs, list) and mechs:
-            out.append("<p class='note'>Mechanisms: "
-                       + _e("; ".join(json.dumps(m, default=str)[:200] for m in mechs[:20]))
-                       + "</p>")
-    if release.summary:
-        out += ["<h2>Summary</h2>", _table(["field", "value"], _scalar_rows(release.summary))]
-
-    out.append("<h2>Per-iteration curves</h2>")
-    plots = [
-        (plot_kept(release.stats), "kept samples per iteration"),
-        (plot_votes(release.stats), "vote mass vs noise scale"),
-        (plot_fid(release.stats) or plot_fid(_fid_rows(ev)), "FID per iteration"),
-        (plot_generator_weights(release.stats), "generator weights"),
-    ]
-    drawn = [_img(b64, alt) for b64, alt in plots if b64]
-    out += drawn or ["<p class='note'>No per-iteration statistics (stats.jsonl is empty).</p>"]
-
-    out.append("<h2>Label distributions</h2>")
-    real_dists: dict[str, dict[str, float]] = {}
+    context: dict[str, Any] = {
+        "kind": "operator-only report" if operator else "shareable report",
+        "run_id": release.run_id,
+        "operator": operator,
+        "banner": OPERATOR_BANNER,
+        "operator_report": OPERATOR_REPORT,
+        "run_table": _table(["method", "status", "started", "finished", "synthetic samples"],
+                            [[release.method, meta.get("status", "-"), meta.get("started", "-"),
+                              meta.get("finished", "-"), len(release.synthetic)]]),
+        "statement": privacy_statement(release.privacy),
+        "privacy_table": _table(["field", "value"], _scalar_rows(privacy)) if privacy else None,
+        "mechanisms": "; ".join(json.dumps(m, default=str)[:200] for m in mechs[:20])
+        if isinstance(mechs, list) and mechs else None,
+        "summary_table": _table(["field", "value"], _scalar_rows(release.summary))
+        if release.summary else None,
+        "curves": [c for c in curves if c],
+        "label_plots": [p for p in _label_plots(release, ev) if p],
+        "evaluated": bool(ev),
+        "n_samples": n_samples,
+        "samples": [
+            {"labels": ", ".join(f"{c}={v[i]}" for c, v in release.synthetic.labels.items()),
+             "text": text}
+            for i, text in enumerate(release.synthetic.texts[:n_samples])
+        ],
+        "audits": _audit_parts(
+            _read_optional_json(release.audit_dir / "audit.json"),
+            _read_optional_json(release.audit_dir / "audit_canary.json"),
+        ) if operator else [],
+        "source": "release/, stats.jsonl and eval/ (including the evaluator's private-data "
+        "results)" if operator else "release/, stats.jsonl and public test-set evaluations only",
+    }
     if ev:
-        for col, block in ((ev.get("fidelity") or {}).get("synthetic") or {}).get(
-                "labels", {}).items():
-            if isinstance(block, dict) and isinstance(block.get("real"), dict):
-                real_dists[col] = block["real"]
-    if release.synthetic.labels:
-        for col, values in release.synthetic.labels.items():
-            counts = Counter(values)
-            total = sum(counts.values()) or 1
-            shares = {k: v / total for k, v in sorted(counts.items())}
-            out.append(_img(plot_labels(col, shares, real_dists.get(col)),
-                            f"label distribution {col}"))
-    else:
-        out.append("<p class='note'>The synthetic data has no label columns.</p>")
-
-    out.append("<h2>Evaluation</h2>")
-    if ev:
-        out.append(f"<p class='note'>Test data: {_e(Path(str(ev.get('test_file'))).name)}; "
-                   f"embedder: {_e(ev.get('embedder'))}; created {_e(ev.get('created'))}.</p>")
-        out += ["<h3>Fidelity against the real test data</h3>", _fidelity_table(ev),
-                _utility_tables(ev, operator)]
-        for note in ev.get("notes", []):
-            if operator or not _is_private_note(note):
-                out.append(f"<p class='note'>{_e(note)}</p>")
-    else:
-        out.append("<p class='note'>Not evaluated yet: run <code>dpsynth eval RUN_DIR --test "
-                   "FILE</code> (or <code>dpsynth report RUN_DIR --test FILE</code>).</p>")
-
-    if operator:
-        out.append("<h2>Privacy audits</h2>")
-        out.append("<p class='note'>Audits are empirical and reported separately from the "
-                   "formal guarantee: they can show leakage, they cannot prove its absence.</p>")
-        if audit:
-            out.append(_audit_tables(audit))
-        if canary:
-            out.append(_canary_table(canary))
-        if not audit and not canary:
-            out.append("<p class='note'>No audit results (private/eval/audit.json is missing).</p>")
-    else:
-        out.append("<p class='note' id='operator-pointer'>Results computed on the private data "
-                   "(the private-trained reference, DCR, membership inference, PII and canary "
-                   f"audits) are not part of this shareable report; the operator finds them in "
-                   f"private/{OPERATOR_REPORT}.</p>")
-
-    out.append(f"<h2>Sample synthetic texts (first {n_samples} of release/synthetic.jsonl)"
-               "</h2>")
-    for i, text in enumerate(release.synthetic.texts[:n_samples]):
-        labels = ", ".join(f"{c}={v[i]}" for c, v in release.synthetic.labels.items())
-        out.append(f"<div class='sample'><b>{_e(labels)}</b>\n{_e(text)}</div>")
-    source = ("release/, stats.jsonl and eval/ (including the evaluator's private-data results)"
-              if operator else "release/, stats.jsonl and public test-set evaluations only")
-    out.append(f"<p class='note'>Generated by dpsynth from the run's {source}.</p></body></html>")
-    return "\n".join(out)
+        context.update(
+            test_file=Path(str(ev.get("test_file"))).name,
+            embedder=ev.get("embedder"),
+            created=ev.get("created"),
+            verdict=ev.get("verdict") or "",
+            fidelity_table=_fidelity_table(ev),
+            utility=_utility_sections(ev, operator),
+            chance_note="chance: always predicting the test split's most frequent label "
+            "(accuracy = its share; macro-F1 = its F1 / number of test classes)."
+            + ("" if operator else " The real-trained reference is in the operator's report."),
+            next_token=_next_token_table(ev, operator),
+            notes=[n for n in ev.get("notes", []) if operator or not _is_private_note(n)],
+        )
+    return _templates().get_template("report.html.j2").render(context)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, *,

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from ..io import read_jsonl
+from ..methods import canonical_name
 from .common import EvalInputError
 
 #: Methods whose release is ``release/synthetic.jsonl`` (text + labels).
@@ -88,26 +90,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return obj
 
 
-def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise EvalInputError(f"{path}, line {lineno}: invalid JSON ({err.msg})") from None
-        if not isinstance(obj, dict):
-            raise EvalInputError(f"{path}, line {lineno}: expected a JSON object")
-        rows.append(obj)
-    return rows
-
-
 def read_release_texts(path: Path) -> LabeledTexts:
     """Read ``{"text": ..., "labels": {...}}`` lines (synthetic.jsonl / zero_shot.jsonl)."""
     texts: list[str] = []
     labels: dict[str, list[str]] = {}
-    for lineno, row in enumerate(read_jsonl_rows(path), 1):
+    for lineno, row in enumerate(read_jsonl(path), 1):
         text = row.get("text")
         if not isinstance(text, str):
             raise EvalInputError(f"{path}, record {lineno}: field 'text' missing or not a string")
@@ -144,7 +131,10 @@ def load_run(run_dir: str | Path) -> RunRelease:
             config = yaml.safe_load((root / "config.yaml").read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
             raise EvalInputError(f"{root / 'config.yaml'}: not valid YAML ({err})") from None
-    method = str(meta.get("method") or config.get("method") or "")
+    # the registered spelling: old run folders say e.g. `dp_synrag` (methods.ALIASES)
+    method = canonical_name(str(meta.get("method") or config.get("method") or ""))
+    if method:
+        meta = {**meta, "method": method}
     release = root / "release"
     if not release.is_dir():
         status = meta.get("status", "unknown")
@@ -174,7 +164,7 @@ def load_run(run_dir: str | Path) -> RunRelease:
     zero_shot = read_release_texts(zs_path) if zs_path.is_file() else None
     stats: list[dict[str, Any]] = []
     if (root / "stats.jsonl").is_file():
-        stats = read_jsonl_rows(root / "stats.jsonl")
+        stats = read_jsonl(root / "stats.jsonl")
     return RunRelease(
         root=root,
         meta=meta,

@@ -1,29 +1,39 @@
 """The evaluation of one run: fidelity, utility and audits, written as JSON beside the run.
 
 ``evaluate_run`` is the orchestration; the metrics are the pure functions of
-:mod:`.fidelity`, :mod:`.utility` and :mod:`.audits`. Output: ``RUN_DIR/eval/eval.json``
-(fidelity and utility) and ``RUN_DIR/private/eval/audit.json`` (empirical privacy audits,
-operator only).
+:mod:`.fidelity`, :mod:`.utility` and :mod:`.audits`, and :mod:`.view` turns the utility
+block into the user's table (synthetic vs zero-shot vs real-trained vs chance) and verdict.
 
 The real-data reference (a classifier trained on the private data) and the audits read the
 private data named by the run config. That is the evaluator's own use of the private data,
-outside the release: those numbers are not covered by the run's DP guarantee and should not
-be published with the synthetic data.
+outside the release: those numbers are not covered by the run's DP guarantee, so they are
+written to the operator's ``private/`` area only (docs/methods.md §5, §6):
+
+* ``RUN_DIR/eval/eval.json``: shareable (release/ and the public test data only);
+* ``RUN_DIR/private/eval/reference.json`` (0600): the real-trained reference;
+* ``RUN_DIR/private/eval/audit.json`` (0600): the empirical privacy audits.
 
 A metric that cannot be computed is ``{"unavailable": "reason"}`` instead of a number.
 
 eval.json::
 
     {run_id, run_dir, method, epsilon, delta, test_file, text_column, label_columns, embedder,
-     created, n: {synthetic, zero_shot, private, test},
+     created, n: {synthetic, zero_shot, test},
      fidelity: {synthetic | zero_shot: {n, n_real, fid, fid_note?, precision, recall, knn_k,
                 mauve, length: {synthetic, real, bin_edges, *_hist, tv, ks},
                 labels: {COLUMN: {synthetic, real, tv}}},
                per_iteration: [{iteration, n, fid}]},   (from release/iterations/)
-     utility: {logreg | finetune: {COLUMN: {chance, synthetic | private | zero_shot:
+     utility: {logreg | finetune: {COLUMN: {chance, chance_macro_f1, synthetic | zero_shot:
                {accuracy, macro_f1, n_train, n_test, ...}}}}     (labeled corpora)
-              {next_token: {synthetic | private | zero_shot: {accuracy, ...}}}  (unlabeled)
+              {next_token: {synthetic | zero_shot: {accuracy, ...}}}  (unlabeled)
+     versus_zero_shot: {logreg | finetune: {COLUMN: {accuracy_points, macro_f1_points,
+                        beats_zero_shot}}},
+     verdict: "The synthetic data beat the zero-shot reference: ...",   (one line)
      references, notes}
+
+reference.json::
+
+    {run_id, n_private, utility: {logreg | finetune: {COLUMN: {private: {...}}}}, note}
 
 audit.json::
 
@@ -35,6 +45,7 @@ audit.json::
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,12 +53,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..runs import atomic_write_json
+from ..io import atomic_write_json, read_jsonl
 from . import audits as au
 from . import fidelity as fi
 from . import utility as ut
 from .common import EvalInputError, guarded, unavailable
 from .rundata import LabeledTexts, load_private_data, load_run, load_test_data
+from .view import NOT_GIVEN, verdict, versus_zero_shot
 
 Classifier = Literal["logreg", "finetune", "both"]
 
@@ -65,8 +77,6 @@ AUDIT_NOTE = (
 def per_iteration_fid(run_root: Path, embedder: Any,
                       test_emb: np.ndarray) -> list[dict[str, Any]]:
     """FID of each iteration's pool (release/iterations/iterT.jsonl) against the test data."""
-    from ..data import read_jsonl
-
     folder = Path(run_root) / "release" / "iterations"
     rows = []
     for path in sorted(folder.glob("iter*.jsonl"), key=lambda p: int(p.stem[4:] or 0)):
@@ -112,7 +122,7 @@ def fidelity_block(
 
 
 def utility_block(
-    train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | None],
+    train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | str | None],
     test_emb: np.ndarray,
     test: LabeledTexts,
     classifier: Classifier = "logreg",
@@ -123,7 +133,9 @@ def utility_block(
     """Per label column: each training set's accuracy and macro-F1 on the real test data.
 
     ``train_sets`` maps a name ("synthetic", "private", "zero_shot") to its embeddings and
-    texts, or None when that set is unavailable. Without label columns, next-token accuracy.
+    texts, or to the reason it is unavailable (None: "no NAME data"). Each row also holds the
+    chance line (:func:`.utility.majority_scores`): ``chance`` (accuracy) and
+    ``chance_macro_f1``. Without label columns, next-token accuracy.
     """
     out: dict[str, Any] = {}
     names = list(train_sets)
@@ -131,7 +143,7 @@ def utility_block(
         out["next_token"] = {
             name: (
                 guarded(ut.next_token_accuracy, data[1].texts, test.texts)
-                if data is not None else unavailable(f"no {name} data")
+                if isinstance(data, tuple) else _missing(name, data)
             )
             for name, data in train_sets.items()
         }
@@ -140,11 +152,13 @@ def utility_block(
     for kind in kinds:
         per_col: dict[str, Any] = {}
         for col, test_y in test.labels.items():
-            row: dict[str, Any] = {"chance": ut.majority_baseline(test_y)}
+            chance = ut.majority_scores(test_y)
+            row: dict[str, Any] = {"chance": chance["accuracy"],
+                                   "chance_macro_f1": chance["macro_f1"]}
             for name in names:
                 data = train_sets[name]
-                if data is None:
-                    row[name] = unavailable(f"no {name} data")
+                if not isinstance(data, tuple):
+                    row[name] = _missing(name, data)
                     continue
                 emb, texts = data
                 train_y = texts.labels.get(col)
@@ -160,6 +174,10 @@ def utility_block(
             per_col[col] = row
         out[kind] = per_col
     return out
+
+
+def _missing(name: str, reason: str | None) -> dict[str, str]:
+    return unavailable(reason or f"no {name} data")
 
 
 def _cap(texts: list[str], y: list[str], cap: int | None, seed: int
@@ -207,14 +225,19 @@ def evaluate_run(
     with_mauve: bool = True,
     with_audits: bool = True,
     pii_columns: list[str] | None = None,
+    zero_shot_run: str | Path | None = None,
     seed: int = 0,
     write: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Evaluate a run folder against a real test file; returns (eval, audit) dicts.
 
-    Column names default to the run config's data section. Writes ``eval/eval.json`` and
-    (when the private data is reachable and audits are on) ``private/eval/audit.json``.
+    Column names default to the run config's data section. The zero-shot reference is the
+    run's release/zero_shot.jsonl, or the zero-shot run folder ``zero_shot_run`` (which wins
+    when given). The returned eval dict is the operator's view; ``eval/eval.json`` gets its
+    shareable part and ``private/eval/reference.json`` (mode 0600) the real-trained reference
+    (:func:`split_private`); ``private/eval/audit.json`` the audits when the private data is
+    reachable and audits are on.
     """
     say = log or (lambda _msg: None)
     if classifier not in ("logreg", "finetune", "both"):
@@ -250,6 +273,15 @@ def evaluate_run(
             raise EvalInputError("give the real test data with --test FILE")
     test, test_notes = load_test_data(test_path, text_col, label_cols, release.synthetic)
     notes += test_notes
+    zero_shot, zs_source = release.zero_shot, "release/zero_shot.jsonl"
+    if zero_shot_run is not None:
+        zero_shot, zs_source = load_zero_shot_run(zero_shot_run), str(zero_shot_run)
+        notes.append(f"zero-shot reference: {zs_source}")
+    if zero_shot is not None and len(zero_shot) != len(release.synthetic):
+        notes.append(f"the zero-shot reference has {len(zero_shot)} samples, the synthetic "
+                     f"data {len(release.synthetic)}: compare at equal sizes")
+    zs_missing = (f"{NOT_GIVEN}: the run has no release/zero_shot.jsonl; pass a zero-shot run "
+                  "folder with --zero-shot RUN_DIR")
 
     if embedder is None:
         from ..embed import Embedder
@@ -259,7 +291,7 @@ def evaluate_run(
     say(f"embedding {len(release.synthetic)} synthetic and {len(test)} test texts")
     syn_emb = _embed(embedder, release.synthetic.texts)
     test_emb = _embed(embedder, test.texts)
-    zs_emb = _embed(embedder, release.zero_shot.texts) if release.zero_shot else None
+    zs_emb = _embed(embedder, zero_shot.texts) if zero_shot is not None else None
     priv_emb = _embed(embedder, private.data.texts) if private else None
 
     say("fidelity")
@@ -267,18 +299,18 @@ def evaluate_run(
         "synthetic": fidelity_block(syn_emb, test_emb, release.synthetic, test, k=k,
                                     with_mauve=with_mauve),
         "zero_shot": (
-            fidelity_block(zs_emb, test_emb, release.zero_shot, test, k=k, with_mauve=with_mauve)
-            if release.zero_shot is not None and zs_emb is not None
-            else unavailable("release/zero_shot.jsonl not found")
+            fidelity_block(zs_emb, test_emb, zero_shot, test, k=k, with_mauve=with_mauve)
+            if zero_shot is not None and zs_emb is not None
+            else unavailable(zs_missing)
         ),
     }
     fidelity["per_iteration"] = per_iteration_fid(release.root, embedder, test_emb)
     say(f"utility ({classifier})")
-    train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | None] = {
+    train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | str | None] = {
         "synthetic": (syn_emb, release.synthetic),
         "private": (priv_emb, private.data) if private and priv_emb is not None else None,
-        "zero_shot": (zs_emb, release.zero_shot)
-        if release.zero_shot is not None and zs_emb is not None else None,
+        "zero_shot": (zs_emb, zero_shot)
+        if zero_shot is not None and zs_emb is not None else zs_missing,
     }
     utility = utility_block(train_sets, test_emb, test, classifier=classifier,
                             finetune_epochs=finetune_epochs, seed=seed)
@@ -297,7 +329,7 @@ def evaluate_run(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "n": {
             "synthetic": len(release.synthetic),
-            "zero_shot": len(release.zero_shot) if release.zero_shot else 0,
+            "zero_shot": len(zero_shot) if zero_shot is not None else 0,
             "private": len(private.data) if private else None,
             "test": len(test),
         },
@@ -305,11 +337,14 @@ def evaluate_run(
         "utility": utility,
         "references": {
             "private": "same model trained on the real private data (evaluator's own use)",
-            "zero_shot": "same model trained on release/zero_shot.jsonl (no private data, "
-            "epsilon 0)",
+            "zero_shot": f"same model trained on {zs_source} (no private data, epsilon 0)",
+            "chance": "always predicting the test split's most frequent label (accuracy = its "
+            "share; macro-F1 = its F1 / number of test classes)",
         },
         "notes": [*notes, PRIVATE_USE_NOTE] if private else notes,
     }
+    result["versus_zero_shot"] = versus_zero_shot(utility)
+    result["verdict"] = verdict(result["versus_zero_shot"])
 
     audit: dict[str, Any] | None = None
     if with_audits and private is not None and priv_emb is not None:
@@ -328,7 +363,7 @@ def evaluate_run(
                           test_emb[keep], private.pii_values, seed=seed),
             "note": AUDIT_NOTE,
         }
-        if release.zero_shot is not None and zs_emb is not None:
+        if zero_shot is not None and zs_emb is not None:
             # control: the zero-shot set saw no private data, so its audit is the null level
             audit["zero_shot_control"] = {
                 "dcr": guarded(au.dcr_audit, zs_emb, priv_emb, test_emb[keep], seed=seed),
@@ -339,14 +374,80 @@ def evaluate_run(
         audit = None
 
     if write:
+        shareable, reference = split_private(result)
         release.eval_dir.mkdir(exist_ok=True)
-        atomic_write_json(release.eval_dir / "eval.json", result)
+        atomic_write_json(release.eval_dir / "eval.json", shareable)
+        if reference is not None:
+            release.audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write_json(release.audit_dir / REFERENCE_FILE, reference, mode=0o600)
         if audit is not None:
             release.audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             atomic_write_json(release.audit_dir / "audit.json", audit, mode=0o600)
     if private is not None and private._tmp is not None:
         private._tmp.cleanup()
     return result, audit
+
+
+REFERENCE_FILE = "reference.json"
+
+
+def split_private(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(shareable part, private part) of an eval result (docs/methods.md §5, §6).
+
+    The private part holds what was computed on the private data: the real-trained
+    ("private") utility cells and the private data's size; it goes to
+    ``private/eval/reference.json``. None when the result holds nothing private.
+    """
+    shareable = copy.deepcopy(result)
+    utility: dict[str, Any] = {}
+    for kind, block in (shareable.get("utility") or {}).items():
+        if kind == "next_token":
+            if "private" in block:
+                utility[kind] = {"private": block.pop("private")}
+            continue
+        for col, row in block.items():
+            if "private" in row:
+                utility.setdefault(kind, {})[col] = {"private": row.pop("private")}
+    n_private = (shareable.get("n") or {}).pop("private", None)
+    shareable["notes"] = [n for n in shareable.get("notes", []) if n != PRIVATE_USE_NOTE]
+    if not utility and n_private is None:
+        return shareable, None
+    return shareable, {"run_id": result.get("run_id"), "n_private": n_private,
+                       "utility": utility, "note": PRIVATE_USE_NOTE}
+
+
+def merge_private(shareable: dict[str, Any], reference: dict[str, Any] | None
+                  ) -> dict[str, Any]:
+    """The operator's view: an eval.json with its private/eval/reference.json put back."""
+    merged = copy.deepcopy(shareable)
+    if not reference:
+        return merged
+    for kind, block in (reference.get("utility") or {}).items():
+        target = merged.setdefault("utility", {}).setdefault(kind, {})
+        if kind == "next_token":
+            target.update(block)
+            continue
+        for col, cells in block.items():
+            target.setdefault(col, {}).update(cells)
+    if reference.get("n_private") is not None:
+        merged.setdefault("n", {})["private"] = reference["n_private"]
+    if reference.get("note") and reference["note"] not in merged.get("notes", []):
+        merged["notes"] = [*merged.get("notes", []), reference["note"]]
+    return merged
+
+
+def load_zero_shot_run(run_dir: str | Path) -> LabeledTexts:
+    """The zero-shot set of another run folder: a ``zero_shot`` run's synthetic data, or any
+    run's release/zero_shot.jsonl."""
+    other = load_run(run_dir)
+    if other.method == "zero_shot":
+        return other.synthetic
+    if other.zero_shot is not None:
+        return other.zero_shot
+    raise EvalInputError(
+        f"{other.root}: not a zero-shot run (method {other.method}) and no "
+        "release/zero_shot.jsonl; --zero-shot takes a run of method zero_shot"
+    )
 
 
 def audit_run(

@@ -45,6 +45,18 @@ def majority_baseline(test_y: Sequence[Any]) -> float:
     return counts.most_common(1)[0][1] / len(test_y)
 
 
+def majority_scores(test_y: Sequence[Any]) -> dict[str, float]:
+    """Accuracy and macro-F1 of always predicting the most frequent test label.
+
+    The chance line of docs/methods.md §5: accuracy is the majority share; macro-F1 is that
+    class's F1 divided by the number of test classes (every other class scores 0).
+    """
+    majority = Counter(map(str, test_y)).most_common(1)[0][0] if test_y else None
+    if majority is None:
+        raise MetricUnavailable("no test labels")
+    return classification_scores(test_y, [majority] * len(test_y))
+
+
 def classification_scores(true_y: Sequence[Any], pred_y: Sequence[Any]) -> dict[str, float]:
     """Accuracy and macro-F1 (over the classes present in truth or prediction)."""
     from sklearn.metrics import accuracy_score, f1_score

@@ -1,115 +1,147 @@
 """The one Private Evolution loop: generate -> [embed -> vote -> noise -> select -> vary] x T.
 
-Methods differ in their parts, not in the loop: a `Strategy` says how the initial pool is
-made, how candidates are scored from private data (always through the privacy session), and
-how the next pool follows from the scores. The loop owns checkpoints and per-iteration stats,
-so every method resumes the same way.
+Methods differ in their parts, not in the loop. A strategy has three verbs (docs/architecture.md,
+"Strategies"): ``initial`` makes the first pool, ``vote`` scores a pool from private data (every
+noisy statistic through its :class:`~dpsynth.context.Releaser`) and returns a
+:class:`VoteResult`, ``next`` makes the following pool from the vote. Its state is a dataclass
+(:class:`StrategyState`), checkpointed by the loop. The loop owns checkpoints, per-iteration
+stats and every release file (zero_shot.jsonl, iterations/, synthetic.jsonl), so every method
+resumes and releases the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..runs import write_jsonl
+from ..context import Rngs
+from ..io import write_jsonl
+from ..runs import RunDir
+from .operators import Generation
+from .parts import trim_to_quota
+from .pool import Pool
 
-if TYPE_CHECKING:
-    from ..context import RunContext
+__all__ = ["Pool", "Start", "Starter", "Strategy", "StrategyState", "VoteResult", "evolve"]
 
 
 @dataclass
-class Pool:
-    """Synthetic candidates: texts, joint label codes, and the index of the generator of each."""
+class StrategyState:
+    """What a strategy carries between iterations (checkpointed as JSON). ``quota``: the
+    released samples per label; the loop trims the final pool to it."""
 
-    texts: list[str] = field(default_factory=list)
-    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    sources: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    quota: np.ndarray | None = None
 
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def take(self, idx: np.ndarray) -> Pool:
-        idx = np.asarray(idx, dtype=np.int64)
-        return Pool([self.texts[i] for i in idx], self.labels[idx], self.sources[idx])
-
-    def extend(self, other: Pool) -> Pool:
-        return Pool(self.texts + other.texts, np.concatenate([self.labels, other.labels]),
-                    np.concatenate([self.sources, other.sources]))
-
-    def to_state(self) -> dict[str, Any]:
-        return {"texts": self.texts, "labels": self.labels.tolist(),
-                "sources": self.sources.tolist()}
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Pool:
-        return cls(list(state["texts"]), np.asarray(state["labels"], dtype=np.int64),
-                   np.asarray(state["sources"], dtype=np.int64))
+    def from_json(cls, raw: dict[str, Any]) -> StrategyState:
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in raw:
+                continue
+            value = raw[f.name]
+            if value is not None and "ndarray" in str(f.type):
+                value = np.asarray(value)
+            out[f.name] = value
+        return cls(**out)
 
-    @classmethod
-    def build(cls, texts: list[str | None], labels: list[int], sources: list[int]) -> Pool:
-        """A pool from generation results, dropping the failed (None) ones."""
-        keep = [i for i, t in enumerate(texts) if t is not None]
-        return cls([texts[i] for i in keep], np.asarray(labels, dtype=np.int64)[keep],
-                   np.asarray(sources, dtype=np.int64)[keep])
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
-class Strategy(Protocol):
-    """The parts a method plugs into the loop."""
+@dataclass
+class Start:
+    """The initial pool and, where the method has one, the zero-shot reference set (written
+    to release/zero_shot.jsonl by the loop)."""
 
-    def initial(self, ctx: RunContext) -> Pool: ...
+    pool: Pool
+    reference: Pool | None = None
 
-    def score(self, ctx: RunContext, t: int, pool: Pool,
-              emb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """Noisy per-candidate scores (a released statistic) and aggregate stats."""
-        ...
 
-    def advance(self, ctx: RunContext, t: int, pool: Pool, emb: np.ndarray, scores: np.ndarray,
-                last: bool) -> Pool: ...
+@dataclass
+class VoteResult:
+    """A vote over a pool: per-candidate ``scores`` (post-processing of released statistics),
+    every released histogram by name (WASP: ``near`` and ``far``), other released values by
+    name (SecPE: the noisy representatives per label), and aggregate ``stats`` for stats.jsonl
+    (noisy or public values only)."""
 
-    def finalize(self, ctx: RunContext, pool: Pool) -> Pool: ...
+    scores: np.ndarray
+    histograms: dict[str, np.ndarray] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    released: dict[Any, Any] = field(default_factory=dict)
 
-    def state(self) -> dict[str, Any]: ...
 
-    def restore(self, state: dict[str, Any]) -> None: ...
+@runtime_checkable
+class Starter(Protocol):
+    """A strategy without private votes (zero-shot): the initial pool is the release."""
+
+    state: StrategyState
+
+    def initial(self) -> Start: ...
+
+
+@runtime_checkable
+class Strategy(Starter, Protocol):
+    """The parts a voting method plugs into the loop."""
+
+    def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult: ...
+
+    def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool: ...
 
 
 CHECKPOINT = "evolution"
 
 
-def evolve(ctx: RunContext, strategy: Strategy, iterations: int) -> Pool:
-    """Run (or resume) the loop; returns the final synthetic pool.
+def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
+           iterations: int) -> Pool:
+    """Run (or resume) the loop; writes the release files and returns the released pool.
 
     A checkpoint is written atomically after the initial pool and after every iteration. On
     resume the loop restarts at the first unfinished iteration; its noisy releases come back
     from the privacy session's store and its LLM calls from the request cache.
     """
-    saved = ctx.run.load_checkpoint(CHECKPOINT)
+    if iterations and not isinstance(strategy, Strategy):
+        raise TypeError(f"{type(strategy).__name__} cannot vote: it runs with 0 iterations")
+    saved = run.load_checkpoint(CHECKPOINT)
     if saved is not None:
         pool = Pool.from_state(saved["pool"])
-        strategy.restore(saved["strategy"])
+        strategy.state = type(strategy.state).from_json(saved["strategy"])
         start = int(saved["iteration"])
-        ctx.log(f"resuming at iteration {start} with {len(pool)} candidates")
+        run.log(f"resuming at iteration {start} with {len(pool)} candidates")
     else:
-        pool = strategy.initial(ctx)
+        begun = strategy.initial()
+        pool = begun.pool
+        if begun.reference is not None:
+            write_jsonl(run.release / "zero_shot.jsonl", gen.rows(begun.reference))
         start = 0
-        _save(ctx, 0, pool, strategy)
-        ctx.log(f"initial pool: {len(pool)} candidates")
+        _save(run, 0, pool, strategy)
+        run.log(f"initial pool: {len(pool)} candidates")
     for t in range(start, iterations):
-        emb = ctx.embed_synthetic(pool.texts)
-        scores, stats = strategy.score(ctx, t, pool, emb)
-        pool = strategy.advance(ctx, t, pool, emb, scores, last=t == iterations - 1)
-        _save(ctx, t + 1, pool, strategy)
+        assert isinstance(strategy, Strategy)
+        emb = gen.embed(pool.texts)
+        vote = strategy.vote(t, pool, emb)
+        pool = strategy.next(t, pool, vote, last=t == iterations - 1)
         # The pool after a round is post-processing of released votes: safe to share, and the
-        # evaluation draws its per-iteration FID curve from these files.
-        write_jsonl(ctx.run.release / "iterations" / f"iter{t + 1}.jsonl", ctx.rows(pool))
-        ctx.run.append_stats({"iteration": t + 1, "candidates": int(len(emb)),
-                              "kept": int(len(pool)), **stats})
-        ctx.log(f"iteration {t + 1}/{iterations}: {len(pool)} in pool")
-    return strategy.finalize(ctx, pool)
+        # evaluation draws its per-iteration FID curve from these files. Both are written
+        # before the checkpoint (each write replaces its own), so a stop in between repeats
+        # the round - same noise from the store, same texts from the request cache - and a
+        # resumed run never misses a round's files.
+        write_jsonl(run.release / "iterations" / f"iter{t + 1}.jsonl", gen.rows(pool))
+        run.append_stats({"iteration": t + 1, "candidates": int(len(emb)),
+                          "kept": int(len(pool)), **vote.stats})
+        _save(run, t + 1, pool, strategy)
+        run.log(f"iteration {t + 1}/{iterations}: {len(pool)} in pool")
+    quota = strategy.state.quota
+    final = pool if quota is None else trim_to_quota(pool, quota, rngs)
+    write_jsonl(run.release / "synthetic.jsonl", gen.rows(final))
+    return final
 
 
-def _save(ctx: RunContext, iteration: int, pool: Pool, strategy: Strategy) -> None:
-    ctx.run.save_checkpoint(CHECKPOINT, {"iteration": iteration, "pool": pool.to_state(),
-                                         "strategy": strategy.state()})
+def _save(run: RunDir, iteration: int, pool: Pool, strategy: Starter) -> None:
+    run.save_checkpoint(CHECKPOINT, {"iteration": iteration, "pool": pool.to_state(),
+                                     "strategy": strategy.state.to_json()})

@@ -1,18 +1,25 @@
 """Generation operators of the PE family over a pool: RANDOM_API, VARIATION_API and WASP's
-contrastive generation. Each spreads its work over the run's generators by given weights."""
+contrastive generation (docs/methods.md §1-2), plus the embedder of synthetic texts.
+
+:class:`Generation` is the collaborator a strategy is handed for everything that calls a model;
+it sees public inputs only (the label classes, prompts, synthetic texts). Each operator spreads
+its work over the run's generators by given weights.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ..config import RunConfig
 from . import prompts as P
-from .loop import Pool
+from .pool import Pool
 from .selection import allocate
-
-if TYPE_CHECKING:
-    from ..context import RunContext
+from .textgen import Synthesizer
 
 
 def split_by_weights(n: int, weights: np.ndarray) -> np.ndarray:
@@ -20,95 +27,188 @@ def split_by_weights(n: int, weights: np.ndarray) -> np.ndarray:
     return allocate(n, np.asarray(weights, dtype=np.float64))
 
 
-def _run_jobs(ctx: RunContext, instructions: list[str], labels: list[int], sources: list[int],
-              tags: list[str]) -> tuple[Pool, np.ndarray]:
-    """Send each instruction to its generator; keep the cleaned successes (and say which)."""
-    texts: list[str | None] = [None] * len(instructions)
-    src = np.asarray(sources, dtype=np.int64)
-    for g, synth in enumerate(ctx.synthesizers):
-        idx = np.flatnonzero(src == g)
-        if len(idx) == 0:
-            continue
-        out = synth.complete([instructions[i] for i in idx], [tags[i] for i in idx],
-                             progress=ctx.progress)
-        for i, text in zip(idx, out, strict=True):
-            texts[i] = text
-    ok = np.array([i for i, t in enumerate(texts) if t is not None], dtype=np.int64)
-    return Pool.build(texts, labels, sources), ok
+class Generation:
+    """The run's generators and embedder, loaded on first use (a run that fails validation
+    never pays for a model load), and the operators built on them.
 
+    ``generators`` / ``embedder``: ready objects used instead of loading the configured models
+    (one generator per ``config.generators`` entry), e.g. the test fakes; ``label_dict`` maps a
+    joint class code to its label values (public)."""
 
-def zero_shot(ctx: RunContext, per_label: np.ndarray, tag: str,
-              weights: np.ndarray | None = None) -> Pool:
-    """RANDOM_API: per_label[y] label-conditioned zero-shot samples for each label y."""
-    n_gen = len(ctx.synthesizers)
-    weights = np.ones(n_gen) if weights is None else weights
-    instructions, labels, sources, tags = [], [], [], []
-    task = ctx.config.prompts.task
-    for y, n_y in enumerate(per_label):
-        text = P.describe_labels(ctx.label_dict(y), ctx.config.prompts)
-        for g, n_g in enumerate(split_by_weights(int(n_y), weights)):
-            for j in range(int(n_g)):
-                instructions.append(P.zero_shot_instruction(task, text))
-                labels.append(y)
-                sources.append(g)
-                tags.append(f"{tag}/{y}/{g}/{j}")
-    return _run_jobs(ctx, instructions, labels, sources, tags)[0]
+    def __init__(self, config: RunConfig, label_dict: Callable[[int], dict[str, str]],
+                 seed: int, cache_path: Path, embed_cache: Path, *,
+                 rng: Callable[[str], np.random.Generator], log: Callable[[str], None],
+                 progress: bool = True, generators: Sequence[Any] | None = None,
+                 embedder: Any | None = None) -> None:
+        if generators is not None and len(generators) != len(config.generators):
+            raise ValueError(f"{len(generators)} generators given for "
+                             f"{len(config.generators)} configured")
+        self.config = config
+        self.label_dict = label_dict
+        self.seed = seed
+        self.cache_path = cache_path
+        self.embed_cache = embed_cache
+        self.rng = rng
+        self.log = log
+        self.progress = progress
+        self._given_generators = list(generators) if generators is not None else None
+        self._given_embedder = embedder
 
+    # -- models ----------------------------------------------------------------------------
+    @cached_property
+    def embedder(self) -> Any:
+        if self._given_embedder is not None:
+            return self._given_embedder
+        from ..embed import Embedder
 
-def variations(ctx: RunContext, pool: Pool, n_each: int, tag: str) -> tuple[Pool, np.ndarray]:
-    """VARIATION_API (docs/methods.md §1, step 3e): n_each variations of every sample in the
-    pool, by the generator that wrote it; rephrase with a random style or fill in masked words.
+        cfg = self.config.embedder
+        self.log(f"loading embedder {cfg.model} (engine {cfg.engine})")
+        embedder = Embedder(cfg.model, cache_dir=self.embed_cache, batch_size=cfg.batch_size,
+                            engine=cfg.engine, threads=cfg.threads)
+        self.log(f"embedder engine: {getattr(embedder, 'engine_tag', type(embedder).__name__)}")
+        return embedder
 
-    Returns the variations and, for each, the index of its parent in `pool`."""
-    cfg = ctx.config.synthesis
-    styles = ctx.config.prompts.styles
-    rng = ctx.rng_for(tag)
-    instructions, labels, sources, tags = [], [], [], []
-    for i, text in enumerate(pool.texts):
-        label = int(pool.labels[i])
-        label_text = P.describe_labels(ctx.label_dict(label), ctx.config.prompts)
-        for j in range(n_each):
-            kind = cfg.variation
-            if kind == "mixed":
-                kind = "rephrase" if rng.random() < 0.5 else "fill_in"
-            if kind == "rephrase":
-                style = styles[int(rng.integers(len(styles)))]
-                instr = P.rephrase_instruction(ctx.config.prompts.task, label_text, text, style)
+    @cached_property
+    def synthesizers(self) -> list[Synthesizer]:
+        from ..llm import load_generator
+        from ..llm.cache import CachedGenerator, RequestCache
+
+        out = []
+        for i, gen_cfg in enumerate(self.config.generators):
+            if self._given_generators is not None:
+                # the same request cache as a loaded model: resume pays no call twice
+                generator: Any = CachedGenerator(self._given_generators[i],
+                                                 RequestCache(self.cache_path))
             else:
-                masked = P.mask_words(text, cfg.mask_rate, rng)
-                instr = P.fill_in_instruction(ctx.config.prompts.task, label_text, masked)
-            instructions.append(instr)
-            labels.append(label)
-            sources.append(int(pool.sources[i]))
-            tags.append(f"{tag}/{i}/{j}")
-    out, ok = _run_jobs(ctx, instructions, labels, sources, tags)
-    return out, ok // max(n_each, 1)
+                self.log(f"loading generator {i}: {gen_cfg.short_name}")
+                extra = {"batch_size": gen_cfg.batch_size} if gen_cfg.backend == "local" else {}
+                generator = load_generator(gen_cfg.spec(), cache_path=self.cache_path, **extra)
+            out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed))
+        return out
 
+    @property
+    def names(self) -> list[str]:
+        return [g.short_name for g in self.config.generators]
 
-def contrastive(ctx: RunContext, per_label: np.ndarray, weights: np.ndarray,
-                good: dict[int, list[str]], bad: dict[int, list[str]], n_demos: int,
-                tag: str) -> Pool:
-    """WASP step 5: per label, new samples from prompts with random subsets of n_demos/2 good
-    and n_demos/2 bad demonstrations; generators share the work by their weights."""
-    half = max(1, n_demos // 2)
-    rng = ctx.rng_for(tag)
-    instructions, labels, sources, tags = [], [], [], []
-    task = ctx.config.prompts.task
-    for y, n_y in enumerate(per_label):
-        label_text = P.describe_labels(ctx.label_dict(y), ctx.config.prompts)
-        g_texts, b_texts = good.get(y, []), bad.get(y, [])
-        for g, n_g in enumerate(split_by_weights(int(n_y), weights)):
-            for j in range(int(n_g)):
-                if g_texts and b_texts:
-                    gi = rng.choice(len(g_texts), size=min(half, len(g_texts)), replace=False)
-                    bi = rng.choice(len(b_texts), size=min(half, len(b_texts)), replace=False)
-                    instr = P.contrastive_instruction(task, label_text,
-                                                      [g_texts[k] for k in gi],
-                                                      [b_texts[k] for k in bi])
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of synthetic texts (public)."""
+        return self.embedder.embed(list(texts), progress=self.progress)
+
+    def rows(self, pool: Pool) -> list[dict[str, Any]]:
+        """release/*.jsonl rows of a synthetic pool: text, labels by column, generator name."""
+        names = self.names
+        return [{"text": text, "labels": self.label_dict(int(y)), "generator": names[int(g)]}
+                for text, y, g in zip(pool.texts, pool.labels, pool.sources, strict=True)]
+
+    def counts(self) -> dict[str, int]:
+        """LLM request counts of this attempt, for summary.json."""
+        total: dict[str, int] = {"requested": 0, "sent": 0, "dropped": 0, "retried": 0}
+        if "synthesizers" not in self.__dict__:
+            return total
+        for synth in self.synthesizers:
+            for key in total:
+                total[key] += getattr(synth.counts, key)
+        # llm_calls: answers received (and stored) by this attempt, i.e. calls paid for;
+        # requests that failed for good are in llm_requests_sent but not in llm_calls
+        total["llm_calls"] = sum(int(getattr(s.generator, "delivered", 0))
+                                 for s in self.synthesizers)
+        total["llm_requests_sent"] = sum(int(getattr(s.generator, "misses", 0))
+                                         for s in self.synthesizers)
+        total["http_retries"] = sum(int(getattr(s.generator, "retries", 0) or 0)
+                                    for s in self.synthesizers)
+        return total
+
+    # -- operators -------------------------------------------------------------------------
+    def _run_jobs(self, instructions: list[str], labels: list[int], sources: list[int],
+                  tags: list[str]) -> tuple[Pool, np.ndarray]:
+        """Send each instruction to its generator; keep the cleaned successes (and say which)."""
+        texts: list[str | None] = [None] * len(instructions)
+        src = np.asarray(sources, dtype=np.int64)
+        for g, synth in enumerate(self.synthesizers):
+            idx = np.flatnonzero(src == g)
+            if len(idx) == 0:
+                continue
+            out = synth.complete([instructions[i] for i in idx], [tags[i] for i in idx],
+                                 progress=self.progress)
+            for i, text in zip(idx, out, strict=True):
+                texts[i] = text
+        ok = np.array([i for i, t in enumerate(texts) if t is not None], dtype=np.int64)
+        return Pool.build(texts, labels, sources), ok
+
+    def _label_text(self, y: int) -> str:
+        return P.describe_labels(self.label_dict(y), self.config.prompts)
+
+    def zero_shot(self, per_label: np.ndarray, tag: str,
+                  weights: np.ndarray | None = None) -> Pool:
+        """RANDOM_API: per_label[y] label-conditioned zero-shot samples for each label y."""
+        weights = np.ones(len(self.config.generators)) if weights is None else weights
+        instructions, labels, sources, tags = [], [], [], []
+        task = self.config.prompts.task
+        for y, n_y in enumerate(per_label):
+            text = self._label_text(y)
+            for g, n_g in enumerate(split_by_weights(int(n_y), weights)):
+                for j in range(int(n_g)):
+                    instructions.append(P.zero_shot_instruction(task, text))
+                    labels.append(y)
+                    sources.append(g)
+                    tags.append(f"{tag}/{y}/{g}/{j}")
+        return self._run_jobs(instructions, labels, sources, tags)[0]
+
+    def variations(self, pool: Pool, n_each: int, tag: str) -> tuple[Pool, np.ndarray]:
+        """VARIATION_API (docs/methods.md §1, step 3e): n_each variations of every sample in
+        the pool, by the generator that wrote it; rephrase with a random style or fill in
+        masked words. Returns the variations and, for each, the index of its parent."""
+        cfg = self.config.synthesis
+        styles = self.config.prompts.styles
+        task = self.config.prompts.task
+        rng = self.rng(tag)
+        instructions, labels, sources, tags = [], [], [], []
+        for i, text in enumerate(pool.texts):
+            label = int(pool.labels[i])
+            label_text = self._label_text(label)
+            for j in range(n_each):
+                kind = cfg.variation
+                if kind == "mixed":
+                    kind = "rephrase" if rng.random() < 0.5 else "fill_in"
+                if kind == "rephrase":
+                    style = styles[int(rng.integers(len(styles)))]
+                    instr = P.rephrase_instruction(task, label_text, text, style)
                 else:
-                    instr = P.zero_shot_instruction(task, label_text)
+                    masked = P.mask_words(text, cfg.mask_rate, rng)
+                    instr = P.fill_in_instruction(task, label_text, masked)
                 instructions.append(instr)
-                labels.append(y)
-                sources.append(g)
-                tags.append(f"{tag}/{y}/{g}/{j}")
-    return _run_jobs(ctx, instructions, labels, sources, tags)[0]
+                labels.append(label)
+                sources.append(int(pool.sources[i]))
+                tags.append(f"{tag}/{i}/{j}")
+        out, ok = self._run_jobs(instructions, labels, sources, tags)
+        return out, ok // max(n_each, 1)
+
+    def contrastive(self, per_label: np.ndarray, weights: np.ndarray,
+                    good: dict[int, list[str]], bad: dict[int, list[str]], n_demos: int,
+                    tag: str) -> Pool:
+        """WASP step 5: per label, new samples from prompts with random subsets of n_demos/2
+        good and n_demos/2 bad demonstrations; generators share the work by their weights."""
+        half = max(1, n_demos // 2)
+        rng = self.rng(tag)
+        instructions, labels, sources, tags = [], [], [], []
+        task = self.config.prompts.task
+        for y, n_y in enumerate(per_label):
+            label_text = self._label_text(y)
+            g_texts, b_texts = good.get(y, []), bad.get(y, [])
+            for g, n_g in enumerate(split_by_weights(int(n_y), weights)):
+                for j in range(int(n_g)):
+                    if g_texts and b_texts:
+                        gi = rng.choice(len(g_texts), size=min(half, len(g_texts)),
+                                        replace=False)
+                        bi = rng.choice(len(b_texts), size=min(half, len(b_texts)),
+                                        replace=False)
+                        instr = P.contrastive_instruction(task, label_text,
+                                                          [g_texts[k] for k in gi],
+                                                          [b_texts[k] for k in bi])
+                    else:
+                        instr = P.zero_shot_instruction(task, label_text)
+                    instructions.append(instr)
+                    labels.append(y)
+                    sources.append(g)
+                    tags.append(f"{tag}/{y}/{g}/{j}")
+        return self._run_jobs(instructions, labels, sources, tags)[0]

@@ -11,7 +11,8 @@
   redrawn), with the noise plan ``RepresentativeNoise`` (Delta_k = (R + max(1, R)) / n_k for
   unit public embeddings; derivation in its docstring). SecPE and the tests use this function.
 * ``representative_vote``: each representative gives n~_k to its nearest candidate: O(K N).
-* ``per_point_vote``: the Aug-PE per-record nearest-neighbour vote, O(M N), as the baseline.
+* ``nearest_count_vote``: the per-record baseline, O(M N): each private record adds 1 to its
+  k nearest candidates (weight 1, not Aug-PE's 1/sqrt(k); no labels, no noise).
 
 Nearest candidates use faiss inner product on unit-norm candidate embeddings, which for unit
 candidates ranks exactly like L2 distance for any query (||q - c||^2 = ||q||^2 + 1 - 2 <q, c>),
@@ -28,6 +29,7 @@ import faiss
 import numpy as np
 import scipy.sparse as sp
 
+from dpsynth.io import nearest
 from dpsynth.privacy.noise import NoiseSource
 
 #: Joint sensitivity of one sampled record on the pair (e~, n~), in units of the noise:
@@ -95,12 +97,10 @@ def assign_private(centres: np.ndarray, private_emb_iter: Iterable[np.ndarray],
     released), so caching it changes nothing in the released statistics. Memory: 4 bytes/record.
     """
     c = _f32(centres)
-    index = faiss.IndexFlatL2(c.shape[1])
-    index.add(c)
     parts = []
     for chunk in private_emb_iter:
         if len(chunk):
-            _, lab = index.search(clip_rows(_f32(chunk), clip_R), 1)
+            _, lab = nearest(clip_rows(_f32(chunk), clip_R), c, k=1, metric="l2")
             parts.append(lab[:, 0].astype(np.int32))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
@@ -129,8 +129,6 @@ def accumulate_private(
     if np.any(rates < 0) or np.any(rates > 1):
         raise ValueError("sampling rates must lie in [0, 1]")
     k, d = c.shape
-    index = faiss.IndexFlatL2(d)
-    index.add(c)
     sums = np.zeros((k, d), dtype=np.float64)
     counts = np.zeros(k, dtype=np.int64)
     offset = 0
@@ -156,7 +154,7 @@ def accumulate_private(
         norms = np.sqrt(np.einsum("ij,ij->i", x, x))
         x *= np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))[:, None]
         if chunk_labels is None:
-            _, lab = index.search(x, 1)
+            _, lab = nearest(x, c, k=1, metric="l2")
             lab = lab[:, 0]
         else:
             lab = chunk_labels.astype(np.int64)
@@ -318,14 +316,8 @@ def release_representatives(
 def nearest_candidate(queries: np.ndarray, candidate_emb: np.ndarray,
                       batch: int = 16384) -> np.ndarray:
     """Index of the nearest (unit-norm) candidate for every query, batched."""
-    cand = _f32(candidate_emb)
-    index = faiss.IndexFlatIP(cand.shape[1])
-    index.add(cand)
-    out = np.empty(len(queries), dtype=np.int64)
-    for s in range(0, len(queries), batch):
-        _, ids = index.search(_f32(queries[s : s + batch]), 1)
-        out[s : s + batch] = ids[:, 0]
-    return out
+    _, ids = nearest(queries, candidate_emb, k=1, metric="ip", batch=batch)
+    return ids[:, 0]
 
 
 def representative_vote(e_tilde: np.ndarray, n_tilde: np.ndarray,
@@ -336,16 +328,16 @@ def representative_vote(e_tilde: np.ndarray, n_tilde: np.ndarray,
                        minlength=len(candidate_emb))
 
 
-def per_point_vote(private_emb_iter: Iterable[np.ndarray], candidate_emb: np.ndarray,
-                   k: int = 1, batch: int = 8192) -> np.ndarray:
-    """Aug-PE vote (true histogram, no noise): every private record adds 1 to each of its k
-    nearest candidates. Streams the private chunks; memory O(batch N) at most inside faiss."""
-    cand = _f32(candidate_emb)
-    index = faiss.IndexFlatIP(cand.shape[1])
-    index.add(cand)
-    hist = np.zeros(len(cand), dtype=np.float64)
+def nearest_count_vote(private_emb_iter: Iterable[np.ndarray], candidate_emb: np.ndarray,
+                       k: int = 1, batch: int = 8192) -> np.ndarray:
+    """True histogram [N] (no noise): how many private records have each candidate among
+    their k nearest. Each record adds weight 1 to each of its k neighbours (Aug-PE's vote,
+    :func:`dpsynth.evolution.voting.knn_vote`, gives 1/sqrt(k) per label; for k = 1 without
+    labels the two agree). The O(M N) baseline that ``representative_vote`` is measured
+    against; streams the private chunks, memory O(batch N) at most inside faiss."""
+    hist = np.zeros(len(candidate_emb), dtype=np.float64)
     for chunk in private_emb_iter:
-        for s in range(0, len(chunk), batch):
-            _, ids = index.search(_f32(chunk[s : s + batch]), k)
-            hist += np.bincount(ids.ravel(), minlength=len(cand))
+        if len(chunk):
+            _, ids = nearest(chunk, candidate_emb, k=k, metric="ip", batch=batch)
+            hist += np.bincount(ids.ravel(), minlength=len(candidate_emb))
     return hist

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..config import GeneratorConfig, SynthesisConfig
+from ..llm.base import Generator
 from .prompts import clean_generation, render
 
 
@@ -38,7 +39,7 @@ class GenerationCounts:
 class Synthesizer:
     """One generator with its sampling settings."""
 
-    generator: object  # dpsynth.llm.Generator
+    generator: Generator
     config: GeneratorConfig
     synthesis: SynthesisConfig
     seed: int

@@ -5,8 +5,14 @@ Nearest neighbours are found per label (labels partition the records, so a recor
 lands inside its own label's block), over the candidates of that label only:
 
 * ``exact`` (default): faiss exact inner-product search on unit vectors (= cosine);
-* ``ivf`` / ``hnsw``: approximate search (faiss IVF-Flat or HNSW) whose index is built, and for
-  IVF trained, on the *candidates* only, never on private data (docs/methods.md §1).
+* ``pq``: approximate search in two steps: a 4-bit product-quantisation fast-scan index scores
+  every candidate cheaply, then the best ``rerank`` per neighbour asked for are re-scored
+  exactly (faiss ``IndexPQFastScan`` + ``IndexRefineFlat``); the fastest ANN here at >= 99 %
+  agreement on real MiniLM embeddings (benchmarks/results/knn.md);
+* ``ivf`` / ``hnsw``: approximate search (faiss IVF-Flat or HNSW).
+
+Every ANN index is built, and for PQ / IVF trained, on the *candidates* only, never on private
+data, and each record still casts exactly one vote (docs/methods.md §1).
 
 Memory: the private rows are ordered by label once (one argsort of the labels) and searched in
 contiguous slices of that order, so at most one chunk of ``batch`` private rows is ever copied.
@@ -32,22 +38,29 @@ import faiss
 import numpy as np
 import scipy.sparse as sp
 
+from dpsynth.io import flat_index
+
 if TYPE_CHECKING:
     from dpsynth.config import SynthesisConfig
 
 SearchFn = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
-VoteIndexKind = Literal["exact", "ivf", "hnsw"]
+VoteIndexKind = Literal["exact", "pq", "ivf", "hnsw"]
 _RESCORE_MARGIN = 2  # extra neighbours re-scored in float64 beyond the k asked for
 _RESCORE_ROWS = 1024  # queries re-scored at once (bounds the float64 gather)
+_PQ_IMPLEM = 13  # faiss fast-scan kernel: query blocks, the fastest measured here
+_PQ_MIN = 256  # labels with fewer candidates are searched exactly under ``pq``
 
 
 @dataclass(frozen=True)
 class VoteIndex:
     """How each private record finds its nearest candidates (docs/methods.md §1).
 
-    ``ivf``: IVF-Flat with ``nlist`` lists (default sqrt(n) for n candidates of a label, at
-    most n / 39) trained by k-means on the candidates, ``nprobe`` lists searched. ``hnsw``:
-    HNSW graph over the candidates (``hnsw_m`` links, ``ef_construction``, ``ef_search``).
+    ``pq``: PQ fast-scan codes of ``pq_m`` sub-vectors x 4 bits (default d / 2, i.e. two
+    dimensions per sub-vector) trained on the candidates; the ``rerank`` x k best by code are
+    re-scored exactly. ``ivf``: IVF-Flat with ``nlist`` lists (default sqrt(n) for n
+    candidates of a label, at most n / 39) trained by k-means on the candidates, ``nprobe``
+    lists searched. ``hnsw``: HNSW graph over the candidates (``hnsw_m`` links,
+    ``ef_construction``, ``ef_search``).
     A label with fewer than ``min_candidates`` candidates is searched exactly (ANN would not pay).
     """
 
@@ -58,21 +71,27 @@ class VoteIndex:
     ef_construction: int = 80
     ef_search: int = 64
     min_candidates: int = 2000
+    pq_m: int | None = None
+    rerank: int = 16
 
     def __post_init__(self) -> None:
-        if self.kind not in ("exact", "ivf", "hnsw"):
-            raise ValueError(f"voting index must be exact, ivf or hnsw, got {self.kind!r}")
-        for name in ("nprobe", "hnsw_m", "ef_construction", "ef_search", "min_candidates"):
+        if self.kind not in ("exact", "pq", "ivf", "hnsw"):
+            raise ValueError(f"voting index must be exact, pq, ivf or hnsw, got {self.kind!r}")
+        for name in ("nprobe", "hnsw_m", "ef_construction", "ef_search", "min_candidates",
+                     "rerank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"voting index {name} must be >= 1, got {getattr(self, name)}")
         if self.nlist is not None and self.nlist < 1:
             raise ValueError(f"voting index nlist must be >= 1, got {self.nlist}")
+        if self.pq_m is not None and self.pq_m < 1:
+            raise ValueError(f"voting index pq_m must be >= 1, got {self.pq_m}")
 
 
 def vote_index_from(synthesis: SynthesisConfig) -> VoteIndex:
     """The VoteIndex of a SynthesisConfig (its ``voting*`` fields)."""
     return VoteIndex(kind=synthesis.voting, nlist=synthesis.voting_nlist,
-                     nprobe=synthesis.voting_nprobe, ef_search=synthesis.voting_ef_search)
+                     nprobe=synthesis.voting_nprobe, ef_search=synthesis.voting_ef_search,
+                     rerank=getattr(synthesis, "voting_rerank", VoteIndex.rerank))
 
 
 def _as_index(index: VoteIndex | str | None) -> VoteIndex:
@@ -141,15 +160,18 @@ class _LabelCandidates:
             self.members[g, pos] = ids[order]
         self.max_norm = float(np.linalg.norm(self.vecs, axis=1).max())
         self.kind = spec.kind if len(self.vecs) >= spec.min_candidates else "exact"
+        if self.kind == "pq" and len(self.vecs) < _PQ_MIN:
+            self.kind = "exact"
+        self.rerank = spec.rerank
         self.index = self._build(spec, d)
 
     def _build(self, spec: VoteIndex, d: int) -> faiss.Index:
         n = len(self.vecs)
         if self.kind == "exact":
-            index = faiss.IndexFlatIP(d)
-            index.add(self.vecs)
-            return index
+            return flat_index(self.vecs, "ip")
         with _faiss_threads(1):  # single-threaded build: the same index on any thread count
+            if self.kind == "pq":
+                return self._build_pq(spec, d)
             if self.kind == "hnsw":
                 index = faiss.IndexHNSWFlat(d, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
                 index.hnsw.efConstruction = spec.ef_construction
@@ -167,6 +189,23 @@ class _LabelCandidates:
             self._quantizer = quantizer  # the IVF index does not own its quantizer
             return index
 
+    def _build_pq(self, spec: VoteIndex, d: int) -> faiss.Index:
+        """PQ fast-scan codes (4 bits per sub-vector) + an exact re-rank, trained on the
+        candidates only. The sub-vectors have < 16 dimensions, so faiss builds each query's
+        lookup table without BLAS: the shortlist is the same on any thread count."""
+        m = spec.pq_m or (d // 2 if d % 2 == 0 else d)
+        if d % m or d // m >= 16:
+            raise ValueError(f"voting index pq_m must divide the dimension {d} into sub-vectors "
+                             f"of < 16 dimensions, got {m}")
+        base = faiss.IndexPQFastScan(d, m, 4, faiss.METRIC_INNER_PRODUCT)
+        base.pq.cp.seed = 1234
+        base.implem = _PQ_IMPLEM
+        index = faiss.IndexRefineFlat(base)
+        index.train(self.vecs)
+        index.add(self.vecs)
+        self._base = base  # the refine index does not own its base index
+        return index
+
     def _tol(self, queries: np.ndarray, scale: float) -> np.ndarray:
         """Twice the float32 rounding bound of <query, row> for rows of norm <= scale."""
         return (4.0 * queries.shape[1] * 2.0**-24 * scale
@@ -178,6 +217,9 @@ class _LabelCandidates:
                 return self.index.search(queries, width)
         if self.kind == "hnsw":
             self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, width)
+        if self.kind == "pq":  # shortlist rerank x (kk = width - margin) by code, then exact
+            short = min(len(self.vecs), max(width, self.rerank * (width - _RESCORE_MARGIN)))
+            self.index.k_factor = (short + 0.5) / width
         return self.index.search(queries, width)
 
     def nearest(self, queries: np.ndarray, kk: int) -> np.ndarray:
@@ -192,9 +234,8 @@ class _LabelCandidates:
         if self.kind != "exact":  # ANN may find fewer than width: search those rows exactly
             short = np.flatnonzero((uid < 0).any(axis=1))
             if len(short):
-                exact = faiss.IndexFlatIP(queries.shape[1])
-                exact.add(self.vecs)
-                sims32[short], uid[short] = exact.search(queries[short], width)
+                sims32[short], uid[short] = flat_index(self.vecs, "ip").search(queries[short],
+                                                                              width)
         if self.members.shape[1] == 1:
             tol = self._tol(queries, self.max_norm)
             head = sims32[:, : min(kk + 1, width)].astype(np.float64)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpsynth.errors import ComputeError
+
 VoteFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 """vote_fn(party_embeddings, party_labels, candidate_embeddings, candidate_labels) -> flat hist."""
 
@@ -39,7 +41,7 @@ DEFAULT_QUANTIZATION_RANGE = 2**22
 DEFAULT_MODULUS_RANGE = 2**32
 
 
-class FederatedRoundError(RuntimeError):
+class FederatedRoundError(ComputeError):
     """A federated round did not release anything (protocol halted or too few parties)."""
 
 
@@ -47,7 +49,7 @@ class InsufficientPartiesError(FederatedRoundError):
     """Fewer parties than the configured minimum contributed: nothing is released."""
 
 
-class VoteBoundError(ValueError):
+class VoteBoundError(ComputeError, ValueError):
     """A party's vote histogram exceeds the public vote bound (would be clipped by data)."""
 
 

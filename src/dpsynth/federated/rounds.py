@@ -20,7 +20,7 @@ against the budget like any release, and a budget that cannot take it raises
 from __future__ import annotations
 
 import hashlib
-import os
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.federated.core import FederatedRoundError
+from dpsynth.io import atomic_write_bytes
 
 
 class RoundBudgetSpentError(FederatedRoundError):
@@ -48,18 +49,9 @@ def _result_path(result_dir: Path, key: str, attempt: int) -> Path:
 def _save(path: Path, value: np.ndarray) -> None:
     """Atomic, durable write (tmp file, fsync, rename, fsync of the folder); mode 0600."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        np.save(fh, np.asarray(value, dtype=np.float64), allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(value, dtype=np.float64), allow_pickle=False)
+    atomic_write_bytes(path, buf.getvalue(), mode=0o600)
 
 
 def started_attempts(session: Any, key: str) -> int:

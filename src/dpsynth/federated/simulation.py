@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.errors import require
 from dpsynth.federated.core import (
     DEFAULT_MODULUS_RANGE,
     DEFAULT_QUANTIZATION_RANGE,
@@ -75,6 +76,7 @@ def federated_noisy_histogram(
     as public). Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
     ``wire_observer`` (audit/tests) sees every reply message the server receives.
     """
+    require("flwr", "federated", "federated voting (Flower)")
     from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
 
     num_parties = len(parties)
@@ -128,6 +130,8 @@ def run_flower_simulation(server_app: Any, client_app: Any, num_supernodes: int,
     """Run Flower's simulation engine (Ray backend, one actor runs all ClientApps in turn)."""
     import warnings
 
+    require("flwr.simulation", "federated", "Flower's simulation engine")
+    require("ray", "federated", "Flower's simulation engine")
     from flwr.simulation import run_simulation
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")

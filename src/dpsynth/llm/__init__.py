@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .base import (
     GenerationError,
     GenerationRequest,
@@ -71,12 +72,12 @@ def load_generator(
         if backend == "openai":
             unknown = set(conf) - _OPENAI_KEYS
             if unknown:
-                raise ValueError(f"generator spec: unknown openai keys {sorted(unknown)}")
+                raise ConfigError(f"generator spec: unknown openai keys {sorted(unknown)}")
             if conf.get("base_url") is None and conf.get("base_urls") is None:
-                raise ValueError("generator spec: openai backend needs 'base_url' or "
+                raise ConfigError("generator spec: openai backend needs 'base_url' or "
                                  "'base_urls'")
             if "model" not in conf:
-                raise ValueError("generator spec: openai backend needs 'model'")
+                raise ConfigError("generator spec: openai backend needs 'model'")
             from .openai_compat import OpenAIGenerator
 
             conf.setdefault("base_url", None)
@@ -84,12 +85,12 @@ def load_generator(
         elif backend == "local":
             unknown = set(conf) - _LOCAL_KEYS
             if unknown:
-                raise ValueError(f"generator spec: unknown local keys {sorted(unknown)}")
+                raise ConfigError(f"generator spec: unknown local keys {sorted(unknown)}")
             from .local import LocalGenerator
 
             gen = LocalGenerator(**{k: v for k, v in conf.items() if v is not None})
         else:
-            raise ValueError(f"generator spec: unknown backend {backend!r} (local or openai)")
+            raise ConfigError(f"generator spec: unknown backend {backend!r} (local or openai)")
     elif isinstance(spec, str | Path):
         from .local import LocalGenerator
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import GenerationError as GenerationError  # re-export; lives in dpsynth.errors
+
 Messages = tuple[dict[str, str], ...]
 Prompt = str | Messages
 ResultCallback = Callable[[int, str], None]
@@ -23,27 +25,6 @@ CHAT_ROLES = ("system", "user", "assistant")
 #: Stop strings added when chat messages were rendered with :func:`render_chat_fallback`,
 #: so that a base model does not go on to write the next turn itself.
 FALLBACK_STOPS = ("\nUser:", "\nSystem:")
-
-
-class GenerationError(RuntimeError):
-    """A generation call failed.
-
-    The message never contains prompt or output text (prompts may hold private records);
-    it names the backend, the cause (e.g. an HTTP status) and how many requests finished.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        completed: int = 0,
-        total: int = 0,
-        status: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.completed = completed
-        self.total = total
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
+
 
 class PoolAborted(Exception):
     """Waiting for an endpoint was given up (the call is failing)."""
@@ -58,13 +60,13 @@ class EndpointPool:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not urls:
-            raise ValueError("at least one endpoint URL is needed")
+            raise ConfigError("at least one endpoint URL is needed")
         if len(set(urls)) != len(urls):
-            raise ValueError("endpoint URLs must be distinct")
+            raise ConfigError("endpoint URLs must be distinct")
         if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if not cooldown_s >= 0 or not max_cooldown_s >= cooldown_s:
-            raise ValueError("need 0 <= cooldown_s <= max_cooldown_s")
+            raise ConfigError("need 0 <= cooldown_s <= max_cooldown_s")
         self.endpoints = [Endpoint(u, make_client(u), i) for i, u in enumerate(urls)]
         self.max_concurrency = max_concurrency
         self.cooldown_s = float(cooldown_s)

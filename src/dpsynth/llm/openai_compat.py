@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 import tenacity
 
+from ..errors import ConfigError
 from .base import (
     FALLBACK_STOPS,
     GenerationError,
@@ -475,18 +476,18 @@ def _endpoint_urls(base_url: str | Sequence[str] | None,
                    base_urls: Sequence[str] | None) -> list[str]:
     """The endpoint list from ``base_url`` (a URL or a list) or ``base_urls`` (not both)."""
     if base_url is not None and base_urls is not None:
-        raise ValueError("give base_url or base_urls, not both")
+        raise ConfigError("give base_url or base_urls, not both")
     given = base_urls if base_urls is not None else base_url
     if given is None:
-        raise ValueError("an OpenAI-compatible generator needs base_url or base_urls")
+        raise ConfigError("an OpenAI-compatible generator needs base_url or base_urls")
     raw = [given] if isinstance(given, str) else list(given)
     if not raw or not all(isinstance(u, str) and u.strip() for u in raw):
-        raise ValueError("base_urls must be a non-empty list of URLs")
+        raise ConfigError("base_urls must be a non-empty list of URLs")
     urls = [u.strip().rstrip("/") for u in raw]
     for u in urls:
         if not u.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint URL {u!r} must start with http:// or https://")
+            raise ConfigError(f"endpoint URL {u!r} must start with http:// or https://")
     dup = sorted({u for u in urls if urls.count(u) > 1})
     if dup:
-        raise ValueError(f"base_urls lists an endpoint twice: {dup}")
+        raise ConfigError(f"base_urls lists an endpoint twice: {dup}")
     return urls

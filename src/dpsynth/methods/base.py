@@ -1,16 +1,88 @@
-"""What a method is: validation before any model loads, its privacy plan, and its strategy
-for the shared evolution loop."""
+"""What a method is (docs/architecture.md, "Methods"): its name, what it releases, its own
+config model, its privacy plan, its work and its own privacy statement.
+
+The runner (:mod:`dpsynth.runner`) owns the run's life and calls a method at four points:
+``check`` (before anything is written), ``plan`` (after the data is loaded, before the ledger
+and the session), ``execute`` (the work; writes the release files) and ``statement``
+(release/privacy.json). The PE family shares one base on top of this
+(:mod:`dpsynth.methods.pe`).
+"""
 
 from __future__ import annotations
 
 import string
-from typing import TYPE_CHECKING, Any, ClassVar
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ValidationError
 
 from ..config import ConfigError, RunConfig
+from ..runs import RunDir
 
 if TYPE_CHECKING:
-    from ..context import RunContext
-    from ..evolution.loop import Strategy
+    from ..data import Dataset
+    from ..privacy import PrivacySession
+
+Guarantee = Literal["dp", "none", "secret-protection", "public"]
+
+
+@dataclass
+class PrivacyPlan:
+    """What a method will spend, decided before the ledger and the session.
+
+    ``guarantee``: "dp" reserves (epsilon, delta) in the ledger and settles it at the end;
+    "none" (epsilon = inf) and "secret-protection" are recorded without an amount; "public"
+    reads no private record and records nothing. ``sigma``: the noise multiplier (None while a
+    label domain is still to be discovered). ``target``: the session's (epsilon, delta) cap.
+    ``ledger``: public details recorded with a non-DP run; ``meta``: extra (public) run.json
+    fields; ``notes``: what the method's ``execute`` needs to know from planning."""
+
+    guarantee: Guarantee
+    sigma: float | None
+    accountant: str
+    target: tuple[float, float] | None = None
+    ledger: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    """One attempt of a run as the runner hands it to :meth:`Method.execute`."""
+
+    config: RunConfig
+    run: RunDir
+    meta: dict[str, Any]
+    dataset: Dataset
+    session: PrivacySession
+    plan: PrivacyPlan
+    #: the keyed (HMAC) dataset fingerprint of run.json and the ledger
+    fingerprint: str = ""
+    resume: bool = False
+    progress: bool = True
+    generators: Sequence[Any] | None = None
+    embedder: Any | None = None
+    echo: Callable[[str], None] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    #: LLM calls paid by this attempt (set by the method once its models exist)
+    paid_calls: Callable[[], int] = lambda: 0
+    #: closed by the runner when the attempt ends (compute workers and the like)
+    cleanup: ExitStack = field(default_factory=ExitStack)
+
+
+@dataclass
+class Outcome:
+    """What ``execute`` reports: summary.json's method-specific keys (the runner adds the
+    method name, and fills epsilon / delta given as None from the statement) and facts for
+    the method's own statement."""
+
+    summary: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)
+    #: a public one-line result for log.txt
+    message: str = ""
 
 
 def check_prompt_fields(config: RunConfig) -> None:
@@ -26,59 +98,50 @@ def check_prompt_fields(config: RunConfig) -> None:
         )
 
 
-class Method:
-    """Base class of the PE-family methods; subclasses fill in the parts."""
+class Method(ABC):
+    """A registered method (dpsynth.methods.REGISTRY): one instance per run attempt."""
 
     name: ClassVar[str] = ""
-    private_votes: ClassVar[bool] = True
-    dp_guarantee: ClassVar[bool] = True  # False: the method states another guarantee (SecPE)
+    #: what release/ holds: synthetic text rows, or a knowledge base (kb.jsonl + index)
+    releases: ClassVar[Literal["text", "knowledge_base"]] = "text"
+    #: the method's own config section of the run config (None: none) and its model
+    section: ClassVar[str | None] = None
+    config_model: ClassVar[type[BaseModel] | None] = None
+    #: other spellings accepted on read (old run folders), each with a deprecation note
+    aliases: ClassVar[tuple[str, ...]] = ()
+    #: False: the method reads per-record fields in this process, so the runner loads the
+    #: private file here even with compute.engine ray (DP-SynRAG's build)
+    sharded_data: ClassVar[bool] = True
 
-    def prepare(self, config: RunConfig, dataset: Any) -> float | None:
-        """Method-specific set-up before any model loads; may return the noise multiplier
-        (None: calibrate it from the (epsilon, delta) target over planned_events)."""
-        return None
+    def settings(self, config: RunConfig) -> Any:
+        """The method's section of ``config`` validated by its config model (ConfigError)."""
+        if self.section is None or self.config_model is None:
+            return None
+        raw = getattr(config, self.section)
+        if isinstance(raw, self.config_model):
+            return raw
+        data = raw.model_dump() if isinstance(raw, BaseModel) else raw
+        try:
+            return self.config_model.model_validate(data or {})
+        except ValidationError as err:
+            lines = [f"invalid {self.section} section"]
+            for item in err.errors():
+                where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+                lines.append(f"  {self.section}.{where}: {item['msg']}")
+            raise ConfigError("\n".join(lines)) from None
 
-    def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
-        """Raise ConfigError, before any model is loaded, for a config that cannot work."""
-        check_prompt_fields(config)
-        syn = config.synthesis
-        if self.private_votes and self.dp_guarantee and config.privacy.epsilon == 0:
-            raise ConfigError(
-                f"privacy.epsilon is 0, but method '{self.name}' spends budget on private "
-                "votes: set privacy.epsilon > 0, or use method 'zero_shot' (no private data)"
-            )
-        if syn.samples < n_labels:
-            raise ConfigError(
-                f"synthesis.samples = {syn.samples} is fewer than the {n_labels} label classes "
-                "in the data: raise synthesis.samples or use fewer label columns"
-            )
-        if syn.samples * syn.pool_multiplier > syn.max_candidates:
-            raise ConfigError(
-                f"synthesis.samples x pool_multiplier = {syn.samples * syn.pool_multiplier} "
-                f"candidates exceeds synthesis.max_candidates = {syn.max_candidates}: lower "
-                "samples or pool_multiplier, or raise max_candidates"
-            )
-        if n_records == 0:
-            raise ConfigError("the private data has no records")
+    def check(self, config: RunConfig) -> None:
+        """Refuse a config that cannot work, before any folder is written."""
+        self.settings(config)
 
-    def vote_releases(self, config: RunConfig, n_labels: int) -> int:
-        """How many Gaussian releases (all with one noise multiplier) the run makes."""
-        label_release = 1 if n_labels > 1 else 0
-        return label_release + (config.synthesis.iterations if self.private_votes else 0)
+    @abstractmethod
+    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
+        """Validate against the data (no model loads) and plan the privacy spend."""
 
-    def planned_events(self, config: RunConfig, n_labels: int, sigma: float) -> list[Any]:
-        """The run's planned releases as privacy events, for calibration and the ledger."""
-        from ..privacy import GaussianEvent
+    @abstractmethod
+    def execute(self, job: Job) -> Outcome:
+        """The method's work: every release file except privacy.json and summary.json."""
 
-        steps = self.vote_releases(config, n_labels)
-        return [GaussianEvent(sigma=sigma, sensitivity=1.0, count=steps)] if steps else []
-
-    def strategy(self, ctx: RunContext) -> Strategy:
-        raise NotImplementedError
-
-    def iterations(self, config: RunConfig) -> int:
-        return config.synthesis.iterations
-
-    def statement_extras(self, ctx: RunContext) -> dict[str, Any]:
-        """Method-specific keys for release/privacy.json."""
-        return {}
+    @abstractmethod
+    def statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        """release/privacy.json: the method's own guarantee (schema in the README)."""

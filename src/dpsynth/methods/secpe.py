@@ -30,36 +30,46 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig, SecPEConfig
+from ..context import PrivateView, Releaser, Rngs
 from ..diagnostics import append_diagnostic
-from ..evolution import operators as ops
-from ..evolution.loop import Pool
-from ..evolution.representatives import JOINT_SENSITIVITY, NoisyRepresentatives
+from ..evolution.loop import Start, StrategyState, VoteResult
+from ..evolution.operators import Generation
+from ..evolution.parts import reference_set, select_and_vary
+from ..evolution.pool import Pool
+from ..evolution.representatives import JOINT_SENSITIVITY
 from ..evolution.selection import allocate, thresholded
-from .aug_pe import AugPEStrategy, write_reference
-from .base import Method
+from .base import Guarantee, Job, Outcome
+from .pe import PEMethod
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..compute.sharded import ShardedDataset
+    from ..data import Dataset
+    from ..secrets import SecretIndex
+
+
+def scan_secrets(config: RunConfig, dataset: Dataset | ShardedDataset) -> SecretIndex:
+    """The run's secret scan through the dataset's engine (this process, or the Ray shards:
+    the driver then never reads a text); a bad definition is a ConfigError."""
+    from ..compute import data_compute
+    from ..secrets import SecretDefinitionError
+
+    try:
+        return data_compute(dataset, False).secret_stats(config.secpe.secrets)
+    except (SecretDefinitionError, ValueError) as err:
+        raise ConfigError(f"secpe.secrets: {err}") from None
 
 
 class SecretPlan:
-    """The secret split and its calibrated noise, computed once before any model loads."""
+    """The secret split and its calibrated noise, computed once before any model loads, from
+    the secret scan ``index`` (``PrivateCompute.secret_stats``: which record holds which
+    secret, by secret id; on Ray the shards scan their own records)."""
 
-    def __init__(self, config: RunConfig, texts: list[str]) -> None:
-        from ..secrets import SecretDefinitionError, find_secrets
-        from .secpe_theory import (
-            calibrate_secret_sigma,
-            rates_per_secret,
-            sampling_rates,
-            secret_weights_lp,
-        )
+    def __init__(self, config: RunConfig, index: SecretIndex) -> None:
+        from .secpe_theory import plan_secret_noise
 
         cfg = config.secpe
-        try:
-            self.index = find_secrets(texts, cfg.secrets)
-        except (SecretDefinitionError, ValueError) as err:
-            raise ConfigError(f"secpe.secrets: {err}") from None
+        self.index = index
         self.private_idx, self.public_idx = self.index.split()
         if len(self.public_idx) == 0:
             raise ConfigError("secpe.secrets match every record: no public records remain for "
@@ -69,15 +79,11 @@ class SecretPlan:
         self.rates = np.zeros(len(self.private_idx))
         self.sigma_star = 0.0
         if not self.index.no_secrets and math.isfinite(cfg.r_over_p) and self.r < 1.0:
-            from .secpe_theory import r_to_mu
-
-            membership = self.index.private_membership()
-            eta = np.full(membership.shape[1], float(r_to_mu(self.p, self.r)))
-            weights = secret_weights_lp(membership, eta)
-            self.rates = sampling_rates(weights)
-            self.sigma_star, _ = calibrate_secret_sigma(
-                self.p, self.r, rates_per_secret(membership, self.rates),
-                config.synthesis.iterations)
+            # SecretNoise (the library function the tests exercise): LP weights, sampling
+            # rates, and the smallest noise whose blow-up meets r for every secret
+            noise = plan_secret_noise(self.index.private_membership(), self.p, self.r,
+                                      config.synthesis.iterations)
+            self.rates, self.sigma_star = noise.rates, float(noise.sigma)
         elif not self.index.no_secrets:
             self.rates = np.ones(len(self.private_idx))  # r/p = inf: no protection asked
         self.sigma = JOINT_SENSITIVITY * self.sigma_star
@@ -106,53 +112,69 @@ class SecretPlan:
                 "no_secret_found": bool(self.index.no_secrets)}
 
 
-class SecPEStrategy(AugPEStrategy):
-    """Aug-PE's selection and variation; representative voting instead of per-record votes."""
+class SecPEStrategy:
+    """SecPE's parts for the shared loop: quotas from the public records, representative
+    voting, and the shared selection with variation."""
 
-    def __init__(self, plan: SecretPlan) -> None:
-        super().__init__()
-        self.plan = plan
+    def __init__(self, config: RunConfig, secrets: SecretPlan, view: PrivateView,
+                 releaser: Releaser, gen: Generation, rngs: Rngs) -> None:
+        self.syn = config.synthesis
+        self.secpe = config.secpe
+        self.centre_seed = int(config.privacy.seed or 0)  # public data: any fixed seed
+        self.secrets = secrets
+        self.view = view
+        self.releaser = releaser
+        self.gen = gen
+        self.rngs = rngs
+        self.state = StrategyState()
         self._centres: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._public_norm = 1.0
-        #: the last iteration's released (noisy) representatives per label
-        self.released: dict[int, NoisyRepresentatives] = {}
+        self._public_labels: np.ndarray | None = None
+        self._private_per_label: np.ndarray | None = None
 
-    def initial(self, ctx: RunContext) -> Pool:
-        syn = ctx.config.synthesis
-        append_diagnostic(ctx.run, {"kind": "secpe_split", **self.plan.report(),
-                                    **self.plan.noise_report()})
-        ctx.log(f"secret protection: {self.plan.summary()} (secret split counts in "
-                "private/diagnostics.jsonl)")
-        pub = self.plan.public_idx
-        counts = np.bincount(ctx.label_codes[pub], minlength=ctx.n_labels)
-        self.quota = allocate(syn.samples, counts.astype(np.float64))  # public: free
-        pool = ops.zero_shot(ctx, self.quota * syn.pool_multiplier, "init")
-        write_reference(ctx, pool, self.quota)
-        return pool
+    def public_labels(self) -> np.ndarray:
+        """Label codes of the public rows (records without a secret: SecPE treats them as
+        public), from the engine; the labels of records holding a secret are never fetched."""
+        if self._public_labels is None:
+            self._public_labels = np.asarray(
+                self.view.compute.public_labels(self.secrets.public_idx), dtype=np.int64)
+        return self._public_labels
 
-    def centres(self, ctx: RunContext) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Public KMeans centres per label, K split over labels by public counts (free)."""
+    def initial(self) -> Start:
+        view, plan = self.view, self.secrets
+        append_diagnostic(view.run, {"kind": "secpe_split", **plan.report(),
+                                     **plan.noise_report()})
+        view.log(f"secret protection: {plan.summary()} (secret split counts in "
+                 "private/diagnostics.jsonl)")
+        counts = np.bincount(self.public_labels(), minlength=view.n_labels)
+        quota = allocate(self.syn.samples, counts.astype(np.float64))  # public: free
+        self.state.quota = quota
+        pool = self.gen.zero_shot(quota * self.syn.pool_multiplier, "init")
+        return Start(pool, reference_set(pool, quota, self.rngs))
+
+    def centres(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Public KMeans centres per label, K split over labels by public counts (free); a
+        deterministic function of public rows, computed once per process."""
         if self._centres is None:
             from ..evolution.representatives import public_centres
 
-            pub = self.plan.public_idx
-            emb = ctx.compute.public_embeddings(pub)  # public rows (no secret)
-            labels = ctx.label_codes[pub]
+            view = self.view
+            pub = self.secrets.public_idx
+            emb = view.compute.public_embeddings(pub)  # public rows (no secret)
+            labels = self.public_labels()
             # public rows: their largest norm bounds the centres (1 for unit embeddings)
             self._public_norm = max(1.0, float(np.linalg.norm(emb, axis=1).max()))
-            per_label = allocate(ctx.config.secpe.clusters,
-                                 np.bincount(labels, minlength=ctx.n_labels).astype(float))
+            per_label = allocate(self.secpe.clusters,
+                                 np.bincount(labels, minlength=view.n_labels).astype(float))
             self._centres = {}
-            for y in range(ctx.n_labels):
+            for y in range(view.n_labels):
                 rows = emb[labels == y]
                 if len(rows):
                     k = max(1, int(per_label[y]))
-                    seed = int(ctx.config.privacy.seed or 0)  # public data: any fixed seed
-                    self._centres[y] = public_centres(rows, k, seed=seed)
+                    self._centres[y] = public_centres(rows, k, seed=self.centre_seed)
         return self._centres
 
-    def score(self, ctx: RunContext, t: int, pool: Pool,
-              emb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult:
         from ..evolution.representatives import (
             PrivateAccumulation,
             RepresentativeGroup,
@@ -161,72 +183,101 @@ class SecPEStrategy(AugPEStrategy):
             representative_vote,
         )
 
-        centres = self.centres(ctx)
-        R = ctx.config.secpe.clip
-        priv = self.plan.private_idx
-        priv_labels = ctx.label_codes[priv]
-        sampler = ctx.session.noise_for(f"iter{t}/poisson")  # Poisson coins: mechanism randomness
-        # the coins are drawn here, by the session, label by label; the engine (this process
-        # or the Ray shards) sums the clipped sampled rows per centre, exactly
-        take = np.zeros(len(ctx.dataset), dtype=bool)
-        for y in sorted(centres):
-            mask = priv_labels == y
-            if mask.any():
-                take[priv[mask]] = np.asarray(sampler.uniform(int(mask.sum()))) < \
-                    self.plan.rates[mask]
-        sums = ctx.compute.centre_sums({y: c for y, (c, _) in centres.items()}, take, R,
-                                       len(ctx.dataset))
+        view, plan = self.view, self.secrets
+        centres = self.centres()
+        R = self.secpe.clip
+        priv = plan.private_idx
+        # Poisson coins: mechanism randomness, from the key's own stream of the session, one
+        # per private row in row order (the rows' labels stay with the engine); the engine
+        # (this process or the Ray shards) sums the clipped sampled rows per centre, exactly
+        sampler = self.releaser.noise_for(f"iter{t}/poisson")
+        take = np.zeros(len(view), dtype=bool)
+        if len(priv):
+            take[priv] = np.asarray(sampler.uniform(len(priv))) < plan.rates
+        sums = view.compute.centre_sums({y: c for y, (c, _) in centres.items()}, take, R,
+                                        len(view))
+        if self._private_per_label is None:  # private rows per label (fixed): exact, private
+            mask = np.zeros(len(view), dtype=bool)
+            mask[priv] = True
+            self._private_per_label = view.compute.masked_label_counts(mask, view.n_labels)
         labels, groups = [], []
         for y, (cent, sizes) in sorted(centres.items()):
-            mask = priv_labels == y
-            acc = PrivateAccumulation(sums=sums[y][0], counts=sums[y][1], n_seen=int(mask.sum()),
-                                      n_sampled=int(take[priv[mask]].sum()))
+            acc = PrivateAccumulation(sums=sums[y][0], counts=sums[y][1],
+                                      n_seen=int(self._private_per_label[y]),
+                                      n_sampled=int(sums[y][1].sum()))
             labels.append(y)
             groups.append(RepresentativeGroup(cent, sizes, acc))
-        plan = RepresentativeNoise(clip_R=R, sigma=self.plan.sigma, public_norm=self._public_norm)
-        rate = float(self.plan.rates.max()) if len(self.plan.rates) else 1.0
-        reps = release_representatives(ctx.session, f"iter{t}/representatives", groups, plan,
-                                       sampling_rate=rate)
-        self.released = dict(zip(labels, reps, strict=True))
+        noise = RepresentativeNoise(clip_R=R, sigma=plan.sigma, public_norm=self._public_norm)
+        rate = float(plan.rates.max()) if len(plan.rates) else 1.0
+        reps = release_representatives(self.releaser.session, f"iter{t}/representatives",
+                                       groups, noise, sampling_rate=rate)
+        released = dict(zip(labels, reps, strict=True))
         hist = np.zeros(len(pool))
-        for y, rep in self.released.items():
+        for y, rep in released.items():
             idx = np.flatnonzero(pool.labels == y)
             if len(idx):
                 hist[idx] += representative_vote(rep.e_tilde, rep.n_tilde, emb[idx])
-        scores = thresholded(hist, ctx.config.synthesis.threshold * self.plan.sigma)
-        return scores, {"vote_mass": float(hist.sum()),
-                        "representatives": int(sum(len(r.n_tilde) for r in reps)),
-                        "candidates_with_votes": int((scores > 0).sum())}
+        scores = thresholded(hist, self.syn.threshold * plan.sigma)
+        return VoteResult(scores, {"votes": hist}, {
+            "vote_mass": float(hist.sum()),
+            "representatives": int(sum(len(r.n_tilde) for r in reps)),
+            "candidates_with_votes": int((scores > 0).sum())}, released=released)
+
+    def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool:
+        assert self.state.quota is not None
+        return select_and_vary(self.gen, self.rngs, self.syn, t, pool, vote.scores,
+                               self.state.quota, last)
 
 
-class SecPE(Method):
+class SecPE(PEMethod):
     name = "secpe"
-    dp_guarantee = False
+    section = "secpe"
+    config_model = SecPEConfig
 
     def __init__(self) -> None:
-        self.plan: SecretPlan | None = None
+        self.secrets: SecretPlan | None = None
+
+    def guarantee(self, config: RunConfig) -> Guarantee:
+        """(p, r)-secret protection; nothing with epsilon = inf."""
+        return "none" if math.isinf(config.privacy.epsilon) else "secret-protection"
+
+    def ledger_details(self, config: RunConfig) -> dict[str, Any]:
+        cfg = config.secpe
+        if self.guarantee(config) == "none":
+            return {"method": self.name}
+        return {"method": self.name, "p": cfg.p, "r": cfg.p * cfg.r_over_p}
 
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
         super().validate(config, n_records, n_labels)
         if config.privacy.unit != "record":
             raise ConfigError("secpe protects secrets, not users: set privacy.unit to 'record'")
 
-    def prepare(self, config: RunConfig, dataset: Any) -> float:
+    def noise_multiplier(self, config: RunConfig, dataset: Dataset | ShardedDataset
+                         ) -> float:
         """Detect secrets and calibrate; returns the noise std of each released coordinate."""
-        self.plan = SecretPlan(config, dataset.texts)
-        return self.plan.sigma
+        self.secrets = SecretPlan(config, scan_secrets(config, dataset))
+        return self.secrets.sigma
 
     def vote_releases(self, config: RunConfig, n_labels: int) -> int:
         return config.synthesis.iterations
 
-    def strategy(self, ctx: RunContext) -> SecPEStrategy:
-        assert self.plan is not None, "prepare() runs before the loop"
-        return SecPEStrategy(self.plan)
+    def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
+                 gen: Generation, rngs: Rngs) -> SecPEStrategy:
+        assert self.secrets is not None, "plan() runs before the loop"
+        return SecPEStrategy(config, self.secrets, view, releaser, gen, rngs)
 
-    def statement_extras(self, ctx: RunContext) -> dict[str, Any]:
-        plan = self.plan
+    def guarantee_statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        if self.guarantee(job.config) == "none":
+            return super().guarantee_statement(job, outcome)
+        p = job.config.privacy
+        return {"target_epsilon": None, "target_delta": None, "unit": p.unit,
+                "accountant": "secret-protection", "noise": p.noise,
+                "mechanisms": job.session.accountant.summary()}
+
+    def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        plan = self.secrets
         assert plan is not None
-        cfg = ctx.config.secpe
+        cfg = job.config.secpe
         protection = {
             "definition": "(p, r)-secret protection (SecPE): for every secret s_j and every "
                           "reconstruction attack, Pr[attack outputs s_j] <= r_j; p_j is the "
@@ -234,7 +285,7 @@ class SecPE(Method):
             "p": plan.p,
             "r": plan.r,
             "r_over_p": cfg.r_over_p,
-            "iterations": ctx.config.synthesis.iterations,
+            "iterations": job.config.synthesis.iterations,
             "noise_scale": "calibrated by SecretNoise from the secrets found in the private "
                            "data; kept in private/diagnostics.jsonl, not released",
             "clip_R": cfg.clip,
@@ -250,7 +301,7 @@ class SecPE(Method):
             "noise_multiplier": None,  # data-dependent (SecretNoise): diagnostics only
             # names and counts only: the events' noise parameters are data-dependent
             "mechanisms": [{"name": m.get("name"), "count": m.get("count")}
-                           for m in ctx.session.accountant.summary()],
+                           for m in job.session.accountant.summary()],
             "classical_dp": {
                 "holds": False,
                 "reason": "records without secrets are treated as public and enter the "

@@ -81,11 +81,6 @@ def r_to_mu(p: float | np.ndarray, r: float | np.ndarray) -> float | np.ndarray:
     return float(eta) if eta.ndim == 0 else eta
 
 
-def gaussian_blowup(mu: float, p: float) -> float:
-    """Closed-form blow-up of the pair (N(mu, 1), N(0, 1)) at level p: 1 - Phi(Phi^-1(1-p) - mu)."""
-    return float(mu_to_r(mu, p))
-
-
 # --------------------------------------------------------------------------------------------
 # SecretNoise LP (Ganesh et al. 2025) and sampling rates
 # --------------------------------------------------------------------------------------------

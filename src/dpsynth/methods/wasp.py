@@ -16,22 +16,22 @@ noise shares arrive) before it runs (dpsynth.federated.rounds).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError, RunConfig
-from ..evolution import operators as ops
-from ..evolution.loop import Pool
+from ..config import ConfigError, RunConfig, WaspConfig
+from ..context import PrivateView, Releaser, Rngs
+from ..evolution.loop import Start, StrategyState, VoteResult
+from ..evolution.operators import Generation
+from ..evolution.parts import noisy_quota, reference_set
+from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
-from ..evolution.textgen import stable_seed
 from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
-from .aug_pe import noisy_quota, write_reference
-from .base import Method
-
-if TYPE_CHECKING:
-    from ..context import RunContext
+from .base import Job, Outcome
+from .pe import PEMethod
 
 
 def generator_weights(near: np.ndarray, sources: np.ndarray, n_generators: int,
@@ -73,122 +73,123 @@ def dirichlet_parties(n_records: int, parties: int, alpha: float,
     return [np.flatnonzero(owner == p) for p in range(parties)]
 
 
+@dataclass
+class WaspState(StrategyState):
+    """WASP's state between rounds: the quota, the per-round sizes [rounds, labels], the
+    current generator weights and their history."""
+
+    sizes: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    history: list[list[float]] = field(default_factory=list)
+
+
 class WaspStrategy:
-    def __init__(self, n_generators: int) -> None:
-        self.quota: np.ndarray | None = None
-        self.sizes: np.ndarray | None = None
-        self.weights = np.full(n_generators, 1.0 / n_generators)
-        self.history: list[list[float]] = []
-        self._far: np.ndarray | None = None
+    """WASP's parts for the shared loop: Top-Q votes (near and far), generator weights and
+    contrastive rounds."""
 
-    def initial(self, ctx: RunContext) -> Pool:
-        cfg = ctx.config
-        self.quota = noisy_quota(ctx, cfg.synthesis.samples)
-        self.sizes = round_sizes(self.quota, cfg.synthesis.iterations + 1)
-        pool = ops.zero_shot(ctx, self.sizes[0], "round0", self.weights)
-        write_reference(ctx, pool, self.sizes[0])
-        return pool
+    def __init__(self, config: RunConfig, view: PrivateView, releaser: Releaser,
+                 gen: Generation, rngs: Rngs) -> None:
+        self.syn = config.synthesis
+        self.wasp = config.wasp
+        self.noise_mode = config.privacy.noise
+        self.view = view
+        self.releaser = releaser
+        self.gen = gen
+        self.rngs = rngs
+        n = len(config.generators)
+        self.state = WaspState(weights=np.full(n, 1.0 / n))
 
-    def _histograms(self, ctx: RunContext, t: int, pool: Pool, emb: np.ndarray) -> np.ndarray:
-        wasp = ctx.config.wasp
-        sens = topq_sensitivity(wasp.top_q)
+    def initial(self) -> Start:
+        quota = noisy_quota(self.view, self.releaser, self.syn.samples)
+        sizes = round_sizes(quota, self.syn.iterations + 1)
+        self.state.quota, self.state.sizes = quota, sizes
+        pool = self.gen.zero_shot(sizes[0], "round0", self.state.weights)
+        return Start(pool, reference_set(pool, sizes[0], self.rngs))
+
+    def _histograms(self, t: int, pool: Pool, emb: np.ndarray) -> np.ndarray:
+        sens = topq_sensitivity(self.wasp.top_q)
         key = f"iter{t}/topq"
-        if wasp.federated.parties == 0:
-            hist = ctx.compute.topq_histograms(emb, pool.labels, wasp.top_q,
-                                               index=vote_index_from(ctx.config.synthesis))
-            return ctx.release_gaussian(key, hist, sens, name="topq_votes")
-        return self._federated(ctx, key, pool, emb, sens)
+        if self.wasp.federated.parties == 0:
+            hist = self.view.compute.topq_histograms(emb, pool.labels, self.wasp.top_q,
+                                                     index=vote_index_from(self.syn))
+            return self.releaser.gaussian(key, hist, sens, name="topq_votes")
+        return self.federated(key, pool, emb, sens)
 
-    def _federated(self, ctx: RunContext, key: str, pool: Pool, emb: np.ndarray,
-                   sens: float) -> np.ndarray:
+    def federated(self, key: str, pool: Pool, emb: np.ndarray, sens: float) -> np.ndarray:
         """Parties add N(0, sigma^2 / P) each; only the SecAgg+ sum reaches this process.
 
         The round is charged at its worst case (only min_parties noise shares arrive, and
         SecAgg+ cannot unmask with fewer) and that charge is committed before any party is
         contacted (federated.rounds.accounted_round)."""
         from ..federated import PartyData, federated_noisy_histogram
-        from ..federated.rounds import accounted_round
         from ..privacy import GaussianEvent
 
-        fed = ctx.config.wasp.federated
+        fed = self.wasp.federated
         min_parties = fed.min_parties or fed.parties
-        sigma = ctx.sigma * sens
+        sigma = self.releaser.sigma * sens
         event = GaussianEvent(sigma=worst_case_sigma(sigma, min_parties, fed.parties),
                               sensitivity=sens, name="topq_votes")
+        view = self.view
 
         def run_round() -> np.ndarray:
-            split = dirichlet_parties(len(ctx.dataset), fed.parties, fed.dirichlet_alpha,
-                                      ctx.rng_for("parties"))
-            parties = [PartyData(ctx.private_embeddings[idx], ctx.label_codes[idx])
+            split = dirichlet_parties(len(view), fed.parties, fed.dirichlet_alpha,
+                                      self.rngs("parties"))
+            parties = [PartyData(view.private_embeddings[idx], view.label_codes[idx])
                        for idx in split]
             result = federated_noisy_histogram(
-                parties, emb, pool.labels, partial(topq_vote, q=ctx.config.wasp.top_q), sigma,
-                seed=None if ctx.config.privacy.noise == "secure"
-                else stable_seed(ctx.seed, "federated", key),  # the run's private seed
-                noise_mode=ctx.config.privacy.noise, min_parties=min_parties,
+                parties, emb, pool.labels, partial(topq_vote, q=self.wasp.top_q), sigma,
+                seed=None if self.noise_mode == "secure"
+                else self.rngs.seed_for("federated", key),  # the run's private seed
+                noise_mode=self.noise_mode, min_parties=min_parties,
             )
-            ctx.log(f"federated round {key}: {result.parties_present} of {fed.parties} parties")
+            view.log(f"federated round {key}: {result.parties_present} of {fed.parties} "
+                     "parties")
             return result.histogram
 
-        return accounted_round(ctx.session, key, event, run_round,
-                               ctx.run.private / "federated")
+        return self.releaser.external_round(key, event, run_round,
+                                            view.run.private / "federated")
 
-    def score(self, ctx: RunContext, t: int, pool: Pool,
-              emb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        noisy = self._histograms(ctx, t, pool, emb)
+    def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult:
+        noisy = self._histograms(t, pool, emb)
         n = len(pool)
-        near, self._far = noisy[:n], noisy[n:]
-        names = [s.name for s in ctx.synthesizers]
+        near, far = noisy[:n], noisy[n:]
+        names = self.gen.names
         pos = np.maximum(near, 0)
         share = np.bincount(pool.sources, weights=pos, minlength=len(names))
         share = share / share.sum() if share.sum() > 0 else share
-        return near, {
-            "noise_sigma": ctx.sigma * topq_sensitivity(ctx.config.wasp.top_q),
+        weights = np.asarray(self.state.weights)
+        return VoteResult(near, {"near": near, "far": far}, {
+            "noise_sigma": self.releaser.sigma * topq_sensitivity(self.wasp.top_q),
             "vote_mass": float(near.sum()),
-            "generator_weights": dict(zip(names, self.weights.round(4).tolist(), strict=True)),
+            "generator_weights": dict(zip(names, weights.round(4).tolist(), strict=True)),
             "generator_vote_share": dict(zip(names, share.round(4).tolist(), strict=True)),
-        }
+        })
 
-    def advance(self, ctx: RunContext, t: int, pool: Pool, emb: np.ndarray, scores: np.ndarray,
-                last: bool) -> Pool:
-        wasp = ctx.config.wasp
+    def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool:
+        wasp, state = self.wasp, self.state
+        assert state.sizes is not None and state.weights is not None
         if wasp.weighting:
-            self.weights = generator_weights(scores, pool.sources, len(self.weights),
-                                             wasp.weight_temperature)
-        self.history.append(self.weights.tolist())
+            state.weights = generator_weights(vote.histograms["near"], pool.sources,
+                                              len(state.weights), wasp.weight_temperature)
+        state.history.append(np.asarray(state.weights).tolist())
         # After the last vote too: round t + 1 = T is the last of the T + 1 rounds of samples.
         per = wasp.demonstrations
         good = {y: [pool.texts[i] for i in idx]
-                for y, idx in top_indices(scores, pool.labels, per).items()}
+                for y, idx in top_indices(vote.histograms["near"], pool.labels, per).items()}
         bad = {y: [pool.texts[i] for i in idx]
-               for y, idx in top_indices(self._far, pool.labels, per).items()}
-        sizes = self.sizes[t + 1]
+               for y, idx in top_indices(vote.histograms["far"], pool.labels, per).items()}
+        sizes = state.sizes[t + 1]
         if wasp.contrastive:
-            new = ops.contrastive(ctx, sizes, self.weights, good, bad, per, f"round{t + 1}")
+            new = self.gen.contrastive(sizes, state.weights, good, bad, per, f"round{t + 1}")
         else:
-            new = ops.zero_shot(ctx, sizes, f"round{t + 1}", self.weights)
+            new = self.gen.zero_shot(sizes, f"round{t + 1}", state.weights)
         return pool.extend(new)
 
-    def finalize(self, ctx: RunContext, pool: Pool) -> Pool:
-        return pool
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "quota": None if self.quota is None else self.quota.tolist(),
-            "sizes": None if self.sizes is None else self.sizes.tolist(),
-            "weights": self.weights.tolist(),
-            "history": self.history,
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.quota = None if state["quota"] is None else np.asarray(state["quota"])
-        self.sizes = None if state["sizes"] is None else np.asarray(state["sizes"])
-        self.weights = np.asarray(state["weights"])
-        self.history = state["history"]
-
-
-class Wasp(Method):
+class Wasp(PEMethod):
     name = "wasp"
+    section = "wasp"
+    config_model = WaspConfig
 
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
         super().validate(config, n_records, n_labels)
@@ -223,10 +224,11 @@ class Wasp(Method):
                                         name="topq_votes"))
         return events
 
-    def strategy(self, ctx: RunContext) -> WaspStrategy:
-        return WaspStrategy(len(ctx.config.generators))
+    def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
+                 gen: Generation, rngs: Rngs) -> WaspStrategy:
+        return WaspStrategy(config, view, releaser, gen, rngs)
 
-    def statement_extras(self, ctx: RunContext) -> dict[str, Any]:
-        return {"top_q": ctx.config.wasp.top_q,
-                "topq_sensitivity": topq_sensitivity(ctx.config.wasp.top_q),
-                "federated_parties": ctx.config.wasp.federated.parties}
+    def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        wasp = job.config.wasp
+        return {"top_q": wasp.top_q, "topq_sensitivity": topq_sensitivity(wasp.top_q),
+                "federated_parties": wasp.federated.parties}

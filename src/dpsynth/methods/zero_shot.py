@@ -1,48 +1,34 @@
 """Zero-shot generation with no private data at all (epsilon 0): the reference every private
-method must beat. Labels are split evenly over the label classes seen in the data (the label
-domain is treated as public)."""
+method must beat. Samples are split evenly over the public label classes."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import RunConfig
-from ..evolution import operators as ops
-from ..evolution.loop import Pool
+from ..context import PrivateView, Releaser, Rngs
+from ..evolution.loop import Start, StrategyState
+from ..evolution.operators import Generation
 from ..evolution.selection import allocate
-from .base import Method
-
-if TYPE_CHECKING:
-    from ..context import RunContext
+from .base import Job, Outcome
+from .pe import PEMethod
 
 
 class ZeroShotStrategy:
-    def __init__(self) -> None:
-        self.quota: np.ndarray | None = None
+    """RANDOM_API only: the initial pool is the release (no vote, no next pool)."""
 
-    def initial(self, ctx: RunContext) -> Pool:
-        self.quota = allocate(ctx.config.synthesis.samples, np.ones(ctx.n_labels))
-        return ops.zero_shot(ctx, self.quota, "init")
+    def __init__(self, samples: int, n_labels: int, gen: Generation) -> None:
+        self.samples = samples
+        self.n_labels = n_labels
+        self.gen = gen
+        self.state = StrategyState()
 
-    def score(self, ctx: RunContext, t: int, pool: Pool, emb: np.ndarray):  # pragma: no cover
-        raise AssertionError("zero_shot makes no private releases")
-
-    def advance(self, ctx, t, pool, emb, scores, last):  # pragma: no cover
-        raise AssertionError("zero_shot has no iterations")
-
-    def finalize(self, ctx: RunContext, pool: Pool) -> Pool:
-        return pool
-
-    def state(self) -> dict[str, Any]:
-        return {"quota": None if self.quota is None else self.quota.tolist()}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.quota = None if state["quota"] is None else np.asarray(state["quota"])
+    def initial(self) -> Start:
+        self.state.quota = allocate(self.samples, np.ones(self.n_labels))
+        return Start(self.gen.zero_shot(self.state.quota, "init"))
 
 
-class ZeroShot(Method):
+class ZeroShot(PEMethod):
     name = "zero_shot"
     private_votes = False
 
@@ -52,5 +38,13 @@ class ZeroShot(Method):
     def vote_releases(self, config: RunConfig, n_labels: int) -> int:
         return 0
 
-    def strategy(self, ctx: RunContext) -> ZeroShotStrategy:
-        return ZeroShotStrategy()
+    def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
+                 gen: Generation, rngs: Rngs) -> ZeroShotStrategy:
+        return ZeroShotStrategy(config.synthesis.samples, view.n_labels, gen)
+
+    def guarantee_statement(self, job: Job, outcome: Outcome) -> dict[str, object]:
+        p = job.config.privacy
+        return {"epsilon": 0.0, "delta": 0.0, "target_epsilon": p.epsilon,
+                "target_delta": p.delta, "unit": p.unit, "accountant": p.accountant,
+                "noise": p.noise, "mechanisms": [],
+                "note": "no private record was read: label values are public input"}

@@ -30,7 +30,7 @@ from .events import (
     overlapping,
     to_dp_event,
 )
-from .ledger import BudgetLedger, dataset_fingerprint, default_ledger_path, keyed_fingerprint
+from .ledger import BudgetLedger, default_ledger_path, keyed_fingerprint
 from .mechanisms import (
     exponential_mechanism,
     gaussian_mechanism,
@@ -63,7 +63,6 @@ __all__ = [
     "as_event_list",
     "calibrate_gaussian_sigma",
     "calibrate_steps",
-    "dataset_fingerprint",
     "default_ledger_path",
     "event_from_dict",
     "exponential_mechanism",

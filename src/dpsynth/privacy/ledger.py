@@ -29,12 +29,12 @@ import hmac
 import json
 import math
 import os
-import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..io import atomic_write_text
 from .errors import BudgetRefusedError, PrivacyConfigError
 
 LEDGER_ENV = "DPSYNTH_LEDGER"
@@ -44,20 +44,6 @@ def default_ledger_path() -> Path:
     """``$DPSYNTH_LEDGER`` or ``~/.dpsynth/ledger.json``."""
     env = os.environ.get(LEDGER_ENV)
     return Path(env).expanduser() if env else Path.home() / ".dpsynth" / "ledger.json"
-
-
-def dataset_fingerprint(texts: Iterable[str], extra: str = "") -> str:
-    """RAW sha256 digest over the texts in order (each length-prefixed, so boundaries are
-    unambiguous) and ``extra`` (e.g. the label column). Anyone can recompute it from a guessed
-    dataset: never write it anywhere; pass it through :meth:`BudgetLedger.dataset_id`."""
-    h = hashlib.sha256()
-    for t in texts:
-        b = str(t).encode("utf-8")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    h.update(b"\x00extra\x00")
-    h.update(extra.encode("utf-8"))
-    return h.hexdigest()
 
 
 GUARANTEES = ("dp", "none", "secret-protection")
@@ -182,22 +168,7 @@ class BudgetLedger:
 
     def _save(self, data: dict[str, Any]) -> None:
         data["version"] = 2
-        fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=1)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        atomic_write_text(self.path, json.dumps(data, indent=1), mode=0o600)
 
     # -- accounting ----------------------------------------------------------------------------
     @staticmethod

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 from scipy.special import ndtri
+
+from ..io import atomic_write_text
+from .errors import PrivacyConfigError
 
 Size = int | tuple[int, ...]
 
@@ -155,7 +157,7 @@ def make_noise_source(mode: str = "secure", seed: int | None = None) -> NoiseSou
         return SeededNoise(seed)
     if mode == "secure":
         return SecureNoise()
-    raise ValueError(f"noise mode must be 'seeded' or 'secure', got {mode!r}")
+    raise PrivacyConfigError(f"noise mode must be 'seeded' or 'secure', got {mode!r}")
 
 
 SEED_FILE = "seed"
@@ -173,25 +175,14 @@ def run_seed(private_dir: Path | str, configured: int | None = None) -> int:
         try:
             stored = int(text)
         except ValueError:
-            raise ValueError(f"{path}: not an integer seed") from None
+            raise PrivacyConfigError(f"{path}: not an integer seed") from None
         if configured is not None and int(configured) != stored:
-            raise ValueError(
+            raise PrivacyConfigError(
                 f"privacy.seed differs from the seed this run started with ({path}); "
                 "a resumed run must keep its seed"
             )
         return stored
     seed = int(configured) if configured is not None else int.from_bytes(os.urandom(16), "big")
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".seed.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(f"{seed}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, f"{seed}\n", mode=0o600)
     return seed

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..io import atomic_write_bytes
 from .errors import PrivacyConfigError
 from .events import Event, event_from_dict
 
@@ -200,13 +202,9 @@ class ReleaseStore:
             if value.size > INLINE_MAX:
                 rel = f"releases/{_key_file(key)}"
                 final = self.store_dir / rel
-                tmp = final.with_suffix(".tmp")
-                with open(tmp, "wb") as fh:
-                    np.save(fh, value, allow_pickle=False)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, final)
-                _fsync_dir(final.parent)
+                buf = io.BytesIO()
+                np.save(buf, value, allow_pickle=False)
+                atomic_write_bytes(final, buf.getvalue(), mode=0o600)
                 return {"kind": "npy", "file": rel, "dtype": str(value.dtype)}
             return {
                 "kind": "array",

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingFileError
 from ..llm import GenerationRequest, SamplingParams
 from .index import KnowledgeBase
 
@@ -24,7 +25,7 @@ def release_dir(path: str | Path) -> Path:
         return p / "release"
     if (p / "kb.jsonl").is_file() and p.name == "release":
         return p
-    raise FileNotFoundError(f"{p}: no release/kb.jsonl (build one with `dpsynth rag build`)")
+    raise MissingFileError(f"{p}: no release/kb.jsonl (build one with `dpsynth rag build`)")
 
 
 def answer_prompt(question: str, passages: Sequence[str]) -> tuple[dict[str, str], ...]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 
 DEFAULT_REPHRASE = (
     "Rephrase the following document without altering the important information "
@@ -89,15 +89,11 @@ def max_private_tokens(cfg: SynRAGConfig) -> int:
 
 
 def parse_synrag(config: RunConfig) -> SynRAGConfig:
-    """Validate ``config.synrag``; errors name the field (``synrag.<field>``)."""
-    try:
-        return SynRAGConfig.model_validate(config.synrag or {})
-    except ValidationError as err:
-        lines = ["invalid synrag section"]
-        for item in err.errors():
-            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-            lines.append(f"  synrag.{where}: {item['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+    """Validate ``config.synrag`` through the method registry (one parser for the section);
+    errors name the field (``synrag.<field>``)."""
+    from ..methods import get_method
+
+    return get_method("synrag").settings(config)
 
 
 def synrag_dict(cfg: SynRAGConfig) -> dict[str, Any]:

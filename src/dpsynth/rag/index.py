@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..runs import atomic_write_bytes, atomic_write_json
+from ..errors import InputError, MissingFileError
+from ..io import atomic_write_bytes, atomic_write_json, flat_index, read_jsonl
 
 
 def _faiss() -> Any:
@@ -32,9 +33,7 @@ def build_index(folder: Path, texts: Sequence[str], embedder: Any, embedder_name
     emb = embeddings if embeddings is not None else (
         np.asarray(embedder.embed(list(texts)), dtype=np.float32) if texts else None)
     dim = int(emb.shape[1]) if emb is not None else int(getattr(embedder, "dim", None) or 384)
-    index = faiss.IndexFlatIP(dim)
-    if emb is not None and len(emb):
-        index.add(np.ascontiguousarray(emb, dtype=np.float32))
+    index = flat_index(emb if emb is not None else np.zeros((0, dim), np.float32), "ip")
     atomic_write_bytes(folder / "kb.faiss", faiss.serialize_index(index).tobytes())
     atomic_write_json(folder / "index.json", {"embedder": embedder_name, "passages": len(texts),
                                               "dim": dim, "metric": "inner_product",
@@ -57,15 +56,22 @@ class KnowledgeBase:
         folder = Path(folder)
         for name in ("kb.jsonl", "kb.faiss", "index.json"):
             if not (folder / name).is_file():
-                raise FileNotFoundError(f"{folder}: no {name} (not a built knowledge base)")
+                raise MissingFileError(f"{folder}: no {name} (not a built knowledge base)")
         faiss = _faiss()
-        passages = [json.loads(line) for line in
-                    (folder / "kb.jsonl").read_text(encoding="utf-8").splitlines() if line]
+        passages = read_jsonl(folder / "kb.jsonl")
         raw = np.frombuffer((folder / "kb.faiss").read_bytes(), dtype=np.uint8)
-        index = faiss.deserialize_index(raw)
-        meta = json.loads((folder / "index.json").read_text())
+        try:
+            index = faiss.deserialize_index(raw)
+        except RuntimeError:
+            raise InputError(f"{folder}: kb.faiss is not a faiss index; rebuild the index") \
+                from None
+        try:
+            meta = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise InputError(f"{folder}: index.json is not valid JSON; rebuild the index") \
+                from None
         if index.ntotal != len(passages):
-            raise ValueError(f"{folder}: kb.faiss has {index.ntotal} vectors for "
+            raise InputError(f"{folder}: kb.faiss has {index.ntotal} vectors for "
                              f"{len(passages)} passages; rebuild the index")
         return cls(passages, index, str(meta.get("embedder", "minilm")), meta)
 
@@ -73,12 +79,9 @@ class KnowledgeBase:
     def from_texts(cls, texts: Sequence[str], embedder: Any, embedder_name: str = "minilm",
                    embeddings: np.ndarray | None = None) -> KnowledgeBase:
         """An in-memory KB (used by the baselines, e.g. RAG on the private store)."""
-        faiss = _faiss()
         emb = embeddings if embeddings is not None else np.asarray(
             embedder.embed(list(texts)), dtype=np.float32)
-        index = faiss.IndexFlatIP(int(emb.shape[1]))
-        if len(emb):
-            index.add(np.ascontiguousarray(emb, dtype=np.float32))
+        index = flat_index(emb, "ip")
         return cls([{"id": i, "text": t} for i, t in enumerate(texts)], index, embedder_name)
 
     def __len__(self) -> int:

@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..config import ConfigError
 
 log = logging.getLogger("dpsynth.rag")
@@ -199,13 +197,3 @@ def extract_keywords(
             ids += [j for j in found if j not in have][: k - len(ids)]
         out.append(ids[:k])
     return out
-
-
-def indicator_matrix(keywords: Sequence[Sequence[int]], vocab_size: int) -> Any:
-    """Sparse boolean [n_docs, |V|] matrix (scipy CSR); a row has at most K ones."""
-    from scipy import sparse
-
-    rows = [i for i, ids in enumerate(keywords) for _ in ids]
-    cols = [j for ids in keywords for j in ids]
-    data = np.ones(len(cols), dtype=bool)
-    return sparse.csr_matrix((data, (rows, cols)), shape=(len(keywords), vocab_size), dtype=bool)

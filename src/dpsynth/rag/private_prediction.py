@@ -22,23 +22,34 @@ from typing import Any
 import numpy as np
 
 from .clipping import clip_logits
+from .config import SynRAGConfig, max_private_tokens
 
 log = logging.getLogger("dpsynth.rag")
 
-_MARK = "\u0000DOC\u0000"
+#: Where the document goes in a per-document prompt (split off by :func:`split_prompt`).
+DOC_MARK = "\u0000DOC\u0000"
+
+
+def split_prompt(gen: Any, user: str, plain_tail: str,
+                 system: str | None = None) -> tuple[str, str]:
+    """(prefix, suffix) of a per-document prompt: ``user`` holds :data:`DOC_MARK` where the
+    document goes; a chat model gets the chat template (with ``system``, if given), any other
+    ``user`` + ``plain_tail``."""
+    if getattr(gen, "supports_chat", False):
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}]
+        text = str(gen.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                     add_generation_prompt=True))
+    else:
+        text = user + plain_tail
+    prefix, suffix = text.split(DOC_MARK)
+    return prefix, suffix
 
 
 def prompt_parts(gen: Any, instruction: str) -> tuple[str, str]:
     """(shared prefix, per-document suffix) of the rephrase prompt: the prompt of document d
     is prefix + d + suffix. The prefix ends with a newline (a token boundary)."""
-    user = f"{instruction}\nDocument:\n{_MARK}"
-    if getattr(gen, "supports_chat", False):
-        text = str(gen.tokenizer.apply_chat_template(
-            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True))
-    else:
-        text = f"{user}\n\nRephrased document:\n"
-    prefix, suffix = text.split(_MARK)
-    return prefix, suffix
+    return split_prompt(gen, f"{instruction}\nDocument:\n{DOC_MARK}", "\n\nRephrased document:\n")
 
 
 def truncate_documents(gen: Any, docs: Sequence[str], max_tokens: int) -> tuple[list[str], int]:
@@ -240,6 +251,22 @@ def private_predict_shortcut(
         if stepper is not None:
             stepper.close()
     return Prediction(clean_text(gen.decode(out)), out, steps, cut), private
+
+
+def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
+                 cfg: SynRAGConfig, clip: float) -> tuple[Prediction, int]:
+    """One synthetic text over ``documents`` as the synrag section ``cfg`` says: private
+    prediction, with the public-token :class:`Shortcut` when ``cfg.public_shortcut``. Returns
+    (prediction, private tokens drawn)."""
+    opts: dict[str, Any] = {"instruction": cfg.rephrase_instruction, "tokens": cfg.tokens,
+                            "clip": clip, "temperature": cfg.temperature,
+                            "max_doc_tokens": cfg.max_doc_tokens}
+    if not cfg.public_shortcut:
+        pred = private_predict(session, key, gen, documents, **opts)
+        return pred, pred.steps
+    threshold = cfg.svt_threshold if cfg.svt_threshold is not None else cfg.target_size * clip
+    shortcut = Shortcut(cfg.svt_epsilon, max_private_tokens(cfg), threshold)
+    return private_predict_shortcut(session, key, gen, documents, shortcut=shortcut, **opts)
 
 
 def _svt_noise(session: Any, key: str, tokens: int, instances: int) -> dict[str, list[float]]:

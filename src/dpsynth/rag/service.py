@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config import ConfigError
+from ..errors import ConfigError, require
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -50,6 +50,12 @@ class AskRequest(BaseModel):
         return v
 
 
+def require_serving() -> None:
+    """Raise MissingExtraError unless the ``rag`` extra (fastapi, uvicorn) is installed."""
+    for module in ("fastapi", "uvicorn"):
+        require(module, "rag", "`dpsynth rag serve`")
+
+
 class _Busy(Exception):
     """The model did not become free in time (or the client left): answer 503."""
 
@@ -58,6 +64,7 @@ def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
                max_body_bytes: int = MAX_BODY_BYTES, max_pending: int = MAX_PENDING,
                queue_timeout: float = QUEUE_TIMEOUT, retry_after: int = RETRY_AFTER_S) -> Any:
     """The FastAPI app; ``answerer.ask(question, k) -> dict``."""
+    require("fastapi", "rag", "`dpsynth rag serve`")
     import anyio.from_thread
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.concurrency import run_in_threadpool
@@ -198,8 +205,7 @@ def kb_app(kb_dir: Any, *, generator: Any = None, embedder: Any = None,
 def serve(kb_dir: Any, host: str = "127.0.0.1", port: int = 8000, *, app: Any = None,
           max_pending: int = MAX_PENDING, queue_timeout: float = QUEUE_TIMEOUT) -> None:
     """Run the API with uvicorn (blocking); ``app`` defaults to :func:`kb_app` of ``kb_dir``."""
-    import uvicorn
-
+    uvicorn = require("uvicorn", "rag", "`dpsynth rag serve`")
     if not is_loopback(host):
         log.warning("serving on %s: reachable from other machines", host)
     if app is None:

@@ -1,4 +1,6 @@
-"""The paper's baselines in the same code (DP-SynRAG, Table 1), so the comparison can be rerun:
+"""The DP-SynRAG paper's baselines (Table 1), research code outside the dpsynth package, so the
+comparison can be rerun (``benchmarks/bench_medsynth.py``; the tests put this folder on the
+path):
 
 * :func:`rag_without_dp` -- RAG on the private store itself (NOT private; the upper line);
 * :func:`no_rag` -- the generator alone;
@@ -21,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError, RunConfig
-from ..privacy import (
+from dpsynth.config import ConfigError, RunConfig
+from dpsynth.io import write_jsonl
+from dpsynth.methods.base import Job, Method, Outcome, PrivacyPlan
+from dpsynth.privacy import (
     Accountant,
     BudgetExceededError,
     ExponentialEvent,
@@ -30,13 +34,13 @@ from ..privacy import (
     ZCDPEvent,
     make_noise_source,
 )
-from ..runs import RunDir, atomic_write_json, write_jsonl
-from .accounting import calibrate_clip, cluster_events
-from .answer import SYSTEM, Answerer
-from .config import SynRAGConfig, max_private_tokens, parse_synrag
-from .index import KnowledgeBase, build_index
-from .private_prediction import Shortcut, private_predict, private_predict_shortcut
-from .retrieval import THRESHOLD_GRID
+from dpsynth.rag.accounting import calibrate_clip, cluster_events
+from dpsynth.rag.answer import SYSTEM, Answerer
+from dpsynth.rag.config import SynRAGConfig, max_private_tokens
+from dpsynth.rag.index import KnowledgeBase, build_index
+from dpsynth.rag.private_prediction import DOC_MARK, predict_text, private_predict, split_prompt
+from dpsynth.rag.retrieval import THRESHOLD_GRID
+from dpsynth.runs import RunDir
 
 
 def rag_without_dp(documents: Sequence[str], generator: Any, embedder: Any,
@@ -58,79 +62,94 @@ def subset_of(text: str, subsets: int, seed: int) -> int:
     return int.from_bytes(h[:8], "big") % subsets
 
 
-def build_dp_synth_kb(config: RunConfig | str | Path, output_dir: str | Path, *,
-                      generator: Any = None, embedder: Any = None,
-                      documents: Sequence[str] | None = None,
-                      overrides: dict[str, Any] | None = None) -> Path:
-    """DP-Synth: synrag.clusters random disjoint subsets, one private-prediction document each
-    (same prompt, T, tau; c calibrated to the whole target with L = 1); same self-filtering.
+class DPSynth(Method):
+    """DP-Synth (Amin et al. 2024) as a method of the runner: synrag.clusters random disjoint
+    subsets, one private-prediction document each (same prompt, T, tau; c calibrated to the
+    whole target with L = 1); same self-filtering. A research baseline: not in the registry.
 
     With ``synrag.public_shortcut`` the texts are drawn by the SVT shortcut, which halts its
     private draws after m = max_private_tokens private tokens (the rest public, free): the
-    m charged per subset are exactly the m that can be drawn (docs/methods.md §4). Generator
-    and embedder default to the config's models (``load_models``)."""
-    from ..api import _load
-    from ..config import dump_config
-    from ..diagnostics import append_diagnostic
-    from .build import load_models, private_documents
-    from .filtering import self_filter
+    m charged per subset are exactly the m that can be drawn (docs/methods.md §4).
+    ``documents``: the private documents to use instead of the configured data's."""
 
-    config = _load(config, overrides)
-    scfg: SynRAGConfig = parse_synrag(config)
-    run = RunDir(output_dir)
-    run.create(dump_config(config), "dp_synth")
-    docs = list(documents) if documents is not None else private_documents(config, run)[0]
-    generator, embedder = load_models(config, run, generator, embedder)
-    eps, delta = config.privacy.epsilon, config.privacy.delta
-    clip = calibrate_clip(eps, delta, lambda c: cluster_events(scfg, c, 1, retrieval=False))
-    from ..api import _noise_seed
+    name = "dp_synth"
+    releases = "knowledge_base"
+    section = "synrag"
+    config_model = SynRAGConfig
 
-    seed = _noise_seed(config, run)  # the run's private seed (seeded research mode) or None
-    main = PrivacySession(run.private / "releases", Accountant("zcdp"),
-                          make_noise_source(config.privacy.noise, seed), target=(eps, delta))
-    store = PrivacySession(run.private / "subset-releases", Accountant("zcdp"),
-                           make_noise_source(config.privacy.noise, seed), target=None)
-    m = scfg.clusters
-    groups: list[list[str]] = [[] for _ in range(m)]
-    for d in docs:
-        groups[subset_of(d, m, config.privacy.seed)].append(d)
-    main.record("dpsynth/subset_releases", cluster_events(scfg, clip, 1, retrieval=False),
-                {"subsets": m})
-    texts = []
-    for j, group in enumerate(groups):
-        key = f"subset/{j:04d}"
-        if scfg.public_shortcut:
-            shortcut = Shortcut(scfg.svt_epsilon, max_private_tokens(scfg),
-                                scfg.svt_threshold if scfg.svt_threshold is not None
-                                else scfg.target_size * clip)
-            pred, n_private = private_predict_shortcut(
-                store, key, generator, group, instruction=scfg.rephrase_instruction,
-                tokens=scfg.tokens, clip=clip, temperature=scfg.temperature,
-                max_doc_tokens=scfg.max_doc_tokens, shortcut=shortcut)
-        else:
-            pred = private_predict(store, key, generator, group,
-                                   instruction=scfg.rephrase_instruction, tokens=scfg.tokens,
-                                   clip=clip, temperature=scfg.temperature,
-                                   max_doc_tokens=scfg.max_doc_tokens)
-            n_private = pred.steps
-        append_diagnostic(run, {"subset": j, "members": len(group), "truncated": pred.truncated,
-                                "private_tokens": n_private})
-        texts.append(pred.text)
-    keep = (self_filter(generator, texts, scfg.filter_question) if scfg.self_filter
-            else [bool(t.strip()) for t in texts])
-    rows = [{"id": j, "text": t} for j, (t, k) in enumerate(zip(texts, keep, strict=True)) if k]
-    write_jsonl(run.release / "synthetic_all.jsonl",
-                [{"id": j, "text": t, "kept": k} for j, (t, k) in enumerate(zip(texts, keep,
-                                                                                strict=True))])
-    write_jsonl(run.release / "kb.jsonl", rows)
-    build_index(run.release, [r["text"] for r in rows], embedder, config.embedder.model,
-                extra={"generator": config.generators[0].spec()})
-    st = main.statement(config.privacy.unit, (eps, delta))
-    st.update(method="dp_synth", clip=clip, subsets=m,
-              max_private_tokens_per_subset=max_private_tokens(scfg))
-    atomic_write_json(run.release / "privacy.json", st)
-    run.update_meta(status="finished")
-    return run.root
+    def __init__(self, documents: Sequence[str] | None = None) -> None:
+        self.documents = None if documents is None else list(documents)
+
+    def plan(self, config: RunConfig, dataset: Any, run: RunDir) -> PrivacyPlan:
+        scfg: SynRAGConfig = self.settings(config)
+        eps, delta = config.privacy.epsilon, config.privacy.delta
+        clip = calibrate_clip(eps, delta, lambda c: cluster_events(scfg, c, 1, retrieval=False))
+        return PrivacyPlan("dp", None, "zcdp", (eps, delta), meta={"clip": clip},
+                           notes={"clip": clip})
+
+    def execute(self, job: Job) -> Outcome:
+        from dpsynth.diagnostics import append_diagnostic
+        from dpsynth.methods.synrag.pipeline import documents as private_documents
+        from dpsynth.methods.synrag.pipeline import load_models
+        from dpsynth.rag.filtering import self_filter
+        from dpsynth.runner import open_session
+
+        config, run, main = job.config, job.run, job.session
+        scfg: SynRAGConfig = self.settings(config)
+        clip = float(job.plan.notes["clip"])
+        docs = (self.documents if self.documents is not None
+                else private_documents(config, job.dataset))
+        generator, embedder = load_models(config, run,
+                                          job.generators[0] if job.generators else None,
+                                          job.embedder)
+        store = open_session(config, run, job.plan, folder="subset-releases", target=False)
+        job.cleanup.callback(store.close)
+        m = scfg.clusters
+        groups: list[list[str]] = [[] for _ in range(m)]
+        for d in docs:
+            groups[subset_of(d, m, config.privacy.seed)].append(d)
+        # every subset's releases, charged once (parallel composition) before any is drawn
+        main.record("dpsynth/subset_releases", cluster_events(scfg, clip, 1, retrieval=False),
+                    {"subsets": m})
+        texts = []
+        for j, group in enumerate(groups):
+            key = f"subset/{j:04d}"
+            pred, n_private = predict_text(store, key, generator, group, scfg, clip)
+            append_diagnostic(run, {"subset": j, "members": len(group),
+                                    "truncated": pred.truncated, "private_tokens": n_private})
+            texts.append(pred.text)
+        keep = (self_filter(generator, texts, scfg.filter_question) if scfg.self_filter
+                else [bool(t.strip()) for t in texts])
+        rows = [{"id": j, "text": t} for j, (t, k) in enumerate(zip(texts, keep, strict=True))
+                if k]
+        write_jsonl(run.release / "synthetic_all.jsonl",
+                    [{"id": j, "text": t, "kept": k}
+                     for j, (t, k) in enumerate(zip(texts, keep, strict=True))])
+        write_jsonl(run.release / "kb.jsonl", rows)
+        build_index(run.release, [r["text"] for r in rows], embedder, config.embedder.model,
+                    extra={"generator": config.generators[0].spec()})
+        return Outcome({"subsets": m, "kb_passages": len(rows), "epsilon": None,
+                        "delta": None, "clip": clip}, facts={"clip": clip, "subsets": m})
+
+    def statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        cfg = job.config
+        st = job.session.statement(cfg.privacy.unit, (cfg.privacy.epsilon, cfg.privacy.delta))
+        st.update(method=self.name, clip=outcome.facts["clip"], subsets=outcome.facts["subsets"],
+                  max_private_tokens_per_subset=max_private_tokens(self.settings(cfg)))
+        return st
+
+
+def build_dp_synth_kb(config: RunConfig | str | Path, output_dir: str | Path, *,
+                      generator: Any = None, embedder: Any = None,
+                      documents: Sequence[str] | None = None,
+                      overrides: dict[str, Any] | None = None, resume: bool = False) -> Path:
+    """Build (or resume) a DP-Synth KB through the runner (:class:`DPSynth`); generator and
+    embedder default to the config's models."""
+    from dpsynth.runner import run_method
+
+    return run_method(config, output_dir, resume=resume, overrides=overrides,
+                      method=DPSynth(documents), progress=False,
+                      generators=None if generator is None else [generator], embedder=embedder)
 
 
 def aug_pe_kb(config: RunConfig | str | Path, output_dir: str | Path, *, embedder: Any,
@@ -138,7 +157,7 @@ def aug_pe_kb(config: RunConfig | str | Path, output_dir: str | Path, *, embedde
     """An Aug-PE run whose release/synthetic.jsonl becomes a KB (kb.jsonl + kb.faiss)."""
     import json
 
-    from ..api import run_generation
+    from dpsynth.api import run_generation
 
     root = run_generation(config, output_dir, overrides={"method": "aug_pe", **(overrides or {})},
                           progress=False)
@@ -224,21 +243,13 @@ class DPRAG:
 
 def qa_parts(gen: Any, question: str) -> tuple[str, str]:
     """(prefix, suffix) of DP-RAG's per-document prompt: document, then the question."""
-    mark = "\u0000DOC\u0000"
-    user = f"Answer the question using the document.\nDocument:\n{mark}\n\nQuestion: {question}"
-    if getattr(gen, "supports_chat", False):
-        text = str(gen.tokenizer.apply_chat_template(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-            tokenize=False, add_generation_prompt=True))
-    else:
-        text = f"{user}\nAnswer:"
-    prefix, suffix = text.split(mark)
-    return prefix, suffix
+    user = f"Answer the question using the document.\nDocument:\n{DOC_MARK}\n\nQuestion: {question}"
+    return split_prompt(gen, user, "\nAnswer:", system=SYSTEM)
 
 
 def rho_for_epsilon(epsilon: float, delta: float) -> float:
     """Largest zCDP rho whose CKS conversion is <= epsilon at delta."""
-    from ..privacy import zcdp_to_eps_cks
+    from dpsynth.privacy import zcdp_to_eps_cks
 
     lo, hi = 0.0, max(1.0, epsilon)
     while zcdp_to_eps_cks(hi, delta) <= epsilon:

@@ -1,0 +1,71 @@
+"""Parts the PE-family strategies share and compose (docs/methods.md §1): the noisy label
+quota, the zero-shot reference set, selection with variation, the final trim to the quota and
+Aug-PE's lookahead."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import SynthesisConfig
+from ..context import PrivateView, Releaser, Rngs
+from .operators import Generation
+from .pool import Pool
+from .selection import allocate, select_per_label
+
+
+def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray:
+    """Samples per label from DP label counts (never raw frequencies; docs/methods.md §0).
+    One label class: no release, the whole total."""
+    if view.n_labels == 1:
+        return np.array([total])
+    counts = view.compute.label_counts(view.n_labels)
+    noisy = releaser.gaussian("label_counts", counts, 1.0, name="label_counts")
+    return allocate(total, noisy)
+
+
+def reference_set(pool: Pool, quota: np.ndarray, rngs: Rngs) -> Pool:
+    """The epsilon-0 reference of the evaluation (release/zero_shot.jsonl): quota[y] zero-shot
+    samples per label drawn at random from the initial pool (only the split came from DP)."""
+    rng = rngs("zero_shot_reference")
+    keep: list[int] = []
+    for y, n_y in enumerate(quota):
+        idx = np.flatnonzero(pool.labels == y)
+        keep.extend(rng.permutation(idx)[:n_y].tolist())
+    return pool.take(np.array(sorted(keep), dtype=np.int64))
+
+
+def trim_to_quota(pool: Pool, quota: np.ndarray, rngs: Rngs) -> Pool:
+    """At most quota[y] samples per label, kept at random (in pool order): the released set.
+    After a selection round this keeps everything; with T = 0 it subsamples the initial pool."""
+    rng = rngs("finalize")
+    keep: list[int] = []
+    for y, n_y in enumerate(quota):
+        idx = np.flatnonzero(pool.labels == y)
+        keep.extend(idx if len(idx) <= n_y else rng.permutation(idx)[:n_y])
+    return pool.take(np.array(sorted(keep), dtype=np.int64))
+
+
+def lookahead_embeddings(gen: Generation, pool: Pool, emb: np.ndarray, n_look: int,
+                         tag: str) -> np.ndarray:
+    """Aug-PE's lookahead (section 3.2): a candidate is represented by the mean embedding of
+    ``n_look`` of its variations (itself where none succeeded); 0 returns ``emb``."""
+    if n_look == 0:
+        return emb
+    look, parents = gen.variations(pool, n_look, tag)
+    look_emb = gen.embed(look.texts)
+    sums = np.zeros(emb.shape, dtype=np.float64)
+    np.add.at(sums, parents, look_emb)
+    counts = np.bincount(parents, minlength=len(pool))[:, None]
+    mean = np.where(counts > 0, sums / np.maximum(counts, 1), emb)
+    return (mean / np.linalg.norm(mean, axis=1, keepdims=True)).astype(np.float32)
+
+
+def select_and_vary(gen: Generation, rngs: Rngs, syn: SynthesisConfig, t: int, pool: Pool,
+                    scores: np.ndarray, quota: np.ndarray, last: bool) -> Pool:
+    """Aug-PE's next pool (docs/methods.md §1, steps 3d-3e): keep quota[y] per label by score,
+    then L - 1 variations of each kept sample (none after the last vote)."""
+    kept = pool.take(select_per_label(scores, pool.labels, quota, syn.selection,
+                                      rngs(f"select{t}")))
+    if last or syn.pool_multiplier == 1:
+        return kept
+    return kept.extend(gen.variations(kept, syn.pool_multiplier - 1, f"var{t}")[0])

@@ -1,0 +1,210 @@
+"""The one place dpsynth writes and reads files and searches vectors.
+
+* Atomic writes (``atomic_write_bytes/text/json``, ``write_jsonl``): write a temp file beside
+  the target, fsync it, rename it over the target, fsync the folder. A crash leaves the old
+  file or the complete new one, never half of one. A ``mode`` (e.g. ``0o600`` for private/)
+  is given to ``os.open`` when the temp file is created (default 0o600), so no byte is ever
+  readable by others.
+* JSON Lines reads (``iter_jsonl`` streams, ``read_jsonl`` lists): a bad line raises
+  :class:`~dpsynth.errors.InputError` naming the file and the line number (never its text).
+* ``nearest``: exact k-nearest-neighbour search over a faiss flat index (inner product or L2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import numpy as np
+
+from .errors import InputError
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "flat_index",
+    "iter_jsonl",
+    "nearest",
+    "read_jsonl",
+    "write_jsonl",
+]
+
+Metric = Literal["ip", "l2"]
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _atomic(path: str | Path, mode: int | None) -> Iterator[IO[bytes]]:
+    """Yield a binary handle on a fresh temp file; on success fsync and rename it to ``path``.
+
+    The temp file is created by ``os.open`` with ``mode`` (default 0o600: owner only, the safe
+    choice for a tool that handles private data), then set to exactly ``mode`` before anything
+    is written."""
+    mode = 0o600 if mode is None else mode
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)  # exact, whatever the umask
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (``mode``: the file's permissions, e.g. 0o600)."""
+    with _atomic(path, mode) as handle:
+        handle.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str, mode: int | None = None) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def atomic_write_json(path: str | Path, obj: Any, mode: int | None = None) -> None:
+    """Write ``obj`` as indented JSON atomically (numpy values and paths are converted)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_jsonable) + "\n", mode)
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]], *,
+                mode: int | None = None) -> int:
+    """Write ``rows`` (dicts) as JSON Lines atomically; returns the number of rows."""
+    n = 0
+    with _atomic(path, mode) as handle:
+        for row in rows:
+            if not isinstance(row, dict):
+                raise TypeError(f"row {n + 1}: expected a dict, got {type(row).__name__}")
+            line = json.dumps(row, ensure_ascii=False, default=_jsonable) + "\n"
+            handle.write(line.encode("utf-8"))
+            n += 1
+    return n
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Stream the JSON objects of a JSON Lines file (blank lines skipped).
+
+    Raises :class:`InputError` naming the file and line of the first line that is not valid
+    UTF-8, not valid JSON or not an object (the message never quotes the line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: file not found")
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(f"{path}, line {lineno}: not valid UTF-8 "
+                                 f"(column {err.start + 1})") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}, line {lineno}: invalid JSON ({err.msg}, "
+                                 f"column {err.colno})") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}, line {lineno}: expected a JSON object, got "
+                                 f"{type(obj).__name__}")
+            yield obj
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All objects of a JSON Lines file (see :func:`iter_jsonl`)."""
+    return list(iter_jsonl(path))
+
+
+def _f32(x: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.atleast_2d(np.asarray(x, dtype=np.float32)))
+
+
+def flat_index(base: np.ndarray, metric: Metric = "ip") -> Any:
+    """An exact faiss flat index (``IndexFlatIP`` or ``IndexFlatL2``) holding ``base`` [n, d]."""
+    import faiss
+
+    b = _f32(base)
+    if metric == "ip":
+        index = faiss.IndexFlatIP(b.shape[1])
+    elif metric == "l2":
+        index = faiss.IndexFlatL2(b.shape[1])
+    else:
+        raise ValueError(f"metric must be 'ip' or 'l2', got {metric!r}")
+    if len(b):
+        index.add(b)
+    return index
+
+
+@contextlib.contextmanager
+def _omp_threads(threads: int | None) -> Iterator[None]:
+    if threads is None:
+        yield
+        return
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, int(threads)))
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def nearest(queries: np.ndarray, base: np.ndarray, k: int = 1, metric: Metric = "ip",
+            threads: int | None = None, batch: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """Exact k nearest rows of ``base`` [n, d] for each row of ``queries`` [m, d].
+
+    Returns ``(scores, ids)``, both [m, k]: inner products (largest first) for ``metric="ip"``,
+    squared L2 distances (smallest first) for ``"l2"``. ``k`` is capped at n; queries are
+    searched ``batch`` rows at a time (bounded memory); ``threads`` sets faiss's OpenMP threads
+    for the call."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    b = _f32(base)
+    q = _f32(queries) if len(queries) else np.zeros((0, b.shape[1]), dtype=np.float32)
+    if q.shape[1] != b.shape[1]:
+        raise ValueError(f"queries have dimension {q.shape[1]}, base has {b.shape[1]}")
+    kk = min(k, len(b))
+    scores = np.empty((len(q), kk), dtype=np.float32)
+    ids = np.empty((len(q), kk), dtype=np.int64)
+    if kk == 0 or len(q) == 0:
+        return scores, ids
+    index = flat_index(b, metric)
+    with _omp_threads(threads):
+        for s in range(0, len(q), batch):
+            scores[s:s + batch], ids[s:s + batch] = index.search(q[s:s + batch], kk)
+    return scores, ids

@@ -1,0 +1,245 @@
+"""The base of the PE-family methods: plan, execute and state a run of the shared evolution
+loop (docs/methods.md §0-1). A PE method adds its strategy and, where it differs, its
+validation, planned releases, guarantee and privacy-statement extras."""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..config import ConfigError, RunConfig
+from ..runs import RunDir
+from .base import Guarantee, Job, Method, Outcome, PrivacyPlan, check_prompt_fields
+
+if TYPE_CHECKING:
+    from ..context import PrivateView, Releaser, Rngs
+    from ..data import Dataset
+    from ..evolution.loop import Starter
+    from ..evolution.operators import Generation
+
+
+def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
+                    spent: Sequence[Any] = (), delta_used: float = 0.0) -> float:
+    """The noise multiplier that meets the target (epsilon, delta) over all planned releases.
+
+    ``spent``: events already released (label-domain discovery), composed with the plan;
+    ``delta_used``: delta already taken outside the accountant (discovery's threshold)."""
+    if math.isinf(config.privacy.epsilon):
+        return 0.0
+    if method.vote_releases(config, n_labels) == 0:
+        return 0.0
+    from ..privacy import calibrate_gaussian_sigma
+
+    return float(calibrate_gaussian_sigma(
+        config.privacy.epsilon, config.privacy.delta - delta_used,
+        lambda s: [*spent, *method.planned_events(config, n_labels, s)],
+        kind=config.privacy.accountant,
+    ))
+
+
+class PEMethod(Method):
+    """A method of the PE family: its strategy runs in the shared evolution loop."""
+
+    #: the method reads private records through noisy votes (False: zero-shot)
+    private_votes: ClassVar[bool] = True
+
+    # -- validation and the privacy plan -------------------------------------------------
+    def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
+        """Raise ConfigError, before any model is loaded, for a config that cannot work."""
+        check_prompt_fields(config)
+        syn = config.synthesis
+        if self.guarantee(config) == "dp" and config.privacy.epsilon == 0:
+            raise ConfigError(
+                f"privacy.epsilon is 0, but method '{self.name}' spends budget on private "
+                "votes: set privacy.epsilon > 0, or use method 'zero_shot' (no private data)"
+            )
+        if syn.samples < n_labels:
+            raise ConfigError(
+                f"synthesis.samples = {syn.samples} is fewer than the {n_labels} label classes "
+                "in the data: raise synthesis.samples or use fewer label columns"
+            )
+        if syn.samples * syn.pool_multiplier > syn.max_candidates:
+            raise ConfigError(
+                f"synthesis.samples x pool_multiplier = {syn.samples * syn.pool_multiplier} "
+                f"candidates exceeds synthesis.max_candidates = {syn.max_candidates}: lower "
+                "samples or pool_multiplier, or raise max_candidates"
+            )
+        if n_records == 0:
+            raise ConfigError("the private data has no records")
+
+    def guarantee(self, config: RunConfig) -> Guarantee:
+        """What the run states: (epsilon, delta)-DP, nothing (epsilon = inf) or public."""
+        if not self.private_votes:
+            return "public"
+        return "none" if math.isinf(config.privacy.epsilon) else "dp"
+
+    def vote_releases(self, config: RunConfig, n_labels: int) -> int:
+        """How many Gaussian releases (all with one noise multiplier) the run makes."""
+        label_release = 1 if n_labels > 1 else 0
+        return label_release + (config.synthesis.iterations if self.private_votes else 0)
+
+    def planned_events(self, config: RunConfig, n_labels: int, sigma: float) -> list[Any]:
+        """The run's planned releases as privacy events, for calibration and the ledger."""
+        from ..privacy import GaussianEvent
+
+        steps = self.vote_releases(config, n_labels)
+        return [GaussianEvent(sigma=sigma, sensitivity=1.0, count=steps)] if steps else []
+
+    def noise_multiplier(self, config: RunConfig, dataset: Dataset) -> float | None:
+        """A noise multiplier the method fixes itself (SecPE); None: calibrate it from the
+        (epsilon, delta) target over ``planned_events``."""
+        return None
+
+    def ledger_details(self, config: RunConfig) -> dict[str, Any]:
+        """Public details recorded in the ledger with a run that states no (epsilon, delta)."""
+        return {"method": self.name}
+
+    def iterations(self, config: RunConfig) -> int:
+        return config.synthesis.iterations
+
+    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
+        """Validate and calibrate before any model loads; with label columns to discover,
+        validation and calibration wait for the discovery release (``sigma`` None)."""
+        from ..context import label_classes
+
+        guarantee = self.guarantee(config)
+        discover = _discovery_columns(config, dataset, guarantee == "dp")
+        sigma = None
+        if not discover:  # a declared domain: validate and calibrate before any release
+            n_labels = len(label_classes(dataset))
+            self.validate(config, len(dataset), n_labels)
+            sigma = self.noise_multiplier(config, dataset)
+            if sigma is None:
+                sigma = calibrate_sigma(config, self, n_labels)
+        delta_used = config.data.label_domain_delta if discover else 0.0
+        target = None
+        if guarantee == "dp":
+            target = (config.privacy.epsilon, config.privacy.delta - delta_used)
+        return PrivacyPlan(guarantee, sigma, config.privacy.accountant, target,
+                           ledger=self.ledger_details(config),
+                           notes={"discover": discover, "delta_used": delta_used})
+
+    # -- the work --------------------------------------------------------------------------
+    @abstractmethod
+    def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
+                 gen: Generation, rngs: Rngs) -> Starter:
+        """The method's parts for the loop, handed exactly the collaborators they use."""
+
+    def execute(self, job: Job) -> Outcome:
+        """Discover the label domain if asked, then run the loop; writes release/*.jsonl."""
+        from ..context import PrivateView, Releaser, Rngs
+        from ..diagnostics import append_diagnostic
+        from ..evolution.loop import evolve
+        from ..evolution.operators import Generation
+        from ..privacy import run_seed
+
+        cfg, run, dataset = job.config, job.run, job.dataset
+        sigma, domain = job.plan.sigma, None
+        if job.plan.notes.get("discover"):  # the label domain found privately, then validation
+            dataset, domain = _discover_domain(cfg, dataset, job.session)
+            from ..context import label_classes
+
+            n_labels = len(label_classes(dataset))
+            self.validate(cfg, len(dataset), n_labels)
+            sigma = calibrate_sigma(cfg, self, n_labels, domain.events,
+                                    job.plan.notes["delta_used"])
+            if not job.resume:
+                run.update_meta(sigma=sigma)
+        assert sigma is not None
+        # the run's private seed (private/seed, drawn once when the config gives none): drives
+        # post-processing and LLM sampling, so a resumed run makes the same choices
+        rngs = Rngs(run_seed(run.private, cfg.privacy.seed))
+        view = PrivateView(cfg, run, dataset, embedder=lambda: gen.embedder,
+                           given_embedder=job.embedder, progress=job.progress)
+        gen = Generation(
+            cfg, view.label_dict, rngs.seed, _llm_cache_path(cfg, run),
+            run.private / "embed-cache", rng=rngs, log=run.log, progress=job.progress,
+            generators=job.generators, embedder=job.embedder)
+        job.cleanup.callback(view.close)
+        job.paid_calls = lambda: gen.counts().get("llm_calls", 0)
+        releaser = Releaser(job.session, sigma, private=not math.isinf(cfg.privacy.epsilon))
+        # the exact record count is a fact about the private data: diagnostics only
+        append_diagnostic(run, {"kind": "dataset", "records": len(dataset),
+                                "noise_multiplier": sigma})
+        run.log(f"method {self.name}: {view.n_labels} label classes")
+        final = evolve(self.strategy(cfg, view, releaser, gen, rngs), gen, run, rngs,
+                       self.iterations(cfg))
+        summary = {"samples": len(final), "epsilon": None, "delta": None, **gen.counts(),
+                   # calls paid by earlier attempts (a killed process cannot report its own;
+                   # its finished calls sit in the request cache and are not paid again)
+                   "llm_calls_earlier_attempts": int(job.meta.get("llm_calls_paid", 0)),
+                   "attempts": int(job.meta.get("attempts", 1))}
+        return Outcome(summary, facts={"domain": domain, "sigma": sigma},
+                       message=f"{len(final)} samples")
+
+    # -- the statement ---------------------------------------------------------------------
+    def guarantee_statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        """The guarantee part of privacy.json: (epsilon, delta) from the accountant, or a
+        NOT PRIVATE statement for epsilon = inf."""
+        cfg = job.config
+        if math.isinf(cfg.privacy.epsilon):
+            return {"epsilon": "inf", "delta": 1.0, "target_epsilon": "inf",
+                    "target_delta": cfg.privacy.delta, "unit": cfg.privacy.unit,
+                    "accountant": cfg.privacy.accountant, "noise": "none", "mechanisms": [],
+                    "note": "NOT PRIVATE: epsilon = inf releases noise-free votes"}
+        domain = outcome.facts.get("domain")
+        extra_delta = domain.extra_delta if domain is not None else 0.0
+        statement = job.session.statement(cfg.privacy.unit,
+                                          (cfg.privacy.epsilon, cfg.privacy.delta - extra_delta))
+        if extra_delta:  # (eps, delta_acc) from the accountant plus the discovery threshold
+            statement["delta"] = statement["delta"] + extra_delta
+            statement["target_delta"] = cfg.privacy.delta
+        return statement
+
+    def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        """Method-specific keys for release/privacy.json."""
+        return {}
+
+    def statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        """release/privacy.json (schema in the README): the method's guarantee, the label
+        domain, the noise note and the method's extras."""
+        from ..label_domain import declared_statement
+        from ..privacy import noise_note
+
+        statement = self.guarantee_statement(job, outcome)
+        domain = outcome.facts.get("domain")
+        statement["label_domain"] = (domain.statement() if domain is not None
+                                     else declared_statement(list(job.config.data.labels)))
+        statement.setdefault("noise_note", noise_note(statement["noise"]))
+        statement["method"] = self.name
+        statement["noise_multiplier"] = outcome.facts.get("sigma")
+        statement.update(self.statement_extras(job, outcome))
+        return statement
+
+
+def _llm_cache_path(cfg: RunConfig, run: RunDir) -> Path:
+    return Path(cfg.llm_cache) if cfg.llm_cache else run.private / "llm-cache.sqlite"
+
+
+def _discovery_columns(cfg: RunConfig, dataset: Dataset, private: bool) -> list[str]:
+    """Label columns whose domain is to be found privately (``data.label_domain:
+    discover``); refused for a run without an (epsilon, delta) budget to pay for it."""
+    from ..label_domain import undeclared_columns
+
+    cols = undeclared_columns(dataset)
+    if cols and not private:
+        raise ConfigError(
+            f"data.label_domain 'discover' needs a run with a finite (epsilon, delta) budget "
+            f"(method {cfg.method!r}, epsilon {cfg.privacy.epsilon}): declare "
+            f"data.label_values for {', '.join(cols)}")
+    return cols
+
+
+def _discover_domain(cfg: RunConfig, dataset: Dataset, session: Any) -> tuple[Any, Any]:
+    """Release the noisy value counts of the undeclared label columns through the session
+    (replayed on resume) and keep the records of the values that passed (docs/methods.md §0)."""
+    from ..label_domain import apply_discovery
+
+    sigma_d = cfg.data.label_domain_sigma
+    return apply_discovery(
+        dataset, cfg.data,
+        lambda key, counts: session.noisy_counts(key, counts, sigma_d, name="label_domain"),
+        user_level=cfg.privacy.unit == "user")

@@ -1,0 +1,184 @@
+"""DP-SynRAG, the build side (docs/methods.md §4): a differentially private synthetic knowledge
+base. `dpsynth rag build CONFIG --output DIR` runs it through the one runner; serving the KB
+(``dpsynth.rag.index`` / ``answer`` / ``service``) is separate and spends nothing.
+
+Order: keywords (LLM, public vocabulary) -> noisy histogram -> soft clusters -> per cluster:
+noisy centre, threshold, private prediction (checkpointed) -> self-filtering -> release/
+(kb.jsonl, kb.faiss, synthetic_all.jsonl; the runner adds privacy.json and summary.json) and
+stats.jsonl.
+
+Accounting: the histogram is a keyed release in the run's session; the per-cluster releases
+are charged once there as overlapping(event, L) (Theorem 1) BEFORE any cluster noise is drawn,
+and every cluster's draws are keyed in a second store (``private/cluster-releases``), so a
+killed build resumes with the same noise and no extra charge.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ...config import ConfigError, RunConfig
+from ...diagnostics import append_diagnostic
+from ...io import write_jsonl
+from ...rag.accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
+from ...rag.clusters import (
+    histogram_sigma,
+    noise_floor,
+    soft_clusters,
+    top_keywords,
+)
+from ...rag.config import SynRAGConfig, max_private_tokens, synrag_dict
+from ...rag.retrieval import centre_sigma
+from ...runs import RunDir
+from ..base import Job, Method, Outcome, PrivacyPlan
+from .pipeline import (
+    Notice,
+    _resolve_vocabulary,
+    check_vocabulary_public,
+    document_keywords,
+    documents,
+    generate_clusters,
+    keyword_histogram,
+    load_models,
+    private_embeddings,
+)
+
+if TYPE_CHECKING:
+    from ...data import Dataset
+
+__all__ = ["SynRAG", "check_vocabulary_public"]
+
+
+class SynRAG(Method):
+    """DP-SynRAG as a registered method; ``source`` (the config file, resolving a relative
+    vocabulary path) and ``output_dir`` (refused as the vocabulary's home) are optional."""
+
+    name = "synrag"
+    releases = "knowledge_base"
+    section = "synrag"
+    config_model = SynRAGConfig
+    #: the build reads the private documents in this process (retrieval, prediction), so
+    #: the runner loads the file here even with compute.engine: ray
+    sharded_data: ClassVar[bool] = False
+
+    def __init__(self, source: RunConfig | str | Path | None = None,
+                 output_dir: str | Path | None = None) -> None:
+        self.source = source
+        self.output_dir = output_dir
+
+    def check(self, config: RunConfig) -> None:
+        self.settings(config)
+        if self.source is None:
+            check_vocabulary_public(config, self.output_dir)
+        else:
+            _resolve_vocabulary(config, self.source, self.output_dir)
+
+    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
+        """The clip c calibrated so that Theorem 1 meets the (epsilon, delta) target."""
+        scfg = self.settings(config)
+        eps, delta = config.privacy.epsilon, config.privacy.delta
+        if len(dataset) == 0:
+            raise ConfigError("the private data has no records")
+        clip = resolve_clip(scfg, eps, delta)
+        return PrivacyPlan("dp", None, "zcdp", (eps, delta), meta={"clip": clip},
+                           notes={"clip": clip})
+
+    def execute(self, job: Job) -> Outcome:
+        from ...rag.filtering import self_filter
+        from ...rag.index import build_index
+        from ...rag.keywords import load_vocabulary
+        from ...runner import open_session
+
+        started = time.time()
+        cfg, run, main = job.config, job.run, job.session
+        scfg: SynRAGConfig = self.settings(cfg)
+        clip = float(job.plan.notes["clip"])
+        note = Notice(run, job.echo)
+        docs = documents(cfg, job.dataset)
+        gen, emb_model = load_models(cfg, run, job.generators[0] if job.generators else None,
+                                     job.embedder)
+        vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
+                                demo_seed=cfg.data.demo_seed)
+        note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
+             f"clip c = {clip:.5g}")
+        note.private(f"{len(docs)} private documents", documents=len(docs))
+        store = open_session(cfg, run, job.plan, folder="cluster-releases", target=False)
+        job.cleanup.callback(store.close)
+
+        # 1. keywords and the noisy histogram
+        kws = document_keywords(gen, docs, vocab, scfg, run, job.fingerprint, job.progress)
+        k = scfg.keywords_per_doc
+        sigma_h = histogram_sigma(k, scfg.rho_hist)
+        hist = keyword_histogram(cfg, scfg, job.dataset, vocab, kws)
+        noisy = np.asarray(main.gaussian("synrag/keyword_histogram", hist, math.sqrt(k),
+                                         sigma_h, name="keyword_histogram"))
+        floor = (scfg.min_noisy_count if scfg.min_noisy_count is not None
+                 else noise_floor(sigma_h, len(vocab)))
+        seeds = top_keywords(noisy, scfg.clusters, floor)
+        run.append_stats({"iteration": 0, "stage": "histogram", "sigma_h": sigma_h,
+                          "noise_floor": floor, "seeds": len(seeds),
+                          "top": [[vocab.terms[int(j)], round(float(noisy[j]), 2)]
+                                  for j in seeds[:20]]})
+        if len(seeds) == 0:
+            note(f"keyword histogram: nothing above noise (no noisy count reaches "
+                 f"{floor:.1f} = sigma_h sqrt(2 ln |V|)); no cluster is formed and the KB is "
+                 "empty. Only the histogram was released and charged. More documents, a "
+                 "vocabulary closer to the documents or a larger synrag.rho_hist would help.",
+                 warn=True)
+        else:
+            # 2-4. all cluster releases, charged once by overlapping composition
+            main.record("synrag/cluster_releases", cluster_events(scfg, clip),
+                        {"clusters": int(len(seeds))})
+        clusters = soft_clusters(kws, seeds, scfg.overlap)
+        emb = private_embeddings(emb_model, docs, run) if len(seeds) else None
+        results = generate_clusters(cfg, scfg, run, store, gen, docs, emb, clusters, vocab,
+                                    noisy, clip, note, job.options.get("stop_after_clusters"))
+
+        # 5. self-filtering (post-processing)
+        texts = [r["text"] for r in results]
+        keep = (self_filter(gen, texts, scfg.filter_question) if scfg.self_filter
+                else [bool(t.strip()) for t in texts])
+        rows = [{"id": r["cluster"], "text": r["text"], "keyword": r["keyword"]}
+                for r, kp in zip(results, keep, strict=True) if kp]
+        write_jsonl(run.release / "synthetic_all.jsonl",
+                    [{**r, "kept": bool(kp)} for r, kp in zip(results, keep, strict=True)])
+        write_jsonl(run.release / "kb.jsonl", rows)
+        build_index(run.release, [r["text"] for r in rows], emb_model, cfg.embedder.model,
+                    extra={"generator": cfg.generators[0].spec(),
+                           "answer_max_new_tokens": scfg.answer_max_new_tokens,
+                           "retrieve": scfg.retrieve})
+        if results and not rows:
+            note("self-filtering kept no synthetic document: the KB is empty", warn=True)
+        # wall time depends on the private data (document count, cluster sizes): operator only
+        append_diagnostic(run, {"wall_seconds": round(time.time() - started, 1)})
+        summary = {"clusters": len(results), "kb_passages": len(rows), "epsilon": None,
+                   "delta": cfg.privacy.delta, "clip": clip, "warnings": note.messages}
+        return Outcome(summary, facts={"sigma_h": sigma_h, "clip": clip},
+                       message=f"{len(rows)} of {len(results)} synthetic documents kept")
+
+    def statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        """The zCDP accountant's (epsilon, delta) with Theorem 1's planned total."""
+        cfg = job.config
+        scfg: SynRAGConfig = self.settings(cfg)
+        eps, delta = cfg.privacy.epsilon, cfg.privacy.delta
+        clip, sigma_h = outcome.facts["clip"], outcome.facts["sigma_h"]
+        rho = theorem1_rho(scfg.keywords_per_doc, sigma_h, scfg.overlap, scfg.eps_theta,
+                           centre_sigma(scfg.rho_centre), max_private_tokens(scfg), clip,
+                           scfg.temperature,
+                           scfg.svt_epsilon if scfg.public_shortcut else 0.0)
+        statement = job.session.statement("record" if cfg.privacy.unit == "record" else "user",
+                                          (eps, delta))
+        statement.update(
+            method=self.name, clip=clip,
+            theorem1={"rho_planned": rho, "epsilon_planned_standard": theorem1_epsilon(rho, delta),
+                      "rho_spent": job.session.accountant.rho()},
+            synrag=synrag_dict(scfg),
+            note="record = one document (one user's joined records with unit 'user'); "
+                 "per-cluster releases composed by overlapping parallel composition over L",
+        )
+        return statement

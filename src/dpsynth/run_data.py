@@ -1,0 +1,56 @@
+"""A run's private data: where it is read from (the configured file, or the built-in demo
+corpus written into the run's private area) and how it is loaded and validated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, RunConfig
+from .runs import RunDir
+
+
+def demo_data_paths(run: RunDir, rows: int, seed: int) -> dict[str, Path]:
+    """Write the built-in demo corpus into the run's private area (once) and return its paths."""
+    from .demo_corpus import write_demo_corpus
+
+    out = run.private / "demo-data"
+    if not (out / "private.csv").is_file():
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return write_demo_corpus(out, n=rows, seed=seed)
+    return {p.stem: p for p in out.iterdir() if p.suffix in {".csv", ".json"}}
+
+
+def load_run_data(config: RunConfig, run: RunDir, *, sharded: bool = False,
+                  embedder_factory: Any = None) -> Any:
+    """The private dataset of a run (the demo corpus is written into the private area).
+
+    A :class:`dpsynth.data.Dataset` read in chunks, its texts kept in a memory-mapped file
+    under ``private/data`` (removed when the dataset is released). With ``sharded`` and
+    ``compute.engine: ray``: a :class:`dpsynth.compute.sharded.ShardedDataset`; the shard
+    actors read, validate and fingerprint the file, this process never opens it (the demo
+    corpus is written here first, into the run's private area). ``embedder_factory`` (e.g.
+    ``ray_engine.EmbedderSpec``) lets the shards embed as soon as they start. The runner
+    asks for ``sharded`` unless the method reads per-record fields in this process
+    (``Method.sharded_data`` False: DP-SynRAG's build)."""
+    from .data import load_dataset
+
+    if config.privacy.unit == "user" and not config.data.user:
+        raise ConfigError("privacy.unit is 'user' but data.user names no user column")
+    if sharded and config.compute.engine == "ray":
+        from .compute.ray_engine import RayCompute, data_spec
+        from .compute.sharded import ShardedDataset
+
+        spec = data_spec(config, run, config.data.declared_label_values())
+        engine = RayCompute(spec, embedder_factory, run.private / "compute",
+                            config.compute.shards, config.compute.address)
+        return ShardedDataset(engine, Path(spec.path).name, spec.text, spec.labels, spec.user,
+                              spec.label_values)
+    path = config.data.path
+    if path == "demo":
+        path = str(demo_data_paths(run, config.data.demo_rows, config.data.demo_seed)["private"])
+    user = config.data.user if config.privacy.unit == "user" or config.data.user else None
+    return load_dataset(path, config.data.text, config.data.labels, user,
+                        max_chars=config.data.max_chars, limit=config.data.limit,
+                        label_values=config.data.declared_label_values(),
+                        text_dir=run.private / "data")
