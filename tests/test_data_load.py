@@ -449,3 +449,33 @@ def test_check_dataset_summary_and_no_raise(tmp_path: Path) -> None:
     assert s["columns"] == ["text", "label", "user"]
     missing = check_dataset(tmp_path / "gone.csv", "text")
     assert not missing.ok and "file not found" in missing.problems[0].message
+
+
+def test_utf8_scan_over_many_chunks_matches_a_whole_file_decode(tmp_path: Path) -> None:
+    """Every undecodable span of a 3 MB file (so three 1 MiB chunks, characters cut at their
+    ends) is found at the offset and line a one-piece decode of the whole file gives."""
+    import codecs
+    import random
+
+    from dpsynth.data import _scan_utf8
+
+    rng = random.Random(3)
+    pieces = [b"ab" * 300, b"\n", "é".encode(), "€".encode(), "𝄞".encode(), b"\xff", b"\xc3",
+              b"\xe2\x82"]
+    data = b"".join(rng.choice(pieces) for _ in range(40000))
+    path = tmp_path / "mixed.txt"
+    path.write_bytes(data)
+    starts: list[int] = []
+
+    def note(err: UnicodeError) -> tuple[str, int]:
+        assert isinstance(err, UnicodeDecodeError)
+        starts.append(err.start)
+        return "", err.end
+
+    codecs.register_error("test-note-undecodable", note)
+    data.decode("utf-8", errors="test-note-undecodable")
+    expected = [(s, data.count(b"\n", 0, s) + 1) for s in starts]
+    assert len(data) > 2 * (1 << 20) and len(expected) > 100
+    found, total = _scan_utf8(path, max_offsets=10**9)
+    assert (found, total) == (expected, len(expected))
+    assert _scan_utf8(path, max_offsets=5) == (expected[:5], len(expected))

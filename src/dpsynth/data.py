@@ -37,10 +37,12 @@ strings (``4.0`` becomes ``"4"``), ``null``/NaN is a missing value.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import itertools
 import json
 import math
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -432,53 +434,45 @@ def _missing_columns(
     ]
 
 
+_SCAN = threading.local()  # undecodable spans found by the current thread's decode call
+
+
+def _record_undecodable(err: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: note where an undecodable span starts, skip it."""
+    assert isinstance(err, UnicodeDecodeError)
+    _SCAN.starts.append(err.start)
+    return "", err.end
+
+
+codecs.register_error("dpsynth-record-undecodable", _record_undecodable)
+
+
 def _scan_utf8(path: Path, max_offsets: int = MAX_LISTED) -> tuple[list[tuple[int, int]], int]:
     """Byte offsets and 1-based file lines of undecodable bytes, and how many there are.
 
-    Streams the file in binary chunks, so it never holds the whole file in memory.
+    Streams the file in binary chunks through Python's incremental UTF-8 decoder (which holds
+    back a character cut by a chunk end), so it never holds the whole file in memory.
     """
     found: list[tuple[int, int]] = []
     total = 0
-    offset = 0  # absolute offset of ``carry``'s first byte
-    newlines_before = 0
-    carry = b""
+    base = 0  # file offset of the decoder's held-back bytes (the start of ``data``)
+    newlines = 0  # newlines in the file before ``base``
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="dpsynth-record-undecodable")
     with path.open("rb") as fh:
         while True:
             chunk = fh.read(1 << 20)
-            data = carry + chunk
-            if not data:
-                break
-            carry = _incomplete_tail(data) if chunk else b""
-            body = data[: len(data) - len(carry)]
-            replaced = body.decode("utf-8", errors="replace")
-            n_bad = replaced.count("\ufffd") - body.count(b"\xef\xbf\xbd")
-            total += n_bad
-            pos = 0
-            while n_bad > 0 and len(found) < max_offsets and pos < len(body):
-                try:
-                    body[pos:].decode("utf-8")
-                    break
-                except UnicodeDecodeError as err:
-                    bad = pos + err.start
-                    line = newlines_before + body.count(b"\n", 0, bad) + 1
-                    found.append((offset + bad, line))
-                    pos = pos + err.end
-            newlines_before += body.count(b"\n")
-            offset += len(body)
+            data = decoder.getstate()[0] + chunk  # what the decoder sees in this call
+            _SCAN.starts = []
+            decoder.decode(chunk, final=not chunk)
+            total += len(_SCAN.starts)
+            for start in _SCAN.starts[: max(0, max_offsets - len(found))]:
+                found.append((base + start, newlines + data.count(b"\n", 0, start) + 1))
+            consumed = len(data) - len(decoder.getstate()[0])
+            newlines += data.count(b"\n", 0, consumed)
+            base += consumed
             if not chunk:
                 break
     return found, total
-
-
-def _incomplete_tail(data: bytes) -> bytes:
-    """The bytes at the end of ``data`` that may start a UTF-8 sequence cut by a chunk end."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b & 0b1100_0000 == 0b1000_0000:  # continuation byte: look further back
-            continue
-        need = 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
-        return data[-back:] if need > back else b""
-    return b""
 
 
 def _read_csv(path: Path, name: str, wanted: Sequence[str], limit: int | None, size: int,
