@@ -48,6 +48,9 @@ def test_concurrent_requests_are_batched_and_answered_each_their_own() -> None:
     assert texts == [f"echo p{i} seed={100 + i}" for i in range(16)]
     assert max(gen.batches) > 1 and sum(gen.batches) == 16
     assert len(gen.batches) < 16  # fewer generate calls than requests
+    # the server's own counters (what `dpsynth bench serving` reports) agree with the generator
+    batcher = app.state.batcher
+    assert (batcher.generate_calls, batcher.completions) == (len(gen.batches), 16)
 
 
 def test_batch_size_one_is_the_old_server() -> None:

@@ -178,7 +178,10 @@ class MicroBatcher:
         self._pending = 0
         self._cond = threading.Condition()
         self._stop = False
-        self.batch_sizes: list[int] = []  # completions per generate call (for tests, benches)
+        # generate calls made and completions they served (the bench's mean batch); two
+        # counters, so a long-lived server keeps constant memory
+        self.generate_calls = 0
+        self.completions = 0
         self.rejected = 0
         self.expired = 0
         self._thread = threading.Thread(target=self._work, name="dpsynth-batcher", daemon=True)
@@ -259,7 +262,8 @@ class MicroBatcher:
                     return
                 continue
             reqs = [r for it in items for r in it[0]]
-            self.batch_sizes.append(len(reqs))
+            self.generate_calls += 1
+            self.completions += len(reqs)
             try:
                 texts = self._generate(reqs)
             except Exception as exc:  # answered as a 500 naming only the error type
