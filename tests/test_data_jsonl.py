@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.data import DataError, read_jsonl, write_jsonl
+from dpsynth.data import DataError, read_jsonl
+from dpsynth.io import write_jsonl
 
 
 def test_round_trip_unicode_and_numpy(tmp_path: Path) -> None:

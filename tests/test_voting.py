@@ -45,18 +45,24 @@ def _clustered(n_priv: int, n_cand: int, d: int = 32, topics: int = 20, seed: in
             rng.integers(0, labels, n_cand))
 
 
-def _old_knn_vote(private, plab, cands, clab, k, users=None):
-    """The pre-refactor path: per label, copy that label's private rows, exact faiss search."""
-    hist = np.zeros(len(cands))
-    per_user: dict[int, np.ndarray] = {}
+def _per_label(private, plab, cands, clab):
+    """Per label with candidates: (candidate rows, private rows, a flat IP index of that label's
+    candidates): the reference paths copy each label's rows, as the code before the refactor."""
     for y in np.unique(plab):
         ci = np.flatnonzero(clab == y)
         if len(ci) == 0:
             continue
-        ri = np.flatnonzero(plab == y)
-        kk = min(k, len(ci))
         index = faiss.IndexFlatIP(cands.shape[1])
         index.add(np.ascontiguousarray(cands[ci]))
+        yield ci, np.flatnonzero(plab == y), index
+
+
+def _old_knn_vote(private, plab, cands, clab, k, users=None):
+    """The pre-refactor path: per label, copy that label's private rows, exact faiss search."""
+    hist = np.zeros(len(cands))
+    per_user: dict[int, np.ndarray] = {}
+    for ci, ri, index in _per_label(private, plab, cands, clab):
+        kk = min(k, len(ci))
         _, ids = index.search(np.ascontiguousarray(private[ri]), kk)
         for r, row in zip(ri, ids, strict=True):
             vote = np.zeros(len(cands))
@@ -73,14 +79,8 @@ def _old_knn_vote(private, plab, cands, clab, k, users=None):
 def _old_topq_vote(private, plab, cands, clab, q):
     n = len(cands)
     out = np.zeros(2 * n)
-    for y in np.unique(plab):
-        ci = np.flatnonzero(clab == y)
-        if len(ci) == 0:
-            continue
-        ri = np.flatnonzero(plab == y)
+    for ci, ri, index in _per_label(private, plab, cands, clab):
         qq = min(q, len(ci))
-        index = faiss.IndexFlatIP(cands.shape[1])
-        index.add(np.ascontiguousarray(cands[ci]))
         _, near = index.search(np.ascontiguousarray(private[ri]), qq)
         _, far = index.search(np.ascontiguousarray(-private[ri]), qq)
         w = 2.0 ** -np.arange(qq)

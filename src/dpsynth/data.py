@@ -52,7 +52,6 @@ import numpy as np
 import pandas as pd
 
 from .errors import InputError
-from .io import write_jsonl  # re-exported: JSON Lines writes live in dpsynth.io
 
 __all__ = [
     "CheckReport",
@@ -64,7 +63,6 @@ __all__ = [
     "excerpt",
     "load_dataset",
     "read_jsonl",
-    "write_jsonl",
 ]
 
 SUPPORTED_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
