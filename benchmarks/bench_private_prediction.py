@@ -38,9 +38,9 @@ def main() -> None:
 
     from dpsynth.demo_corpus import make_demo_corpus
     from dpsynth.llm import load_generator
+    from dpsynth.methods.synrag.config import DEFAULT_REPHRASE
+    from dpsynth.methods.synrag.private_prediction import clipped_sum, prompt_parts
     from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
-    from dpsynth.rag.config import DEFAULT_REPHRASE
-    from dpsynth.rag.private_prediction import clipped_sum, prompt_parts
 
     gen = load_generator("smollm2")
     docs = list(make_demo_corpus(args.docs, seed=0)["text"])[: args.docs]

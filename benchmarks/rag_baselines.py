@@ -26,6 +26,15 @@ import numpy as np
 from dpsynth.config import ConfigError, RunConfig
 from dpsynth.io import write_jsonl
 from dpsynth.methods.base import Job, Method, Outcome, PrivacyPlan
+from dpsynth.methods.synrag.accounting import calibrate_clip, cluster_events
+from dpsynth.methods.synrag.config import SynRAGConfig, max_private_tokens
+from dpsynth.methods.synrag.private_prediction import (
+    DOC_MARK,
+    predict_text,
+    private_predict,
+    split_prompt,
+)
+from dpsynth.methods.synrag.retrieval import THRESHOLD_GRID
 from dpsynth.privacy import (
     Accountant,
     BudgetExceededError,
@@ -34,12 +43,8 @@ from dpsynth.privacy import (
     ZCDPEvent,
     make_noise_source,
 )
-from dpsynth.rag.accounting import calibrate_clip, cluster_events
 from dpsynth.rag.answer import SYSTEM, Answerer
-from dpsynth.rag.config import SynRAGConfig, max_private_tokens
 from dpsynth.rag.index import KnowledgeBase, build_index
-from dpsynth.rag.private_prediction import DOC_MARK, predict_text, private_predict, split_prompt
-from dpsynth.rag.retrieval import THRESHOLD_GRID
 from dpsynth.runs import RunDir
 
 
@@ -89,9 +94,9 @@ class DPSynth(Method):
 
     def execute(self, job: Job) -> Outcome:
         from dpsynth.diagnostics import append_diagnostic
+        from dpsynth.methods.synrag.filtering import self_filter
         from dpsynth.methods.synrag.pipeline import documents as private_documents
         from dpsynth.methods.synrag.pipeline import load_models
-        from dpsynth.rag.filtering import self_filter
         from dpsynth.runner import open_session
 
         config, run, main = job.config, job.run, job.session

@@ -419,7 +419,7 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
 
     from dpsynth.compute.rag import GivenGenerator, logit_workers, private_predict_clusters
     from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
-    from dpsynth.rag.private_prediction import private_predict
+    from dpsynth.methods.synrag.private_prediction import private_predict
 
     gen = FakeGenerator("fake-g0")
     rows = private_rows(12)

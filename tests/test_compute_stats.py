@@ -19,7 +19,7 @@ from dpsynth.compute.sharded import ShardedDataError
 from dpsynth.config import parse_config
 from dpsynth.data import DataError, load_dataset
 from dpsynth.label_domain import value_counts
-from dpsynth.rag.keywords import Vocabulary, extract_keywords
+from dpsynth.methods.synrag.keywords import Vocabulary, extract_keywords
 from dpsynth.runs import RunDir
 from dpsynth.secrets import SecretSpec, find_secrets
 
@@ -204,9 +204,9 @@ def test_shards_that_read_different_files_are_refused():
 def test_synrag_histogram_from_the_engine_is_the_count_of_its_keywords(dataset, unit):
     """DP-SynRAG's vocabulary extractor: the histogram the engine computes is the count of
     the keywords the build extracts for its clusters (one document per user at user level)."""
+    from dpsynth.methods.synrag.clusters import keyword_counts
+    from dpsynth.methods.synrag.config import SynRAGConfig
     from dpsynth.methods.synrag.pipeline import documents, keyword_histogram
-    from dpsynth.rag.clusters import keyword_counts
-    from dpsynth.rag.config import SynRAGConfig
 
     cfg = parse_config({"privacy": {"unit": unit}, "data": {"user": "user"}})
     scfg = SynRAGConfig.model_validate({"keyword_extractor": "vocabulary",

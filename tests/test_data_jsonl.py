@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.data import DataError, read_jsonl
-from dpsynth.io import write_jsonl
+from dpsynth.errors import InputError
+from dpsynth.io import iter_jsonl, read_jsonl, write_jsonl
 
 
 def test_round_trip_unicode_and_numpy(tmp_path: Path) -> None:
@@ -53,22 +53,24 @@ def test_mode(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
-def test_read_errors_are_line_numbered(tmp_path: Path) -> None:
+def test_read_errors_name_the_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_bytes(
         b'{"ok": 1}\n\n{"broken": \n[1, 2]\n{"bad": "\xff"}\n' + json.dumps({"ok": 2}).encode()
     )
-    with pytest.raises(DataError) as ei:
-        read_jsonl(path)
-    got = [(p.row, p.message.split(":")[0]) for p in ei.value.problems]
-    assert got == [
-        (3, "invalid JSON"),
-        (4, "expected a JSON object, got an array"),
-        (5, "not valid UTF-8 (column 10)"),
-    ]
-    assert "bad.jsonl, row 3: invalid JSON" in str(ei.value)
+    # streaming: the good line before the first bad one is read, then the bad line is named
+    rows = iter_jsonl(path)
+    assert next(rows) == {"ok": 1}
+    with pytest.raises(InputError, match=r"bad\.jsonl, line 3: invalid JSON"):
+        next(rows)
+    for lineno, body, message in ((4, b"[1, 2]", "expected a JSON object, got list"),
+                                  (5, b'{"bad": "\xff"}', r"not valid UTF-8 \(column 10\)")):
+        one = tmp_path / f"line{lineno}.jsonl"
+        one.write_bytes(b'{"ok": 1}\n' * (lineno - 1) + body + b"\n")
+        with pytest.raises(InputError, match=rf"line{lineno}\.jsonl, line {lineno}: {message}"):
+            read_jsonl(one)
 
 
 def test_read_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="file not found"):
+    with pytest.raises(InputError, match="file not found"):
         read_jsonl(tmp_path / "none.jsonl")

@@ -159,7 +159,7 @@ def _token_logits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _token_eps_lb(summed: Callable[[np.ndarray], np.ndarray], mode: str) -> float:
-    from dpsynth.rag.private_prediction import clipped_sum  # noqa: F401 (import check)
+    from dpsynth.methods.synrag.private_prediction import clipped_sum  # noqa: F401 (import check)
 
     d, d2 = _token_logits()
     z_d, z_d2 = summed(d), summed(d2)
@@ -176,7 +176,7 @@ def _token_stated() -> float:
 
 
 def test_private_token_audit() -> None:
-    from dpsynth.rag.private_prediction import clipped_sum
+    from dpsynth.methods.synrag.private_prediction import clipped_sum
 
     lb = _token_eps_lb(lambda logits: clipped_sum(logits, TOK_CLIP), "secure")
     assert lb <= _token_stated()
@@ -192,7 +192,7 @@ def test_private_token_audit_detects_unclipped_logits() -> None:
 def test_session_releases_are_these_mechanisms(tmp_path: Path) -> None:
     """The audited functions are what the session runs: with seeded noise, each session
     release equals the mechanism applied with that key's noise stream."""
-    from dpsynth.rag.private_prediction import clipped_sum
+    from dpsynth.methods.synrag.private_prediction import clipped_sum
 
     noise = make_noise_source("seeded", 11)
     sess = PrivacySession(tmp_path / "s", Accountant("zcdp"), make_noise_source("seeded", 11))
@@ -278,7 +278,7 @@ class _StubSession:
 
 
 def _svt_eps_lb(eps_used: float, threshold: float) -> float:
-    from dpsynth.rag.private_prediction import Shortcut, private_predict_shortcut
+    from dpsynth.methods.synrag.private_prediction import Shortcut, private_predict_shortcut
 
     sc = Shortcut(epsilon=eps_used, max_private=1, threshold=threshold)
     gen = _SvtGen()

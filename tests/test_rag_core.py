@@ -9,6 +9,24 @@ import pytest
 from scipy import stats
 
 from dpsynth.config import ConfigError
+from dpsynth.methods.synrag.accounting import (
+    calibrate_clip,
+    planned_events,
+    resolve_clip,
+    theorem1_epsilon,
+    theorem1_rho,
+)
+from dpsynth.methods.synrag.clusters import (
+    histogram_sigma,
+    keyword_counts,
+    noise_floor,
+    soft_clusters,
+    top_keywords,
+)
+from dpsynth.methods.synrag.config import SynRAGConfig
+from dpsynth.methods.synrag.keywords import Vocabulary, extract_keywords, parse_keywords
+from dpsynth.methods.synrag.private_prediction import clipped_sum
+from dpsynth.methods.synrag.retrieval import centre_sigma
 from dpsynth.privacy import (
     Accountant,
     PrivacySession,
@@ -16,24 +34,6 @@ from dpsynth.privacy import (
     zcdp_to_eps_cks,
     zcdp_to_eps_standard,
 )
-from dpsynth.rag.accounting import (
-    calibrate_clip,
-    planned_events,
-    resolve_clip,
-    theorem1_epsilon,
-    theorem1_rho,
-)
-from dpsynth.rag.clusters import (
-    histogram_sigma,
-    keyword_counts,
-    noise_floor,
-    soft_clusters,
-    top_keywords,
-)
-from dpsynth.rag.config import SynRAGConfig
-from dpsynth.rag.keywords import Vocabulary, extract_keywords, parse_keywords
-from dpsynth.rag.private_prediction import clipped_sum
-from dpsynth.rag.retrieval import centre_sigma
 
 
 def test_theorem1_matches_accountant_and_closed_form() -> None:
@@ -75,8 +75,8 @@ def test_clip_is_calibrated_to_the_target() -> None:
 
 def test_clip_logits_formula_and_errors() -> None:
     # docs/methods.md §4: l = exp(logits - max) - 1; centre by (max+min)/2; sup-norm <= c
+    from dpsynth.methods.synrag.clipping import clip_logits
     from dpsynth.privacy import PrivacyConfigError
-    from dpsynth.rag.clipping import clip_logits
 
     row = np.array([2.0, 0.0])
     a = math.expm1(-2.0) / 2.0  # half the span
@@ -97,7 +97,7 @@ def test_clipped_sum_properties() -> None:
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 5, size=(7, 300))
     c = 0.3
-    from dpsynth.rag.clipping import clip_logits
+    from dpsynth.methods.synrag.clipping import clip_logits
 
     rows = clip_logits(logits, c)
     assert np.all(np.abs(rows).max(axis=1) <= c + 1e-12)
@@ -198,7 +198,7 @@ def test_noise_floor_and_top_keywords() -> None:
 
 
 def test_public_shortcut_accounting() -> None:
-    from dpsynth.rag.config import max_private_tokens
+    from dpsynth.methods.synrag.config import max_private_tokens
 
     cfg = SynRAGConfig(tokens=40, public_shortcut=True, svt_epsilon=0.1, svt_max_private=10)
     assert max_private_tokens(cfg) == 10

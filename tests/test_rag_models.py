@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from dpsynth.loopback import serve_in_thread
-from dpsynth.privacy import Accountant, BudgetExceededError, PrivacySession, make_noise_source
-from dpsynth.rag.private_prediction import (
+from dpsynth.methods.synrag.private_prediction import (
     clipped_sum,
     private_predict,
     prompt_parts,
     separate_logit_sum,
 )
+from dpsynth.privacy import Accountant, BudgetExceededError, PrivacySession, make_noise_source
 
 DOCS = [
     "I am Ann Lee. I have a red rash on my arms and a mild fever since Monday.",
@@ -62,7 +62,7 @@ def test_private_predict_charges_each_token(smollm, tmp_path) -> None:
 
 def test_keyword_extraction_with_the_llm(smollm) -> None:
     from dpsynth.llm import GenerationRequest, SamplingParams
-    from dpsynth.rag.keywords import Vocabulary, extract_keywords
+    from dpsynth.methods.synrag.keywords import Vocabulary, extract_keywords
 
     vocab = Vocabulary(["rash", "fever", "knee", "cough", "breath", "stairs", "swollen"], "t")
     params = SamplingParams(temperature=0.0, max_new_tokens=16)
@@ -242,7 +242,7 @@ def test_histogram_with_nothing_above_noise(smollm, embedder, tmp_path, monkeypa
 
 
 def test_public_shortcut_svt(smollm, tmp_path) -> None:
-    from dpsynth.rag.private_prediction import Shortcut, private_predict_shortcut
+    from dpsynth.methods.synrag.private_prediction import Shortcut, private_predict_shortcut
 
     def run(threshold: float, name: str):
         s = PrivacySession(tmp_path / name, Accountant("zcdp"), make_noise_source("seeded", 0))

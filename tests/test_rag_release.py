@@ -204,9 +204,9 @@ def test_dp_synth_shortcut_states_what_it_draws(tmp_path) -> None:
 def test_synrag_shortcut_clusters_within_theorem1(tmp_path) -> None:
     """Each cluster's recorded releases cost at most the per-cluster share charged by
     Theorem 1 (overlapping composition over L charges that share L times)."""
-    from dpsynth.rag.accounting import cluster_events
+    from dpsynth.methods.synrag.accounting import cluster_events
+    from dpsynth.methods.synrag.config import parse_synrag
     from dpsynth.rag.build import build_kb
-    from dpsynth.rag.config import parse_synrag
 
     over = _overrides(public_shortcut=True, svt_threshold=-1e9, svt_epsilon=0.2, tokens=12)
     out = build_kb(EXAMPLE, tmp_path / "run", overrides=over, generator=FakeGen(),

@@ -137,7 +137,7 @@ def test_each_module_imports_alone() -> None:
             "dpsynth.evolution.textgen", "dpsynth.methods", "dpsynth.methods.base",
             "dpsynth.methods.pe", "dpsynth.methods.aug_pe", "dpsynth.methods.wasp",
             "dpsynth.methods.secpe", "dpsynth.methods.zero_shot", "dpsynth.methods.synrag",
-            "dpsynth.methods.synrag.pipeline", "dpsynth.rag.build", "dpsynth.rag.config"]
+            "dpsynth.methods.synrag.pipeline", "dpsynth.rag.build", "dpsynth.methods.synrag.config"]
     script = ("import importlib, sys\n"
               f"for m in {mods!r}:\n"
               "    for k in [k for k in sys.modules if k.startswith('dpsynth')]:\n"

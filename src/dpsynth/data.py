@@ -62,7 +62,6 @@ __all__ = [
     "check_label_values",
     "excerpt",
     "load_dataset",
-    "read_jsonl",
 ]
 
 SUPPORTED_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
@@ -1178,42 +1177,3 @@ def check_dataset(
 
 
 # ---------------------------------------------------------------------------- JSON Lines
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON Lines file of objects; raises :class:`DataError` naming each bad line."""
-    path = Path(path)
-    name = path.name
-    if not path.is_file():
-        raise DataError([DataProblem(name, None, None, f"file not found: {path}")])
-    out: list[dict[str, Any]] = []
-    problems: list[DataProblem] = []
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                problems.append(
-                    DataProblem(name, lineno, None, f"not valid UTF-8 (column {err.start + 1})")
-                )
-                continue
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                problems.append(
-                    DataProblem(name, lineno, None, f"invalid JSON: {err.msg} (column {err.colno})")
-                )
-                continue
-            if not isinstance(obj, dict):
-                problems.append(
-                    DataProblem(
-                        name, lineno, None, f"expected a JSON object, got {_json_type(obj)}"
-                    )
-                )
-                continue
-            out.append(obj)
-    if problems:
-        raise DataError(problems)
-    return out

@@ -135,7 +135,7 @@ class PrivateCompute:
     def keyword_histogram(self, vocab: Any, k: int, fill: str, *,
                           generator_factory: Any = None, max_new_tokens: int = 64) -> np.ndarray:
         """DP-SynRAG's true keyword histogram h (docs/methods.md §4) over the documents (one
-        per user at user level), float64; sensitivity as in rag.accounting."""
+        per user at user level), float64; sensitivity as in methods.synrag.accounting."""
         parts = self._map_text("keyword_partial", vocab, k, fill, self.user_level,
                                generator_factory, max_new_tokens)
         return kernels.finish(kernels.sum_partials(parts), len(vocab))

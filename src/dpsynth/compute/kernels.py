@@ -321,11 +321,11 @@ def sum_label_value_partials(parts: Sequence[dict[str, Any]], columns: Sequence[
 def keyword_partial(shard: TextShard, vocab: Any, k: int, fill: str, user_level: bool,
                     generator_factory: Any = None, max_new_tokens: int = 64) -> Partial:
     """DP-SynRAG's keyword histogram of the shard's documents (docs/methods.md §4): K keyword
-    ids per document (``rag.keywords.extract_keywords``; with ``generator_factory`` the LLM
-    extractor runs here, on the shard), then how many documents hold each vocabulary term.
-    At user level a document is the user's records joined in row order (a whole user sits on
-    one shard). Exact integers, summed by :func:`sum_partials`."""
-    from ..rag.keywords import extract_keywords
+    ids per document (``methods.synrag.keywords.extract_keywords``; with
+    ``generator_factory`` the LLM extractor runs here, on the shard), then how many documents
+    hold each vocabulary term. At user level a document is the user's records joined in row
+    order (a whole user sits on one shard). Exact integers, summed by :func:`sum_partials`."""
+    from ..methods.synrag.keywords import extract_keywords
 
     generate = None
     if generator_factory is not None:

@@ -7,7 +7,8 @@ over the cluster's documents; given the released prefix it returns the clipped l
 (documents and logits never leave the worker, only z does); the driver releases token n of
 every unfinished cluster through the session, in cluster order, then asks for step n + 1.
 Each release key has its own noise stream (``PrivacySession.noise_for``), so the tokens are
-those of :func:`dpsynth.rag.private_prediction.private_predict` run cluster after cluster.
+those of :func:`dpsynth.methods.synrag.private_prediction.private_predict` run cluster after
+cluster.
 
 Parallelism: the forward passes of up to ``workers`` clusters run at once; the driver's share
 per step is one sampling over the vocabulary per cluster and one round trip. A worker that dies
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..rag.private_prediction import (
+from ..methods.synrag.private_prediction import (
     Prediction,
     clean_text,
     clipped_sum,

@@ -25,17 +25,16 @@ import numpy as np
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...io import write_jsonl
-from ...rag.accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
-from ...rag.clusters import (
+from ...runs import RunDir
+from ..base import Job, Method, Outcome, PrivacyPlan
+from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
+from .clusters import (
     histogram_sigma,
     noise_floor,
     soft_clusters,
     top_keywords,
 )
-from ...rag.config import SynRAGConfig, max_private_tokens, synrag_dict
-from ...rag.retrieval import centre_sigma
-from ...runs import RunDir
-from ..base import Job, Method, Outcome, PrivacyPlan
+from .config import SynRAGConfig, max_private_tokens, synrag_dict
 from .pipeline import (
     Notice,
     _resolve_vocabulary,
@@ -47,6 +46,7 @@ from .pipeline import (
     load_models,
     private_embeddings,
 )
+from .retrieval import centre_sigma
 
 if TYPE_CHECKING:
     from ...data import Dataset
@@ -89,10 +89,10 @@ class SynRAG(Method):
                            notes={"clip": clip})
 
     def execute(self, job: Job) -> Outcome:
-        from ...rag.filtering import self_filter
         from ...rag.index import build_index
-        from ...rag.keywords import load_vocabulary
         from ...runner import open_session
+        from .filtering import self_filter
+        from .keywords import load_vocabulary
 
         started = time.time()
         cfg, run, main = job.config, job.run, job.session

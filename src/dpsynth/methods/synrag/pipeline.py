@@ -22,11 +22,11 @@ import numpy as np
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...io import atomic_write_bytes, atomic_write_json
-from ...rag.config import SynRAGConfig
-from ...rag.keywords import extract_keywords
-from ...rag.private_prediction import predict_text
-from ...rag.retrieval import centre_sigma, retrieve_in_cluster
 from ...runs import RunDir
+from .config import SynRAGConfig
+from .keywords import extract_keywords
+from .private_prediction import predict_text
+from .retrieval import centre_sigma, retrieve_in_cluster
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -159,7 +159,7 @@ def keyword_histogram(cfg: RunConfig, scfg: SynRAGConfig, dataset: Any, vocab: A
     run); with the LLM extractor, the counts of the keywords ``kws`` already extracted here
     for the clustering (the engine would ask the LLM about every document a second time)."""
     from ...compute import data_compute
-    from ...rag.clusters import keyword_counts
+    from .clusters import keyword_counts
 
     if scfg.keyword_extractor == "vocabulary":
         engine = data_compute(dataset, cfg.privacy.unit == "user")

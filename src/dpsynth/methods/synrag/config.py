@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import RunConfig
+from ...config import RunConfig
 
 DEFAULT_REPHRASE = (
     "Rephrase the following document without altering the important information "
@@ -91,7 +91,7 @@ def max_private_tokens(cfg: SynRAGConfig) -> int:
 def parse_synrag(config: RunConfig) -> SynRAGConfig:
     """Validate ``config.synrag`` through the method registry (one parser for the section);
     errors name the field (``synrag.<field>``)."""
-    from ..methods import get_method
+    from .. import get_method
 
     return get_method("synrag").settings(config)
 

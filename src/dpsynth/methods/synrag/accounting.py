@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from ..config import ConfigError
-from ..privacy import (
+from ...config import ConfigError
+from ...privacy import (
     Accountant,
     ExponentialEvent,
     GaussianEvent,

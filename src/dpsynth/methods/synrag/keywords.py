@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
+from ...config import ConfigError
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -101,7 +101,7 @@ def tokenizer_terms(tokenizer: Any) -> list[str]:
 def demo_terms(seed: int = 0) -> list[str]:
     """Terms of the demo corpus' public knowledge table: disease and drug names, departments,
     symptom words."""
-    from ..demo_corpus import demo_knowledge
+    from ...demo_corpus import demo_knowledge
 
     terms: list[str] = []
     for k in demo_knowledge(seed):

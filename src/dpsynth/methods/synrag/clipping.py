@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..privacy.errors import PrivacyConfigError
+from ...privacy.errors import PrivacyConfigError
 
 
 def clip_logits(logits: np.ndarray, c: float) -> np.ndarray:

@@ -193,7 +193,7 @@ def private_predict_shortcut(
     """Private prediction with the public-token shortcut; returns (prediction, private tokens
     drawn). All SVT noise of the text is drawn once and stored under ``{key}/svt`` with its
     cost (eps^2/2 per instance, m instances), so a resumed build reuses it."""
-    from ..privacy import ZCDPEvent
+    from ...privacy import ZCDPEvent
 
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     delta_q = 2.0 * clip

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..llm import GenerationRequest, SamplingParams
+from ...llm import GenerationRequest, SamplingParams
 
 _YES = ("YES", "Yes", "yes", " YES", " Yes", " yes")
 _NO = ("NO", "No", "no", " NO", " No", " no")
