@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +46,41 @@ def smollm():
     from dpsynth.llm import load_generator
 
     return load_generator("smollm2")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[str]:
+    """One real local Ray cluster (a head and one more node on 127.0.0.1) for the whole
+    session; yields its address. Tests that use it run on one xdist worker (group "ray")."""
+    from ray_local_cluster import local_ray_cluster
+
+    yield from local_ray_cluster()
+
+
+#: Fixtures that load a real offline model: a test using one is a ``models`` test.
+MODEL_FIXTURES = frozenset({"embedder", "smollm"})
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark every test that uses a real-model fixture ``models`` (set as each test is
+    collected, so before ``-m`` selects): ``-m "not models"`` never loads a model."""
+    if set(getattr(item, "fixturenames", ())) & MODEL_FIXTURES:
+        item.add_marker(pytest.mark.models)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist, send every test of a module that uses the shared Ray cluster to one
+    worker (one cluster per session, not one per worker); every other test is balanced alone.
+    (xdist's own ``--dist loadgroup`` marks are not honoured with pytest 9: the scheduler
+    never sees their group, so the grouping is done here, by module.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    ray_modules = {p.name for p in Path(__file__).parent.glob("test_*.py")
+                   if "ray_cluster" in p.read_text(encoding="utf-8")}
+
+    class RayModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return "ray-cluster" if module in ray_modules else nodeid
+
+    return RayModulesTogether(config, log)

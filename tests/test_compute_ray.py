@@ -13,13 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,9 +97,14 @@ def test_sharded_sums_are_bitwise_the_one_process_sums(users, shards):
         assert a.tobytes() == topq_vote(emb, labels, cand, cand_labels, 4).tobytes()
     assert one.label_counts(3).tobytes() == many.label_counts(3).tobytes()
     centres = {y: cand[cand_labels == y][:3] for y in range(3)}
-    take = np.random.default_rng(5).random(len(emb)) < 0.5
-    sa, sb = one.centre_sums(centres, take, 0.8, len(emb)), many.centre_sums(centres, take, 0.8,
-                                                                            len(emb))
+    coins = np.random.default_rng(5).random(len(emb))  # one per record; rate 0.5 for all
+    rates = (np.arange(len(emb)), np.full(len(emb), 0.5))
+    take = coins < 0.5
+    one.keep_secret_rates(rates, "test")
+    for part in many._parts:
+        part.rates = kernels.rates_for_rows(rates, part.rows)
+    sa, sb = one.centre_sums(centres, coins, 0.8, len(emb)), many.centre_sums(
+        centres, coins, 0.8, len(emb))
     for y in centres:
         assert sa[y][0].tobytes() == sb[y][0].tobytes() and np.array_equal(sa[y][1], sb[y][1])
         assert sa[y][1].sum() == (take & (labels == y)).sum()
@@ -162,95 +160,7 @@ def test_wasp_federated_refuses_the_ray_engine(tmp_path):
         get_method("wasp").validate(cfg, 40, 2)
 
 
-# -- a real local Ray cluster ---------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tree(procs: list[subprocess.Popen]) -> list[Any]:
-    import psutil
-
-    out = []
-    for p in procs:
-        try:
-            root = psutil.Process(p.pid)
-            out += [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Stop the processes this fixture started and everything they started, by pid."""
-    import psutil
-
-    for _ in range(3):
-        tree = _tree(procs)
-        if not tree:
-            break
-        for proc in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.terminate()
-        _, alive = psutil.wait_procs(tree, timeout=10)
-        for proc in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=5)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """A head and one more node on 127.0.0.1 (one CPU each); yields the address."""
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    port = _free_port()
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are limited
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), str(SRC),
-                                          os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--object-store-memory=80000000",
-              "--block", "--disable-usage-stats"]
-    log = open(Path(temp) / "cluster.log", "ab")  # noqa: SIM115 (closed in finally)
-    procs: list[subprocess.Popen] = []
-    address = f"127.0.0.1:{port}"
-    try:
-        procs.append(subprocess.Popen(
-            [ray_bin, "start", "--head", f"--port={port}", "--include-dashboard=false",
-             f"--temp-dir={temp}", *common], env=env, stdout=log, stderr=log,
-            start_new_session=True))
-        _wait_nodes(address, 1, procs)
-        procs.append(subprocess.Popen(
-            [ray_bin, "start", f"--address={address}", *common], env=env, stdout=log,
-            stderr=log, start_new_session=True))
-        _wait_nodes(address, 2, procs)
-        yield address
-    finally:
-        _stop(procs)
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _wait_nodes(address: str, n: int, procs: list[subprocess.Popen],
-                timeout: float = 180.0) -> None:
-    import ray
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError("a `ray start` process exited early")
-        try:
-            ray.init(address=address, log_to_driver=False)
-            try:
-                alive = sum(1 for node in ray.nodes() if node["Alive"])
-            finally:
-                ray.shutdown()
-            if alive >= n:
-                return
-        except Exception:  # noqa: BLE001 (the head is still starting)
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"the Ray cluster at {address} did not reach {n} nodes")
+# the real local Ray cluster (`ray_cluster`) is a session fixture in conftest.py
 
 
 @pytest.fixture(autouse=True)
@@ -340,6 +250,11 @@ def test_ray_release_is_byte_identical_to_local(ray_cluster, tmp_path, method, u
     shards = sorted(p.name for p in (ray_run / "private" / "compute").glob("shard-*.npz"))
     assert shards == ["shard-0-of-2.npz", "shard-1-of-2.npz"]
     assert not (ray_run / "private" / "private-embeddings.npy").exists()  # never on the driver
+    if method == "secpe":  # each shard kept its rows' Poisson rates; the driver kept none
+        rates = sorted(p.name for p in (ray_run / "private" / "compute").glob("secpe-rates-*"))
+        assert rates == ["secpe-rates-shard-0-of-2.npz", "secpe-rates-shard-1-of-2.npz"]
+        assert not (ray_run / "private" / "secpe-rates.npz").exists()
+        assert (local / "private" / "secpe-rates.npz").exists()
     log = (ray_run / "log.txt").read_text()
     assert "compute: ray, 2 shards" in log and "ACCT-" not in log
 
@@ -418,8 +333,8 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
     import ray
 
     from dpsynth.compute.rag import GivenGenerator, logit_workers, private_predict_clusters
-    from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
     from dpsynth.methods.synrag.private_prediction import private_predict
+    from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
 
     gen = FakeGenerator("fake-g0")
     rows = private_rows(12)
@@ -451,30 +366,80 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
         assert s.epsilon(1e-6) == pytest.approx(spent)  # the same releases, charged the same
 
 
-def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path):
-    """rag build with compute.engine ray: the clusters' private predictions run on LogitWorker
-    actors, the release is byte for byte the one-process build's."""
+@pytest.mark.parametrize("case", ["record", "user", "shortcut"])
+def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path, case):
+    """rag build with compute.engine ray: the documents stay on the shard actors (keywords,
+    clusters, embeddings and S_r there; the driver never opens the private file), the
+    clusters' private predictions run on LogitWorker actors that fetch S_r from the shards
+    (with the public-token shortcut too), and release/ is byte for byte the one-process
+    build's."""
+    from dpsynth.demo_corpus import write_demo_corpus
     from dpsynth.rag.build import build_kb
 
     example = TESTS.parent / "examples" / "tiny-synrag.yaml"
+    data = write_demo_corpus(tmp_path / "data", n=40, seed=0)["private"]
     over: dict[str, Any] = {
-        "data.demo_rows": 40, "privacy.epsilon": 10.0, "privacy.delta": 1e-3,
+        "data.path": str(data), "privacy.epsilon": 10.0, "privacy.delta": 1e-3,
         "privacy.noise": "seeded", "privacy.seed": 11,
-        "synrag": {"vocabulary": "demo", "keyword_extractor": "vocabulary",
+        "synrag": {"vocabulary": "demo", "keyword_extractor": "llm",
                    "keywords_per_doc": 4, "clusters": 3, "overlap": 2, "target_size": 6,
-                   "tokens": 8, "max_doc_tokens": 96, "rho_hist": 0.5,
+                   "tokens": 8, "max_doc_tokens": 12, "rho_hist": 0.5,
                    "min_noisy_count": 2.0, "self_filter": False, "eps_theta": 2.0}}
+    if case == "user":
+        over.update({"privacy.unit": "user", "data.user": "patient_id"})
+    if case == "shortcut":
+        over["privacy.epsilon"] = 20.0
+        over["synrag"].update(public_shortcut=True, svt_epsilon=0.5, eps_theta=1.0)
+    compute = tmp_path / "ray" / "private" / "compute"
+
+    class ArmFault(FakeGenerator):
+        """On a shard, during keyword extraction: shard 1 dies once in its first select."""
+
+        def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
+            if compute.is_dir() and not (compute / "armed").exists():
+                (compute / "armed").write_text("")
+                (compute / "fault-synrag_select-shard1").write_text("")
+            return super().generate(requests, **kw)
+
+    interrupt = case == "record"  # also: a shard killed mid-retrieval, a killed build resumed
     runs = []
     for name, extra in (("local", {}), ("ray", {"compute.engine": "ray",
                                                 "compute.address": ray_cluster,
                                                 "compute.shards": 2})):
-        runs.append(build_kb(example, tmp_path / name, generator=FakeGenerator("fake-g0"),
-                             embedder=FakeEmbedder(), overrides={
-                                 **over, **extra,
-                                 "privacy.ledger": str(tmp_path / f"{name}-ledger.json")}))
-    local, ray_run = (shared_files(Path(r)) for r in runs)
-    assert local == ray_run
-    kb = (Path(runs[1]) / "release" / "kb.jsonl").read_text()
-    assert kb.strip()  # clusters were formed and written
-    assert "clusters on Ray (2 workers)" in (Path(runs[1]) / "log.txt").read_text()
-    assert "on Ray" not in (Path(runs[0]) / "log.txt").read_text()
+        gen = ArmFault("fake-g0") if extra and interrupt else FakeGenerator("fake-g0")
+        with driver_never_reads(data) if extra else contextlib.nullcontext():
+            with pytest.raises(KeyboardInterrupt) if extra and interrupt else \
+                    contextlib.nullcontext():
+                runs.append(Path(build_kb(
+                    example, tmp_path / name, generator=gen, embedder=FakeEmbedder(),
+                    stop_after_clusters=1 if extra and interrupt else None, overrides={
+                        **over, **extra,
+                        "privacy.ledger": str(tmp_path / f"{name}-ledger.json")})))
+            if extra and interrupt:
+                assert (compute / "armed").exists()
+                assert not (compute / "fault-synrag_select-shard1").exists()  # it died once
+                kw = sorted(compute.glob("*-keywords.json"))
+                stamps = [p.stat().st_mtime_ns for p in kw]
+                runs.append(Path(build_kb(None, tmp_path / name, resume=True,
+                                          generator=FakeGenerator("fake-g0"),
+                                          embedder=FakeEmbedder())))
+                assert [p.stat().st_mtime_ns for p in kw] == stamps  # not extracted again
+    local, ray_run = runs
+    assert shared_files(local) == shared_files(ray_run)
+    assert (ray_run / "release" / "kb.jsonl").read_text().strip()  # clusters were formed
+    assert "clusters on Ray (2 workers)" in (ray_run / "log.txt").read_text()
+    assert "on Ray" not in (local / "log.txt").read_text()
+    # the documents' state lives on the shards, not in the driver's private area
+    kept = sorted(p.name for p in (ray_run / "private" / "compute").glob("synrag-shard-*"))
+    assert kept == [f"synrag-shard-{s}-of-2-{f}" for s in (0, 1)
+                    for f in ("embeddings.npy", "keywords.json", "state.json")]
+    for name in ("keywords.json", "private-embeddings.npy"):
+        assert (local / "private" / name).is_file() and not (ray_run / "private" / name).exists()
+    # the exact per-cluster facts (sizes, truncations) are diagnostics of both, and the same
+    def facts(run: Path) -> dict[int, dict[str, Any]]:
+        rows = [json.loads(x) for x in (run / "private" / "diagnostics.jsonl").read_text()
+                .splitlines()]
+        return {r["cluster"]: {k: v for k, v in r.items() if k != "time"} for r in rows
+                if "members" in r}
+    assert facts(local) == facts(ray_run) and len(facts(local)) == 3
+    assert any(r["truncated"] for r in facts(ray_run).values())  # truncated on the workers

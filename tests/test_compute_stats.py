@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import test_compute_ray
 from dpsynth.compute import LocalCompute, kernels
 from dpsynth.compute.sharded import ShardedDataError
 from dpsynth.config import parse_config
@@ -26,7 +25,6 @@ from dpsynth.secrets import SecretSpec, find_secrets
 SPECS = [SecretSpec(kind="regex", pattern=r"ACCT-\d{4}"),
          SecretSpec(kind="strings", values=["Dr Brown", "tacos"]),
          SecretSpec(kind="random_words", count=3, percentile=30, min_df=2, seed=4)]
-ray_cluster = test_compute_ray.ray_cluster  # a head and one more node on 127.0.0.1
 VOCAB = Vocabulary(["tacos", "salsa", "service", "staff", "noodles", "cold", "account"],
                    "test")
 WORDS = ["tacos", "salsa", "service", "staff", "noodles", "cold", "rain", "coffee", "bread"]
@@ -202,19 +200,24 @@ def test_shards_that_read_different_files_are_refused():
 
 @pytest.mark.parametrize("unit", ["record", "user"])
 def test_synrag_histogram_from_the_engine_is_the_count_of_its_keywords(dataset, unit):
-    """DP-SynRAG's vocabulary extractor: the histogram the engine computes is the count of
-    the keywords the build extracts for its clusters (one document per user at user level)."""
+    """DP-SynRAG's vocabulary extractor: the engine's histogram is the one the build sums
+    from its document shards, the count of the keywords they keep for the clustering (one
+    document per user at user level)."""
     from dpsynth.methods.synrag.clusters import keyword_counts
     from dpsynth.methods.synrag.config import SynRAGConfig
-    from dpsynth.methods.synrag.pipeline import documents, keyword_histogram
+    from dpsynth.methods.synrag.pipeline import documents
+    from dpsynth.methods.synrag.shard import DocumentShard, ShardFiles
 
     cfg = parse_config({"privacy": {"unit": unit}, "data": {"user": "user"}})
     scfg = SynRAGConfig.model_validate({"keyword_extractor": "vocabulary",
                                         "keywords_per_doc": 2})
     kws = extract_keywords(documents(cfg, dataset), VOCAB, 2, fill=scfg.keyword_fill)
-    got = keyword_histogram(cfg, scfg, dataset, VOCAB, kws)
-    assert got.tobytes() == keyword_counts(kws, len(VOCAB)).tobytes() and got.sum() > 0
-    # the LLM extractor counts the keywords it already has (no second pass over the data)
-    llm = scfg.model_copy(update={"keyword_extractor": "llm"})
-    assert keyword_histogram(cfg, llm, dataset, VOCAB, [[0]]).tolist() == \
-        [1.0] + [0.0] * (len(VOCAB) - 1)
+    users = dataset.users if unit == "user" else None
+    shards = [kernels.text_shard(dataset, users, s, 3) for s in range(3)]
+    build = sum(DocumentShard.of_records(t.texts, t.rows, t.users if unit == "user" else None,
+                                         ShardFiles())
+                .keyword_counts(VOCAB, 2, scfg.keyword_fill, "tag") for t in shards)
+    engine = _InProcess(dataset, unit == "user", 3).keyword_histogram(VOCAB, 2,
+                                                                      scfg.keyword_fill)
+    assert engine.tobytes() == keyword_counts(kws, len(VOCAB)).tobytes() and engine.sum() > 0
+    assert build.astype(np.float64).tobytes() == engine.tobytes()

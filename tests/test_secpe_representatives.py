@@ -222,10 +222,11 @@ def test_centre_longer_than_public_norm_rejected(tmp_path):
 def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
     """Production path: SecPEStrategy.vote at clip R = 0.1 on unit embeddings releases centres
     with noise (R + 1) / n_k * sigma per coordinate (not 2R / n_k * sigma)."""
+    from dpsynth.compute import LocalCompute
     from dpsynth.config import RunConfig
+    from dpsynth.data import Dataset
     from dpsynth.evolution.loop import Pool
     from dpsynth.methods.secpe import SecPEStrategy, SecretPlan
-    from dpsynth.secrets import find_secrets
 
     rng = np.random.default_rng(0)
     n_pub, n_priv, d = 300, 40, 2048
@@ -234,18 +235,21 @@ def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
         "method": "secpe", "synthesis": {"iterations": 1}, "privacy": {"seed": 0},
         "secpe": {"secrets": [{"kind": "strings", "values": ["zebra"]}], "clip": 0.1,
                   "clusters": 3, "p": 1e-4, "r_over_p": 10}})
-    plan = SecretPlan(cfg, find_secrets(texts, cfg.secpe.secrets))
-    assert plan.protects and len(plan.private_idx) == n_priv
     emb = _unit(rng, n_pub + n_priv, d)
-    session = _session(tmp_path)
-    from dpsynth.compute import LocalCompute
-    from dpsynth.context import Releaser, Rngs
-
     codes = np.zeros(len(texts), dtype=np.int64)
+    data = Dataset(texts, {"label": ["x"] * len(texts)}, None, "mem", "text", ["label"], None)
+    compute = LocalCompute(lambda: emb, codes, None, data)
+    data.compute = compute  # type: ignore[attr-defined]  (data_compute: this engine)
+    plan = SecretPlan.build(cfg, data)
+    assert plan.protects and len(plan.public_idx) == n_pub
+    session = _session(tmp_path)
+    from dpsynth.context import Releaser, Rngs
 
     class _View:  # the parts of dpsynth.context.PrivateView that SecPE's vote reads
         n_labels = 1
-        compute = LocalCompute(lambda: emb, codes, None)
+
+        def __init__(self) -> None:
+            self.compute = compute
 
         def __len__(self) -> int:
             return len(texts)
@@ -256,9 +260,15 @@ def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
     vote = strategy.vote(0, Pool([f"c{i}" for i in range(10)], np.zeros(10, dtype=np.int64),
                                  np.zeros(10, dtype=np.int64)), cand)
     cent, sizes = strategy.centres()[0]
-    # the exact statistic, from the same Poisson coins the production path drew
-    acc = accumulate_private(cent, [emb[plan.private_idx]], plan.rates, 0.1,
-                             session.noise_for("iter0/poisson"))
+    # the exact statistic, from the same Poisson coins the production path drew (one per
+    # record; the rates the engine kept: 0 for the public rows)
+    coins = session.noise_for("iter0/poisson").uniform(len(texts))
+    rates = compute.shard.rates
+    assert rates is not None and not rates[:n_pub].any() and rates[n_pub:].any()
+    taken = np.flatnonzero(coins < rates)
+    assert taken.min() >= n_pub
+    acc = accumulate_private(cent, [emb[taken]], np.ones(len(taken)), 0.1,
+                             session.noise_for("unused"))
     exact = (sizes[:, None] * cent + acc.sums) / (sizes + acc.counts)[:, None]
     rep = vote.released[0]
     expected = (0.1 + 1.0) / sizes * plan.sigma

@@ -290,6 +290,10 @@ class PromptConfig(_Section):
 
     task: str = "a short text"
     label_template: str = ""
+    label_descriptions: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="public: per label column, what each declared value means, shown to the "
+                    "generator in its place (for codes a model cannot read: 'ENTY', '3')")
     styles: list[str] = Field(
         default_factory=lambda: [
             "casual", "formal", "brief", "detailed", "worried", "polite", "direct", "plain",

@@ -462,8 +462,11 @@ def _scan_utf8(path: Path, max_offsets: int = MAX_LISTED) -> tuple[list[tuple[in
             _SCAN.starts = []
             decoder.decode(chunk, final=not chunk)
             total += len(_SCAN.starts)
+            line, seen = newlines + 1, 0  # starts ascend: count each newline once
             for start in _SCAN.starts[: max(0, max_offsets - len(found))]:
-                found.append((base + start, newlines + data.count(b"\n", 0, start) + 1))
+                line += data.count(b"\n", seen, start)
+                seen = start
+                found.append((base + start, line))
             consumed = len(data) - len(decoder.getstate()[0])
             newlines += data.count(b"\n", 0, consumed)
             base += consumed

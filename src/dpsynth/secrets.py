@@ -399,3 +399,111 @@ def secret_index_from_hits(hits: Sequence[dict[tuple[str, str], np.ndarray]],
             "the secret definitions together match every record: no public data would remain "
             "for the public clustering; narrow the definitions")
     return index
+
+
+# ------------------------------------------------------------------------------------------
+# The split without the membership (SecPE on shards: docs/methods.md §3)
+# ------------------------------------------------------------------------------------------
+
+
+def merge_secret_hits(parts: Sequence[Sequence[dict[tuple[str, str], np.ndarray]]],
+                      n_specs: int) -> list[dict[tuple[str, str], np.ndarray]]:
+    """The shards' hits (``compute.kernels.secret_partial``) merged per definition: rows of
+    every (type, secret id) over all shards, sorted."""
+    hits = []
+    for j in range(n_specs):
+        merged: dict[tuple[str, str], list[np.ndarray]] = {}
+        for part in parts:
+            for key, rows in part[j].items():
+                merged.setdefault(key, []).append(rows)
+        hits.append({key: np.sort(np.concatenate(v)) for key, v in merged.items()})
+    return hits
+
+
+def hit_facts(hits: Sequence[dict[tuple[str, str], np.ndarray]], rows: np.ndarray
+              ) -> dict[str, Any]:
+    """What one shard tells about its secret hits, counts only, plus its public rows (no
+    secret): per definition, the shard's records it matches; per type, the shard's records
+    holding a secret of it. Rows are disjoint between shards, so every count adds up."""
+    held: dict[str, list[np.ndarray]] = defaultdict(list)
+    per_spec = []
+    for spec_hits in hits:
+        found = list(spec_hits.values())
+        per_spec.append(int(np.unique(np.concatenate(found)).size) if found else 0)
+        for (kind, _), r in spec_hits.items():
+            held[kind].append(r)
+    every = [r for v in held.values() for r in v]
+    private = np.unique(np.concatenate(every)) if every else np.zeros(0, np.int64)
+    return {"records_per_spec": per_spec, "matched": [bool(h) for h in hits],
+            "records_with": {t: int(np.unique(np.concatenate(v)).size)
+                             for t, v in sorted(held.items())},
+            "public_rows": np.setdiff1d(np.asarray(rows, np.int64), private)}
+
+
+@dataclass(repr=False)
+class SecretSplit:
+    """The private/public split of a secret scan as the driver holds it: the public rows
+    (records without a secret, which SecPE uses as public data), exact counts (diagnostics
+    only) and the definitions' messages; never the record x secret membership, which stays
+    with the engine (``parts``: the shards' hits, or their Ray object refs)."""
+
+    n_records: int
+    public_idx: np.ndarray
+    no_secrets: bool
+    records_with: dict[str, int]
+    messages: list[str]
+    parts: list[Any] = field(default_factory=list)
+    specs: list[Any] = field(default_factory=list)
+
+    def report(self, secrets_per_type: Mapping[str, int]) -> dict[str, Any]:
+        """:meth:`SecretIndex.split_report`'s counts, given the distinct secrets per type
+        (counted where the membership is merged): private/diagnostics.jsonl only."""
+        types = sorted(set(self.records_with) | set(secrets_per_type))
+        return {"records": self.n_records,
+                "private_records": self.n_records - int(self.public_idx.size),
+                "public_records": int(self.public_idx.size),
+                "secrets": int(sum(secrets_per_type.values())),
+                "per_type": {t: {"secrets": int(secrets_per_type.get(t, 0)),
+                                 "records_with": int(self.records_with.get(t, 0))}
+                             for t in types},
+                "messages": list(self.messages)}
+
+    def __repr__(self) -> str:
+        return "SecretSplit(...)"  # counts are private
+
+
+def split_from_facts(facts: Sequence[dict[str, Any]], specs: Sequence[SecretSpec | dict],
+                     n_records: int, *, strict: bool = False) -> SecretSplit:
+    """The :class:`SecretSplit` from the shards' :func:`hit_facts`, with the checks and
+    messages of :func:`secret_index_from_hits`."""
+    parsed = [s if isinstance(s, SecretSpec) else SecretSpec.model_validate(s) for s in specs]
+    if not parsed:
+        raise SecretDefinitionError("no secret definitions given")
+    messages: list[str] = []
+    for k, spec in enumerate(parsed):
+        desc = f"secret definition #{k} (kind={spec.kind}, name={spec.label})"
+        if not any(f["matched"][k] for f in facts):
+            msg = f"{desc} matched no record: no noise is needed for it"
+            if strict:
+                raise SecretDefinitionError(msg)
+            messages.append(msg)
+            continue
+        if n_records > 0 and sum(f["records_per_spec"][k] for f in facts) == n_records:
+            raise SecretDefinitionError(
+                f"{desc} matches every record: no public data would remain; narrow the "
+                "definition")
+    public = np.sort(np.concatenate([np.asarray(f["public_rows"], np.int64) for f in facts]))
+    records_with: dict[str, int] = defaultdict(int)
+    for f in facts:
+        for t, c in f["records_with"].items():
+            records_with[t] += int(c)
+    no_secrets = public.size == n_records
+    if no_secrets:
+        messages.append(
+            "no secret matched any record: no noise is needed for secrets; all records are public"
+        )
+    elif n_records > 0 and public.size == 0:
+        raise SecretDefinitionError(
+            "the secret definitions together match every record: no public data would remain "
+            "for the public clustering; narrow the definitions")
+    return SecretSplit(n_records, public, no_secrets, dict(records_with), messages)

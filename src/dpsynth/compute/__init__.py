@@ -66,12 +66,14 @@ class PrivateCompute:
         return self._summed("topq_partial", 2 * len(cand_emb), 2.0 ** -(q - 1),
                             self._shared(cand_emb), cand_labels, q, **vote_options)
 
-    def centre_sums(self, centres: dict[int, np.ndarray], take: np.ndarray, clip_R: float,
+    def centre_sums(self, centres: dict[int, np.ndarray], coins: np.ndarray, clip_R: float,
                     n_records: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """SecPE: per label, exact per-centre sums (float64) and counts of the sampled rows
-        (``take``: global boolean mask, drawn by the driver's session) clipped to R."""
+        clipped to R. ``coins``: one uniform per record in global row order, drawn by the
+        driver's session and shipped as one shared object; each shard samples row i iff
+        coins[i] < its rate (kept by the shard: :meth:`plan_secret_rates`)."""
         kernels.fixed_point_limit(clip_R, n_records)
-        parts = self._map("centre_partial", self._shared(np.asarray(take, dtype=bool)),
+        parts = self._map("centre_partial", self._shared(np.asarray(coins, dtype=np.float64)),
                           centres, clip_R)
         return kernels.sum_centre_partials(parts)
 
@@ -108,12 +110,10 @@ class PrivateCompute:
         parts = self._map_text("label_value_partial", list(columns), self.user_level)
         return kernels.sum_label_value_partials(parts, list(columns))
 
-    def secret_stats(self, specs: Sequence[Any], *, strict: bool = False) -> Any:
-        """SecPE's secret scan as a :class:`dpsynth.secrets.SecretIndex` over the global rows:
-        which record holds which secret (secret ids, never values) and the definitions'
-        messages; what ``SecretPlan`` calibrates from. Random-word definitions take two passes:
-        summed document frequencies (by word id), then the scan for the drawn ids."""
-        from ..secrets import SecretSpec, choose_random_word_ids, secret_index_from_hits
+    def _secret_specs(self, specs: Sequence[Any]) -> tuple[list[Any], dict[int, list[int]]]:
+        """Parsed definitions and, for random-word ones, the word ids drawn from the summed
+        document frequencies (by word id: the words stay on the shards)."""
+        from ..secrets import SecretSpec, choose_random_word_ids
 
         parsed = [s if isinstance(s, SecretSpec) else SecretSpec.model_validate(s)
                   for s in specs]
@@ -122,15 +122,66 @@ class PrivateCompute:
             df = kernels.sum_counts(self._map_text("word_df_partial"))
             chosen = {j: choose_random_word_ids(df, s) for j, s in enumerate(parsed)
                       if s.kind == "random_words"}
+        return parsed, chosen
+
+    def secret_stats(self, specs: Sequence[Any], *, strict: bool = False) -> Any:
+        """The secret scan gathered into a :class:`dpsynth.secrets.SecretIndex` over the global
+        rows (secret ids, never values), in this process: for inspection and tests. SecPE
+        does not use it: :meth:`secret_split` and :meth:`plan_secret_rates` keep the
+        membership with the engine."""
+        from ..secrets import merge_secret_hits, secret_index_from_hits
+
+        parsed, chosen = self._secret_specs(specs)
         parts = self._map_text("secret_partial", parsed, chosen)
-        hits = []
-        for j in range(len(parsed)):
-            merged: dict[Any, list[np.ndarray]] = {}
-            for part in parts:
-                for key, rows in part[j].items():
-                    merged.setdefault(key, []).append(rows)
-            hits.append({key: np.sort(np.concatenate(v)) for key, v in merged.items()})
-        return secret_index_from_hits(hits, parsed, self.n_records(), strict=strict)
+        return secret_index_from_hits(merge_secret_hits(parts, len(parsed)), parsed,
+                                      self.n_records(), strict=strict)
+
+    # -- SecPE: the secret split, the SecretNoise plan, the rates on the shards -----------
+    def secret_split(self, specs: Sequence[Any], *, strict: bool = False) -> Any:
+        """SecPE's secret scan (docs/methods.md §3): each shard finds its records' secrets (by
+        secret id) and keeps that membership; this process gets a
+        :class:`dpsynth.secrets.SecretSplit`: the public rows and exact counts, summed. Its
+        ``parts`` are the engine's handles to the shards' membership, for
+        :meth:`plan_secret_rates` only."""
+        from ..secrets import split_from_facts
+
+        parsed, chosen = self._secret_specs(specs)
+        facts, parts = self._secret_scan(parsed, chosen)
+        split = split_from_facts(facts, parsed, self.n_records(), strict=strict)
+        split.parts, split.specs = parts, parsed
+        return split
+
+    def plan_secret_rates(self, split: Any, p: float, r: float, T: int, digest: str,
+                          folder: Any = None) -> dict[str, Any]:
+        """SecretNoise over the shards' membership (``secpe_theory.plan_from_hits``); the
+        rates go to the shards, which keep (and save, under ``digest``) their rows' rates;
+        returns the plan's summary (``sigma_star``, ``max_rate``, secrets per type).
+        ``folder``: the run's private folder, where the local engine saves its rates."""
+        rates, summary = self._secret_plan(split.parts, split.specs, split.n_records, p, r,
+                                           T)
+        self.keep_secret_rates(rates, digest, folder)
+        split.parts = []  # planned: the handles (Ray: object refs) are let go
+        return summary
+
+    def _secret_scan(self, parsed: list[Any], chosen: dict[int, list[int]]
+                     ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """(every shard's ``secrets.hit_facts``, handles to their hits)."""
+        got = self._map_text("secret_scan_partial", parsed, chosen)
+        return [f for f, _ in got], [h for _, h in got]
+
+    def _secret_plan(self, parts: list[Any], parsed: list[Any], n: int, p: float, r: float,
+                     T: int) -> tuple[Any, dict[str, Any]]:
+        from ..methods.secpe_theory import plan_from_hits
+
+        return plan_from_hits(parts, parsed, n, p, r, T)
+
+    def keep_secret_rates(self, rates: Any, digest: str, folder: Any = None) -> None:
+        """Give the shards SecPE's rates ((private rows, rates), or the engine's handle)."""
+        raise NotImplementedError
+
+    def load_secret_rates(self, digest: str, folder: Any = None) -> bool:
+        """Whether the shards hold (or reload from their saved plan) the rates of ``digest``."""
+        raise NotImplementedError
 
     def keyword_histogram(self, vocab: Any, k: int, fill: str, *,
                           generator_factory: Any = None, max_new_tokens: int = 64) -> np.ndarray:
@@ -158,6 +209,8 @@ class LocalCompute(PrivateCompute):
         self._shard: ShardData | None = None
         self._dataset = dataset
         self._text: TextShard | None = None
+        self._secret_rates: tuple[np.ndarray, np.ndarray] | None = None
+        self._rates_digest: str | None = None
 
     @classmethod
     def for_dataset(cls, dataset: Any, user_level: bool) -> LocalCompute:
@@ -191,7 +244,29 @@ class LocalCompute(PrivateCompute):
             self._shard = ShardData(emb=self._embeddings(), labels=self._labels,
                                     rows=np.arange(n, dtype=np.int64), buckets=buckets,
                                     users=self._users)
+            self._attach_rates()
         return self._shard
+
+    def _attach_rates(self) -> None:
+        if self._shard is not None and self._secret_rates is not None:
+            self._shard.rates = kernels.rates_for_rows(self._secret_rates, self._shard.rows)
+
+    def keep_secret_rates(self, rates: Any, digest: str, folder: Any = None) -> None:
+        """Keeps (private rows, rates) here and, given ``folder``, saves them there."""
+        if folder is not None:
+            kernels.save_rates(kernels.rates_file(folder), digest, *rates)
+        self._secret_rates, self._rates_digest = rates, digest
+        self._attach_rates()
+
+    def load_secret_rates(self, digest: str, folder: Any = None) -> bool:
+        if self._rates_digest != digest:
+            saved = (None if folder is None
+                     else kernels.load_rates(kernels.rates_file(folder), digest))
+            if saved is None:
+                return False
+            self._secret_rates, self._rates_digest = saved, digest
+            self._attach_rates()
+        return True
 
     def _map(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
         return [getattr(kernels, kernel)(self.shard, *args, **kwargs)]

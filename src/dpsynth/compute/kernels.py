@@ -21,8 +21,10 @@ Noise is never added here: the driver's privacy session noises the summed statis
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +66,7 @@ class ShardData:
     rows: np.ndarray  # [m] int64 global row numbers, increasing
     buckets: np.ndarray  # [m] int64
     users: np.ndarray | None = None  # [m] user ids (str) at user level
+    rates: np.ndarray | None = None  # [m] SecPE's Poisson rates (0: public), once planned
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -172,6 +175,19 @@ def finish(total: Partial, n: int, scale: np.ndarray | float = 1.0) -> np.ndarra
 
 
 # -- SecPE: per-centre sums of clipped, Poisson-sampled private embeddings --------------------
+def clipped_fixed_point(x: np.ndarray, clip_R: float) -> np.ndarray:
+    """Rows scaled (in float64) to L2 norm at most ``clip_R`` (1 - 2^-40), then truncated
+    toward zero onto the 2^-32 grid (int64): truncation never grows a coordinate, so every row
+    of the result has norm strictly below ``clip_R``. The L2 sensitivity the noise is
+    calibrated for therefore holds exactly, whatever the float32 rounding of the embeddings (a
+    unit-normalised float32 row can have norm 1 + 1e-7)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))
+    bound = clip_R * (1.0 - 2.0 ** -40)
+    x64 = x64 * np.minimum(1.0, bound / np.maximum(norms, 1e-300))[:, None]
+    return np.trunc(x64 * 2.0 ** FIXED_POINT_BITS).astype(np.int64)
+
+
 def fixed_point_limit(clip_R: float, n_records: int) -> None:
     """Refuse sums that could overflow int64 on the 2^-32 grid."""
     if clip_R * max(n_records, 1) * 2.0 ** FIXED_POINT_BITS >= 2.0 ** 62:
@@ -179,12 +195,56 @@ def fixed_point_limit(clip_R: float, n_records: int) -> None:
                          "fixed-point centre sums; lower secpe.clip")
 
 
-def centre_partial(shard: ShardData, take: np.ndarray, centres: dict[int, np.ndarray],
+def rates_for_rows(rates: tuple[np.ndarray, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """SecPE's Poisson rate of each of ``rows`` from (private rows, sorted; their rates), the
+    SecretNoise plan's output; 0 for rows not in it (public records)."""
+    priv, rho = (np.asarray(a) for a in rates)
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.zeros(len(rows), dtype=np.float64)
+    if len(priv):
+        pos = np.minimum(np.searchsorted(priv, rows), len(priv) - 1)
+        hit = priv[pos] == rows
+        out[hit] = rho[pos[hit]]
+    return out
+
+
+def rates_file(folder: Any, shard: int | None = None, shards: int = 1) -> Path:
+    """Where SecPE's rates are saved: the driver's private folder (local engine), or a
+    shard's private compute folder on its node."""
+    name = "secpe-rates.npz" if shard is None else f"secpe-rates-shard-{shard}-of-{shards}.npz"
+    return Path(folder) / name
+
+
+def save_rates(path: Path, digest: str, rows: np.ndarray, rates: np.ndarray) -> None:
+    """Save SecPE's rates of ``rows`` under the plan's ``digest`` (0600, atomic)."""
+    from ..io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    np.savez(buf, digest=np.array(digest), rows=np.asarray(rows, np.int64),
+             rates=np.asarray(rates, np.float64))
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_bytes(path, buf.getvalue(), mode=0o600)
+
+
+def load_rates(path: Path, digest: str | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rows, rates) saved under ``digest`` (None: whichever plan was saved last)."""
+    if not path.is_file():
+        return None
+    with np.load(path) as saved:
+        if digest is not None and str(saved["digest"]) != digest:
+            return None
+        return saved["rows"].copy(), saved["rates"].copy()
+
+
+def centre_partial(shard: ShardData, coins: np.ndarray, centres: dict[int, np.ndarray],
                    clip_R: float) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per label y: (sums [K_y, d] int64 on the 2^-32 grid, counts [K_y] int64) of the shard's
-    sampled rows (``take``, a global boolean mask) clipped to norm R and assigned to their
-    nearest public centre (L2) of their label (docs/methods.md §3)."""
-    sampled = take[shard.rows]
+    sampled rows clipped to norm R and assigned to their nearest public centre (L2) of their
+    label (docs/methods.md §3). Row i is sampled iff coins[i] < its rate (``shard.rates``):
+    ``coins`` holds one uniform per record, in global row order, drawn by the session."""
+    if shard.rates is None:
+        raise RuntimeError("SecPE's sampling rates were not given to this shard")
+    sampled = np.asarray(coins)[shard.rows] < shard.rates
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for y, cent in sorted(centres.items()):
         c = np.ascontiguousarray(cent, dtype=np.float32)
@@ -193,11 +253,9 @@ def centre_partial(shard: ShardData, take: np.ndarray, centres: dict[int, np.nda
         counts = np.zeros(k, dtype=np.int64)
         sel = sampled & (shard.labels == y)
         if sel.any():
-            x = np.array(shard.emb[sel], dtype=np.float32)
-            norms = np.sqrt(np.einsum("ij,ij->i", x, x))
-            x *= np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))[:, None]
+            grid = clipped_fixed_point(shard.emb[sel], clip_R)
+            x = (grid * 2.0 ** -FIXED_POINT_BITS).astype(np.float32)  # the clipped rows
             lab = nearest(x, c, 1, "l2")[1][:, 0]
-            grid = np.trunc(x.astype(np.float64) * 2.0 ** FIXED_POINT_BITS).astype(np.int64)
             np.add.at(sums, lab, grid)
             counts += np.bincount(lab, minlength=k)
         out[y] = (sums, counts)
@@ -396,6 +454,17 @@ def secret_partial(shard: TextShard, specs: Sequence[Any],
                 rows = shard.rows[offset + np.asarray(sorted(local), dtype=np.int64)]
                 out[j].setdefault(key, []).append(rows)
     return [{key: np.concatenate(v) for key, v in part.items()} for part in out]
+
+
+def secret_scan_partial(shard: TextShard, specs: Sequence[Any],
+                        chosen_words: dict[int, list[int]]
+                        ) -> tuple[dict[str, Any], list[dict[tuple[str, str], np.ndarray]]]:
+    """(counts and public rows for the driver: ``secrets.hit_facts``; the shard's membership,
+    :func:`secret_partial`, which stays with the engine: only the SecretNoise plan reads it)."""
+    from ..secrets import hit_facts
+
+    hits = secret_partial(shard, specs, chosen_words)
+    return hit_facts(hits, shard.rows), hits
 
 
 def shard_size(shard: TextShard) -> int:

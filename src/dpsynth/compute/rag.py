@@ -6,14 +6,18 @@ split as: a :class:`LogitWorker` actor holds a generator and, per cluster, a KV-
 over the cluster's documents; given the released prefix it returns the clipped logit sum z
 (documents and logits never leave the worker, only z does); the driver releases token n of
 every unfinished cluster through the session, in cluster order, then asks for step n + 1.
+With sharded documents (:class:`OnShards`) the worker fetches S_r's texts itself from the
+shard actors that keep them (``ShardActor.synrag("selected", key)``), in global id order, and
+truncates them there: the texts go from shard to worker, never through the driver.
 Each release key has its own noise stream (``PrivacySession.noise_for``), so the tokens are
 those of :func:`dpsynth.methods.synrag.private_prediction.private_predict` run cluster after
 cluster.
 
 Parallelism: the forward passes of up to ``workers`` clusters run at once; the driver's share
 per step is one sampling over the vocabulary per cluster and one round trip. A worker that dies
-is restarted by Ray and rebuilds a cluster's stepper from the documents and the released
-prefix it is sent with every step, so a retried step returns the same z.
+is restarted by Ray and rebuilds a cluster's stepper from the documents (or fetches them again
+from the shards) and the released prefix it is sent with every step, so a retried step
+returns the same z.
 """
 
 from __future__ import annotations
@@ -26,11 +30,15 @@ import numpy as np
 
 from ..methods.synrag.private_prediction import (
     Prediction,
+    Shortcut,
+    ShortcutText,
     clean_text,
     clipped_sum,
     prompt_parts,
+    shortcut_stats,
     truncate_documents,
 )
+from ..methods.synrag.shard import merge_selected
 
 MAX_RESTARTS = 4
 
@@ -45,28 +53,65 @@ class GivenGenerator:
         return self.generator
 
 
+@dataclass(frozen=True)
+class OnShards:
+    """A cluster's S_r kept by the shard actors ``shards`` under the cluster's key: the
+    worker fetches the texts itself. ``size`` (|S_r|, private) only says whether it has any."""
+
+    shards: tuple[Any, ...]
+    size: int
+
+
+def fetch_selected(key: str, source: OnShards) -> list[str]:
+    """S_r's texts from the shard actors, in global id order (on a worker)."""
+    import ray
+
+    return merge_selected(ray.get([s.synrag.remote("selected", key) for s in source.shards]))
+
+
 class LogitWorker:
     """Holds a generator and one stepper per open cluster; answers with clipped logit sums."""
 
     def __init__(self, generator_factory: Any) -> None:
         self.gen = generator_factory()
-        self.steppers: dict[str, tuple[Any, int]] = {}  # key -> (stepper, tokens advanced)
+        #: key -> (stepper, tokens advanced, documents truncated)
+        self.steppers: dict[str, tuple[Any, int, int]] = {}
 
-    def step(self, key: str, prompts: list[str], prefix: str, released: list[int],
-             clip: float) -> np.ndarray:
-        """z for the next token of cluster ``key`` after the ``released`` tokens."""
-        stepper, done = self.steppers.get(key, (None, 0))
+    def step(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
+             max_doc_tokens: int, released: list[int], clip: float) -> tuple[np.ndarray, int]:
+        """(z for the next token of cluster ``key`` after the ``released`` tokens, how many of
+        its documents were truncated to ``max_doc_tokens``). ``docs``: the documents, or
+        where the shards keep them."""
+        stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released)
+        return clipped_sum(stepper.logits(), clip), cut
+
+    def step_shortcut(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
+                      max_doc_tokens: int, released: list[int], clip: float,
+                      pub_clip: np.ndarray) -> tuple[np.ndarray, float, int]:
+        """As :meth:`step` for the public-token shortcut: (z, the SVT query q against the
+        clipped public row ``pub_clip``, documents truncated)."""
+        stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released)
+        z, q = shortcut_stats(stepper.logits(), pub_clip, clip)
+        return z, q, cut
+
+    def _stepper(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
+                 max_doc_tokens: int, released: list[int]) -> tuple[Any, int]:
+        """The cluster's stepper advanced by ``released`` (opened, or reopened, as needed)."""
+        stepper, done, cut = self.steppers.get(key, (None, 0, 0))
         if stepper is None or done > len(released):
             if stepper is not None:
                 stepper.close()
-            stepper, done = self.gen.open_stepper(prompts, shared_prefix=prefix), 0
+            texts = fetch_selected(key, docs) if isinstance(docs, OnShards) else docs
+            texts, cut = truncate_documents(self.gen, texts, max_doc_tokens)
+            stepper = self.gen.open_stepper([d + suffix for d in texts], shared_prefix=prefix)
+            done = 0
         for tok in released[done:]:
             stepper.advance(int(tok))
-        self.steppers[key] = (stepper, len(released))
-        return clipped_sum(stepper.logits(), clip)
+        self.steppers[key] = (stepper, len(released), cut)
+        return stepper, cut
 
     def close(self, key: str) -> None:
-        stepper, _ = self.steppers.pop(key, (None, 0))
+        stepper, _, _ = self.steppers.pop(key, (None, 0, 0))
         if stepper is not None:
             stepper.close()
 
@@ -74,38 +119,49 @@ class LogitWorker:
 @dataclass
 class _Job:
     key: str
-    docs: list[str]
-    cut: int
+    docs: Any  # a ray ref to the documents, or OnShards; None: no document
     out: list[int]
+    cut: int = 0
     steps: int = 0
     done: bool = False
 
 
-def private_predict_clusters(session: Any, gen: Any, clusters: Sequence[tuple[str, list[str]]],
+def _source(documents: list[str] | OnShards) -> Any:
+    """What a worker is sent for a cluster's documents: a ray ref to them, or where the shards
+    keep them; None when there is no document (z = 0, no worker is asked)."""
+    import ray
+
+    if isinstance(documents, OnShards):
+        return documents if documents.size > 0 else None
+    return ray.put(list(documents)) if documents else None
+
+
+def private_predict_clusters(session: Any, gen: Any,
+                             clusters: Sequence[tuple[str, list[str] | OnShards]],
                              workers: Sequence[Any], *, instruction: str, tokens: int,
                              clip: float, temperature: float,
                              max_doc_tokens: int) -> list[Prediction]:
-    """``private_predict`` for every (key, documents) in ``clusters``, the logit sums computed
-    by the ``workers`` (Ray actor handles of :class:`LogitWorker`), every token released by
+    """``private_predict`` for every (key, documents) in ``clusters`` (the documents, or
+    :class:`OnShards`: where the shard actors keep them), the logit sums computed by the
+    ``workers`` (Ray actor handles of :class:`LogitWorker`), every token released by
     ``session`` on this process. Returns the predictions in the order of ``clusters``."""
     import ray
 
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     prefix, suffix = prompt_parts(gen, instruction)
-    jobs, prompts = [], []
-    for key, documents in clusters:
-        docs, cut = truncate_documents(gen, documents, max_doc_tokens) if documents else ([], 0)
-        jobs.append(_Job(key, docs, cut, []))
-        prompts.append(ray.put([d + suffix for d in docs]) if docs else None)
+    jobs = [_Job(key, _source(documents), []) for key, documents in clusters]
     zero = np.zeros(int(gen.vocab_size))
     for n in range(tokens):
         active = [i for i, job in enumerate(jobs) if not job.done]
         if not active:
             break
-        refs = {i: workers[i % len(workers)].step.remote(jobs[i].key, prompts[i], prefix,
-                                                         list(jobs[i].out), clip)
-                for i in active if jobs[i].docs}
-        zs = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+        refs = {i: workers[i % len(workers)].step.remote(
+                    jobs[i].key, jobs[i].docs, prefix, suffix, max_doc_tokens,
+                    list(jobs[i].out), clip)
+                for i in active if jobs[i].docs is not None}
+        zs = {}
+        for i, (z, cut) in zip(refs, ray.get(list(refs.values())), strict=True):
+            zs[i], jobs[i].cut = z, cut
         for i in active:  # releases in cluster order, through the one session
             job = jobs[i]
             tok = int(session.private_token(f"{job.key}/tok{n:04d}", zs.get(i, zero), clip,
@@ -118,17 +174,63 @@ def private_predict_clusters(session: Any, gen: Any, clusters: Sequence[tuple[st
             if n + 1 == tokens:
                 job.done = True
     for i, job in enumerate(jobs):
-        if job.docs:
+        if job.docs is not None:
             workers[i % len(workers)].close.remote(job.key)
-    return [Prediction(clean_text(gen.decode(job.out)) if job.docs else gen.decode(job.out),
-                       job.out, job.steps, job.cut) for job in jobs]
+    return [Prediction(clean_text(gen.decode(job.out)) if job.docs is not None
+                       else gen.decode(job.out), job.out, job.steps, job.cut) for job in jobs]
+
+
+def shortcut_predict_clusters(session: Any, gen: Any,
+                              clusters: Sequence[tuple[str, list[str] | OnShards]],
+                              workers: Sequence[Any], *, instruction: str, tokens: int,
+                              clip: float, temperature: float, max_doc_tokens: int,
+                              shortcut: Shortcut) -> list[tuple[Prediction, int]]:
+    """:func:`private_predict_clusters` with the public-token shortcut: per step, this process
+    runs each cluster's public stepper and sends the clipped public row out, the workers return
+    (z, q) of the cluster's documents, and :class:`ShortcutText` releases the token here, in
+    cluster order. Returns (prediction, private tokens drawn) per cluster."""
+    import ray
+
+    prefix, suffix = prompt_parts(gen, instruction)
+    jobs: list[_Job] = []
+    texts: list[ShortcutText] = []
+    try:
+        for key, documents in clusters:
+            jobs.append(_Job(key, _source(documents), []))
+            texts.append(ShortcutText(session, key, gen, instruction=instruction,
+                                      tokens=tokens, clip=clip, temperature=temperature,
+                                      shortcut=shortcut))
+        while True:
+            active = [i for i, t in enumerate(texts) if not t.done]
+            if not active:
+                break
+            pubs = {i: texts[i].public_clip() for i in active}
+            refs = {i: workers[i % len(workers)].step_shortcut.remote(
+                        jobs[i].key, jobs[i].docs, prefix, suffix, max_doc_tokens,
+                        list(texts[i].out), clip, pubs[i])
+                    for i in active if jobs[i].docs is not None}
+            stats = {}
+            for i, (z, q, cut) in zip(refs, ray.get(list(refs.values())), strict=True):
+                stats[i], jobs[i].cut = (z, q), cut
+            for i in active:  # releases in cluster order, through the one session
+                z, q = stats.get(i, (np.zeros_like(pubs[i]), 0.0))
+                texts[i].release(z, q)
+    finally:
+        for t in texts:
+            t.close()
+        for i, job in enumerate(jobs):
+            if job.docs is not None:
+                workers[i % len(workers)].close.remote(job.key)
+    return [(t.prediction(job.cut), t.private) for t, job in zip(texts, jobs, strict=True)]
 
 
 def logit_workers(generator_factory: Any, count: int) -> list[Any]:
-    """``count`` LogitWorker actors (one CPU each), restarted by Ray if they die."""
+    """``count`` LogitWorker actors, spread over the nodes and restarted by Ray if they die.
+    They reserve no CPU: the run's shard actors hold theirs for the run, and during private
+    prediction they only hand S_r's texts to these workers."""
     import ray
 
-    remote = ray.remote(LogitWorker).options(num_cpus=1, max_restarts=MAX_RESTARTS,
+    remote = ray.remote(LogitWorker).options(num_cpus=0, max_restarts=MAX_RESTARTS,
                                              max_task_retries=MAX_RESTARTS,
                                              scheduling_strategy="SPREAD")
     return [remote.remote(generator_factory) for _ in range(count)]
@@ -147,23 +249,30 @@ class GeneratorSpec:
         return load_generator(self.spec, batch_size=self.batch_size)
 
 
-def cluster_predictions(config: Any, session: Any, gen: Any,
-                        jobs: Sequence[tuple[int, str, list[str]]], *, instruction: str,
-                        tokens: int, clip: float, temperature: float,
-                        max_doc_tokens: int) -> dict[int, Prediction]:
-    """DP-SynRAG's private prediction of every pending cluster (index, key, documents) on
-    ``config.compute`` (engine ray): ``compute.shards`` LogitWorker actors, releases through
-    ``session`` here. The caller's generator is shipped as is unless it is the configured local
-    model, which each worker loads itself."""
-    import ray
-
+def generator_factory(config: Any, gen: Any) -> Any:
+    """How a Ray worker gets the run's generator: the configured local model loads itself
+    there; any other generator object (e.g. a test fake) is shipped as is."""
     from ..llm.local import LocalGenerator
+
+    g = config.generators[0]
+    return (GeneratorSpec(g.spec(), g.batch_size) if isinstance(gen, LocalGenerator)
+            else GivenGenerator(gen))
+
+
+def cluster_predictions(config: Any, session: Any, gen: Any,
+                        jobs: Sequence[tuple[int, str, list[str] | OnShards]], *,
+                        instruction: str, tokens: int, clip: float, temperature: float,
+                        max_doc_tokens: int, shortcut: Shortcut | None = None
+                        ) -> dict[int, tuple[Prediction, int]]:
+    """DP-SynRAG's private prediction of every pending cluster (index, key, documents or
+    :class:`OnShards`) on ``config.compute`` (engine ray): ``compute.shards`` LogitWorker
+    actors, releases through ``session`` here, with the public-token ``shortcut`` if given.
+    Returns (prediction, private tokens drawn) per cluster index."""
+    import ray
 
     if not jobs:
         return {}
-    g = config.generators[0]
-    factory: Any = (GeneratorSpec(g.spec(), g.batch_size) if isinstance(gen, LocalGenerator)
-                    else GivenGenerator(gen))
+    factory = generator_factory(config, gen)
     owned = not ray.is_initialized()
     if owned:
         address = config.compute.address
@@ -174,10 +283,13 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
             ray.init(address=address, log_to_driver=False)
     workers = logit_workers(factory, min(config.compute.shards, len(jobs)))
     try:
-        preds = private_predict_clusters(session, gen, [(key, docs) for _, key, docs in jobs],
-                                         workers, instruction=instruction, tokens=tokens,
-                                         clip=clip, temperature=temperature,
-                                         max_doc_tokens=max_doc_tokens)
+        opts: dict[str, Any] = {"instruction": instruction, "tokens": tokens, "clip": clip,
+                                "temperature": temperature, "max_doc_tokens": max_doc_tokens}
+        todo = [(key, docs) for _, key, docs in jobs]
+        preds = (shortcut_predict_clusters(session, gen, todo, workers, shortcut=shortcut,
+                                           **opts) if shortcut is not None else
+                 [(p, p.steps) for p in private_predict_clusters(session, gen, todo, workers,
+                                                                 **opts)])
     finally:
         for w in workers:
             ray.kill(w)

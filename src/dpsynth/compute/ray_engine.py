@@ -4,9 +4,11 @@ Each :class:`ShardActor` reads the private file itself, keeps the rows of its us
 (:mod:`dpsynth.compute.kernels`), embeds them with an embedder built from a picklable factory,
 and keeps the embeddings in its memory (and in ``private/compute/shard-S-of-N.npz`` on its own
 node, so a restarted actor or a resumed run does not embed again). The driver ships public
-inputs out (candidate embeddings and labels, SecPE's public centres and the sampled-row mask
+inputs out (candidate embeddings and labels, SecPE's public centres and the Poisson coins
 drawn by its session) and receives only partial statistics (vote counts, bounded per-bucket
 sums, per-centre sums and counts), which it adds exactly and noises once (docs/methods.md §0).
+SecPE's secret membership stays on the shards; its SecretNoise LP runs in a Ray task
+(:func:`secret_plan_task`) whose rates go to the shards, never to the driver.
 
 Faults: actors are restarted by Ray (``max_restarts``) and the interrupted call is retried
 (``max_task_retries``); a restarted actor reloads its shard file, so the retried partial is the
@@ -135,6 +137,7 @@ class ShardActor:
         if marker.is_file():
             domain = json.loads(marker.read_text("utf-8"))
         self._select(domain)
+        self._reload_secret_rates(None)  # a restarted actor: the run's last saved plan
 
     def _select(self, domain: dict[str, list[str]] | None) -> None:
         ds = self.full
@@ -146,6 +149,7 @@ class ShardActor:
         users = ds.users if self.spec.user_level else None
         self.text = kernels.text_shard(ds, users, self.shard_index, self.shards)
         self._data = None
+        self.secret_rates: np.ndarray | None = None  # SecPE's, per row of self.text
 
     def info(self) -> dict[str, Any]:
         """What the driver checks: the whole file's fingerprint (and the selected records'),
@@ -198,7 +202,7 @@ class ShardActor:
             _write_private(cache, buf.getvalue())
         users = self.text.users
         return ShardData(emb=emb, labels=np.asarray(codes, dtype=np.int64)[rows], rows=rows,
-                         buckets=self.text.buckets,
+                         buckets=self.text.buckets, rates=self.secret_rates,
                          users=None if users is None or not self.spec.user_level
                          else np.asarray(list(users), dtype=object))
 
@@ -239,10 +243,72 @@ class ShardActor:
         keep = np.isin(self.data.rows, rows)
         return self.data.rows[keep], self.data.emb[keep]
 
+    # -- SecPE: this shard's secret membership and Poisson rates ------------------------
+    def secret_scan(self, specs: list[Any], chosen: dict[int, list[int]]
+                    ) -> tuple[dict[str, Any], list[dict[tuple[str, str], np.ndarray]]]:
+        """(counts and public rows, for the driver; this shard's membership, kept here and
+        returned as a second object that only the SecretNoise task reads)."""
+        self._fault_point("secret_scan")
+        facts, self.secret_hits = kernels.secret_scan_partial(self.text, specs, chosen)
+        return facts, self.secret_hits
+
+    def _rates_path(self) -> Path:
+        return kernels.rates_file(self.cache_dir, self.shard_index, self.shards)
+
+    def _set_rates(self, rates: np.ndarray) -> None:
+        self.secret_rates = rates
+        if self._data is not None:
+            self._data.rates = rates
+
+    def keep_secret_rates(self, digest: str, rates: tuple[np.ndarray, np.ndarray]) -> None:
+        """Keep (and save, in this node's private compute folder) the rates of this shard's
+        rows out of the plan's (private rows, rates)."""
+        mine = kernels.rates_for_rows(rates, self.text.rows)
+        kernels.save_rates(self._rates_path(), digest, self.text.rows, mine)
+        self._set_rates(mine)
+
+    def _reload_secret_rates(self, digest: str | None) -> bool:
+        saved = kernels.load_rates(self._rates_path(), digest)
+        if saved is None or not np.array_equal(saved[0], self.text.rows):
+            return False
+        self._set_rates(saved[1])
+        return True
+
+    def load_secret_rates(self, digest: str) -> bool:
+        """Whether this shard holds (or reloads) the rates saved under ``digest``."""
+        return self._reload_secret_rates(digest)
+
     def rows_labels(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(global rows, joint label codes) of the requested rows this shard holds."""
         keep = np.isin(self.data.rows, rows)
         return self.data.rows[keep], self.data.labels[keep]
+
+    # -- DP-SynRAG: this shard's documents and what the build keeps about them -------------
+    def synrag(self, op: str, *args: Any) -> Any:
+        """A DP-SynRAG operation on this shard's documents
+        (:class:`dpsynth.methods.synrag.shard.DocumentShard`; its state is saved in this
+        node's private compute folder, so a restarted actor picks it up)."""
+        from ..methods.synrag.shard import SHARD_OPS, DocumentShard, shard_files
+
+        if op not in SHARD_OPS:
+            raise ValueError(f"unknown DP-SynRAG shard operation {op!r}")
+        self._fault_point(f"synrag_{op}")
+        if getattr(self, "_synrag", None) is None:
+            users = self.text.users if self.spec.user_level else None
+            self._synrag = DocumentShard.of_records(
+                self.text.texts, self.text.rows, users,
+                shard_files(self.cache_dir, self.shard_index, self.shards))
+        return getattr(self._synrag, op)(*args)
+
+
+def secret_plan_task(specs: list[Any], n: int, p: float, r: float, T: int, *parts: Any
+                     ) -> tuple[tuple[np.ndarray, np.ndarray], dict[str, Any]]:
+    """SecPE's SecretNoise plan as a Ray task (two returns): Ray resolves ``parts``, the
+    shards' membership refs, here; the driver then reads only the summary."""
+    from ..methods.secpe_theory import plan_from_hits
+
+    rates, summary = plan_from_hits(list(parts), specs, n, p, r, T)
+    return rates, {**summary, "pid": os.getpid()}
 
 
 def data_spec(config: Any, run: Any, domain: dict[str, list[str]] | None = None,
@@ -397,6 +463,37 @@ class RayCompute(PrivateCompute):
 
     def public_labels(self, rows: np.ndarray) -> np.ndarray:
         return self._rows("rows_labels", rows)
+
+    # -- SecPE: the membership stays on the shards, the LP runs in a Ray task ---------------
+    def _secret_scan(self, parsed: list[Any], chosen: dict[int, list[int]]
+                     ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The shards' counts and public rows; their membership stays as object refs."""
+        pairs = [a.secret_scan.options(num_returns=2).remote(parsed, chosen)
+                 for a in self.actors]
+        return self._ray.get([f for f, _ in pairs]), [h for _, h in pairs]
+
+    def _secret_plan(self, parts: list[Any], parsed: list[Any], n: int, p: float, r: float,
+                     T: int) -> tuple[Any, dict[str, Any]]:
+        """SecretNoise in a Ray task over the shards' membership refs (never fetched
+        here); (the rates' ref, for the shards; the summary, which this process reads)."""
+        task = self._ray.remote(secret_plan_task).options(num_returns=2, num_cpus=0)
+        rates, summary = task.remote(parsed, n, p, r, T, *parts)
+        got = self._ray.get(summary)
+        #: the pid of the process that ran the plan (a Ray worker, not this driver)
+        self.secret_plan_pid = int(got.pop("pid"))
+        return rates, got
+
+    def keep_secret_rates(self, rates: Any, digest: str, folder: Any = None) -> None:
+        """Every shard keeps its rows' rates out of ``rates`` (a ref: resolved on the
+        actors) and saves them in its node's private compute folder."""
+        self._ray.get([a.keep_secret_rates.remote(digest, rates) for a in self.actors])
+
+    def load_secret_rates(self, digest: str, folder: Any = None) -> bool:
+        return all(self._ray.get([a.load_secret_rates.remote(digest) for a in self.actors]))
+
+    def synrag(self, op: str, *args: Any) -> list[Any]:
+        """``ShardActor.synrag(op, *args)`` on every shard, in shard order (DP-SynRAG)."""
+        return self._ray.get([a.synrag.remote(op, *args) for a in self.actors])
 
     def close(self) -> None:
         for actor in getattr(self, "actors", []):

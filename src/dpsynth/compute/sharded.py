@@ -28,7 +28,7 @@ def _refuse(what: str) -> NoReturn:
     raise ShardedDataError(
         f"{what} is per-record private data, held by the Ray shards (compute.engine: ray); "
         "the driver only receives partial statistics: use ShardedDataset.compute "
-        "(label_value_counts, secret_stats, keyword_histogram, the vote histograms)")
+        "(label_value_counts, secret_split, keyword_histogram, the vote histograms)")
 
 
 class ShardedDataset:

@@ -19,12 +19,16 @@ ANSWER_CUE = "\n\nText:"
 
 
 def describe_labels(labels: Mapping[str, str], prompts: PromptConfig) -> str:
-    """A sentence naming the label values, from the config's template or a default."""
+    """A sentence naming the label values, from the config's template or a default. A value
+    with a description in ``prompts.label_descriptions`` (public config) is shown as that
+    description: every prompt of every method goes through here."""
     if not labels:
         return ""
+    described = {col: prompts.label_descriptions.get(col, {}).get(val, val)
+                 for col, val in labels.items()}
     if prompts.label_template:
-        return prompts.label_template.format(**labels)
-    return " ".join(f"Its {col.replace('_', ' ')} is {val}." for col, val in labels.items())
+        return prompts.label_template.format(**described)
+    return " ".join(f"Its {col.replace('_', ' ')} is {val}." for col, val in described.items())
 
 
 def zero_shot_instruction(task: str, label_text: str) -> str:

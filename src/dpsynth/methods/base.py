@@ -86,7 +86,9 @@ class Outcome:
 
 
 def check_prompt_fields(config: RunConfig) -> None:
-    """prompts.label_template may only name the configured label columns."""
+    """prompts.label_template may only name the configured label columns; every
+    prompts.label_descriptions entry must describe a declared value of a label column."""
+    check_label_descriptions(config)
     fields = {name for _, name, _, _ in string.Formatter().parse(config.prompts.label_template)
               if name}
     unknown = sorted(fields - set(config.data.labels))
@@ -96,6 +98,25 @@ def check_prompt_fields(config: RunConfig) -> None:
             f"{'is' if len(unknown) == 1 else 'are'} not among data.labels "
             f"{config.data.labels}: use only label columns in the template"
         )
+
+
+def check_label_descriptions(config: RunConfig) -> None:
+    """Refuse a description of an unknown column or of a value outside the declared domain
+    (a typo would silently leave the code in the prompts), and an empty description."""
+    descriptions = config.prompts.label_descriptions
+    if not descriptions:
+        return
+    declared = config.data.declared_label_values()
+    for col, values in descriptions.items():
+        where = f"prompts.label_descriptions.{col}"
+        if col not in config.data.labels:
+            raise ConfigError(f"{where}: {col!r} is not among data.labels {config.data.labels}")
+        for value, text in values.items():
+            if not str(text).strip():
+                raise ConfigError(f"{where}: the description of {value!r} is empty")
+            if col in declared and value not in declared[col]:
+                raise ConfigError(f"{where}: {value!r} is not a declared value of {col} "
+                                  "(data.label_values)")
 
 
 class Method(ABC):

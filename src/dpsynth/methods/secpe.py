@@ -25,7 +25,11 @@ sigma = sqrt(2) sigma*. The release itself is representatives.release_representa
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,54 +43,111 @@ from ..evolution.parts import reference_set, select_and_vary
 from ..evolution.pool import Pool
 from ..evolution.representatives import JOINT_SENSITIVITY
 from ..evolution.selection import allocate, thresholded
-from .base import Guarantee, Job, Outcome
+from .base import Guarantee, Job, Outcome, PrivacyPlan
 from .pe import PEMethod
 
 if TYPE_CHECKING:
     from ..compute.sharded import ShardedDataset
     from ..data import Dataset
-    from ..secrets import SecretIndex
+    from ..runs import RunDir
+    from ..secrets import SecretSplit
 
 
-def scan_secrets(config: RunConfig, dataset: Dataset | ShardedDataset) -> SecretIndex:
-    """The run's secret scan through the dataset's engine (this process, or the Ray shards:
-    the driver then never reads a text); a bad definition is a ConfigError."""
-    from ..compute import data_compute
-    from ..secrets import SecretDefinitionError
+def plan_digest(config: RunConfig, fingerprint: str) -> str:
+    """The key of a saved SecretNoise plan: the secret definitions, p, r, T, the data's
+    fingerprint and the calibration's fixed settings."""
+    from .secpe_theory import DEFAULT_DISCRETIZATION, DEFAULT_TAIL_MASS
 
-    try:
-        return data_compute(dataset, False).secret_stats(config.secpe.secrets)
-    except (SecretDefinitionError, ValueError) as err:
-        raise ConfigError(f"secpe.secrets: {err}") from None
+    cfg = config.secpe
+    key = {"secrets": [dict(s) for s in cfg.secrets], "p": cfg.p,
+           "r": min(1.0, cfg.p * cfg.r_over_p), "T": config.synthesis.iterations,
+           "fingerprint": fingerprint, "rule": "paper",
+           "discretization": DEFAULT_DISCRETIZATION, "tail_mass": DEFAULT_TAIL_MASS}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _plan_file(folder: Path) -> Path:
+    return folder / "secpe-plan.npz"
+
+
+def _save_plan(folder: Path, digest: str, split: SecretSplit, summary: dict[str, Any]) -> None:
+    """The driver's part of a plan (public rows, counts, summary), 0600 in the run's private
+    area; the rates are saved by the engine (the shards' own folders on Ray)."""
+    from ..io import atomic_write_bytes
+
+    facts = {"digest": digest, "n_records": split.n_records, "no_secrets": split.no_secrets,
+             "records_with": split.records_with, "messages": split.messages,
+             "summary": summary}
+    buf = io.BytesIO()
+    np.savez(buf, public=split.public_idx, facts=np.array(json.dumps(facts)))
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_bytes(_plan_file(folder), buf.getvalue(), mode=0o600)
+
+
+def _load_plan(folder: Path, digest: str) -> tuple[SecretSplit, dict[str, Any]] | None:
+    from ..secrets import SecretSplit
+
+    path = _plan_file(folder)
+    if not path.is_file():
+        return None
+    with np.load(path) as saved:
+        facts = json.loads(str(saved["facts"]))
+        if facts["digest"] != digest:
+            return None
+        split = SecretSplit(int(facts["n_records"]), saved["public"].copy(),
+                            bool(facts["no_secrets"]), dict(facts["records_with"]),
+                            list(facts["messages"]))
+    return split, dict(facts["summary"])
 
 
 class SecretPlan:
-    """The secret split and its calibrated noise, computed once before any model loads, from
-    the secret scan ``index`` (``PrivateCompute.secret_stats``: which record holds which
-    secret, by secret id; on Ray the shards scan their own records)."""
+    """The secret split and its calibrated noise, computed once before any model loads (and
+    reused on resume): the engine scans the records (``PrivateCompute.secret_split``; on Ray
+    each shard scans and keeps its own records' secret membership), SecretNoise runs where the
+    membership is (a Ray task with engine ray) and the shards keep their rows' Poisson rates.
+    This object holds only the public rows, counts and the noise scale (docs/methods.md §3)."""
 
-    def __init__(self, config: RunConfig, index: SecretIndex) -> None:
-        from .secpe_theory import plan_secret_noise
-
+    def __init__(self, config: RunConfig, split: SecretSplit, summary: dict[str, Any],
+                 digest: str = "", folder: Path | None = None) -> None:
         cfg = config.secpe
-        self.index = index
-        self.private_idx, self.public_idx = self.index.split()
-        if len(self.public_idx) == 0:
-            raise ConfigError("secpe.secrets match every record: no public records remain for "
-                              "the public clustering; narrow the secret definitions")
+        self.split = split
+        self.public_idx = split.public_idx
+        self.digest, self.folder = digest, folder
         self.p = cfg.p
         self.r = min(1.0, cfg.p * cfg.r_over_p)
-        self.rates = np.zeros(len(self.private_idx))
-        self.sigma_star = 0.0
-        if not self.index.no_secrets and math.isfinite(cfg.r_over_p) and self.r < 1.0:
-            # SecretNoise (the library function the tests exercise): LP weights, sampling
-            # rates, and the smallest noise whose blow-up meets r for every secret
-            noise = plan_secret_noise(self.index.private_membership(), self.p, self.r,
-                                      config.synthesis.iterations)
-            self.rates, self.sigma_star = noise.rates, float(noise.sigma)
-        elif not self.index.no_secrets:
-            self.rates = np.ones(len(self.private_idx))  # r/p = inf: no protection asked
+        self.sigma_star = float(summary["sigma_star"])
+        self.max_rate = float(summary["max_rate"])
+        self.secrets_per_type = dict(summary["secrets_per_type"])
         self.sigma = JOINT_SENSITIVITY * self.sigma_star
+
+    @classmethod
+    def build(cls, config: RunConfig, dataset: Dataset | ShardedDataset,
+              folder: Path | None = None) -> SecretPlan:
+        """Scan and calibrate through the dataset's engine, or reuse the plan saved in
+        ``folder`` (the run's private area) under the same :func:`plan_digest`; a bad
+        definition is a ConfigError."""
+        from ..compute import data_compute
+        from ..secrets import SecretDefinitionError
+
+        cfg = config.secpe
+        compute = data_compute(dataset, False)
+        digest = plan_digest(config, dataset.fingerprint())
+        saved = None if folder is None else _load_plan(folder, digest)
+        if saved is not None and compute.load_secret_rates(digest, folder):
+            return cls(config, *saved, digest, folder)
+        try:
+            split = compute.secret_split(cfg.secrets)
+        except (SecretDefinitionError, ValueError) as err:
+            raise ConfigError(f"secpe.secrets: {err}") from None
+        if len(split.public_idx) == 0:
+            raise ConfigError("secpe.secrets match every record: no public records remain for "
+                              "the public clustering; narrow the secret definitions")
+        r = min(1.0, cfg.p * cfg.r_over_p)
+        summary = compute.plan_secret_rates(split, cfg.p, r, config.synthesis.iterations,
+                                            digest, folder)
+        if folder is not None:
+            _save_plan(folder, digest, split, summary)
+        return cls(config, split, summary, digest, folder)
 
     @property
     def protects(self) -> bool:
@@ -95,7 +156,7 @@ class SecretPlan:
     def report(self) -> dict[str, Any]:
         """Exact counts of the split: derived from the private data, so for
         private/diagnostics.jsonl only (never release/ or the log)."""
-        return self.index.split_report()
+        return self.split.report(self.secrets_per_type)
 
     def summary(self) -> str:
         """What protection the run gives, for privacy.json: from public parameters only (that
@@ -109,7 +170,7 @@ class SecretPlan:
         """The calibrated noise, for private/diagnostics.jsonl only: SecretNoise calibrates it
         from the secrets found in the private data, so it is not released."""
         return {"noise_sigma": self.sigma, "calibrated_sigma_per_unit_shift": self.sigma_star,
-                "no_secret_found": bool(self.index.no_secrets)}
+                "no_secret_found": bool(self.split.no_secrets)}
 
 
 class SecPEStrategy:
@@ -131,6 +192,7 @@ class SecPEStrategy:
         self._public_norm = 1.0
         self._public_labels: np.ndarray | None = None
         self._private_per_label: np.ndarray | None = None
+        self._rates_ready = False
 
     def public_labels(self) -> np.ndarray:
         """Label codes of the public rows (records without a secret: SecPE treats them as
@@ -186,19 +248,21 @@ class SecPEStrategy:
         view, plan = self.view, self.secrets
         centres = self.centres()
         R = self.secpe.clip
-        priv = plan.private_idx
+        if not self._rates_ready:  # the shards hold their rows' rates (or reload them)
+            if not view.compute.load_secret_rates(plan.digest, plan.folder):
+                raise RuntimeError("SecPE's sampling rates are not on this compute engine: "
+                                   "plan with the engine that votes, or in the run's folder")
+            self._rates_ready = True
         # Poisson coins: mechanism randomness, from the key's own stream of the session, one
-        # per private row in row order (the rows' labels stay with the engine); the engine
-        # (this process or the Ray shards) sums the clipped sampled rows per centre, exactly
-        sampler = self.releaser.noise_for(f"iter{t}/poisson")
-        take = np.zeros(len(view), dtype=bool)
-        if len(priv):
-            take[priv] = np.asarray(sampler.uniform(len(priv))) < plan.rates
-        sums = view.compute.centre_sums({y: c for y, (c, _) in centres.items()}, take, R,
+        # uniform per record in row order (public rows have rate 0), shipped as one shared
+        # object; the engine (this process or the Ray shards) takes row i iff coins[i] < its
+        # rate and sums the clipped sampled rows per centre, exactly
+        coins = np.asarray(self.releaser.noise_for(f"iter{t}/poisson").uniform(len(view)))
+        sums = view.compute.centre_sums({y: c for y, (c, _) in centres.items()}, coins, R,
                                         len(view))
         if self._private_per_label is None:  # private rows per label (fixed): exact, private
-            mask = np.zeros(len(view), dtype=bool)
-            mask[priv] = True
+            mask = np.ones(len(view), dtype=bool)
+            mask[plan.public_idx] = False  # records holding a secret
             self._private_per_label = view.compute.masked_label_counts(mask, view.n_labels)
         labels, groups = [], []
         for y, (cent, sizes) in sorted(centres.items()):
@@ -208,9 +272,8 @@ class SecPEStrategy:
             labels.append(y)
             groups.append(RepresentativeGroup(cent, sizes, acc))
         noise = RepresentativeNoise(clip_R=R, sigma=plan.sigma, public_norm=self._public_norm)
-        rate = float(plan.rates.max()) if len(plan.rates) else 1.0
         reps = release_representatives(self.releaser.session, f"iter{t}/representatives",
-                                       groups, noise, sampling_rate=rate)
+                                       groups, noise, sampling_rate=plan.max_rate)
         released = dict(zip(labels, reps, strict=True))
         hist = np.zeros(len(pool))
         for y, rep in released.items():
@@ -236,6 +299,11 @@ class SecPE(PEMethod):
 
     def __init__(self) -> None:
         self.secrets: SecretPlan | None = None
+        self._run: RunDir | None = None
+
+    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
+        self._run = run  # where noise_multiplier saves (and on resume finds) the plan
+        return super().plan(config, dataset, run)
 
     def guarantee(self, config: RunConfig) -> Guarantee:
         """(p, r)-secret protection; nothing with epsilon = inf."""
@@ -254,8 +322,10 @@ class SecPE(PEMethod):
 
     def noise_multiplier(self, config: RunConfig, dataset: Dataset | ShardedDataset
                          ) -> float:
-        """Detect secrets and calibrate; returns the noise std of each released coordinate."""
-        self.secrets = SecretPlan(config, scan_secrets(config, dataset))
+        """Detect secrets and calibrate (or reuse the plan the run saved: a resumed run does
+        not solve the LP again); returns the noise std of each released coordinate."""
+        folder = None if self._run is None else self._run.private
+        self.secrets = SecretPlan.build(config, dataset, folder)
         return self.secrets.sigma
 
     def vote_releases(self, config: RunConfig, n_labels: int) -> int:

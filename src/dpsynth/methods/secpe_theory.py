@@ -19,6 +19,7 @@ Contents (all pure functions):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -322,6 +323,32 @@ def calibrate_one_sigma(
     discretization: float = DEFAULT_DISCRETIZATION,
     lower_hint: float | None = None,
 ) -> float:
+    """Smallest sigma (to rel_tol, rounded up) with B_{P,Q}(p) <= r for one secret: see
+    :func:`_calibrate_one_sigma`. A pure function of its arguments, so one process computes each
+    distinct case once (a resumed or repeated run of the same data reuses it)."""
+    rates = np.ascontiguousarray(rates, dtype=np.float64)
+    return _calibrate_cached(float(p), float(r), rates.tobytes(), int(T), float(rel_tol),
+                             float(discretization), lower_hint)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate_cached(p: float, r: float, rates: bytes, T: int, rel_tol: float,
+                      discretization: float, lower_hint: float | None) -> float:
+    return _calibrate_one_sigma(p, r, np.frombuffer(rates, dtype=np.float64), T,
+                                rel_tol=rel_tol, discretization=discretization,
+                                lower_hint=lower_hint)
+
+
+def _calibrate_one_sigma(
+    p: float,
+    r: float,
+    rates: np.ndarray,
+    T: int,
+    *,
+    rel_tol: float,
+    discretization: float,
+    lower_hint: float | None,
+) -> float:
     """Smallest sigma (to rel_tol, rounded up) with B_{P,Q}(p) <= r for one secret.
 
     Bracket: the (truncated) pair is dominated, by joint convexity of H, by the Gaussian pair with
@@ -480,3 +507,39 @@ def plan_secret_noise(
     )
     return SecretNoisePlan(sigma=sigma, rates=rho, weights=w, eta=eta, sigma_per_secret=per,
                            p=p_a, r=r_a, T=T)
+
+
+def plan_from_hits(
+    parts: Sequence[Sequence[dict]],
+    specs: Sequence[object],
+    n_records: int,
+    p: float,
+    r: float,
+    T: int,
+) -> tuple[tuple[np.ndarray, np.ndarray], dict[str, object]]:
+    """SecretNoise over a sharded secret scan: merges the shards' hits (``parts``, from
+    ``compute.kernels.secret_partial``) into the private membership and runs
+    :func:`plan_secret_noise` (r >= 1: no protection asked, every private record sampled).
+
+    Returns ((private rows, their rates): for the shards only; a summary: ``sigma_star``
+    (per unit shift), ``max_rate`` and the distinct secrets per type, for the driver). With
+    ``compute.engine: ray`` this runs in a Ray task (docs/architecture.md)."""
+    from ..secrets import merge_secret_hits, secret_index_from_hits
+
+    index = secret_index_from_hits(merge_secret_hits(parts, len(specs)), specs, n_records)
+    private = index.split()[0].astype(np.int64)
+    sigma = 0.0
+    if index.no_secrets:
+        rates = np.zeros(0)
+    elif r < 1.0:
+        noise = plan_secret_noise(index.private_membership(), p, r, T)
+        rates, sigma = np.asarray(noise.rates, dtype=np.float64), float(noise.sigma)
+    else:
+        rates = np.ones(len(private))  # r = 1: no protection asked
+    per_type: dict[str, int] = {}
+    for t in index.types:
+        per_type[t] = per_type.get(t, 0) + 1
+    summary: dict[str, object] = {
+        "sigma_star": sigma, "max_rate": float(rates.max()) if len(rates) else 1.0,
+        "secrets_per_type": dict(sorted(per_type.items()))}
+    return (private, rates), summary

@@ -66,6 +66,31 @@ def calibrate_gaussian_sigma(
     def eps_at(s: float) -> float:
         return Accountant(kind).compose(event(s)).get_epsilon(delta)
 
+    # A resumed run, or another run of the same plan in this process, asks again: the answer
+    # of the same (target, accountant, plan seen at two probe sigmas) is reused only after
+    # the accountant confirms it meets the target for THIS plan, so a reused sigma can never
+    # miss it (at worst it is the smallest sigma of a plan with the same two probe points).
+    key = (float(epsilon), float(delta), kind, float(tol), float(sigma_max),
+           repr(event(1.0)), repr(event(3.0)))
+    cached = _CALIBRATED.get(key)
+    if cached is not None and eps_at(cached) <= epsilon:
+        return cached
+    sigma = _calibrate(epsilon, delta, kind, tol, sigma_max, event, eps_at, plan)
+    if len(_CALIBRATED) >= 256:
+        _CALIBRATED.pop(next(iter(_CALIBRATED)))
+    _CALIBRATED[key] = sigma
+    return sigma
+
+
+#: calibrate_gaussian_sigma's answers in this process (see the comment there)
+_CALIBRATED: dict[tuple, float] = {}
+
+
+def _calibrate(epsilon: float, delta: float, kind: str, tol: float, sigma_max: float,
+               event: Callable[[float], DpEvent], eps_at: Callable[[float], float],
+               plan: Plan) -> float:
+    """The search of :func:`calibrate_gaussian_sigma` (no cache)."""
+
     # ('pld' delegates this check to its RDP calibration below, which is never below it)
     if kind != "pld" and eps_at(sigma_max) > epsilon:
         raise PrivacyConfigError(

@@ -84,8 +84,7 @@ def threshold_log_weights(
         raise PrivacyConfigError("candidates must not be empty")
     if mode == "grid":
         counts = (v[None, :] > cand[:, None]).sum(axis=1)
-        util = -np.abs(counts - target).astype(np.float64)
-        return epsilon * util / 2.0, cand
+        return count_log_weights(counts, target, epsilon), cand
     if mode == "interval":
         lo, hi = float(cand.min()), float(cand.max())
         s = np.sort(np.clip(v, lo, hi))
@@ -98,6 +97,38 @@ def threshold_log_weights(
             logw = np.log(lengths) + epsilon * util / 2.0
         return logw, points
     raise PrivacyConfigError(f"threshold mode must be 'grid' or 'interval', got {mode!r}")
+
+
+def count_log_weights(counts: np.ndarray, target: int, epsilon: float) -> np.ndarray:
+    """Grid log-weights eps u / 2 from the counts #{v > theta_g} at each grid point (utility
+    -|count - target|, sensitivity 1): the one formula of the grid threshold mechanism, whether
+    the counts come from the values here or are summed from shards (docs/methods.md §4)."""
+    util = -np.abs(np.asarray(counts, dtype=np.int64) - int(target)).astype(np.float64)
+    return epsilon * util / 2.0
+
+
+def check_threshold_counts(counts: Any, candidates: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(counts as int64, candidates as float64): one non-negative integer count per candidate."""
+    cand = as_finite_array("candidates", candidates).ravel()
+    raw = np.asarray(counts).ravel()
+    if cand.size == 0 or raw.shape != cand.shape:
+        raise PrivacyConfigError("counts must hold one entry per threshold candidate")
+    if not np.issubdtype(raw.dtype, np.integer) or (raw < 0).any():
+        raise PrivacyConfigError("counts must be non-negative integers")
+    return raw.astype(np.int64), cand
+
+
+def threshold_from_counts(
+    counts: Any, target: int, candidates: Any, epsilon: float, noise: NoiseSource
+) -> float:
+    """The grid threshold mechanism given c_g = #{v > theta_g} for each candidate theta_g
+    (e.g. summed over shards): theta_g with probability proportional to exp(eps u_g / 2),
+    u_g = -|c_g - target|; the same draw as :func:`threshold_mechanism` in "grid" mode on the
+    values themselves."""
+    check_positive("epsilon", epsilon)
+    c, cand = check_threshold_counts(counts, candidates)
+    logw = count_log_weights(c, check_threshold_target(target), epsilon)
+    return sample_threshold(noise, logw, cand, "grid")
 
 
 def sample_threshold(noise: NoiseSource, logw: np.ndarray, points: np.ndarray, mode: str) -> float:
@@ -169,6 +200,7 @@ __all__ = [
     "private_token_mechanism",
     "private_token_rho",
     "sample_threshold",
+    "threshold_from_counts",
     "threshold_log_weights",
     "threshold_mechanism",
 ]

@@ -235,6 +235,30 @@ class PrivacySession:
             lambda n: mech.threshold_mechanism(values, target, candidates, epsilon, n, mode),
         )
 
+    def threshold_from_counts(
+        self,
+        key: str,
+        counts: np.ndarray,
+        target: int,
+        candidates: np.ndarray,
+        epsilon: float,
+        *,
+        name: str = "threshold",
+    ) -> float:
+        """:meth:`exponential_threshold` in "grid" mode given the counts c_g = #{v > theta_g}
+        per candidate instead of the values (DP-SynRAG with sharded documents: each shard
+        counts its own, the sums come here). The same event and, for the same counts, the same
+        draw as the values-based form."""
+        events: list[Event] = [ExponentialEvent(epsilon, 1, name)]
+        if not self.store.has(key):
+            mech.check_threshold_target(target)
+            mech.check_threshold_counts(counts, candidates)
+        return self._release(
+            key,
+            events,
+            lambda n: mech.threshold_from_counts(counts, target, candidates, epsilon, n),
+        )
+
     def private_token(
         self,
         key: str,

@@ -7,6 +7,11 @@ noisy centre, threshold, private prediction (checkpointed) -> self-filtering -> 
 (kb.jsonl, kb.faiss, synthetic_all.jsonl; the runner adds privacy.json and summary.json) and
 stats.jsonl.
 
+Where the documents are: a :class:`~dpsynth.methods.synrag.pipeline.Corpus`, one document
+shard in this process (engine local) or the Ray shard actors (engine ray, the driver never
+opens the private file): steps 1-3 run on the shards, which return exact partial statistics,
+and the logit workers fetch S_r's texts from them (docs/methods.md §4).
+
 Accounting: the histogram is a keyed release in the run's session; the per-cluster releases
 are charged once there as overlapping(event, L) (Theorem 1) BEFORE any cluster noise is drawn,
 and every cluster's draws are keyed in a second store (``private/cluster-releases``), so a
@@ -31,20 +36,16 @@ from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1
 from .clusters import (
     histogram_sigma,
     noise_floor,
-    soft_clusters,
     top_keywords,
 )
 from .config import SynRAGConfig, max_private_tokens, synrag_dict
 from .pipeline import (
+    Corpus,
     Notice,
     _resolve_vocabulary,
     check_vocabulary_public,
-    document_keywords,
-    documents,
     generate_clusters,
-    keyword_histogram,
     load_models,
-    private_embeddings,
 )
 from .retrieval import centre_sigma
 
@@ -62,9 +63,9 @@ class SynRAG(Method):
     releases = "knowledge_base"
     section = "synrag"
     config_model = SynRAGConfig
-    #: the build reads the private documents in this process (retrieval, prediction), so
-    #: the runner loads the file here even with compute.engine: ray
-    sharded_data: ClassVar[bool] = False
+    #: with compute.engine: ray the documents stay on the shard actors (keywords, clusters,
+    #: embeddings, S_r): the driver gets partial statistics, the logit workers S_r's texts
+    sharded_data: ClassVar[bool] = True
 
     def __init__(self, source: RunConfig | str | Path | None = None,
                  output_dir: str | Path | None = None) -> None:
@@ -99,22 +100,27 @@ class SynRAG(Method):
         scfg: SynRAGConfig = self.settings(cfg)
         clip = float(job.plan.notes["clip"])
         note = Notice(run, job.echo)
-        docs = documents(cfg, job.dataset)
+        engine = getattr(job.dataset, "compute", None)
+        corpus = (Corpus.on_shards(engine) if getattr(engine, "engine", None) == "ray"
+                  else Corpus.in_process(cfg, job.dataset, run))
         gen, emb_model = load_models(cfg, run, job.generators[0] if job.generators else None,
                                      job.embedder)
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)
         note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
              f"clip c = {clip:.5g}")
-        note.private(f"{len(docs)} private documents", documents=len(docs))
+        n_docs = corpus.n_documents()
+        note.private(f"{n_docs} private documents", documents=n_docs)
         store = open_session(cfg, run, job.plan, folder="cluster-releases", target=False)
         job.cleanup.callback(store.close)
 
-        # 1. keywords and the noisy histogram
-        kws = document_keywords(gen, docs, vocab, scfg, run, job.fingerprint, job.progress)
+        # 1. keywords (kept with the documents) and the noisy histogram
         k = scfg.keywords_per_doc
+        tag = [job.fingerprint, vocab.source, len(vocab), k, scfg.keyword_extractor,
+               scfg.keyword_fill]
+        hist = corpus.keyword_histogram(vocab, scfg, tag, _llm(cfg, scfg, gen, corpus),
+                                        job.progress)
         sigma_h = histogram_sigma(k, scfg.rho_hist)
-        hist = keyword_histogram(cfg, scfg, job.dataset, vocab, kws)
         noisy = np.asarray(main.gaussian("synrag/keyword_histogram", hist, math.sqrt(k),
                                          sigma_h, name="keyword_histogram"))
         floor = (scfg.min_noisy_count if scfg.min_noisy_count is not None
@@ -134,9 +140,10 @@ class SynRAG(Method):
             # 2-4. all cluster releases, charged once by overlapping composition
             main.record("synrag/cluster_releases", cluster_events(scfg, clip),
                         {"clusters": int(len(seeds))})
-        clusters = soft_clusters(kws, seeds, scfg.overlap)
-        emb = private_embeddings(emb_model, docs, run) if len(seeds) else None
-        results = generate_clusters(cfg, scfg, run, store, gen, docs, emb, clusters, vocab,
+        sizes = corpus.cluster(seeds, scfg.overlap)  # exact |C_r|: diagnostics only
+        if len(seeds):
+            corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus))
+        results = generate_clusters(cfg, scfg, run, store, gen, corpus, sizes, seeds, vocab,
                                     noisy, clip, note, job.options.get("stop_after_clusters"))
 
         # 5. self-filtering (post-processing)
@@ -182,3 +189,28 @@ class SynRAG(Method):
                  "per-cluster releases composed by overlapping parallel composition over L",
         )
         return statement
+
+
+def _llm(cfg: RunConfig, scfg: SynRAGConfig, gen: Any, corpus: Corpus) -> Any:
+    """The keyword extractor's generator factory (None: vocabulary matching only): on Ray the
+    shards load the configured model themselves (or get the given generator)."""
+    if scfg.keyword_extractor != "llm":
+        return None
+    if corpus.sharded:
+        from ...compute.rag import generator_factory
+
+        return generator_factory(cfg, gen)
+    return lambda: gen
+
+
+def _embedder(cfg: RunConfig, run: RunDir, emb_model: Any, given: Any, corpus: Corpus) -> Any:
+    """The embedder factory of the documents' shards: this process's embedder, or on Ray the
+    given one shipped as is, else the configured model built on each shard."""
+    if not corpus.sharded:
+        return lambda: emb_model
+    from ...compute.ray_engine import EmbedderSpec, GivenEmbedder
+
+    if given is not None:
+        return GivenEmbedder(given)
+    return EmbedderSpec(cfg.embedder.model, str(run.private / "embed-cache"),
+                        cfg.embedder.batch_size)

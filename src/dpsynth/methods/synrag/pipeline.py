@@ -1,6 +1,7 @@
 """The steps of a DP-SynRAG build (docs/methods.md §4), called by
 :class:`dpsynth.methods.synrag.SynRAG`: operator notices, the public-vocabulary check, the
-private documents, models, keywords, private embeddings and the per-cluster generation.
+private documents as the driver sees them (:class:`Corpus`: exact partial statistics of the
+document shards), models and the per-cluster generation.
 
 Every planned cluster release is made, even for an empty cluster (its output is then pure
 noise): skipping a release because a cluster is empty would depend on the private data. What
@@ -10,8 +11,6 @@ exact cluster sizes stay in ``private/diagnostics.jsonl``.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -19,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from ...compute.kernels import FIXED_POINT_BITS
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
-from ...io import atomic_write_bytes, atomic_write_json
 from ...runs import RunDir
 from .config import SynRAGConfig
-from .keywords import extract_keywords
-from .private_prediction import predict_text
-from .retrieval import centre_sigma, retrieve_in_cluster
+from .private_prediction import predict_text, shortcut_of
+from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
+from .shard import DocumentShard, ShardFiles, documents_of, merge_selected
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -99,13 +98,80 @@ def check_vocabulary_public(cfg: RunConfig, output_dir: str | Path | None = None
 def documents(cfg: RunConfig, dataset: Any) -> list[str]:
     """The private documents: one per record, or one per user when privacy.unit is 'user'
     (each user's records joined, so that record-level DP on documents is user-level DP)."""
-    texts = list(dataset.texts)
-    if cfg.privacy.unit == "user":
-        groups: dict[str, list[str]] = {}
-        for t, u in zip(texts, dataset.users, strict=True):
-            groups.setdefault(str(u), []).append(t)
-        texts = ["\n".join(v) for v in groups.values()]
-    return texts
+    users = dataset.users if cfg.privacy.unit == "user" else None
+    return documents_of(dataset.texts, np.arange(len(dataset)), users)[0]
+
+
+class Corpus:
+    """The private documents as the build's driver sees them: the exact partial statistics of
+    one :class:`DocumentShard` in this process (engine local), or of the Ray shard actors
+    (engine ray: the driver never holds a document; docs/methods.md §4)."""
+
+    def __init__(self, call: Callable[..., list[Any]], shards: tuple[Any, ...] = ()) -> None:
+        self._call = call
+        self.shards = shards  # the Ray shard actors ((): in this process)
+
+    @classmethod
+    def in_process(cls, cfg: RunConfig, dataset: Any, run: RunDir) -> Corpus:
+        """One shard holding every document, its caches in the run's private area."""
+        users = dataset.users if cfg.privacy.unit == "user" else None
+        shard = DocumentShard.of_records(
+            dataset.texts, np.arange(len(dataset)), users,
+            ShardFiles(keywords=run.private / "keywords.json",
+                       embeddings=run.private / "private-embeddings.npy"))
+        return cls(lambda op, *args: [getattr(shard, op)(*args)])
+
+    @classmethod
+    def on_shards(cls, engine: Any) -> Corpus:
+        """The shard actors of a :class:`dpsynth.compute.ray_engine.RayCompute`."""
+        return cls(engine.synrag, tuple(engine.actors))
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.shards)
+
+    def n_documents(self) -> int:
+        """How many documents there are (private: diagnostics only)."""
+        return int(sum(self._call("size")))
+
+    def keyword_histogram(self, vocab: Any, scfg: SynRAGConfig, tag: Any,
+                          generator_factory: Any, progress: bool) -> np.ndarray:
+        """Step 1: the true histogram h (float64), summed from the shards' exact counts; the
+        keyword ids stay with the shards."""
+        parts = self._call("keyword_counts", vocab, scfg.keywords_per_doc, scfg.keyword_fill,
+                           tag, generator_factory, scfg.keyword_max_new_tokens,
+                           progress and not self.sharded)
+        return np.sum(parts, axis=0, dtype=np.int64).astype(np.float64)
+
+    def cluster(self, seeds: np.ndarray, overlap: int) -> np.ndarray:
+        """Step 2 on every shard; |C_r| per cluster (private: diagnostics only)."""
+        parts = self._call("cluster", np.asarray(seeds, dtype=np.int64), int(overlap))
+        return np.sum(parts, axis=0, dtype=np.int64)
+
+    def embed(self, embedder_factory: Any) -> None:
+        """Every shard embeds its documents (or reloads them)."""
+        self._call("embed", embedder_factory)
+
+    def centre_sums(self) -> np.ndarray:
+        """Per cluster, the exact sum of the member embeddings ([R, d] float64)."""
+        parts = [p for p in self._call("centre_sums") if p is not None]
+        total = np.sum(parts, axis=0, dtype=np.int64)
+        return total.astype(np.float64) * 2.0**-FIXED_POINT_BITS
+
+    def threshold_counts(self, r: int, direction: np.ndarray) -> np.ndarray:
+        """#{d in C_r : sim(d, direction) > theta_g} per grid point, summed (int64)."""
+        return np.sum(self._call("threshold_counts", r, direction), axis=0, dtype=np.int64)
+
+    def select(self, key: str, r: int, direction: np.ndarray, theta: float) -> int:
+        """Each shard keeps its part of S_r under ``key``; |S_r| (private: diagnostics)."""
+        return int(sum(self._call("select", key, r, direction, theta)))
+
+    def texts(self, key: str) -> list[str]:
+        """S_r's texts in this process (engine local only)."""
+        if self.sharded:
+            raise RuntimeError("with compute.engine ray S_r stays on the shards: the logit "
+                               "workers fetch it (dpsynth.compute.rag.OnShards)")
+        return merge_selected(self._call("selected", key))
 
 
 def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
@@ -127,108 +193,64 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
     return generator, embedder
 
 
-def document_keywords(gen: Any, docs: list[str], vocab: Any, scfg: SynRAGConfig, run: RunDir,
-                      fingerprint: str, progress: bool) -> list[list[int]]:
-    """K keyword ids per document, cached in the private area (a resume reuses them)."""
-    from ...llm import GenerationRequest, SamplingParams
-
-    path = run.private / "keywords.json"
-    tag = [fingerprint, vocab.source, len(vocab), scfg.keywords_per_doc, scfg.keyword_extractor,
-           scfg.keyword_fill]
-    if path.is_file():
-        cached = json.loads(path.read_text())
-        if cached.get("tag") == tag:
-            return cached["keywords"]
-    generate = None
-    if scfg.keyword_extractor == "llm":
-        params = SamplingParams(temperature=0.0, max_new_tokens=scfg.keyword_max_new_tokens)
-
-        def generate(prompts: list) -> list[str]:
-            return gen.generate([GenerationRequest(p, params) for p in prompts],
-                                progress=progress)
-    kws = extract_keywords(docs, vocab, scfg.keywords_per_doc, generate=generate,
-                           fill=scfg.keyword_fill)
-    atomic_write_json(path, {"tag": tag, "keywords": kws}, mode=0o600)
-    return kws
-
-
-def keyword_histogram(cfg: RunConfig, scfg: SynRAGConfig, dataset: Any, vocab: Any,
-                      kws: list[list[int]]) -> np.ndarray:
-    """The true keyword histogram h (docs/methods.md §4): with the vocabulary extractor from
-    the dataset's engine (``PrivateCompute.keyword_histogram``, the kernels the Ray shards
-    run); with the LLM extractor, the counts of the keywords ``kws`` already extracted here
-    for the clustering (the engine would ask the LLM about every document a second time)."""
-    from ...compute import data_compute
-    from .clusters import keyword_counts
-
-    if scfg.keyword_extractor == "vocabulary":
-        engine = data_compute(dataset, cfg.privacy.unit == "user")
-        return engine.keyword_histogram(vocab, scfg.keywords_per_doc, scfg.keyword_fill)
-    return keyword_counts(kws, len(vocab))
-
-
-def private_embeddings(embedder: Any, docs: list[str], run: RunDir) -> np.ndarray:
-    """Embeddings of the private documents, cached in the private area (mode 0600, set before
-    anything is written; a resume reuses them)."""
-    path = run.private / "private-embeddings.npy"
-    if path.is_file():
-        emb = np.load(path)
-        if len(emb) == len(docs):
-            return emb
-    emb = np.asarray(embedder.embed(docs), dtype=np.float32)
-    buf = io.BytesIO()
-    np.save(buf, emb)
-    atomic_write_bytes(path, buf.getvalue(), mode=0o600)
-    return emb
-
-
 def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any, gen: Any,
-                      docs: list[str], emb: np.ndarray | None, clusters: Any, vocab: Any,
+                      corpus: Corpus, sizes: np.ndarray, seeds: np.ndarray, vocab: Any,
                       noisy: np.ndarray, clip: float, note: Notice,
                       stop_after: int | None) -> list[dict[str, Any]]:
-    """Steps 3-4 for every cluster, with a checkpoint per cluster."""
+    """Steps 3-4 for every cluster (``sizes``: the exact |C_r|, for diagnostics only), with a
+    checkpoint per cluster."""
     results: list[dict[str, Any]] = []
     done_now = 0
     sigma_mu = centre_sigma(scfg.rho_centre)
+    sums: list[np.ndarray] = []
+    retrieved: dict[int, tuple[Retrieved, int]] = {}
 
-    def retrieve(r: int, members: np.ndarray) -> Any:  # keyed: a second call replays
-        return retrieve_in_cluster(store, f"cluster/{r:04d}", emb, members, sigma_mu=sigma_mu,
-                                   eps_theta=scfg.eps_theta, target=scfg.target_size)
+    def retrieve(r: int) -> tuple[Retrieved, int]:  # keyed: a second call replays
+        if r not in retrieved:
+            if not sums:
+                sums.append(corpus.centre_sums())
+            key = f"cluster/{r:04d}"
+            got = retrieve_in_cluster(store, key, sums[0][r],
+                                      lambda d: corpus.threshold_counts(r, d),
+                                      sigma_mu=sigma_mu, eps_theta=scfg.eps_theta,
+                                      target=scfg.target_size)
+            retrieved[r] = got, corpus.select(key, r, got.direction, got.theta)
+        return retrieved[r]
 
     ray_preds: dict[int, Any] = {}
-    if cfg.compute.engine == "ray" and not scfg.public_shortcut:
-        # every pending cluster's private prediction at once on Ray (dpsynth.compute.rag);
-        # the tokens are still released here, by this session, in cluster order
-        from ...compute.rag import cluster_predictions
+    if corpus.sharded:
+        # every pending cluster's private prediction at once on Ray (dpsynth.compute.rag):
+        # the workers fetch S_r from the shards; the tokens are still released here, by
+        # this session, in cluster order
+        from ...compute.rag import OnShards, cluster_predictions
 
-        jobs = [(r, f"cluster/{r:04d}", [docs[i] for i in retrieve(r, m).selected])
-                for r, m in enumerate(clusters.members)
-                if run.load_checkpoint(f"cluster-{r:04d}") is None]
+        jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]))
+                for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
         note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
              "workers)")  # the cluster count follows the released histogram
         ray_preds = cluster_predictions(
             cfg, store, gen, jobs, instruction=scfg.rephrase_instruction, tokens=scfg.tokens,
-            clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens)
-    for r, (seed, members) in enumerate(zip(clusters.seeds, clusters.members, strict=True)):
+            clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens,
+            shortcut=shortcut_of(scfg, clip))
+    for r, seed in enumerate(seeds):
         keyword = vocab.terms[int(seed)]
         name = f"cluster-{r:04d}"
         state = run.load_checkpoint(name)
         if state is None:
             key = f"cluster/{r:04d}"
-            got = retrieve(r, members)
-            if members.size == 0:
+            got, selected = retrieve(r)
+            if sizes[r] == 0:
                 note.private(f"cluster {r} ('{keyword}') is empty: its releases are still made "
                              "and charged (pure noise output, usually removed by "
                              "self-filtering)", warn=True, cluster=r)
-            elif got.selected.size < scfg.target_size:
+            elif selected < scfg.target_size:
                 note.private(f"cluster {r} ('{keyword}') has fewer than k = "
                              f"{scfg.target_size} documents above its threshold: its text "
                              "rests on fewer documents (same charge)", warn=True, cluster=r)
-            chosen = [docs[i] for i in got.selected]
-            if r in ray_preds and not scfg.public_shortcut:
-                pred, n_private = ray_preds[r], ray_preds[r].steps
+            if r in ray_preds:
+                pred, n_private = ray_preds[r]
             else:
-                pred, n_private = predict_text(store, key, gen, chosen, scfg, clip)
+                pred, n_private = predict_text(store, key, gen, corpus.texts(key), scfg, clip)
             if pred.truncated:
                 note.private(f"cluster {r}: {pred.truncated} document(s) longer than "
                              f"{scfg.max_doc_tokens} tokens were truncated (not dropped)",
@@ -236,14 +258,14 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             state = {"cluster": r, "keyword": keyword, "noisy_count": float(noisy[seed]),
                      "theta": got.theta, "text": pred.text, "tokens": pred.steps,
                      "private_tokens": n_private}
-            append_diagnostic(run, {"cluster": r, "members": int(members.size),
-                                    "selected": int(got.selected.size),
+            append_diagnostic(run, {"cluster": r, "members": int(sizes[r]),
+                                    "selected": int(selected),
                                     "truncated": pred.truncated})
             run.save_checkpoint(name, state)
             run.append_stats({"iteration": r + 1, "stage": "cluster",
                               **{k: v for k, v in state.items() if k != "text"}})
             done_now += 1
         results.append(state)
-        if stop_after is not None and done_now >= stop_after and r + 1 < len(clusters.seeds):
+        if stop_after is not None and done_now >= stop_after and r + 1 < len(seeds):
             raise KeyboardInterrupt(f"stopped after {done_now} clusters (test hook)")
     return results

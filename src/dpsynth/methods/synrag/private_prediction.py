@@ -177,6 +177,89 @@ def _laplace(u: np.ndarray, scale: float) -> np.ndarray:
     return -scale * np.sign(v) * np.log1p(-2.0 * np.abs(v))
 
 
+def shortcut_stats(logits: np.ndarray, pub_clip: np.ndarray,
+                   clip: float) -> tuple[np.ndarray, float]:
+    """(z, q) of the documents' next-token logit rows: z = sum_d clip_c(l_d) and the SVT query
+    q = || sum_d (clip_c(l_d) - clip_c(p)) ||_inf (``pub_clip`` = clip_c(p), the public row)."""
+    rows = np.asarray(clip_logits(np.asarray(logits, dtype=np.float64), clip))
+    return rows.sum(axis=0), float(np.abs((rows - pub_clip).sum(axis=0)).max())
+
+
+class ShortcutText:
+    """One synthetic text with the public-token :class:`Shortcut`, on the side of the privacy
+    session: the SVT noise (drawn once and stored under ``{key}/svt`` with its cost, eps^2/2 per
+    instance, m instances, so a resumed build reuses it), the public stepper and the tokens
+    released so far. Each :meth:`release` takes the documents' (z, q) for the next token
+    (:func:`shortcut_stats`, computed wherever the documents are) and releases one token."""
+
+    def __init__(self, session: Any, key: str, gen: Any, *, instruction: str, tokens: int,
+                 clip: float, temperature: float, shortcut: Shortcut) -> None:
+        from ...privacy import ZCDPEvent
+
+        self.session, self.key, self.gen = session, key, gen
+        self.tokens, self.clip, self.temperature, self.sc = tokens, clip, temperature, shortcut
+        self.eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
+        self.delta_q = 2.0 * clip
+        sc = shortcut
+        # admitted against the budget before the noise is drawn; a stored key is replayed
+        noise = session.release_external(
+            f"{key}/svt",
+            ZCDPEvent(0.5 * sc.epsilon**2, sc.max_private, "svt"),
+            lambda: _svt_noise(session, key, tokens, sc.max_private + 1),
+        )
+        self.thr_u = np.asarray(noise["threshold"], dtype=np.float64)
+        self.q_u = np.asarray(noise["query"], dtype=np.float64)
+        self.rho_hat = sc.threshold + float(_laplace(self.thr_u[0],
+                                                     2 * self.delta_q / sc.epsilon))
+        self.rng = np.random.default_rng(
+            int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+        prefix, suffix = prompt_parts(gen, instruction)
+        self.public = gen.open_stepper([prefix + suffix])
+        self.out: list[int] = []
+        self.private = 0  # private tokens drawn
+        self.steps = 0
+        self.done = tokens <= 0
+        self._p_row: np.ndarray | None = None
+
+    def public_clip(self) -> np.ndarray:
+        """clip_c of the public next-token logits (what the documents' side compares with)."""
+        self._p_row = np.asarray(self.public.logits(), dtype=np.float64)
+        return np.asarray(clip_logits(self._p_row, self.clip))[0]
+
+    def release(self, z: np.ndarray, q: float) -> int:
+        """Token n (after :meth:`public_clip`): a private token drawn from softmax(z / tau) when
+        the documents disagree with the public model (AboveThreshold), else a public one."""
+        sc, n = self.sc, self.steps
+        assert self._p_row is not None
+        above = self.private < sc.max_private and (
+            q + float(_laplace(self.q_u[n], 4 * self.delta_q / sc.epsilon)) >= self.rho_hat)
+        if above:
+            tok = int(self.session.private_token(f"{self.key}/tok{n:04d}", z, self.clip,
+                                                 self.temperature))
+            self.private += 1
+            if self.private < len(self.thr_u):
+                self.rho_hat = sc.threshold + float(
+                    _laplace(self.thr_u[self.private], 2 * self.delta_q / sc.epsilon))
+        else:  # public token: softmax of the public logits, public randomness
+            w = self._p_row[0] / self.temperature
+            w = np.exp(w - w.max())
+            tok = int(self.rng.choice(w.size, p=w / w.sum()))
+        self.steps = n + 1
+        if tok in self.eos or self.steps >= self.tokens:
+            self.done = True
+        if tok not in self.eos:
+            self.out.append(tok)
+            if not self.done:
+                self.public.advance(tok)
+        return tok
+
+    def prediction(self, cut: int) -> Prediction:
+        return Prediction(clean_text(self.gen.decode(self.out)), self.out, self.steps, cut)
+
+    def close(self) -> None:
+        self.public.close()
+
+
 def private_predict_shortcut(
     session: Any,
     key: str,
@@ -190,67 +273,36 @@ def private_predict_shortcut(
     max_doc_tokens: int,
     shortcut: Shortcut,
 ) -> tuple[Prediction, int]:
-    """Private prediction with the public-token shortcut; returns (prediction, private tokens
-    drawn). All SVT noise of the text is drawn once and stored under ``{key}/svt`` with its
-    cost (eps^2/2 per instance, m instances), so a resumed build reuses it."""
-    from ...privacy import ZCDPEvent
-
-    eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
-    delta_q = 2.0 * clip
-    sc = shortcut
-    # admitted against the budget before the noise is drawn; a stored key is replayed
-    noise = session.release_external(
-        f"{key}/svt",
-        ZCDPEvent(0.5 * sc.epsilon**2, sc.max_private, "svt"),
-        lambda: _svt_noise(session, key, tokens, sc.max_private + 1),
-    )
-    thr_u = np.asarray(noise["threshold"], dtype=np.float64)
-    q_u = np.asarray(noise["query"], dtype=np.float64)
-    rho_hat = sc.threshold + float(_laplace(thr_u[0], 2 * delta_q / sc.epsilon))
+    """Private prediction with the public-token shortcut (:class:`ShortcutText`) over
+    ``documents``; returns (prediction, private tokens drawn)."""
+    text = ShortcutText(session, key, gen, instruction=instruction, tokens=tokens, clip=clip,
+                        temperature=temperature, shortcut=shortcut)
     docs, cut = truncate_documents(gen, documents, max_doc_tokens)
     prefix, suffix = prompt_parts(gen, instruction)
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
-    out: list[int] = []
-    private = 0
-    steps = 0
-    public = gen.open_stepper([prefix + suffix])
     stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
     try:
-        for n in range(tokens):
-            p_row = np.asarray(public.logits(), dtype=np.float64)
-            pub_clip = np.asarray(clip_logits(p_row, clip))[0]
+        while not text.done:
+            pub_clip = text.public_clip()
             if stepper is not None:
-                rows = np.asarray(clip_logits(np.asarray(stepper.logits(), np.float64), clip))
-                z = rows.sum(axis=0)
-                q = float(np.abs((rows - pub_clip).sum(axis=0)).max())
+                z, q = shortcut_stats(stepper.logits(), pub_clip, clip)
             else:
-                z = np.zeros_like(pub_clip)
-                q = 0.0
-            above = private < sc.max_private and (
-                q + float(_laplace(q_u[n], 4 * delta_q / sc.epsilon)) >= rho_hat)
-            if above:
-                tok = int(session.private_token(f"{key}/tok{n:04d}", z, clip, temperature))
-                private += 1
-                if private < len(thr_u):
-                    rho_hat = sc.threshold + float(
-                        _laplace(thr_u[private], 2 * delta_q / sc.epsilon))
-            else:  # public token: softmax of the public logits, public randomness
-                w = p_row[0] / temperature
-                w = np.exp(w - w.max())
-                tok = int(rng.choice(w.size, p=w / w.sum()))
-            steps = n + 1
-            if tok in eos:
-                break
-            out.append(tok)
-            if n + 1 < tokens:
-                public.advance(tok)
-                if stepper is not None:
-                    stepper.advance(tok)
+                z, q = np.zeros_like(pub_clip), 0.0
+            tok = text.release(z, q)
+            if stepper is not None and not text.done:
+                stepper.advance(tok)
     finally:
-        public.close()
+        text.close()
         if stepper is not None:
             stepper.close()
-    return Prediction(clean_text(gen.decode(out)), out, steps, cut), private
+    return text.prediction(cut), text.private
+
+
+def shortcut_of(cfg: SynRAGConfig, clip: float) -> Shortcut | None:
+    """The synrag section's :class:`Shortcut` (None: plain private prediction)."""
+    if not cfg.public_shortcut:
+        return None
+    threshold = cfg.svt_threshold if cfg.svt_threshold is not None else cfg.target_size * clip
+    return Shortcut(cfg.svt_epsilon, max_private_tokens(cfg), threshold)
 
 
 def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
@@ -261,11 +313,10 @@ def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
     opts: dict[str, Any] = {"instruction": cfg.rephrase_instruction, "tokens": cfg.tokens,
                             "clip": clip, "temperature": cfg.temperature,
                             "max_doc_tokens": cfg.max_doc_tokens}
-    if not cfg.public_shortcut:
+    shortcut = shortcut_of(cfg, clip)
+    if shortcut is None:
         pred = private_predict(session, key, gen, documents, **opts)
         return pred, pred.steps
-    threshold = cfg.svt_threshold if cfg.svt_threshold is not None else cfg.target_size * clip
-    shortcut = Shortcut(cfg.svt_epsilon, max_private_tokens(cfg), threshold)
     return private_predict_shortcut(session, key, gen, documents, shortcut=shortcut, **opts)
 
 

@@ -9,6 +9,7 @@ S_r = {d in C_r : sim(d, mu_r) > theta}.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,37 +30,38 @@ def centre_sigma(rho_centre: float) -> float:
 
 @dataclass(frozen=True)
 class Retrieved:
-    """The result of DP retrieval in one cluster."""
+    """The releases of DP retrieval in one cluster (S_r itself is kept where the documents
+    are: :meth:`dpsynth.methods.synrag.shard.DocumentShard.select`)."""
 
     theta: float
-    selected: np.ndarray  # indices into the corpus (S_r)
     centre: np.ndarray  # the released noisy centre (unnormalised)
+    direction: np.ndarray  # centre / ||centre|| (zero if the centre is zero)
 
 
 def retrieve_in_cluster(
     session: Any,
     key: str,
-    embeddings: np.ndarray,
-    members: np.ndarray,
+    total: np.ndarray,
+    counts_of: Callable[[np.ndarray], np.ndarray],
     *,
     sigma_mu: float,
     eps_theta: float,
     target: int,
 ) -> Retrieved:
-    """Noisy centre, exponential-mechanism threshold, S_r. Both releases are keyed under
-    ``key`` in ``session`` (stored: a resumed build reuses them, never redraws)."""
-    dim = embeddings.shape[1]
-    total = embeddings[members].sum(axis=0) if members.size else np.zeros(dim)
+    """Noisy centre and exponential-mechanism threshold of one cluster, from exact partial
+    statistics: ``total`` = sum of the member embeddings, ``counts_of(direction)`` = #{members
+    with sim > theta_g} per point of :data:`THRESHOLD_GRID` (summed over the shards). Both
+    releases are keyed under ``key`` in ``session`` (stored: a resumed build reuses them, never
+    redraws); the one-process build and the sharded one call this same function."""
     centre = np.asarray(
         session.gaussian(f"{key}/centre", total, 1.0, sigma_mu, name="cluster_centre")
     )
     norm = float(np.linalg.norm(centre))
     direction = centre / norm if norm > 0 else centre
-    sims = embeddings[members] @ direction if members.size else np.zeros(0)
     theta = float(
-        session.exponential_threshold(
-            f"{key}/threshold", sims, int(target), THRESHOLD_GRID, eps_theta, mode="grid",
+        session.threshold_from_counts(
+            f"{key}/threshold", counts_of(direction), int(target), THRESHOLD_GRID, eps_theta,
             name="cluster_threshold",
         )
     )
-    return Retrieved(theta, members[sims > theta], centre)
+    return Retrieved(theta, centre, direction)

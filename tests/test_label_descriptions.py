@@ -1,0 +1,67 @@
+"""prompts.label_descriptions: public descriptions of label values that are codes, shown to
+the generator in every prompt in place of the code (issue 14, point 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpsynth.config import ConfigError, PromptConfig, parse_config
+from dpsynth.evolution.prompts import describe_labels
+from fakes import FakeEmbedder, FakeGenerator
+from test_release_check import pe_config, private_rows, write_csv
+
+DESCRIBED = {"billing": "a question about a bill or a payment",
+             "clinical": "a question about symptoms or a treatment",
+             "scheduling": "a request to book or move a visit"}
+
+
+@pytest.fixture(autouse=True)
+def _ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+
+
+def test_a_described_value_is_shown_as_its_description() -> None:
+    prompts = PromptConfig(label_template="It is {label1}; {label2}.",
+                           label_descriptions={"label1": {"ENTY": "a question about an entity"}})
+    assert describe_labels({"label1": "ENTY", "label2": "3"}, prompts) == (
+        "It is a question about an entity; 3.")  # no description for label2: the value
+    default = PromptConfig(label_descriptions={"topic": {"LOC": "a question about a place"}})
+    assert describe_labels({"topic": "LOC"}, default) == "Its topic is a question about a place."
+
+
+@pytest.mark.parametrize("method", ["aug_pe", "wasp"])
+def test_every_prompt_of_a_run_carries_the_description_not_the_code(tmp_path: Path,
+                                                                    method: str) -> None:
+    from dpsynth.api import run_generation
+
+    cfg = pe_config(method, write_csv(tmp_path / "d.csv", private_rows(40)),
+                    **{"prompts.label_descriptions": {"label": DESCRIBED},
+                       "synthesis.variation": "mixed"})
+    gens = [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
+    run_generation(parse_config(cfg), tmp_path / "run", progress=False, generators=gens,
+                   embedder=FakeEmbedder())
+    prompts = [p for g in gens for p in g.prompts]
+    assert prompts
+    for prompt in prompts:
+        assert "about a " in prompt and any(d in prompt for d in DESCRIBED.values())
+        assert not any(f"about {code}" in prompt for code in DESCRIBED), prompt
+
+
+@pytest.mark.parametrize(("descriptions", "message"), [
+    ({"topic": {"x": "y"}}, r"label_descriptions\.topic: 'topic' is not among data\.labels"),
+    ({"label": {"billnig": "a bill"}}, r"'billnig' is not a declared value of label"),
+    ({"label": {"billing": "  "}}, r"the description of 'billing' is empty"),
+])
+def test_a_bad_description_is_refused_before_anything_runs(tmp_path: Path, descriptions: Any,
+                                                           message: str) -> None:
+    from dpsynth.api import run_generation
+
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(20)),
+                    **{"prompts.label_descriptions": descriptions})
+    with pytest.raises(ConfigError, match=message):
+        run_generation(parse_config(cfg), tmp_path / "run", progress=False,
+                       generators=[FakeGenerator("fake-g0")], embedder=FakeEmbedder())
+    assert not (tmp_path / "run" / "release").exists()
