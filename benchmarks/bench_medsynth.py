@@ -114,19 +114,24 @@ def main() -> None:
     ap.add_argument("--dprag-questions", type=int, default=10)
     ap.add_argument("--skip-augpe", action="store_true")
     ap.add_argument("--skip-dpsynth", action="store_true")
+    ap.add_argument("--no-filter-row", action="store_true",
+                    help="also answer from all released DP-SynRAG texts (self-filter ablation)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--heading", default="# Medical Synth (DP-SynRAG benchmark), reduced to the "
+                    "CPU", help="first line of the results file")
     args = ap.parse_args()
     if not DATA.is_dir():
         raise SystemExit(f"medsynth data not found at {DATA}")
 
     from dpsynth.config import parse_config
     from dpsynth.embed import Embedder
+    from dpsynth.io import write_jsonl
     from dpsynth.llm import load_generator
     from dpsynth.privacy import zcdp_to_eps_cks
     from dpsynth.rag.answer import Answerer
     from dpsynth.rag.build import build_kb
-    from dpsynth.rag.index import KnowledgeBase
+    from dpsynth.rag.index import KnowledgeBase, build_index
     from rag_baselines import (  # benchmarks/rag_baselines.py (research code)
         DPRAG,
         aug_pe_kb,
@@ -162,10 +167,12 @@ def main() -> None:
     saved = json.loads(cache.read_text()) if cache.is_file() else {}
     timings: dict[str, float] = saved.get("timings", {})
     results: dict[str, dict[str, Any]] = saved.get("results", {})
+    t_start = float(saved.get("started", t_start))  # a resumed run counts from its first start
 
     def save() -> None:
         cache.write_text(json.dumps({"timings": timings, "results": results,
-                                     "dprag": saved.get("dprag", {})}, indent=1))
+                                     "dprag": saved.get("dprag", {}), "started": t_start},
+                                    indent=1))
 
     def evaluate(label: str, answerer: Any, k: int = 3) -> None:
         t0 = time.time()
@@ -205,6 +212,20 @@ def main() -> None:
         evaluate("DP-SynRAG", Answerer(kb, gen, emb))
         results["DP-SynRAG"]["epsilon"] = priv["epsilon"]
         results["DP-SynRAG"]["passages"] = len(kb)
+        results["DP-SynRAG"].update(cluster_coverage(run / "release", set(gold)))
+        save()
+
+    label = "DP-SynRAG, no self-filter"
+    released = work / "synrag" / "release" / "synthetic_all.jsonl"
+    if args.no_filter_row and label not in results and released.is_file():
+        # every released synthetic text (self-filtering is post-processing: no extra cost)
+        texts = [t for t in (json.loads(x)["text"] for x in released.read_text().splitlines()
+                             if x) if t.strip()]
+        folder = work / "synrag-no-filter"
+        write_jsonl(folder / "kb.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+        build_index(folder, texts, emb, "minilm")
+        evaluate(label, Answerer(KnowledgeBase.open(folder), gen, emb))
+        results[label]["passages"] = len(texts)
         save()
 
     if "DP-Synth" not in results and not args.skip_dpsynth:
@@ -232,7 +253,7 @@ def main() -> None:
 
     dprag: dict[int, dict[str, float]] = {int(q): r for q, r in saved.get("dprag", {}).items()}
     nq = min(args.dprag_questions, len(questions))
-    for q in [int(x) for x in args.dprag_queries.split(",")]:
+    for q in [int(x) for x in args.dprag_queries.split(",") if x.strip()]:
         if q in dprag:
             continue
         # each of the nq evaluation questions is answered at the per-query budget of Q
@@ -249,11 +270,51 @@ def main() -> None:
         dprag[q] = {"accuracy": accuracy(ans, gold[:nq]), "leaks": leaked(ans, names),
                     "eps_theta": eps_theta, "clip": clip}
         print("DP-RAG", q, dprag[q], flush=True)
-        cache.write_text(json.dumps({"timings": timings, "results": results, "dprag": dprag},
-                                    indent=1))
+        cache.write_text(json.dumps({"timings": timings, "results": results, "dprag": dprag,
+                                     "started": t_start}, indent=1))
 
     write_report(args, results, dprag, timings, len(docs), len(test), len(attacks), nq,
                  time.time() - t_start)
+
+
+def cluster_coverage(release: Path, gold: set[str]) -> dict[str, Any]:
+    """Released facts about the DP-SynRAG clusters: the clip c, how many cluster seeds
+    (released keywords, from the noisy histogram) are disease names, and how many of the test
+    questions' diseases they cover (the test patients are not private documents)."""
+    diseases = {d.lower() for d in json.loads((DATA / "diseases.json").read_text())}
+    path = release / "synthetic_all.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+    seeds = [str(r.get("keyword", "")).lower() for r in rows]
+    kept = {str(r.get("keyword", "")).lower() for r in rows if r.get("kept")}
+    text = " ".join(str(r.get("text", "")) for r in rows if r.get("kept")).lower()
+    priv = json.loads((release / "privacy.json").read_text())
+    return {"clusters": len(seeds), "disease_seeds": sum(s in diseases for s in seeds),
+            "kept_disease_seeds": len(kept & diseases),
+            "test_diseases_seeded": sum(g.lower() in seeds for g in gold),
+            "test_diseases_named_in_kb": sum(g.lower() in text for g in gold),
+            "test_diseases": len(gold), "clip": priv.get("clip")}
+
+
+PAPER = {"DP-SynRAG": (61.0, 67.0), "RAG (no DP)": (85.0, 87.0)}  # Table 1, Medical Synth
+
+
+def ratio_lines(results: dict) -> list[str]:
+    """Accuracy of each DP knowledge base over RAG without DP's, beside the paper's."""
+    base = results.get("RAG (no DP)", {}).get("accuracy")
+    lo = PAPER["DP-SynRAG"][0] / PAPER["RAG (no DP)"][1]
+    hi = PAPER["DP-SynRAG"][1] / PAPER["RAG (no DP)"][0]
+    lines = ["", "Accuracy relative to RAG without DP (the paper, Medical Synth: DP-SynRAG "
+             f"{PAPER['DP-SynRAG'][0]:.0f}-{PAPER['DP-SynRAG'][1]:.0f} % vs RAG without DP "
+             f"{PAPER['RAG (no DP)'][0]:.0f}-{PAPER['RAG (no DP)'][1]:.0f} %, a ratio of "
+             f"{lo:.2f}-{hi:.2f}):", "", "| method | accuracy % | / RAG (no DP) | paper |",
+             "|---|---|---|---|"]
+    for label, r in results.items():
+        if label in ("RAG (no DP)", "No RAG") or "error" in r or not base:
+            continue
+        paper = (f"{lo:.2f}-{hi:.2f}" if label == "DP-SynRAG" else
+                 "below DP-SynRAG" if label in ("DP-Synth", "Aug-PE") else "-")
+        lines.append(f"| {label} | {r['accuracy']:.1f} | {r['accuracy'] / base:.2f} | {paper} |")
+    return lines
 
 
 def write_report(args: Any, results: dict, dprag: dict, timings: dict, n_docs: int,
@@ -261,15 +322,15 @@ def write_report(args: Any, results: dict, dprag: dict, timings: dict, n_docs: i
     syn = results.get("DP-SynRAG", {}).get("accuracy", float("nan"))
     below = [q for q, r in sorted(dprag.items()) if r["accuracy"] < syn]
     lines = [
-        "# Medical Synth (DP-SynRAG benchmark), reduced to the CPU",
+        args.heading,
         "",
         f"Ran: {n_docs} private documents (of 8000), {n_q} test questions (of 1000), "
         f"{n_att} attack queries (of 100); R = {args.clusters}, L = {args.overlap}, "
         f"k = {args.k}, T = {args.tokens}, K = {args.keywords}, keyword extractor "
         f"'{args.extractor}' (fill: {args.fill}); epsilon 10, delta 1e-3; generator "
         "SmolLM2-135M-Instruct, embedder all-MiniLM-L6-v2; answers greedy, 3 passages. "
-        f"Wall time {wall / 60:.1f} min "
-        "on a shared 2-core CPU.",
+        f"Wall time {wall / 60:.1f} min (first start to report; a resumed run counts from "
+        "its first start) on a shared 2-core CPU.",
         "",
         "Documents: patient request + ' Diagnosis: D. Treatment: X.'; split 8000/1000/1000 by "
         "patient (seeded shuffle); question: the held-out patient's request without the name "
@@ -287,10 +348,19 @@ def write_report(args: Any, results: dict, dprag: dict, timings: dict, n_docs: i
         note = ""
         if label == "DP-SynRAG":
             note = f"eps {r['epsilon']:.3f}, {r['passages']} passages"
+            if "clusters" in r:
+                note += (f" of {r['clusters']} clusters; c = {r['clip']:.3g}; "
+                         f"{r['disease_seeds']} clusters seeded by a disease name "
+                         f"({r['kept_disease_seeds']} kept); of the {r['test_diseases']} distinct "
+                         f"diseases of the test questions {r['test_diseases_seeded']} are seeds "
+                         f"and {r['test_diseases_named_in_kb']} are named in a kept passage")
         if label == "RAG (no DP)":
             note = "not private"
+        if label == "DP-SynRAG, no self-filter":
+            note = f"ablation: all {r['passages']} released DP-SynRAG texts, same build"
         lines.append(f"| {label} | {r['accuracy']:.1f} | {r['benign_leaks']}/{n_q} | "
                      f"{r['attack_leaks']}/{n_att} | {note} |")
+    lines += ratio_lines(results)
     lines += ["", f"DP-RAG at the same total budget (epsilon 10, delta 1e-3) split over Q "
               f"queries; measured on the first {nq_dprag} questions at the per-query budget:",
               "", "| Q | accuracy % | leaks | eps_theta per query | c per query |",

@@ -9,8 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "yelp_n1000",
-         "yelp_n1000_label_fidelity", "wasp", "wasp_small_m", "secpe",
-         "private_prediction", "medsynth", "serving", "ray", "ray-1label", "kill_anywhere"]
+         "yelp_n1000_label_fidelity", "wasp", "wasp_small_m", "secpe", "secpe_yelp5000",
+         "private_prediction", "medsynth", "medsynth_run3", "serving", "ray", "ray-1label",
+         "kill_anywhere"]
 HEADER = """# Benchmarks
 
 Every number here was measured by a script in `benchmarks/` on the machine it names, with the
@@ -26,9 +27,9 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 | Aug-PE voting at 1M: exact vs PQ / IVF / HNSW, SecPE | `bench_knn.py` (`dpsynth bench knn`) |
 | Yelp: Aug-PE (N = 100, and N = 1000 on all 5000 records) | `bench_yelp.py` |
 | WASP: Banking77 (and WASP vs Aug-PE at small M) | `bench_wasp.py` |
-| SecPE vs Aug-PE on Yelp | `bench_secpe.py` |
+| SecPE vs Aug-PE on Yelp (1000 records; 5000 with PII / random-word secrets) | `bench_secpe.py` |
 | DP-SynRAG private prediction | `bench_private_prediction.py` |
-| DP-SynRAG on Medical Synth | `bench_medsynth.py` |
+| DP-SynRAG on Medical Synth (400 / 2000 documents; run 3: LLM keywords) | `bench_medsynth.py` |
 | Serving: `llm serve` micro-batching | `bench_serving.py` (`dpsynth bench serving`) |
 | Ray compute engine: vote step, 100M plan | `bench_ray.py` |
 | Kill anywhere: SIGKILL and resume, 20 times | `bench_kill_anywhere.py` |

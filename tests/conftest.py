@@ -62,10 +62,14 @@ MODEL_FIXTURES = frozenset({"embedder", "smollm"})
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Mark every test that uses a real-model fixture ``models`` (set as each test is
-    collected, so before ``-m`` selects): ``-m "not models"`` never loads a model."""
-    if set(getattr(item, "fixturenames", ())) & MODEL_FIXTURES:
+    """Mark every test that uses a real-model fixture ``models`` and every test on the real
+    Ray cluster ``cluster`` (set as each test is collected, so before ``-m`` selects):
+    ``-m "not models and not cluster"`` is the fast layer, on the fakes."""
+    names = set(getattr(item, "fixturenames", ()))
+    if names & MODEL_FIXTURES:
         item.add_marker(pytest.mark.models)
+    if "ray_cluster" in names:
+        item.add_marker(pytest.mark.cluster)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -29,6 +29,8 @@ from dpsynth.federated.simulation import (
 SIGMA = 1.5
 VOTE = functools.partial(topq_vote, q=4)
 
+pytestmark = pytest.mark.cluster  # every test runs Flower's simulation engine (Ray)
+
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     x = rng.normal(size=(n, d)).astype(np.float32)

@@ -168,6 +168,7 @@ def test_zero_shot_spends_nothing(tmp_path):
     assert len(_jsonl(run / "release" / "synthetic.jsonl")) >= 6
 
 
+@pytest.mark.cluster  # Flower's simulation engine (Ray)
 def test_wasp_federated_three_parties_through_secagg(tmp_path):
     """The WASP loop (fake models) with its votes summed by a real Flower SecAgg+ simulation
     across 3 parties, min_parties 2: each round is charged, before it runs, at the worst-case

@@ -468,6 +468,7 @@ def test_wasp_record_neighbours(tmp_path, spy):
     assert problems == [], "\n".join(problems)
 
 
+@pytest.mark.cluster  # Flower's simulation engine (Ray)
 def test_wasp_federated_record_neighbours(tmp_path, spy):
     pytest.importorskip("flwr")
     rows = private_rows(61)
