@@ -133,6 +133,7 @@ def main() -> None:
         "generators": [{"model": "smollm2", "engine": args.engine,
                         "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}],
         "prompts.label_template": "{label1}.",
+        "prompts.label_descriptions": {},  # the setting measured (the example now has them)
     }
     intro = (
         f"Yelp, private = {'all 5000' if limit is None else f'first {limit}'} of "

@@ -85,8 +85,9 @@ def main() -> None:
                          "chosen here, never on test.csv); private = the records before them")
     ap.add_argument("--task", default=None, help="prompts.task override (a lever)")
     ap.add_argument("--label-template", default=None, help="prompts.label_template override")
-    ap.add_argument("--label-descriptions", default=None,
-                    help="YAML file of prompts.label_descriptions ({column: {value: text}})")
+    ap.add_argument("--label-descriptions", default="none",
+                    help="YAML file of prompts.label_descriptions ({column: {value: text}}); "
+                         "'none' (default: the setting of the tables so far) for none")
     ap.add_argument("--tag", default="", help="suffix of the arm names (e.g. a lever's name)")
     ap.add_argument("--cache", default=None,
                     help="request cache (default: llm-cache.sqlite in the --out folder)")
@@ -115,8 +116,8 @@ def main() -> None:
         f"L = {args.pool_multiplier}, T = {args.iterations}, max_new_tokens = "
         f"{args.max_new_tokens}, temperature {args.temperature}, prompts.task = {task!r}, "
         f"label_template = {template!r}, "
-        + (f"label descriptions from {args.label_descriptions}, " if args.label_descriptions
-           else "") +
+        + (f"label descriptions from {args.label_descriptions}, "
+           if args.label_descriptions != "none" else "") +
         f"run seed {args.seed} shared by the arms. Accuracy and `:f1` "
         "(macro-F1): logistic regression on MiniLM embeddings, per label column; `private` = "
         "trained on the private records, `zero_shot` = trained on the run's "
@@ -140,9 +141,8 @@ def main() -> None:
             overrides["prompts.task"] = args.task
         if args.label_template:
             overrides["prompts.label_template"] = args.label_template
-        if args.label_descriptions:
-            overrides["prompts.label_descriptions"] = yaml.safe_load(
-                Path(args.label_descriptions).read_text(encoding="utf-8"))
+        overrides["prompts.label_descriptions"] = {} if args.label_descriptions == "none" else (
+            yaml.safe_load(Path(args.label_descriptions).read_text(encoding="utf-8")))
         start_load, start = load(), time.time()
         name = f"aug_pe-eps{eps}{args.tag}"
         row = run_arm(name, ROOT.parent / "examples" / "yelp-augpe.yaml", overrides, out,

@@ -65,3 +65,38 @@ def test_a_bad_description_is_refused_before_anything_runs(tmp_path: Path, descr
         run_generation(parse_config(cfg), tmp_path / "run", progress=False,
                        generators=[FakeGenerator("fake-g0")], embedder=FakeEmbedder())
     assert not (tmp_path / "run" / "release").exists()
+
+
+def test_a_descriptions_file_beside_the_config_is_read_and_kept_inline(tmp_path: Path) -> None:
+    import yaml
+
+    from dpsynth.config import load_config
+
+    (tmp_path / "descriptions.yaml").write_text(yaml.safe_dump({"label": DESCRIBED}))
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(20)),
+                    **{"prompts.label_descriptions": "descriptions.yaml"})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    loaded = load_config(tmp_path / "run.yaml")
+    assert loaded.prompts.label_descriptions == {"label": DESCRIBED}  # inline from now on
+    assert describe_labels({"label": "billing"}, loaded.prompts) == (
+        "about a question about a bill or a payment")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot be read"),
+    (b"label: [a, b]\n", r"expected a mapping \{column: \{value: description\}\}"),
+    (b"label:\n  billing: \xff\n", "not valid UTF-8 YAML/JSON"),
+])
+def test_a_bad_descriptions_file_is_named(tmp_path: Path, content: bytes | None,
+                                          message: str) -> None:
+    import yaml
+
+    from dpsynth.config import load_config
+
+    if content is not None:
+        (tmp_path / "descriptions.yaml").write_bytes(content)
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(20)),
+                    **{"prompts.label_descriptions": "descriptions.yaml"})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=rf"descriptions\.yaml: {message}"):
+        load_config(tmp_path / "run.yaml")

@@ -7,6 +7,7 @@ fail here with a message that says what to change.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -290,10 +291,17 @@ class PromptConfig(_Section):
 
     task: str = "a short text"
     label_template: str = ""
-    label_descriptions: dict[str, dict[str, str]] = Field(
+    label_descriptions: dict[str, dict[str, str]] | str = Field(
         default_factory=dict,
         description="public: per label column, what each declared value means, shown to the "
-                    "generator in its place (for codes a model cannot read: 'ENTY', '3')")
+                    "generator in its place (for codes a model cannot read: 'ENTY', '3'); or "
+                    "a YAML/JSON file of that mapping, relative to the config's folder")
+
+    def descriptions(self) -> dict[str, dict[str, str]]:
+        """``label_descriptions`` as a mapping (a file is read here; ConfigError names it)."""
+        if isinstance(self.label_descriptions, dict):
+            return self.label_descriptions
+        return _descriptions_file(str(Path(self.label_descriptions).resolve()))
     styles: list[str] = Field(
         default_factory=lambda: [
             "casual", "formal", "brief", "detailed", "worried", "polite", "direct", "plain",
@@ -434,7 +442,33 @@ class RunConfig(_Section):
         for col, vals in self.data.label_values.items():  # files of label values
             if isinstance(vals, str) and vals != DEMO_VALUES and not Path(vals).is_absolute():
                 self.data.label_values[col] = str((base / vals).resolve())
+        if isinstance(self.prompts.label_descriptions, str):  # read now: the run keeps it inline
+            self.prompts.label_descriptions = load_label_descriptions(
+                base / self.prompts.label_descriptions)
         return self
+
+
+@functools.lru_cache(maxsize=8)
+def _descriptions_file(path: str) -> dict[str, dict[str, str]]:
+    """A descriptions file given by a config built in code (one read per process)."""
+    return load_label_descriptions(Path(path))
+
+
+def load_label_descriptions(path: Path) -> dict[str, dict[str, str]]:
+    """A YAML/JSON file {column: {value: description}} (public input); ConfigError names the
+    file and what is wrong."""
+    where = f"prompts.label_descriptions file {path}"
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(f"{where}: cannot be read ({err.strerror or err})") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{where}: not valid UTF-8 YAML/JSON ({type(err).__name__})") from None
+    if not isinstance(raw, dict) or not all(
+            isinstance(v, dict) and all(isinstance(t, str) for t in v.values())
+            for v in raw.values()):
+        raise ConfigError(f"{where}: expected a mapping {{column: {{value: description}}}}")
+    return {str(col): {str(k): v for k, v in vals.items()} for col, vals in raw.items()}
 
 
 def _format_validation(err: ValidationError, source: str) -> str:

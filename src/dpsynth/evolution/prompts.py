@@ -24,8 +24,8 @@ def describe_labels(labels: Mapping[str, str], prompts: PromptConfig) -> str:
     description: every prompt of every method goes through here."""
     if not labels:
         return ""
-    described = {col: prompts.label_descriptions.get(col, {}).get(val, val)
-                 for col, val in labels.items()}
+    descriptions = prompts.descriptions()
+    described = {col: descriptions.get(col, {}).get(val, val) for col, val in labels.items()}
     if prompts.label_template:
         return prompts.label_template.format(**described)
     return " ".join(f"Its {col.replace('_', ' ')} is {val}." for col, val in described.items())

@@ -103,7 +103,7 @@ def check_prompt_fields(config: RunConfig) -> None:
 def check_label_descriptions(config: RunConfig) -> None:
     """Refuse a description of an unknown column or of a value outside the declared domain
     (a typo would silently leave the code in the prompts), and an empty description."""
-    descriptions = config.prompts.label_descriptions
+    descriptions = config.prompts.descriptions()
     if not descriptions:
         return
     declared = config.data.declared_label_values()
