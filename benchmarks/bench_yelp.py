@@ -88,6 +88,8 @@ def main() -> None:
     ap.add_argument("--label-descriptions", default="none",
                     help="YAML file of prompts.label_descriptions ({column: {value: text}}); "
                          "'none' (default: the setting of the tables so far) for none")
+    ap.add_argument("--strip-echoes", action="store_true",
+                    help="synthesis.strip_echoes: remove repeated instruction sentences")
     ap.add_argument("--tag", default="", help="suffix of the arm names (e.g. a lever's name)")
     ap.add_argument("--cache", default=None,
                     help="request cache (default: llm-cache.sqlite in the --out folder)")
@@ -141,6 +143,8 @@ def main() -> None:
             overrides["prompts.task"] = args.task
         if args.label_template:
             overrides["prompts.label_template"] = args.label_template
+        if args.strip_echoes:
+            overrides["synthesis.strip_echoes"] = True
         overrides["prompts.label_descriptions"] = {} if args.label_descriptions == "none" else (
             yaml.safe_load(Path(args.label_descriptions).read_text(encoding="utf-8")))
         start_load, start = load(), time.time()

@@ -144,3 +144,17 @@ def test_mask_words_rate():
     share = masked.split().count("___") / 1000
     assert 0.45 < share < 0.55
     assert "___" in mask_words("one", 0.01, rng)
+
+
+def test_echoed_instruction_sentences_are_removed():
+    from dpsynth.evolution.prompts import instruction_sentences, rephrase_instruction
+
+    instr = rephrase_instruction("a short review", "Review Stars: 1.0.", "Cold beer. Nice.",
+                                 "casual")
+    echoes = instruction_sentences(instr)
+    assert "Review Stars: 1.0." in echoes
+    assert not any("Cold beer" in e for e in echoes)  # the quoted text is not an echo
+    got = clean_generation("review stars: 1.0. Cold beer, rude staff, never again.", 5,
+                           echoes=echoes)
+    assert got == "Cold beer, rude staff, never again."
+    assert clean_generation("Review Stars: 1.0.", 5, echoes=echoes) is None  # only the echo

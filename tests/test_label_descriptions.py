@@ -100,3 +100,25 @@ def test_a_bad_descriptions_file_is_named(tmp_path: Path, content: bytes | None,
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ConfigError, match=rf"descriptions\.yaml: {message}"):
         load_config(tmp_path / "run.yaml")
+
+
+@pytest.mark.parametrize("strip", [True, False])
+def test_strip_echoes_removes_the_repeated_request_from_every_kept_text(tmp_path: Path,
+                                                                       strip: bool) -> None:
+    """synthesis.strip_echoes: a generation that repeats its instruction's request line has
+    those sentences removed before it is kept (the lever of issue 14, point 5)."""
+    import json
+
+    from dpsynth.api import run_generation
+
+    echo = "Keep it friendly."  # a sentence of every instruction's request line
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(40)),
+                    **{"synthesis.strip_echoes": strip,
+                       "prompts.label_template": f"It is about {{label}}. {echo}"})
+    gens = [FakeGenerator("fake-g0", transform=lambda text: f"{echo} {text}")]
+    run = run_generation(parse_config(cfg), tmp_path / "run", progress=False, generators=gens,
+                         embedder=FakeEmbedder())
+    rows = [json.loads(line) for line in
+            (Path(run) / "release" / "synthetic.jsonl").read_text().splitlines()]
+    assert rows
+    assert all((echo in r["text"]) is not strip for r in rows)

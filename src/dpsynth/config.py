@@ -322,6 +322,9 @@ class SynthesisConfig(_Section):
     mask_rate: float = Field(0.5, gt=0, lt=1)
     lookahead: int = Field(0, ge=0)
     min_chars: int = Field(12, ge=1)
+    strip_echoes: bool = Field(
+        False, description="remove from each generation the sentences of its instruction's "
+                           "request line it repeats (the label sentence, 'Write ...')")
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
     max_candidates: int = Field(200_000, gt=0)
     voting: Literal["exact", "pq", "ivf", "hnsw"] = Field(

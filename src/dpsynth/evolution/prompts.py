@@ -96,10 +96,21 @@ _REFUSAL = re.compile(
 )
 
 
-def clean_generation(raw: str, min_chars: int, max_chars: int = 2000) -> str | None:
-    """Strip chat artefacts (preambles, quotes, markdown) from a generation; None when the
-    result is empty, a refusal, or shorter than `min_chars`."""
+def instruction_sentences(instruction: str) -> list[str]:
+    """The sentences of an instruction's first line (the request and the label sentence, never
+    a quoted text or a demonstration), for :func:`clean_generation`'s echo removal."""
+    first = instruction.split("\n", 1)[0]
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", first) if len(s.strip()) >= 8]
+
+
+def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
+                     echoes: Sequence[str] = ()) -> str | None:
+    """Strip chat artefacts (preambles, quotes, markdown) and any of the ``echoes`` (sentences
+    of the instruction the model repeated, e.g. the label sentence) from a generation; None
+    when the result is empty, a refusal, or shorter than `min_chars`."""
     text = raw.replace("\r", "").strip()
+    for echo in echoes:
+        text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
     text = re.sub(r"\*\*|^#+\s*", "", text, flags=re.MULTILINE).strip()
     text = _PREFIX.sub("", text, count=1).strip()
     text = re.split(r"\n\s*\n(?:note|explanation|analysis|---)", text, flags=re.IGNORECASE)[0]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..config import GeneratorConfig, SynthesisConfig
 from ..llm.base import Generator
-from .prompts import clean_generation, render
+from .prompts import clean_generation, instruction_sentences, render
 
 
 def stable_seed(*parts: object) -> int:
@@ -85,7 +85,9 @@ class Synthesizer:
             self.counts.sent += len(requests)
             failed = []
             for i, raw in zip(pending, outputs, strict=True):
-                text = clean_generation(raw or "", self.synthesis.min_chars)
+                echoes = (instruction_sentences(instructions[i])
+                          if self.synthesis.strip_echoes else ())
+                text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes)
                 if text is None:
                     failed.append(i)
                 else:
