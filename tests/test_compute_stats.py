@@ -66,6 +66,17 @@ def dataset(tmp_path: Path) -> Any:
     return load_dataset(path, "text", ["cat"], "user")
 
 
+def gathered_secret_index(compute: Any, specs: Any, *, strict: bool = False) -> Any:
+    """The engine's secret scan gathered into one SecretIndex in this process (what SecPE
+    never does: it keeps the membership with the engine), to compare with find_secrets."""
+    from dpsynth.secrets import merge_secret_hits, secret_index_from_hits
+
+    parsed, chosen = compute._secret_specs(specs)
+    parts = compute._map_text("secret_partial", parsed, chosen)
+    return secret_index_from_hits(merge_secret_hits(parts, len(parsed)), parsed,
+                                  compute.n_records(), strict=strict)
+
+
 @pytest.mark.parametrize("user_level", [False, True])
 @pytest.mark.parametrize("shards", [2, 5])
 def test_sharded_text_statistics_equal_the_one_shard_values(dataset, user_level, shards):
@@ -84,14 +95,14 @@ def test_sharded_text_statistics_equal_the_one_shard_values(dataset, user_level,
         kw = extract_keywords(list(dataset.texts), VOCAB, 2)
         assert h1.tolist() == np.bincount([j for ids in kw for j in ids],
                                           minlength=len(VOCAB)).tolist()
-    s1, s2 = one.secret_stats(SPECS), many.secret_stats(SPECS)
+    s1, s2 = gathered_secret_index(one, SPECS), gathered_secret_index(many, SPECS)
     assert (s1.membership != s2.membership).nnz == 0
     assert (s1.values, s1.types, s1.messages) == (s2.values, s2.types, s2.messages)
 
 
 def test_the_secret_scan_finds_what_find_secrets_finds_without_values(dataset):
     specs = SPECS[:2]
-    got = LocalCompute.for_dataset(dataset, False).secret_stats(specs)
+    got = gathered_secret_index(LocalCompute.for_dataset(dataset, False), specs)
     ref = find_secrets(list(dataset.texts), specs)
 
     def columns(index: Any) -> set[tuple[str, tuple[int, ...]]]:
@@ -124,7 +135,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
         "fingerprint": local.fingerprint(),
         "values": LocalCompute.for_dataset(local, True).label_value_counts(["cat"]),
         "keywords": LocalCompute.for_dataset(local, True).keyword_histogram(VOCAB, 2, "first"),
-        "secrets": LocalCompute.for_dataset(local, True).secret_stats(SPECS),
+        "secrets": gathered_secret_index(LocalCompute.for_dataset(local, True), SPECS),
     }
     opened: list[str] = []
     real_open = builtins.open
@@ -153,7 +164,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
         assert got["cat"][1].tobytes() == expected["values"]["cat"][1].tobytes()
         assert ds.compute.keyword_histogram(VOCAB, 2, "first").tobytes() == \
             expected["keywords"].tobytes()
-        sec = ds.compute.secret_stats(SPECS)
+        sec = gathered_secret_index(ds.compute, SPECS)
         assert (sec.membership != expected["secrets"].membership).nnz == 0
         assert sec.values == expected["secrets"].values
         with pytest.raises(ValueError, match="no public label domain"):

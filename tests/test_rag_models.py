@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -16,7 +18,6 @@ from dpsynth.methods.synrag.private_prediction import (
     clipped_sum,
     private_predict,
     prompt_parts,
-    separate_logit_sum,
 )
 from dpsynth.privacy import Accountant, BudgetExceededError, PrivacySession, make_noise_source
 
@@ -26,6 +27,17 @@ DOCS = [
     "My cough has lasted two weeks and I feel short of breath at night.",
 ]
 INSTR = "Rephrase the following document without altering the important information."
+
+
+def separate_logit_sum(gen: Any, documents: Sequence[str], instruction: str,
+                       clip: float, prefix_tokens: Sequence[int] = ()) -> np.ndarray:
+    """Reference: z at the next step computed document by document (one unbatched
+    forward pass per document, no shared cache) after the tokens ``prefix_tokens``."""
+    prefix, suffix = prompt_parts(gen, instruction)
+    rows = [gen.encode_prompt(prefix) + gen.encode(d + suffix) + list(prefix_tokens)
+            for d in documents]
+    logits = np.concatenate([gen.next_token_logits_ids([r]) for r in rows])
+    return clipped_sum(logits, clip)
 
 
 def test_stepper_sum_equals_per_document_computation(smollm) -> None:

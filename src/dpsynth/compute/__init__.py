@@ -124,18 +124,6 @@ class PrivateCompute:
                       if s.kind == "random_words"}
         return parsed, chosen
 
-    def secret_stats(self, specs: Sequence[Any], *, strict: bool = False) -> Any:
-        """The secret scan gathered into a :class:`dpsynth.secrets.SecretIndex` over the global
-        rows (secret ids, never values), in this process: for inspection and tests. SecPE
-        does not use it: :meth:`secret_split` and :meth:`plan_secret_rates` keep the
-        membership with the engine."""
-        from ..secrets import merge_secret_hits, secret_index_from_hits
-
-        parsed, chosen = self._secret_specs(specs)
-        parts = self._map_text("secret_partial", parsed, chosen)
-        return secret_index_from_hits(merge_secret_hits(parts, len(parsed)), parsed,
-                                      self.n_records(), strict=strict)
-
     # -- SecPE: the secret split, the SecretNoise plan, the rates on the shards -----------
     def secret_split(self, specs: Sequence[Any], *, strict: bool = False) -> Any:
         """SecPE's secret scan (docs/methods.md §3): each shard finds its records' secrets (by

@@ -134,17 +134,6 @@ def private_predict(
     return Prediction(clean_text(gen.decode(out)), out, steps, cut)
 
 
-def separate_logit_sum(gen: Any, documents: Sequence[str], instruction: str,
-                       clip: float, prefix_tokens: Sequence[int] = ()) -> np.ndarray:
-    """Reference for tests: z at the next step computed document by document (one unbatched
-    forward pass per document, no shared cache) after the tokens ``prefix_tokens``."""
-    prefix, suffix = prompt_parts(gen, instruction)
-    rows = [gen.encode_prompt(prefix) + gen.encode(d + suffix) + list(prefix_tokens)
-            for d in documents]
-    logits = np.concatenate([gen.next_token_logits_ids([r]) for r in rows])
-    return clipped_sum(logits, clip)
-
-
 # ----------------------------------------------------------------------- public shortcut
 
 
