@@ -90,6 +90,9 @@ def main() -> None:
                          "'none' (default: the setting of the tables so far) for none")
     ap.add_argument("--strip-echoes", action="store_true",
                     help="synthesis.strip_echoes: remove repeated instruction sentences")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more config override, VALUE read as YAML (a lever such as "
+                         "synthesis.variation=fill_in); repeatable")
     ap.add_argument("--tag", default="", help="suffix of the arm names (e.g. a lever's name)")
     ap.add_argument("--cache", default=None,
                     help="request cache (default: llm-cache.sqlite in the --out folder)")
@@ -118,6 +121,7 @@ def main() -> None:
         f"L = {args.pool_multiplier}, T = {args.iterations}, max_new_tokens = "
         f"{args.max_new_tokens}, temperature {args.temperature}, prompts.task = {task!r}, "
         f"label_template = {template!r}, "
+        + "".join(f"{item}, " for item in args.set)
         + (f"label descriptions from {args.label_descriptions}, "
            if args.label_descriptions != "none" else "") +
         f"run seed {args.seed} shared by the arms. Accuracy and `:f1` "
@@ -147,6 +151,11 @@ def main() -> None:
             overrides["synthesis.strip_echoes"] = True
         overrides["prompts.label_descriptions"] = {} if args.label_descriptions == "none" else (
             yaml.safe_load(Path(args.label_descriptions).read_text(encoding="utf-8")))
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+            overrides[key] = yaml.safe_load(value)
         start_load, start = load(), time.time()
         name = f"aug_pe-eps{eps}{args.tag}"
         row = run_arm(name, ROOT.parent / "examples" / "yelp-augpe.yaml", overrides, out,
