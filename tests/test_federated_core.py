@@ -135,3 +135,20 @@ def test_party_refuses_a_sigma_below_its_floor_and_bad_round_arguments_are_named
     with pytest.raises(ValueError, match="noise_mode"):
         federated_noisy_histogram(parties, cand, cand_lab, topq_vote, 1.0, seed=0,
                                   noise_mode="fast")
+
+
+def test_the_simulation_starts_its_own_ray_or_joins_the_configured_cluster() -> None:
+    """``wasp.federated.ray_address``: 'local' starts a two-CPU Ray with one actor for the
+    round; an address joins that cluster (no num_cpus, which Ray refuses when joining) with one
+    CPU per party actor; a malformed address is a named config error."""
+    from dpsynth.config import ConfigError, parse_config
+    from dpsynth.federated.simulation import simulation_backend
+
+    local = simulation_backend("local")
+    assert local["init_args"]["num_cpus"] == local["client_resources"]["num_cpus"] == 2
+    joined = simulation_backend("10.0.0.5:6379")
+    assert joined["init_args"] == {"address": "10.0.0.5:6379", "include_dashboard": False}
+    assert joined["client_resources"]["num_cpus"] == 1
+    assert parse_config({"method": "wasp"}).wasp.federated.ray_address == "local"
+    with pytest.raises(ConfigError, match="wasp.federated.ray_address"):
+        parse_config({"method": "wasp", "wasp": {"federated": {"ray_address": "cluster"}}})

@@ -1,4 +1,8 @@
-"""Federated WASP voting through a real Flower simulation (Ray backend) with SecAgg+."""
+"""Federated WASP voting through a real Flower simulation (Ray backend) with SecAgg+.
+
+The first test runs on the default ``ray_address="local"`` (a one-machine Ray started and
+stopped by the round); the others join the session's real two-node cluster (``ray_cluster``)
+as ``wasp.federated.ray_address`` does, so they pay a connection instead of a Ray start."""
 
 from __future__ import annotations
 
@@ -118,10 +122,10 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
             assert close.mean() < 0.2, "a masked vector reveals a party's histogram"
 
 
-def test_one_dropout_releases_with_reduced_effective_sigma(setup) -> None:
+def test_one_dropout_releases_with_reduced_effective_sigma(setup, ray_cluster) -> None:
     parties, cand, cand_lab = setup
     res = federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=21,
-                                    min_parties=2, drop_parties=[1])
+                                    min_parties=2, drop_parties=[1], ray_address=ray_cluster)
     assert res.parties_present == 2
     assert res.effective_sigma == pytest.approx(SIGMA * math.sqrt(2 / 3))
     # SecAgg+ recovered the dropped party's pairwise masks: the sum of the two survivors.
@@ -129,7 +133,7 @@ def test_one_dropout_releases_with_reduced_effective_sigma(setup) -> None:
     assert np.max(np.abs(res.histogram - expected)) <= res.quantization_error_bound + 1e-9
 
 
-def test_one_dropout_below_minimum_halts_before_any_sum(setup) -> None:
+def test_one_dropout_below_minimum_halts_before_any_sum(setup, ray_cluster) -> None:
     """Reconstruction threshold = min_parties = 3: with one dropout SecAgg+ cannot unmask, so
     the server never holds a sum (not even one the strategy would then refuse)."""
     parties, cand, cand_lab = setup
@@ -139,27 +143,27 @@ def test_one_dropout_below_minimum_halts_before_any_sum(setup) -> None:
                                  plan=plan, sink=sink)
     client_app = make_client_app(_SimulationParties(parties), VOTE, noise_mode="seeded", seed=22,
                                  drop_parties=[0])
-    run_flower_simulation(server_app, client_app, 3)
+    run_flower_simulation(server_app, client_app, 3, ray_address=ray_cluster)
     assert sink.released is None and sink.observed == []
     assert sink.error_kind is InsufficientPartiesError
     assert "SecAgg+ halted" in (sink.error or "") and "(3)" in (sink.error or "")
 
 
-def test_too_many_dropouts_halt_secure_aggregation(setup) -> None:
+def test_too_many_dropouts_halt_secure_aggregation(setup, ray_cluster) -> None:
     parties, cand, cand_lab = setup
     with pytest.raises(FederatedRoundError, match="SecAgg\\+ halted"):
         federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=23,
-                                  min_parties=2, drop_parties=[0, 2])
+                                  min_parties=2, drop_parties=[0, 2], ray_address=ray_cluster)
 
 
-def test_zero_votes_aggregate_has_variance_sigma_squared() -> None:
+def test_zero_votes_aggregate_has_variance_sigma_squared(ray_cluster) -> None:
     rng = np.random.default_rng(7)
     parties = [PartyData(_unit(rng, 3, 8), rng.integers(0, 2, 3)) for _ in range(4)]
     cand = _unit(rng, 300, 8)
     cand_lab = np.arange(300) % 2
     sigma = 2.0
     res = federated_noisy_histogram(parties, cand, cand_lab, zero_votes, sigma, seed=None,
-                                    noise_mode="secure")
+                                    noise_mode="secure", ray_address=ray_cluster)
     assert res.parties_present == 4 and res.effective_sigma == sigma
     assert res.clip_probability_bound < 1e-12
     x = res.histogram

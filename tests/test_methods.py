@@ -168,31 +168,6 @@ def test_zero_shot_spends_nothing(tmp_path):
     assert len(_jsonl(run / "release" / "synthetic.jsonl")) >= 6
 
 
-@pytest.mark.cluster  # Flower's simulation engine (Ray)
-def test_wasp_federated_three_parties_through_secagg(tmp_path):
-    """The WASP loop (fake models) with its votes summed by a real Flower SecAgg+ simulation
-    across 3 parties, min_parties 2: each round is charged, before it runs, at the worst-case
-    noise of 2 of 3 noise shares, and the run still meets its epsilon."""
-    cfg = _config(tmp_path, "tiny-wasp.yaml", generators=[{"model": "smollm2",
-                                                           "max_new_tokens": 32}],
-                  **{"synthesis.samples": 12, "synthesis.iterations": 1,
-                     "wasp.federated": {"parties": 3, "dirichlet_alpha": 1.0,
-                                        "min_parties": 2}})
-    run = run_generation(cfg, tmp_path / "fed", progress=False, **_fakes())
-    privacy = json.loads((run / "release" / "privacy.json").read_text())
-    assert privacy["federated_parties"] == 3
-    assert 0 < privacy["epsilon"] <= 4.0 + 1e-6
-    votes = [m for m in privacy["mechanisms"] if m.get("name") == "topq_votes"]
-    assert len(votes) == 1 and votes[0]["count"] == 1
-    assert votes[0]["sigma"] == pytest.approx(privacy["noise_multiplier"]
-                                              * privacy["topq_sensitivity"] * np.sqrt(2 / 3),
-                                              rel=1e-9)
-    assert "iter0/topq/started/1" in (run / "private" / "releases" / "releases.jsonl").read_text()
-    stats = _jsonl(run / "stats.jsonl")
-    assert len(stats) == 1 and stats[0]["vote_mass"] != 0
-    assert len(_jsonl(run / "release" / "synthetic.jsonl")) == 12
-
-
 @pytest.mark.models
 def test_aug_pe_lookahead_and_user_level(tmp_path):
     """Lookahead embeddings (mean of variations) and user-level votes in one small run."""

@@ -468,23 +468,6 @@ def test_wasp_record_neighbours(tmp_path, spy):
     assert problems == [], "\n".join(problems)
 
 
-@pytest.mark.cluster  # Flower's simulation engine (Ray)
-def test_wasp_federated_record_neighbours(tmp_path, spy):
-    pytest.importorskip("flwr")
-    rows = private_rows(61)
-    extra = {"text": "patient Wexhollow asks about a skin rash since last week",
-             "label": "clinical", "user": "u-new"}
-
-    def cfg(p: Path) -> dict[str, Any]:
-        return pe_config("wasp", p, generators=[{"model": "fake-g0"}],
-                         **{"wasp.top_q": 3, "wasp.demonstrations": 2,
-                            "wasp.federated.parties": 3, "synthesis.iterations": 1})
-
-    problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
-                                allowed=PE_PUBLIC)
-    assert problems == [], "\n".join(problems)
-
-
 def test_federated_round_is_charged_before_parties_are_contacted(tmp_path, monkeypatch):
     """Bug 5: a federated round is a release the moment the server sees the sum, so a budget
     that cannot take it must refuse it before any party is contacted. The run resumes with a

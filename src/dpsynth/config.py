@@ -339,6 +339,13 @@ class SynthesisConfig(_Section):
     voting_ef_search: int = Field(64, ge=1, description="HNSW efSearch")
 
 
+def _ray_address(value: str, field: str) -> str:
+    """A Ray address setting: 'local', 'auto', 'ray://HOST:PORT' or 'HOST:PORT'."""
+    if value in {"auto", "local"} or value.startswith("ray://") or ":" in value:
+        return value
+    raise ValueError(f"{field} {value!r}: use local, auto, ray://HOST:PORT or HOST:PORT")
+
+
 class FederatedConfig(_Section):
     """Federated WASP (docs/methods.md §2): votes summed by Flower SecAgg+ across parties."""
 
@@ -350,6 +357,18 @@ class FederatedConfig(_Section):
                     "reconstruction threshold, and each round is charged at the noise of this "
                     "many parties",
     )
+    ray_address: str = Field(
+        "local", description="where Flower's simulation engine runs the parties: 'local' "
+                             "(start a one-machine Ray for each round and stop it after), or "
+                             "the address of a running Ray cluster ('auto', HOST:PORT, "
+                             "'ray://HOST:PORT') that every round joins, with one CPU per party "
+                             "actor",
+    )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address_form(cls, value: str) -> str:
+        return _ray_address(value, "wasp.federated.ray_address")
 
 
 class WaspConfig(_Section):
@@ -398,10 +417,7 @@ class ComputeConfig(_Section):
     @field_validator("address")
     @classmethod
     def _address_form(cls, value: str) -> str:
-        if value in {"auto", "local"} or value.startswith("ray://") or ":" in value:
-            return value
-        raise ValueError(f"compute.address {value!r}: use auto, local, ray://HOST:PORT or "
-                         "HOST:PORT")
+        return _ray_address(value, "compute.address")
 
 
 class RunConfig(_Section):

@@ -31,7 +31,8 @@ from dpsynth.federated.core import (
     validate_parties,
 )
 
-_RAY_INIT_ARGS: dict[str, Any] = {
+#: A round's own one-machine Ray ("local"): two CPUs, and one actor that takes both.
+_LOCAL_RAY_INIT_ARGS: dict[str, Any] = {
     "num_cpus": 2,
     "include_dashboard": False,
     "object_store_memory": 200 * 1024 * 1024,
@@ -67,6 +68,7 @@ def federated_noisy_histogram(
     timeout_s: float | None = 600.0,
     verbose: bool = False,
     wire_observer: Callable[[list[Any]], None] | None = None,
+    ray_address: str = "local",
 ) -> FederatedResult:
     """Secure sum over parties of (local votes + N(0, sigma^2 / P)) via Flower SecAgg+.
 
@@ -75,6 +77,7 @@ def federated_noisy_histogram(
     the largest party size, valid for Top-Q votes with weights 2^-q <= 1; this treats party sizes
     as public). Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
     ``wire_observer`` (audit/tests) sees every reply message the server receives.
+    ``ray_address``: where the simulation runs (:func:`run_flower_simulation`).
     """
     require("flwr", "federated", "federated voting (Flower)")
     from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
@@ -107,7 +110,8 @@ def federated_noisy_histogram(
                                  timeout_s=timeout_s, wire_observer=wire_observer)
     client_app = make_client_app(_SimulationParties(parties), vote_fn, noise_mode=noise_mode,
                                  seed=seed, drop_parties=drop_parties)
-    run_flower_simulation(server_app, client_app, num_parties, verbose=verbose)
+    run_flower_simulation(server_app, client_app, num_parties, verbose=verbose,
+                          ray_address=ray_address)
 
     if sink.released is None:
         raise sink.error_kind(sink.error or "federated round released nothing")
@@ -125,9 +129,21 @@ def federated_noisy_histogram(
     )
 
 
+def simulation_backend(ray_address: str = "local") -> dict[str, Any]:
+    """Flower's Ray backend settings: on ``"local"``, a one-machine Ray of two CPUs started for
+    the round, where one actor runs all ClientApps in turn (Flower stops that Ray when the
+    round ends); otherwise the running cluster at ``ray_address`` is joined (starting nothing:
+    each round costs a connection, not a Ray start) and each party actor takes one CPU."""
+    if ray_address == "local":
+        return {"client_resources": {"num_cpus": 2, "num_gpus": 0.0},
+                "init_args": dict(_LOCAL_RAY_INIT_ARGS)}
+    return {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"address": ray_address, "include_dashboard": False}}
+
+
 def run_flower_simulation(server_app: Any, client_app: Any, num_supernodes: int, *,
-                          verbose: bool = False) -> None:
-    """Run Flower's simulation engine (Ray backend, one actor runs all ClientApps in turn)."""
+                          verbose: bool = False, ray_address: str = "local") -> None:
+    """Run Flower's simulation engine on Ray (:func:`simulation_backend`)."""
     import warnings
 
     require("flwr.simulation", "federated", "Flower's simulation engine")
@@ -135,10 +151,7 @@ def run_flower_simulation(server_app: Any, client_app: Any, num_supernodes: int,
     from flwr.simulation import run_simulation
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    backend_config: dict[str, Any] = {
-        "client_resources": {"num_cpus": 2, "num_gpus": 0.0},  # one actor
-        "init_args": dict(_RAY_INIT_ARGS),
-    }
+    backend_config = simulation_backend(ray_address)
     flwr_logger = logging.getLogger("flwr")
     old_level = flwr_logger.level
     if not verbose:

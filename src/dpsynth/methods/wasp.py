@@ -141,6 +141,7 @@ class WaspStrategy:
                 seed=None if self.noise_mode == "secure"
                 else self.rngs.seed_for("federated", key),  # the run's private seed
                 noise_mode=self.noise_mode, min_parties=min_parties,
+                ray_address=fed.ray_address,
             )
             view.log(f"federated round {key}: {result.parties_present} of {fed.parties} "
                      "parties")
@@ -199,7 +200,8 @@ class Wasp(PEMethod):
                               "federated mode; set privacy.unit to 'record'")
         if fed.parties and config.compute.engine != "local":
             raise ConfigError("wasp.federated simulates its parties in this process: set "
-                              "compute.engine to 'local' (each party is its own shard)")
+                              "compute.engine to 'local' (each party is its own shard); "
+                              "wasp.federated.ray_address runs the parties on a Ray cluster")
         if fed.parties == 1:
             raise ConfigError("wasp.federated.parties must be 0 (off) or at least 2")
         if fed.parties and fed.min_parties is not None and not (
