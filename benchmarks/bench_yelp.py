@@ -33,6 +33,8 @@ import yaml
 
 from harness import ROOT, SHARED, markdown, run_arm
 
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M base"}
+
 
 def load() -> str:
     """The 1-, 5- and 15-minute load averages."""
@@ -75,6 +77,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--engine", default="ctranslate2")
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"],
+                    help="the embedded generator: SmolLM2-135M-Instruct (chat prompts) or the "
+                         "Gemma 3 270M base model (completion prompts)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--limit", type=int, default=None,
                     help="use only the first N private records (default: all 5000)")
@@ -116,7 +121,7 @@ def main() -> None:
     template = args.label_template or "{label1}. {label2}."
     intro = (
         f"Aug-PE, private = {size} yelp/dev.csv, test = {test_desc}, delta = 1e-5, "
-        f"SmolLM2-135M-Instruct ({args.engine}, CPU, batch {args.batch_size}), "
+        f"{MODEL_NAMES[args.model]} ({args.engine}, CPU, batch {args.batch_size}), "
         f"N = {args.samples} synthetic samples over the 50 joint (category, stars) classes, "
         f"L = {args.pool_multiplier}, T = {args.iterations}, max_new_tokens = "
         f"{args.max_new_tokens}, temperature {args.temperature}, prompts.task = {task!r}, "
@@ -139,7 +144,7 @@ def main() -> None:
                      "synthesis.iterations": args.iterations,
                      "synthesis.pool_multiplier": args.pool_multiplier,
                      "llm_cache": args.cache or str(out / "llm-cache.sqlite"),
-                     "generators": [{"model": "smollm2", "engine": args.engine,
+                     "generators": [{"model": args.model, "engine": args.engine,
                                      "batch_size": args.batch_size,
                                      "max_new_tokens": args.max_new_tokens,
                                      "temperature": args.temperature}]}
