@@ -151,6 +151,44 @@ def test_calibration_round_trip_mixture():
     assert blowup(p, rates, sigma * 0.98, T, discretization=disc).value > r
 
 
+def test_calibration_is_verified_at_the_fine_grid_in_few_probes(monkeypatch):
+    """The returned sigma meets the bound at the requested discretisation, sigma / (1 + tol)
+    does not (so it is the smallest to tol), and the search in mu_eff ~ 1 / sigma spends far
+    fewer PLD constructions than bisection from the Gaussian bracket would (>= 15 here)."""
+    import dpsynth.methods.secpe_theory as theory
+
+    probes: list[float] = []
+    real = theory.blowup
+
+    def counted(*args, **kwargs):
+        probes.append(kwargs["discretization"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(theory, "blowup", counted)
+    p, r, T, tol, disc = 1e-4, 1e-3, 4, 1e-3, 3e-3
+    rates = np.full(40, 0.01)
+    sigma = theory._calibrate_one_sigma(p, r, rates, T, rel_tol=tol, discretization=disc,
+                                        lower_hint=None)
+    assert real(p, rates, sigma, T, discretization=disc).value <= r
+    assert real(p, rates, sigma / (1 + tol), T, discretization=disc).value > r
+    assert probes.count(disc) == 2 and len(probes) <= 10
+
+
+def test_narrow_falls_back_to_bisection_on_a_flat_gap():
+    """A gap that is flat (capped) over most of the bracket still ends with gap(lo) > 0 >=
+    gap(hi) and hi / lo <= ratio."""
+    from dpsynth.methods.secpe_theory import _narrow
+
+    root = 3.7
+
+    def gap(sigma: float) -> float:
+        return min(1.0, 40.0 * (root / sigma - 1.0))  # capped at 1 below ~3.61
+
+    lo, hi = _narrow(gap, 1e-3, gap(1e-3), 1e3, gap(1e3), 1.001)
+    assert gap(lo) > 0 >= gap(hi) and hi / lo <= 1.001 * (1 + 1e-12)
+    assert lo < root <= hi
+
+
 def test_calibrate_secret_sigma_many_secrets_and_lp():
     # 5 records, 3 secrets; secret 2 duplicates secret 0's rate multiset (shared computation)
     m = sp.csr_matrix(np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1]]))

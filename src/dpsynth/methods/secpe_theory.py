@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -339,6 +339,36 @@ def _calibrate_cached(p: float, r: float, rates: bytes, T: int, rel_tol: float,
                                 lower_hint=lower_hint)
 
 
+def _narrow(gap: Callable[[float], float], lo: float, g_lo: float, hi: float, g_hi: float,
+            ratio: float) -> tuple[float, float]:
+    """Shrink a bracket with gap(lo) > 0 >= gap(hi) until hi / lo <= ratio; returns (lo, hi).
+
+    ``gap`` is close to linear in 1 / sigma (a Gaussian pair's mu is sensitivity / sigma), so
+    each probe is the false-position estimate in 1 / sigma, placed half the tolerance past it,
+    alternately above and below, so that both ends close in: with a good estimate two probes end
+    the search. An estimate at an end of the bracket, or two probes that did not halve it, fall
+    back to bisection in log sigma."""
+    half = math.log(ratio) / 2.0
+    probes, pair_start, bisect = 0, math.log(hi / lo), False
+    while hi / lo > ratio * (1.0 + 1e-12):
+        a, b = math.log(lo), math.log(hi)
+        u = 1.0 / hi + g_hi * (1.0 / hi - 1.0 / lo) / (g_lo - g_hi)  # root of the chord in 1/s
+        x = -math.log(u) + (half if probes % 2 == 0 else -half)
+        if bisect or not a + 0.02 * (b - a) <= x <= b - 0.02 * (b - a):
+            x = 0.5 * (a + b)
+        mid = math.exp(x)
+        g_mid = gap(mid)
+        if g_mid <= 0:
+            hi, g_hi = mid, g_mid
+        else:
+            lo, g_lo = mid, g_mid
+        probes += 1
+        if probes % 2 == 0:
+            width = math.log(hi / lo)
+            bisect, pair_start = width > 0.5 * pair_start, width
+    return lo, hi
+
+
 def _calibrate_one_sigma(
     p: float,
     r: float,
@@ -351,46 +381,72 @@ def _calibrate_one_sigma(
 ) -> float:
     """Smallest sigma (to rel_tol, rounded up) with B_{P,Q}(p) <= r for one secret.
 
-    Bracket: the (truncated) pair is dominated, by joint convexity of H, by the Gaussian pair with
-    sensitivity K = largest kept value of S, which meets the bound at sigma = K sqrt(T) / eta.
-    A coarse bisection (discretisation 1e-2; pessimistic, so still an upper bound) narrows the
-    bracket, then a fine one at ``discretization`` finishes; the returned sigma is always one
-    that was verified at ``discretization``.
+    The search runs on gap(sigma) = mu_eff(sigma) - eta, where mu_eff = Phi^-1(1 - p) -
+    Phi^-1(1 - B(sigma)) is the Gaussian-DP mu that would give the same blow-up (Lemma 3.3):
+    exactly sensitivity / sigma for a Gaussian pair, nearly so for the mixture. Start: the
+    (truncated) pair is dominated, by joint convexity of H, by the Gaussian pair with sensitivity
+    K = largest kept value of S, which meets the bound at sigma = K sqrt(T) / eta; from there
+    mu_eff ~ 1 / sigma puts the first estimate near the root. A search at a coarse
+    discretisation (1e-2; pessimistic, so still an upper bound) narrows the bracket to rel_tol
+    (:func:`_narrow`), then two probes at ``discretization`` usually confirm it; the returned
+    sigma is always one that was verified at ``discretization``.
     """
     rates = np.asarray(rates, dtype=np.float64)
     eta = float(r_to_mu(p, r))
     if math.isinf(eta) or not np.any(rates > 0):
         return 0.0
     support, _, _ = poisson_binomial_pmf(rates)
+    ratio = 1.0 + rel_tol
+    isf_r = float(norm.isf(r))
 
-    def ok(sigma: float, disc: float) -> bool:
-        return blowup(p, rates, sigma, T, discretization=disc).value <= r
+    def gap_at(disc: float) -> Callable[[float], float]:
+        """mu_eff(sigma) - eta: <= 0 exactly where B(sigma) <= r."""
+        def gap(sigma: float) -> float:
+            value = blowup(p, rates, sigma, T, discretization=disc).value
+            return isf_r - float(norm.isf(min(value, 1.0 - 1e-15)))
+        return gap
 
-    coarse = max(discretization, 1e-2)
+    coarse = gap_at(max(discretization, 1e-2))
     hi = max(float(support[-1]), 1.0) * math.sqrt(T) / eta * 1.05
-    while not ok(hi, coarse):
+    g_hi = coarse(hi)
+    while g_hi > 0:
         hi *= 2.0
         if hi > 1e12:
             raise RuntimeError("sigma calibration diverged")
-    lo = lower_hint if lower_hint is not None and lower_hint < hi else hi / 2.0
-    while ok(lo, coarse):
-        hi, lo = lo, lo / 2.0
-        if lo < 1e-9:
+        g_hi = coarse(hi)
+    # Below the root: the hint (a sigma already known to fall short), else the estimate
+    # hi * mu_eff(hi) / eta a step lower; every probe that still passes lowers hi.
+    lo = lower_hint if lower_hint is not None and lower_hint < hi else None
+    while True:
+        if lo is None:
+            lo = min(hi * (g_hi + eta) / eta / math.sqrt(ratio), hi / ratio)
+        g_lo = coarse(lo)
+        if g_lo > 0:
             break
-    two_phase = discretization < coarse
-    while hi / lo > 1.0 + (max(rel_tol, 1e-2) if two_phase else rel_tol):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if ok(mid, coarse) else (mid, hi)
-    if not two_phase:
+        hi, g_hi, lo = lo, g_lo, None
+        if hi < 1e-9:
+            return _verified(gap_at(discretization), hi, ratio)  # (next to) no noise needed
+    lo, hi = _narrow(coarse, lo, g_lo, hi, g_hi, ratio)
+    if discretization >= 1e-2:
         return hi
-    # Fine phase: hi passed at the coarse grid; re-verify at the fine one.
-    lo = hi / (1.0 + 3e-2)
-    while not ok(hi, discretization):
-        lo, hi = hi, hi * 1.03
-    while hi / lo > 1.0 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if ok(mid, discretization) else (mid, hi)
-    return hi
+    return _verified(gap_at(discretization), hi, ratio)
+
+
+def _verified(fine: Callable[[float], float], hi: float, ratio: float) -> float:
+    """The fine phase: ``hi`` passed at the coarse grid; confirm it, and that hi / ratio fails,
+    at the fine one (its bound is tighter, so its root is a hair lower: two probes)."""
+    g_hi = fine(hi)
+    while g_hi > 0:
+        hi *= 1.03
+        g_hi = fine(hi)
+    lo = hi / ratio
+    g_lo = fine(lo)
+    while g_lo <= 0:
+        hi, g_hi, lo = lo, g_lo, lo / 1.03
+        if lo < 1e-9:
+            return hi
+        g_lo = fine(lo)
+    return _narrow(fine, lo, g_lo, hi, g_hi, ratio)[1]
 
 
 def calibrate_secret_sigma(
