@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "yelp_n1000",
          "yelp_n1000_label_fidelity", "yelp_label_descriptions", "yelp_echo_cleaning", "wasp",
-         "wasp_small_m", "secpe", "secpe_yelp5000",
+         "wasp_small_m", "secpe", "secpe_yelp5000", "secpe_calibration",
          "private_prediction", "medsynth", "medsynth_run3", "serving", "ray", "ray-1label",
          "kill_anywhere"]
 HEADER = """# Benchmarks
@@ -29,6 +29,7 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 | Yelp: Aug-PE (N = 100, and N = 1000 on all 5000 records) | `bench_yelp.py` |
 | WASP: Banking77 (and WASP vs Aug-PE at small M) | `bench_wasp.py` |
 | SecPE vs Aug-PE on Yelp (1000 records; 5000 with PII / random-word secrets) | `bench_secpe.py` |
+| SecPE sigma calibration: mu search vs bisection | `bench_secpe_calibration.py` |
 | DP-SynRAG private prediction | `bench_private_prediction.py` |
 | DP-SynRAG on Medical Synth (400 / 2000 documents; run 3: LLM keywords) | `bench_medsynth.py` |
 | Serving: `llm serve` micro-batching | `bench_serving.py` (`dpsynth bench serving`) |
