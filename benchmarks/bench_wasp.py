@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from harness import ROOT, SHARED, markdown, run_arm
 
@@ -56,9 +57,15 @@ def small_m(args: argparse.Namespace, data: Path, out: Path, train: pd.DataFrame
     n = args.samples
     seeds = [int(x) for x in str(args.seed).split(",")]
     common: dict[str, Any] = {"llm_cache": str(out / "llm-cache.sqlite"), "generators": [SMOL]}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+        common[key] = yaml.safe_load(value)
     arms: dict[str, dict[str, Any]] = {}
     for i, seed in enumerate(seeds):
-        tag = "" if i == 0 else f"-s{seed}"  # the first seed's arms keep their plain names
+        # the first seed's arms keep their plain names
+        tag = args.tag + ("" if i == 0 else f"-s{seed}")
         for m in sizes:
             path = out / f"private-{m}.csv"
             sample.iloc[:m].to_csv(path, index=False)
@@ -71,8 +78,9 @@ def small_m(args: argparse.Namespace, data: Path, out: Path, train: pd.DataFrame
         if args.ablation and i == 0:
             big = {"data.path": str(out / f"private-{max(sizes)}.csv"),
                    "synthesis.samples": n, "privacy.seed": seed}
-            arms[f"wasp-top1-M{max(sizes)}"] = {**big, "wasp.top_q": 1}
-            arms[f"wasp-no-contrastive-M{max(sizes)}"] = {**big, "wasp.contrastive": False}
+            arms[f"wasp-top1-M{max(sizes)}{args.tag}"] = {**big, "wasp.top_q": 1}
+            arms[f"wasp-no-contrastive-M{max(sizes)}{args.tag}"] = {**big,
+                                                                    "wasp.contrastive": False}
     rows = []
     for name, extra in arms.items():
         if args.only and name not in args.only.split(","):
@@ -90,14 +98,15 @@ def small_m(args: argparse.Namespace, data: Path, out: Path, train: pd.DataFrame
             f"SmolLM2-135M-Instruct only (ctranslate2 int8, CPU; Gemma 3 is about 4x slower "
             f"here), max_new_tokens 40, run seed(s) {args.seed} (first seed: plain arm "
             f"names, others: `-s<seed>`; request seeds and post-processing; noise is secure OS "
-            f"noise). WASP: Q = 8, T = 2 voting rounds "
+            f"noise). " + "".join(f"{item}, " for item in args.set)
+            + "WASP: Q = 8, T = 2 voting rounds "
             f"(3 generation rounds), N = {n}. Aug-PE: {n // 2} kept from a pool of 2x with "
             f"T = 1, i.e. the same number generated. Accuracy and `:f1` (macro-F1): logistic "
             f"regression on MiniLM over the 77 intents; `private` = trained on the M real "
             f"records; `zero_shot` = the run's round-0 zero-shot generations. `load` = 1/5/15-"
             f"minute load average at the arm's start and end (2 shared cores, nice 19).")
         (ROOT / "results").mkdir(exist_ok=True)
-        (ROOT / "results" / "wasp_small_m.md").write_text(
+        (ROOT / "results" / args.results).write_text(
             markdown("WASP vs Aug-PE at small M: Banking77", intro, rows))
 
 
@@ -112,11 +121,18 @@ def main() -> None:
                     help="small-M: Top-1 and no-contrastive WASP arms at the largest M")
     ap.add_argument("--seed", default="0",
                     help="small-M: run seed(s) shared by the arms, e.g. 0,1 (a repeat per seed)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="small-M: one more config override for every arm, VALUE read as YAML "
+                         "(a lever such as synthesis.drop_off_task=true); repeatable")
+    ap.add_argument("--tag", default="", help="small-M: suffix of the arm names")
+    ap.add_argument("--out", default="banking", help="small-M: folder under benchmarks/runs")
+    ap.add_argument("--results", default="wasp_small_m.md",
+                    help="small-M: file under benchmarks/results")
     args = ap.parse_args()
     data = SHARED / "banking77"
     if not data.is_dir():
         raise SystemExit(f"{data} not found: the WASP benchmark needs ../shared/data")
-    out = ROOT / "runs" / "banking"
+    out = ROOT / "runs" / (args.out if args.private_sizes else "banking")
     out.mkdir(parents=True, exist_ok=True)
     train = pd.read_csv(data / "train.csv")
     if args.private_sizes:

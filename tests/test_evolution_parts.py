@@ -136,6 +136,14 @@ def test_clean_generation():
     assert clean_generation("Text: short", 12) is None
     assert clean_generation("**Message:** Please call me back tomorrow.", 5) == \
         "Please call me back tomorrow."
+    # drop_off_task: commentary on the prompt goes, a sample that says "for example" stays
+    for remark in ("Consider rephrasing the bad examples to sound more natural.",
+                   "The good examples are more specific about the card.",
+                   "The new text is clear and concise."):
+        assert clean_generation(remark, 5, drop_off_task=True) is None
+        assert clean_generation(remark, 5) == remark
+    sample = "For example, the pasta was great and the staff were friendly."
+    assert clean_generation(sample, 5, drop_off_task=True) == sample
 
 
 def test_mask_words_rate():

@@ -122,3 +122,26 @@ def test_strip_echoes_removes_the_repeated_request_from_every_kept_text(tmp_path
             (Path(run) / "release" / "synthetic.jsonl").read_text().splitlines()]
     assert rows
     assert all((echo in r["text"]) is not strip for r in rows)
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_drop_off_task_retries_commentary_on_the_prompt(tmp_path: Path, drop: bool) -> None:
+    """synthesis.drop_off_task: a generation that comments on the prompt ("the good examples
+    ...") is dropped and asked again, so none reaches the release; off, they are kept."""
+    import json
+
+    from dpsynth.api import run_generation
+
+    remark = "The good examples are more specific than the bad ones."
+    cfg = pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(40)),
+                    **{"synthesis.drop_off_task": drop, "synthesis.retries": 6})
+    gens = [FakeGenerator("fake-g0", transform=lambda text: remark if len(text) % 3 == 0
+                          else text)]
+    run = run_generation(parse_config(cfg), tmp_path / "run", progress=False, generators=gens,
+                         embedder=FakeEmbedder())
+    rows = [json.loads(line) for line in
+            (Path(run) / "release" / "synthetic.jsonl").read_text().splitlines()]
+    summary = json.loads((Path(run) / "release" / "summary.json").read_text())
+    assert rows
+    assert any(r["text"] == remark for r in rows) is not drop
+    assert (summary["retried"] > 0) is drop

@@ -325,6 +325,9 @@ class SynthesisConfig(_Section):
     strip_echoes: bool = Field(
         False, description="remove from each generation the sentences of its instruction's "
                            "request line it repeats (the label sentence, 'Write ...')")
+    drop_off_task: bool = Field(
+        False, description="drop, and retry, generations that comment on the prompt (its good "
+                           "and bad examples, the rephrasing asked for) instead of being a sample")
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
     max_candidates: int = Field(200_000, gt=0)
     voting: Literal["exact", "pq", "ivf", "hnsw"] = Field(

@@ -96,6 +96,17 @@ _REFUSAL = re.compile(
 )
 
 
+#: A generation that talks about the prompt (its examples, the rephrasing asked for) instead of
+#: being a sample: what a small model answers to WASP's contrastive prompt about 40 % of the
+#: time (BENCHMARKS.md, WASP at small M).
+_OFF_TASK = re.compile(
+    r"\b(?:good|bad) (?:examples?|ones)\b|\bexamples? (?:above|below|provided|given)\b|"
+    r"\b(?:the|these|those|your|my) examples\b|\brephras\w*|"
+    r"\b(?:new|original|given|following|above) (?:text|example|sentence|version)\b",
+    re.IGNORECASE,
+)
+
+
 def instruction_sentences(instruction: str) -> list[str]:
     """The sentences of an instruction's first line (the request and the label sentence, never
     a quoted text or a demonstration), for :func:`clean_generation`'s echo removal."""
@@ -104,10 +115,11 @@ def instruction_sentences(instruction: str) -> list[str]:
 
 
 def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
-                     echoes: Sequence[str] = ()) -> str | None:
+                     echoes: Sequence[str] = (), drop_off_task: bool = False) -> str | None:
     """Strip chat artefacts (preambles, quotes, markdown) and any of the ``echoes`` (sentences
     of the instruction the model repeated, e.g. the label sentence) from a generation; None
-    when the result is empty, a refusal, or shorter than `min_chars`."""
+    when the result is empty, a refusal, shorter than `min_chars`, or (``drop_off_task``)
+    commentary on the prompt rather than a sample."""
     text = raw.replace("\r", "").strip()
     for echo in echoes:
         text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
@@ -118,5 +130,7 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
         text = text[1:-1].strip()
     text = re.sub(r"\s+", " ", text).strip()
     if len(text) < min_chars or _REFUSAL.search(text):
+        return None
+    if drop_off_task and _OFF_TASK.search(text):
         return None
     return text[:max_chars]

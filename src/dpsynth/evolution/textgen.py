@@ -87,7 +87,8 @@ class Synthesizer:
             for i, raw in zip(pending, outputs, strict=True):
                 echoes = (instruction_sentences(instructions[i])
                           if self.synthesis.strip_echoes else ())
-                text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes)
+                text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes,
+                                        drop_off_task=self.synthesis.drop_off_task)
                 if text is None:
                     failed.append(i)
                 else:
