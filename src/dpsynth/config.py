@@ -365,7 +365,8 @@ class FederatedConfig(_Section):
                              "(start a one-machine Ray for each round and stop it after), or "
                              "the address of a running Ray cluster ('auto', HOST:PORT, "
                              "'ray://HOST:PORT') that every round joins, with one CPU per party "
-                             "actor",
+                             "actor; the simulated parties' records travel to that cluster's "
+                             "nodes, as shards do with compute.engine: ray",
     )
 
     @field_validator("ray_address")
