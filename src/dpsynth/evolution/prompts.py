@@ -102,7 +102,7 @@ _REFUSAL = re.compile(
 _OFF_TASK = re.compile(
     r"\b(?:good|bad) (?:examples?|ones)\b|\bexamples? (?:above|below|provided|given)\b|"
     r"\b(?:the|these|those|your|my) examples\b|\brephras\w*|"
-    r"\b(?:new|original|given|following|above) (?:text|example|sentence|version)\b",
+    r"\b(?:new|original|given|following|above) (?:text|example|sentence)\b",
     re.IGNORECASE,
 )
 
