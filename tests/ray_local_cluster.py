@@ -50,7 +50,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         for proc in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.terminate()
-        _, alive = psutil.wait_procs(tree, timeout=10)
+        _, alive = psutil.wait_procs(tree, timeout=1.5)  # then killed: a test cluster
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
