@@ -114,6 +114,9 @@ class FaultProxy:
             return kind
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stop is not None and self._stop.is_set():  # accepted as the proxy stopped
+            writer.transport.abort()
+            return
         self._open.add(writer)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -158,6 +161,8 @@ class FaultProxy:
             writer.transport.abort()
         finally:
             self._open.discard(writer)
+            if self._stop is not None and self._stop.is_set():  # cancelled by the stop
+                writer.transport.abort()
 
     @staticmethod
     async def _reply(writer: asyncio.StreamWriter, status: str, payload: bytes,
@@ -177,10 +182,11 @@ class FaultProxy:
             self._stop = asyncio.Event()
             server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
             self._ready.set()
-            async with server:
-                await self._stop.wait()
-                for writer in list(self._open):  # as a killed process: connections reset
-                    writer.transport.abort()
+            await self._stop.wait()
+            server.close()  # first stop accepting, then reset what is open, as a killed
+            for writer in list(self._open):  # process's connections are: none is left
+                writer.transport.abort()  # waiting for a client's read timeout
+            await server.wait_closed()
 
         asyncio.run(main())
 
