@@ -49,12 +49,34 @@ def smollm():
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[str]:
+def ray_cluster_address() -> Iterator[str]:
     """One real local Ray cluster (a head and one more node on 127.0.0.1) for the whole
     session; yields its address. Tests that use it run on one xdist worker (group "ray")."""
+    import ray
+
     from ray_local_cluster import local_ray_cluster
 
-    yield from local_ray_cluster()
+    for address in local_ray_cluster():
+        try:
+            yield address
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+
+
+@pytest.fixture
+def ray_cluster(ray_cluster_address: str) -> str:
+    """The session's cluster, with this process connected to it as the driver, as a caller
+    who runs ``ray.init`` before dpsynth does (the engine then joins that connection). One
+    driver serves every run of the session instead of a new driver per run: Ray reuses the
+    ports of finished workers and drivers, and a run that started right after another one
+    once hung in CI on a reply sent to the previous driver's port. A test that disconnected
+    (Flower's simulation shuts Ray down when it ends) is connected again here."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=ray_cluster_address, log_to_driver=False)
+    return ray_cluster_address
 
 
 #: Fixtures that load a real offline model: a test using one is a ``models`` test.

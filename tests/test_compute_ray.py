@@ -350,16 +350,15 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
 
     with session("seq") as s:
         sequential = [private_predict(s, key, gen, docs, **opts) for key, docs in clusters]
-    ray.init(address=ray_cluster, log_to_driver=False)
+    assert ray.is_initialized()  # the ray_cluster fixture connected this process
+    workers = logit_workers(GivenGenerator(FakeGenerator("fake-g0")), 2)
     try:
-        workers = logit_workers(GivenGenerator(FakeGenerator("fake-g0")), 2)
         with session("ray") as s:
             parallel = private_predict_clusters(s, gen, clusters, workers, **opts)
             spent = s.epsilon(1e-6)
+    finally:
         for w in workers:
             ray.kill(w)
-    finally:
-        ray.shutdown()
     assert parallel == sequential
     assert any(p.token_ids for p in parallel)
     with session("seq") as s:

@@ -67,6 +67,10 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
     """The aggregate equals the sum of the parties' noisy local histograms (recomputed outside
     Flower with the same seeds) within the quantisation bound, and nothing else reaches the server.
     """
+    import ray
+
+    if ray.is_initialized():  # left connected to the test cluster by an earlier test: the
+        ray.shutdown()  # default "local" round must start (and stop) its own Ray
     parties, cand, cand_lab = setup
     # The server factory takes only public inputs.
     params = set(inspect.signature(make_server_app).parameters)
