@@ -51,7 +51,7 @@ def smollm():
 @pytest.fixture(scope="session")
 def ray_cluster_address() -> Iterator[str]:
     """One real local Ray cluster (a head and one more node on 127.0.0.1) for the whole
-    session; yields its address. Tests that use it run on one xdist worker (group "ray")."""
+    session; yields its address. The modules that use it run on one xdist worker."""
     import ray
 
     from ray_local_cluster import local_ray_cluster
