@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "yelp_n1000",
          "yelp_n1000_label_fidelity", "yelp_label_descriptions", "yelp_echo_cleaning",
-         "yelp_levers", "wasp",
+         "yelp_levers", "yelp_n1000_best", "wasp",
          "wasp_small_m", "wasp_offtask", "secpe", "secpe_yelp5000", "secpe_calibration",
          "private_prediction", "medsynth", "medsynth_run3", "serving", "ray", "ray-1label",
          "kill_anywhere"]
