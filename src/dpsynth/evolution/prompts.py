@@ -97,8 +97,8 @@ _REFUSAL = re.compile(
 
 
 #: A generation that talks about the prompt (its examples, the rephrasing asked for) instead of
-#: being a sample: what a small model answers to WASP's contrastive prompt about 40 % of the
-#: time (BENCHMARKS.md, WASP at small M).
+#: being a sample: SmolLM2-135M answers WASP's contrastive prompt so about a fifth of the time
+#: by this pattern (BENCHMARKS.md, WASP lever: dropping generations that comment on the prompt).
 _OFF_TASK = re.compile(
     r"\b(?:good|bad) (?:examples?|ones)\b|\bexamples? (?:above|below|provided|given)\b|"
     r"\b(?:the|these|those|your|my) examples\b|\brephras\w*|"

@@ -419,7 +419,8 @@ def _calibrate_one_sigma(
     lo = lower_hint if lower_hint is not None and lower_hint < hi else None
     while True:
         if lo is None:
-            lo = min(hi * (g_hi + eta) / eta / math.sqrt(ratio), hi / ratio)
+            # g_hi + eta = mu_eff(hi) >= 0; the floor keeps lo > 0 should it round to 0
+            lo = max(min(hi * (g_hi + eta) / eta / math.sqrt(ratio), hi / ratio), hi * 1e-6)
         g_lo = coarse(lo)
         if g_lo > 0:
             break
