@@ -85,7 +85,8 @@ def local_ray_cluster() -> Iterator[str]:
     finally:
         _stop(procs)
         log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+        if not os.environ.get("DPSYNTH_KEEP_RAY_LOGS"):  # set it to read Ray's logs afterwards
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def _wait_nodes(address: str, n: int, procs: list[subprocess.Popen],

@@ -224,8 +224,11 @@ def _both(tmp_path: Path, cfg: dict[str, Any], address: str, name: str) -> tuple
     return local_run, ray_run
 
 
+# calibration is the slow part: one iteration, and the coarse accounting grid (the default
+# grid runs in test_a_resumed_secpe_run_reuses_the_saved_plan and test_secpe_privacy)
 SECPE = {"secpe.secrets": [{"kind": "regex", "pattern": r"ACCT-\d{4}"}],
-         "secpe.clusters": 4, "secpe.clip": 0.5, "synthesis.iterations": 1}  # calibration: slow
+         "secpe.clusters": 4, "secpe.clip": 0.5, "synthesis.iterations": 1,
+         "secpe.discretization": 1e-2}
 
 
 @pytest.mark.parametrize("method,unit", [("aug_pe", "record"), ("aug_pe", "user"),

@@ -78,8 +78,8 @@ def test_wasp_generates_its_last_round_and_releases_the_configured_samples(tmp_p
 
 def test_secpe_privacy_json_has_no_private_counts(tmp_path):
     """The exact split goes to private/diagnostics.jsonl (0600), not to release/privacy.json."""
-    run = run_generation(_config(tmp_path, "tiny-secpe.yaml"), tmp_path / "secpe",
-                         progress=False, **_fakes())
+    cfg = _config(tmp_path, "tiny-secpe.yaml", **{"secpe.discretization": 1e-2})  # faster
+    run = run_generation(cfg, tmp_path / "secpe", progress=False, **_fakes())
     text = (run / "release" / "privacy.json").read_text()
     sp = json.loads(text)["secret_protection"]
     assert not {"split", "per_type"} & set(sp)

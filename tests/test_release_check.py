@@ -520,7 +520,8 @@ def test_secpe_secret_neighbours(tmp_path, spy):
         return pe_config("secpe", p, **{"secpe.secrets": [{"kind": "regex",
                                                            "pattern": r"ACCT-\d{4}"}],
                                         "secpe.clusters": 4, "secpe.clip": 0.5,
-                                        "synthesis.iterations": 1})  # calibration is slow
+                                        "synthesis.iterations": 1,  # calibration is slow
+                                        "secpe.discretization": 1e-2})
 
     problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
                                 allowed=PE_PUBLIC)

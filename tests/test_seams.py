@@ -30,7 +30,7 @@ SECRETS = [{"kind": "regex", "name": "n", "pattern": r"(Zorvath|Quellmir)\d+"}]
 METHODS: dict[str, dict[str, Any]] = {
     "aug_pe": {},
     "wasp": {"wasp.top_q": 3, "wasp.demonstrations": 2},
-    "secpe": {"secpe.secrets": SECRETS, "secpe.clusters": 4},
+    "secpe": {"secpe.secrets": SECRETS, "secpe.clusters": 4, "secpe.discretization": 1e-2},
     "zero_shot": {},
 }
 KEYS = {

@@ -60,7 +60,7 @@ def test_the_split_and_plan_without_the_membership_equal_the_gathered_ones(shard
     tests/test_secpe_privacy.py's: a cheap stand-in here)."""
     seen: list[Any] = []
 
-    def lp_only(membership: Any, p: float, r: float, T: int) -> Any:
+    def lp_only(membership: Any, p: float, r: float, T: int, **_: Any) -> Any:
         seen.append(membership)
         eta = np.full(membership.shape[1], secpe_theory.r_to_mu(p, r))
         rates = secpe_theory.sampling_rates(secpe_theory.secret_weights_lp(membership, eta))
@@ -95,22 +95,23 @@ def test_a_resumed_secpe_run_reuses_the_saved_plan(tmp_path, monkeypatch):
     uninterrupted run's."""
     import dpsynth.evolution.loop as loop
 
-    calls: list[int] = []
+    calls: list[float] = []  # the accounting grid of each SecretNoise solve
     real = secpe_theory.plan_secret_noise
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
+        calls.append(kwargs["discretization"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(secpe_theory, "plan_secret_noise", counted)
     rows = private_rows(40)
     for i in (2, 9, 16, 30):
         rows[i]["text"] += f" account ACCT-{7100 + i}"
-    cfg = pe_config("secpe", write_csv(tmp_path / "d.csv", rows), **SECPE)
+    default_grid = {**SECPE, "secpe.discretization": 3e-3}  # a whole run at the default
+    cfg = pe_config("secpe", write_csv(tmp_path / "d.csv", rows), **default_grid)
     whole = test_compute_ray._run(
         {**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / "w.json")}},
         tmp_path / "whole")
-    assert len(calls) == 1
+    assert calls == [3e-3]  # secpe.discretization reaches the calibration
     save = loop._save
 
     def stopping(run: Any, iteration: int, pool: Any, strategy: Any) -> None:
@@ -216,3 +217,16 @@ def test_no_rates_no_sample(tmp_path):
     assert kernels.load_rates(path, "d2") is None
     rows, rates = kernels.load_rates(path, "d1")
     assert rows.tolist() == [0, 1] and rates.tolist() == [0.5, 0.0]
+
+
+def test_the_saved_plan_is_keyed_by_the_accounting_grid(tmp_path):
+    """A resume with another ``secpe.discretization`` calibrates again: the grid is part of
+    the saved plan's digest (as p, r, T and the data are)."""
+    from dpsynth.config import parse_config
+    from dpsynth.methods.secpe import plan_digest
+
+    cfg = pe_config("secpe", write_csv(tmp_path / "d.csv", private_rows(4)), **SECPE)
+    coarse = parse_config(cfg)
+    default = parse_config({**cfg, "secpe": {**cfg.get("secpe", {}), "discretization": 3e-3}})
+    assert coarse.secpe.discretization == 1e-2 and default.secpe.discretization == 3e-3
+    assert plan_digest(coarse, "same-data") != plan_digest(default, "same-data")

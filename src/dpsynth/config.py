@@ -403,6 +403,13 @@ class SecPEConfig(_Section):
         description="R: private embeddings are clipped to norm R; a centre's noise scale is "
                     "(R + max(1, R)) / n_k, so R < 1 still pays (1 + R) / n_k",
     )
+    discretization: float = Field(
+        3e-3, gt=0, le=0.05,
+        description="the privacy-loss grid of SecretNoise's accountant (dp_accounting's "
+                    "value_discretization_interval): pessimistic at any grid, so the (p, r) "
+                    "bound holds either way; a coarser grid calibrates faster and asks for a "
+                    "little more noise",
+    )
 
 
 class ComputeConfig(_Section):

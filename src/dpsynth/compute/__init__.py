@@ -140,13 +140,18 @@ class PrivateCompute:
         return split
 
     def plan_secret_rates(self, split: Any, p: float, r: float, T: int, digest: str,
-                          folder: Any = None) -> dict[str, Any]:
+                          folder: Any = None, discretization: float | None = None
+                          ) -> dict[str, Any]:
         """SecretNoise over the shards' membership (``secpe_theory.plan_from_hits``); the
         rates go to the shards, which keep (and save, under ``digest``) their rows' rates;
         returns the plan's summary (``sigma_star``, ``max_rate``, secrets per type).
-        ``folder``: the run's private folder, where the local engine saves its rates."""
+        ``folder``: the run's private folder, where the local engine saves its rates;
+        ``discretization``: the accountant's grid (``secpe.discretization``)."""
+        from ..methods.secpe_theory import DEFAULT_DISCRETIZATION
+
+        disc = DEFAULT_DISCRETIZATION if discretization is None else float(discretization)
         rates, summary = self._secret_plan(split.parts, split.specs, split.n_records, p, r,
-                                           T)
+                                           T, disc)
         self.keep_secret_rates(rates, digest, folder)
         split.parts = []  # planned: the handles (Ray: object refs) are let go
         return summary
@@ -158,10 +163,10 @@ class PrivateCompute:
         return [f for f, _ in got], [h for _, h in got]
 
     def _secret_plan(self, parts: list[Any], parsed: list[Any], n: int, p: float, r: float,
-                     T: int) -> tuple[Any, dict[str, Any]]:
+                     T: int, discretization: float) -> tuple[Any, dict[str, Any]]:
         from ..methods.secpe_theory import plan_from_hits
 
-        return plan_from_hits(parts, parsed, n, p, r, T)
+        return plan_from_hits(parts, parsed, n, p, r, T, discretization=discretization)
 
     def keep_secret_rates(self, rates: Any, digest: str, folder: Any = None) -> None:
         """Give the shards SecPE's rates ((private rows, rates), or the engine's handle)."""

@@ -301,13 +301,15 @@ class ShardActor:
         return getattr(self._synrag, op)(*args)
 
 
-def secret_plan_task(specs: list[Any], n: int, p: float, r: float, T: int, *parts: Any
+def secret_plan_task(specs: list[Any], n: int, p: float, r: float, T: int,
+                     discretization: float, *parts: Any
                      ) -> tuple[tuple[np.ndarray, np.ndarray], dict[str, Any]]:
     """SecPE's SecretNoise plan as a Ray task (two returns): Ray resolves ``parts``, the
     shards' membership refs, here; the driver then reads only the summary."""
     from ..methods.secpe_theory import plan_from_hits
 
-    rates, summary = plan_from_hits(list(parts), specs, n, p, r, T)
+    rates, summary = plan_from_hits(list(parts), specs, n, p, r, T,
+                                    discretization=discretization)
     return rates, {**summary, "pid": os.getpid()}
 
 
@@ -473,11 +475,11 @@ class RayCompute(PrivateCompute):
         return self._ray.get([f for f, _ in pairs]), [h for _, h in pairs]
 
     def _secret_plan(self, parts: list[Any], parsed: list[Any], n: int, p: float, r: float,
-                     T: int) -> tuple[Any, dict[str, Any]]:
+                     T: int, discretization: float) -> tuple[Any, dict[str, Any]]:
         """SecretNoise in a Ray task over the shards' membership refs (never fetched
         here); (the rates' ref, for the shards; the summary, which this process reads)."""
         task = self._ray.remote(secret_plan_task).options(num_returns=2, num_cpus=0)
-        rates, summary = task.remote(parsed, n, p, r, T, *parts)
+        rates, summary = task.remote(parsed, n, p, r, T, discretization, *parts)
         got = self._ray.get(summary)
         #: the pid of the process that ran the plan (a Ray worker, not this driver)
         self.secret_plan_pid = int(got.pop("pid"))

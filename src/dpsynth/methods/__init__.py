@@ -19,7 +19,7 @@ REGISTRY: dict[str, str] = {
     "aug_pe": "dpsynth.methods.aug_pe:AugPE",
     "wasp": "dpsynth.methods.wasp:Wasp",
     "secpe": "dpsynth.methods.secpe:SecPE",
-    "synrag": "dpsynth.methods.synrag:SynRAG",
+    "synrag": "dpsynth.methods.synrag.method:SynRAG",
 }
 
 #: old spellings accepted on read (run folders written before the rename)

@@ -56,13 +56,13 @@ if TYPE_CHECKING:
 def plan_digest(config: RunConfig, fingerprint: str) -> str:
     """The key of a saved SecretNoise plan: the secret definitions, p, r, T, the data's
     fingerprint and the calibration's fixed settings."""
-    from .secpe_theory import DEFAULT_DISCRETIZATION, DEFAULT_TAIL_MASS
+    from .secpe_theory import DEFAULT_TAIL_MASS
 
     cfg = config.secpe
     key = {"secrets": [dict(s) for s in cfg.secrets], "p": cfg.p,
            "r": min(1.0, cfg.p * cfg.r_over_p), "T": config.synthesis.iterations,
            "fingerprint": fingerprint, "rule": "paper",
-           "discretization": DEFAULT_DISCRETIZATION, "tail_mass": DEFAULT_TAIL_MASS}
+           "discretization": cfg.discretization, "tail_mass": DEFAULT_TAIL_MASS}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -144,7 +144,7 @@ class SecretPlan:
                               "the public clustering; narrow the secret definitions")
         r = min(1.0, cfg.p * cfg.r_over_p)
         summary = compute.plan_secret_rates(split, cfg.p, r, config.synthesis.iterations,
-                                            digest, folder)
+                                            digest, folder, cfg.discretization)
         if folder is not None:
             _save_plan(folder, digest, split, summary)
         return cls(config, split, summary, digest, folder)

@@ -573,6 +573,8 @@ def plan_from_hits(
     p: float,
     r: float,
     T: int,
+    *,
+    discretization: float = DEFAULT_DISCRETIZATION,
 ) -> tuple[tuple[np.ndarray, np.ndarray], dict[str, object]]:
     """SecretNoise over a sharded secret scan: merges the shards' hits (``parts``, from
     ``compute.kernels.secret_partial``) into the private membership and runs
@@ -589,7 +591,8 @@ def plan_from_hits(
     if index.no_secrets:
         rates = np.zeros(0)
     elif r < 1.0:
-        noise = plan_secret_noise(index.private_membership(), p, r, T)
+        noise = plan_secret_noise(index.private_membership(), p, r, T,
+                                  discretization=discretization)
         rates, sigma = np.asarray(noise.rates, dtype=np.float64), float(noise.sigma)
     else:
         rates = np.ones(len(private))  # r = 1: no protection asked

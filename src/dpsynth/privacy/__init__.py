@@ -2,45 +2,99 @@
 release events), accountants behind dp_accounting's interface, one calibration, pure mechanisms,
 the release store and session, and the cross-run budget ledger."""
 
-from .accountant import (
-    KINDS,
-    Accountant,
-    gdp_delta,
-    gdp_epsilon,
-    zcdp_to_delta_cks,
-    zcdp_to_eps_cks,
-    zcdp_to_eps_standard,
-)
-from .calibration import (
-    calibrate_gaussian_sigma,
-    calibrate_steps,
-    plan_epsilon,
-    steps_epsilon,
-    validate_epsilon_delta,
-)
-from .errors import BudgetExceededError, BudgetRefusedError, PrivacyConfigError
-from .events import (
-    Event,
-    ExponentialEvent,
-    GaussianEvent,
-    PureDpEvent,
-    ZCDPEvent,
-    as_event_list,
-    event_from_dict,
-    overlapping,
-    to_dp_event,
-)
-from .ledger import BudgetLedger, default_ledger_path, keyed_fingerprint
-from .mechanisms import (
-    exponential_mechanism,
-    gaussian_mechanism,
-    private_token_mechanism,
-    threshold_log_weights,
-    threshold_mechanism,
-)
-from .noise import NoiseSource, SecureNoise, SeededNoise, make_noise_source, run_seed
-from .session import PrivacySession, noise_note
-from .store import ReleaseStore, StoreLockedError
+# The names below load on first use (PEP 562): a Ray worker that needs only the noise sources
+# or the mechanisms does not import dp_accounting (and the scipy.signal/stats it pulls in).
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .accountant import (
+        KINDS,
+        Accountant,
+        gdp_delta,
+        gdp_epsilon,
+        zcdp_to_delta_cks,
+        zcdp_to_eps_cks,
+        zcdp_to_eps_standard,
+    )
+    from .calibration import (
+        calibrate_gaussian_sigma,
+        calibrate_steps,
+        plan_epsilon,
+        steps_epsilon,
+        validate_epsilon_delta,
+    )
+    from .errors import BudgetExceededError, BudgetRefusedError, PrivacyConfigError
+    from .events import (
+        Event,
+        ExponentialEvent,
+        GaussianEvent,
+        PureDpEvent,
+        ZCDPEvent,
+        as_event_list,
+        event_from_dict,
+        overlapping,
+        to_dp_event,
+    )
+    from .ledger import BudgetLedger, default_ledger_path, keyed_fingerprint
+    from .mechanisms import (
+        exponential_mechanism,
+        gaussian_mechanism,
+        private_token_mechanism,
+        threshold_log_weights,
+        threshold_mechanism,
+    )
+    from .noise import NoiseSource, SecureNoise, SeededNoise, make_noise_source, run_seed
+    from .session import PrivacySession, noise_note
+    from .store import ReleaseStore, StoreLockedError
+
+#: exported name -> the submodule that defines it
+_WHERE: dict[str, str] = {
+    "Accountant": "accountant",
+    "KINDS": "accountant",
+    "gdp_delta": "accountant",
+    "gdp_epsilon": "accountant",
+    "zcdp_to_delta_cks": "accountant",
+    "zcdp_to_eps_cks": "accountant",
+    "zcdp_to_eps_standard": "accountant",
+    "calibrate_gaussian_sigma": "calibration",
+    "calibrate_steps": "calibration",
+    "plan_epsilon": "calibration",
+    "steps_epsilon": "calibration",
+    "validate_epsilon_delta": "calibration",
+    "BudgetExceededError": "errors",
+    "BudgetRefusedError": "errors",
+    "PrivacyConfigError": "errors",
+    "Event": "events",
+    "ExponentialEvent": "events",
+    "GaussianEvent": "events",
+    "PureDpEvent": "events",
+    "ZCDPEvent": "events",
+    "as_event_list": "events",
+    "event_from_dict": "events",
+    "overlapping": "events",
+    "to_dp_event": "events",
+    "BudgetLedger": "ledger",
+    "default_ledger_path": "ledger",
+    "keyed_fingerprint": "ledger",
+    "exponential_mechanism": "mechanisms",
+    "gaussian_mechanism": "mechanisms",
+    "private_token_mechanism": "mechanisms",
+    "threshold_log_weights": "mechanisms",
+    "threshold_mechanism": "mechanisms",
+    "NoiseSource": "noise",
+    "SecureNoise": "noise",
+    "SeededNoise": "noise",
+    "make_noise_source": "noise",
+    "run_seed": "noise",
+    "PrivacySession": "session",
+    "noise_note": "session",
+    "ReleaseStore": "store",
+    "StoreLockedError": "store",
+}
 
 __all__ = [
     "KINDS",
@@ -85,3 +139,17 @@ __all__ = [
     "zcdp_to_eps_cks",
     "zcdp_to_eps_standard",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` the first time it is asked for."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..methods.synrag import SynRAG
+from ..methods.synrag.method import SynRAG
 
 __all__ = ["build_kb"]
 

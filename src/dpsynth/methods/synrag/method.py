@@ -1,0 +1,199 @@
+"""DP-SynRAG as a registered method (:class:`SynRAG`): the run, its privacy plan and its
+release; the package docstring gives the order of the steps."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ...config import ConfigError, RunConfig
+from ...diagnostics import append_diagnostic
+from ...io import write_jsonl
+from ...runs import RunDir
+from ..base import Job, Method, Outcome, PrivacyPlan
+from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
+from .clusters import (
+    histogram_sigma,
+    noise_floor,
+    top_keywords,
+)
+from .config import SynRAGConfig, max_private_tokens, synrag_dict
+from .pipeline import (
+    Corpus,
+    Notice,
+    _resolve_vocabulary,
+    check_vocabulary_public,
+    generate_clusters,
+    load_models,
+)
+from .retrieval import centre_sigma
+
+if TYPE_CHECKING:
+    from ...data import Dataset
+
+__all__ = ["SynRAG"]
+
+
+class SynRAG(Method):
+    """DP-SynRAG as a registered method; ``source`` (the config file, resolving a relative
+    vocabulary path) and ``output_dir`` (refused as the vocabulary's home) are optional."""
+
+    name = "synrag"
+    releases = "knowledge_base"
+    section = "synrag"
+    config_model = SynRAGConfig
+    #: with compute.engine: ray the documents stay on the shard actors (keywords, clusters,
+    #: embeddings, S_r): the driver gets partial statistics, the logit workers S_r's texts
+    sharded_data: ClassVar[bool] = True
+
+    def __init__(self, source: RunConfig | str | Path | None = None,
+                 output_dir: str | Path | None = None) -> None:
+        self.source = source
+        self.output_dir = output_dir
+
+    def check(self, config: RunConfig) -> None:
+        self.settings(config)
+        if self.source is None:
+            check_vocabulary_public(config, self.output_dir)
+        else:
+            _resolve_vocabulary(config, self.source, self.output_dir)
+
+    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
+        """The clip c calibrated so that Theorem 1 meets the (epsilon, delta) target."""
+        scfg = self.settings(config)
+        eps, delta = config.privacy.epsilon, config.privacy.delta
+        if len(dataset) == 0:
+            raise ConfigError("the private data has no records")
+        clip = resolve_clip(scfg, eps, delta)
+        return PrivacyPlan("dp", None, "zcdp", (eps, delta), meta={"clip": clip},
+                           notes={"clip": clip})
+
+    def execute(self, job: Job) -> Outcome:
+        from ...rag.index import build_index
+        from ...runner import open_session
+        from .filtering import self_filter
+        from .keywords import load_vocabulary
+
+        started = time.time()
+        cfg, run, main = job.config, job.run, job.session
+        scfg: SynRAGConfig = self.settings(cfg)
+        clip = float(job.plan.notes["clip"])
+        note = Notice(run, job.echo)
+        engine = getattr(job.dataset, "compute", None)
+        corpus = (Corpus.on_shards(engine) if getattr(engine, "engine", None) == "ray"
+                  else Corpus.in_process(cfg, job.dataset, run))
+        gen, emb_model = load_models(cfg, run, job.generators[0] if job.generators else None,
+                                     job.embedder)
+        vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
+                                demo_seed=cfg.data.demo_seed)
+        note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
+             f"clip c = {clip:.5g}")
+        n_docs = corpus.n_documents()
+        note.private(f"{n_docs} private documents", documents=n_docs)
+        store = open_session(cfg, run, job.plan, folder="cluster-releases", target=False)
+        job.cleanup.callback(store.close)
+
+        # 1. keywords (kept with the documents) and the noisy histogram
+        k = scfg.keywords_per_doc
+        tag = [job.fingerprint, vocab.source, len(vocab), k, scfg.keyword_extractor,
+               scfg.keyword_fill]
+        hist = corpus.keyword_histogram(vocab, scfg, tag, _llm(cfg, scfg, gen, corpus),
+                                        job.progress)
+        sigma_h = histogram_sigma(k, scfg.rho_hist)
+        noisy = np.asarray(main.gaussian("synrag/keyword_histogram", hist, math.sqrt(k),
+                                         sigma_h, name="keyword_histogram"))
+        floor = (scfg.min_noisy_count if scfg.min_noisy_count is not None
+                 else noise_floor(sigma_h, len(vocab)))
+        seeds = top_keywords(noisy, scfg.clusters, floor)
+        run.append_stats({"iteration": 0, "stage": "histogram", "sigma_h": sigma_h,
+                          "noise_floor": floor, "seeds": len(seeds),
+                          "top": [[vocab.terms[int(j)], round(float(noisy[j]), 2)]
+                                  for j in seeds[:20]]})
+        if len(seeds) == 0:
+            note(f"keyword histogram: nothing above noise (no noisy count reaches "
+                 f"{floor:.1f} = sigma_h sqrt(2 ln |V|)); no cluster is formed and the KB is "
+                 "empty. Only the histogram was released and charged. More documents, a "
+                 "vocabulary closer to the documents or a larger synrag.rho_hist would help.",
+                 warn=True)
+        else:
+            # 2-4. all cluster releases, charged once by overlapping composition
+            main.record("synrag/cluster_releases", cluster_events(scfg, clip),
+                        {"clusters": int(len(seeds))})
+        sizes = corpus.cluster(seeds, scfg.overlap)  # exact |C_r|: diagnostics only
+        if len(seeds):
+            corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus))
+        results = generate_clusters(cfg, scfg, run, store, gen, corpus, sizes, seeds, vocab,
+                                    noisy, clip, note, job.options.get("stop_after_clusters"))
+
+        # 5. self-filtering (post-processing)
+        texts = [r["text"] for r in results]
+        keep = (self_filter(gen, texts, scfg.filter_question) if scfg.self_filter
+                else [bool(t.strip()) for t in texts])
+        rows = [{"id": r["cluster"], "text": r["text"], "keyword": r["keyword"]}
+                for r, kp in zip(results, keep, strict=True) if kp]
+        write_jsonl(run.release / "synthetic_all.jsonl",
+                    [{**r, "kept": bool(kp)} for r, kp in zip(results, keep, strict=True)])
+        write_jsonl(run.release / "kb.jsonl", rows)
+        build_index(run.release, [r["text"] for r in rows], emb_model, cfg.embedder.model,
+                    extra={"generator": cfg.generators[0].spec(),
+                           "answer_max_new_tokens": scfg.answer_max_new_tokens,
+                           "retrieve": scfg.retrieve})
+        if results and not rows:
+            note("self-filtering kept no synthetic document: the KB is empty", warn=True)
+        # wall time depends on the private data (document count, cluster sizes): operator only
+        append_diagnostic(run, {"wall_seconds": round(time.time() - started, 1)})
+        summary = {"clusters": len(results), "kb_passages": len(rows), "epsilon": None,
+                   "delta": cfg.privacy.delta, "clip": clip, "warnings": note.messages}
+        return Outcome(summary, facts={"sigma_h": sigma_h, "clip": clip},
+                       message=f"{len(rows)} of {len(results)} synthetic documents kept")
+
+    def statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        """The zCDP accountant's (epsilon, delta) with Theorem 1's planned total."""
+        cfg = job.config
+        scfg: SynRAGConfig = self.settings(cfg)
+        eps, delta = cfg.privacy.epsilon, cfg.privacy.delta
+        clip, sigma_h = outcome.facts["clip"], outcome.facts["sigma_h"]
+        rho = theorem1_rho(scfg.keywords_per_doc, sigma_h, scfg.overlap, scfg.eps_theta,
+                           centre_sigma(scfg.rho_centre), max_private_tokens(scfg), clip,
+                           scfg.temperature,
+                           scfg.svt_epsilon if scfg.public_shortcut else 0.0)
+        statement = job.session.statement("record" if cfg.privacy.unit == "record" else "user",
+                                          (eps, delta))
+        statement.update(
+            method=self.name, clip=clip,
+            theorem1={"rho_planned": rho, "epsilon_planned_standard": theorem1_epsilon(rho, delta),
+                      "rho_spent": job.session.accountant.rho()},
+            synrag=synrag_dict(scfg),
+            note="record = one document (one user's joined records with unit 'user'); "
+                 "per-cluster releases composed by overlapping parallel composition over L",
+        )
+        return statement
+
+
+def _llm(cfg: RunConfig, scfg: SynRAGConfig, gen: Any, corpus: Corpus) -> Any:
+    """The keyword extractor's generator factory (None: vocabulary matching only): on Ray the
+    shards load the configured model themselves (or get the given generator)."""
+    if scfg.keyword_extractor != "llm":
+        return None
+    if corpus.sharded:
+        from ...compute.rag import generator_factory
+
+        return generator_factory(cfg, gen)
+    return lambda: gen
+
+
+def _embedder(cfg: RunConfig, run: RunDir, emb_model: Any, given: Any, corpus: Corpus) -> Any:
+    """The embedder factory of the documents' shards: this process's embedder, or on Ray the
+    given one shipped as is, else the configured model built on each shard."""
+    if not corpus.sharded:
+        return lambda: emb_model
+    from ...compute.ray_engine import EmbedderSpec, GivenEmbedder
+
+    if given is not None:
+        return GivenEmbedder(given)
+    return EmbedderSpec(cfg.embedder.model, str(run.private / "embed-cache"),
+                        cfg.embedder.batch_size)
