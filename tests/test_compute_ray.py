@@ -304,6 +304,46 @@ def test_a_worker_killed_mid_vote_is_retried_to_the_same_release(ray_cluster, tm
     assert shared_files(local) == shared_files(done)
 
 
+def test_a_shard_that_stops_answering_fails_the_run_and_resume_finishes_it(ray_cluster,
+                                                                          tmp_path):
+    """compute.timeout_s: a shard that hangs mid-vote fails the run with a ComputeError that
+    names the setting (not a wait without end), its actors are killed (the resumed run gets
+    the cluster's CPUs back), and --resume finishes with the noise already drawn and the
+    release of an uninterrupted run."""
+    from dpsynth.errors import ComputeError
+
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(40)))
+    local = _run({**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / "l.json")}},
+                 tmp_path / "local")
+    out = tmp_path / "ray"
+    compute = out / "private" / "compute"
+    ray_cfg = {**cfg, "compute": {"engine": "ray", "address": ray_cluster, "shards": 2,
+                                  "timeout_s": 8}}
+
+    class ArmHang(FakeGenerator):
+        """Makes shard 1 stop answering in the first vote, once the shards exist."""
+
+        def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
+            if compute.is_dir() and not (compute / "armed").exists():
+                (compute / "armed").write_text("")
+                (compute / "hang-knn_partial-shard1").write_text("")
+            return super().generate(requests, **kw)
+
+    with pytest.raises(ComputeError, match="compute.timeout_s") as failed:
+        _run(ray_cfg, out, [ArmHang("fake-g0")])
+    assert "knn_partial" in str(failed.value) and "--resume" in str(failed.value)
+    assert not (compute / "hang-knn_partial-shard1").exists()  # the shard did hang
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    before = (out / "private" / "releases" / "releases.jsonl").read_text()
+    done = _run(ray_cfg, out, resume=True)
+    assert (done / "private" / "releases" / "releases.jsonl").read_text().startswith(before)
+    a, b = shared_files(local), shared_files(done)
+    a.pop("release/summary.json")  # attempts and LLM-call counts differ, by design
+    b.pop("release/summary.json")
+    assert a == b
+    assert json.loads((done / "run.json").read_text())["status"] == "finished"
+
+
 def test_a_crashed_ray_driver_resumes_to_the_same_release(ray_cluster, tmp_path):
     cfg = pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(40)),
                     **{"wasp.top_q": 3, "wasp.demonstrations": 2})

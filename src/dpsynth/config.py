@@ -424,6 +424,13 @@ class ComputeConfig(_Section):
     )
     shards: int = Field(2, ge=1, le=64, description="ray: shard actors holding private rows "
                                                  "(whole user buckets, 64 at most)")
+    timeout_s: float | None = Field(
+        3600.0, gt=0,
+        description="ray: the longest the driver waits for one call to the workers (a vote, "
+                    "an embedding pass, a token step); past it the run fails with a "
+                    "ComputeError and can be resumed (nothing released is lost). null: wait "
+                    "as long as it takes",
+    )
 
     @field_validator("address")
     @classmethod

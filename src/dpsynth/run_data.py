@@ -43,7 +43,8 @@ def load_run_data(config: RunConfig, run: RunDir, *, sharded: bool = False,
 
         spec = data_spec(config, run, config.data.declared_label_values())
         engine = RayCompute(spec, embedder_factory, run.private / "compute",
-                            config.compute.shards, config.compute.address)
+                            config.compute.shards, config.compute.address,
+                            config.compute.timeout_s)
         return ShardedDataset(engine, Path(spec.path).name, spec.text, spec.labels, spec.user,
                               spec.label_values)
     path = config.data.path

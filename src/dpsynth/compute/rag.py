@@ -39,6 +39,7 @@ from ..methods.synrag.private_prediction import (
     truncate_documents,
 )
 from ..methods.synrag.shard import merge_selected
+from .ray_engine import ray_get
 
 MAX_RESTARTS = 4
 
@@ -140,12 +141,12 @@ def private_predict_clusters(session: Any, gen: Any,
                              clusters: Sequence[tuple[str, list[str] | OnShards]],
                              workers: Sequence[Any], *, instruction: str, tokens: int,
                              clip: float, temperature: float,
-                             max_doc_tokens: int) -> list[Prediction]:
+                             max_doc_tokens: int, timeout_s: float | None = None
+                             ) -> list[Prediction]:
     """``private_predict`` for every (key, documents) in ``clusters`` (the documents, or
     :class:`OnShards`: where the shard actors keep them), the logit sums computed by the
     ``workers`` (Ray actor handles of :class:`LogitWorker`), every token released by
     ``session`` on this process. Returns the predictions in the order of ``clusters``."""
-    import ray
 
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     prefix, suffix = prompt_parts(gen, instruction)
@@ -160,7 +161,8 @@ def private_predict_clusters(session: Any, gen: Any,
                     list(jobs[i].out), clip)
                 for i in active if jobs[i].docs is not None}
         zs = {}
-        for i, (z, cut) in zip(refs, ray.get(list(refs.values())), strict=True):
+        answers = ray_get(list(refs.values()), timeout_s, f"token step {n}")
+        for i, (z, cut) in zip(refs, answers, strict=True):
             zs[i], jobs[i].cut = z, cut
         for i in active:  # releases in cluster order, through the one session
             job = jobs[i]
@@ -184,12 +186,12 @@ def shortcut_predict_clusters(session: Any, gen: Any,
                               clusters: Sequence[tuple[str, list[str] | OnShards]],
                               workers: Sequence[Any], *, instruction: str, tokens: int,
                               clip: float, temperature: float, max_doc_tokens: int,
-                              shortcut: Shortcut) -> list[tuple[Prediction, int]]:
+                              shortcut: Shortcut, timeout_s: float | None = None
+                              ) -> list[tuple[Prediction, int]]:
     """:func:`private_predict_clusters` with the public-token shortcut: per step, this process
     runs each cluster's public stepper and sends the clipped public row out, the workers return
     (z, q) of the cluster's documents, and :class:`ShortcutText` releases the token here, in
     cluster order. Returns (prediction, private tokens drawn) per cluster."""
-    import ray
 
     prefix, suffix = prompt_parts(gen, instruction)
     jobs: list[_Job] = []
@@ -210,7 +212,8 @@ def shortcut_predict_clusters(session: Any, gen: Any,
                         list(texts[i].out), clip, pubs[i])
                     for i in active if jobs[i].docs is not None}
             stats = {}
-            for i, (z, q, cut) in zip(refs, ray.get(list(refs.values())), strict=True):
+            answers = ray_get(list(refs.values()), timeout_s, "a shortcut token step")
+            for i, (z, q, cut) in zip(refs, answers, strict=True):
                 stats[i], jobs[i].cut = (z, q), cut
             for i in active:  # releases in cluster order, through the one session
                 z, q = stats.get(i, (np.zeros_like(pubs[i]), 0.0))
@@ -284,7 +287,8 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
     workers = logit_workers(factory, min(config.compute.shards, len(jobs)))
     try:
         opts: dict[str, Any] = {"instruction": instruction, "tokens": tokens, "clip": clip,
-                                "temperature": temperature, "max_doc_tokens": max_doc_tokens}
+                                "temperature": temperature, "max_doc_tokens": max_doc_tokens,
+                                "timeout_s": config.compute.timeout_s}
         todo = [(key, docs) for _, key, docs in jobs]
         preds = (shortcut_predict_clusters(session, gen, todo, workers, shortcut=shortcut,
                                            **opts) if shortcut is not None else

@@ -215,11 +215,16 @@ class ShardActor:
 
     def _fault_point(self, kernel: str) -> None:
         """Fault injection for the tests: a file ``fault-<kernel>-shard<i>`` in the run's
-        private compute folder makes this worker die once, mid-call."""
+        private compute folder makes this worker die once, mid-call; ``hang-<kernel>-shard<i>``
+        makes it stop answering (until the driver kills it)."""
         marker = self.cache_dir / f"fault-{kernel}-shard{self.shard_index}"
         if marker.is_file():
             marker.unlink()
             os._exit(1)
+        hang = self.cache_dir / f"hang-{kernel}-shard{self.shard_index}"
+        if hang.is_file():
+            hang.unlink()
+            time.sleep(3600)
 
     def run(self, kernel: str, *args: Any, **kwargs: Any) -> tuple[Any, float]:
         """(the kernel's partial statistic, seconds the kernel took on this shard)."""
@@ -331,6 +336,25 @@ def data_spec(config: Any, run: Any, domain: dict[str, list[str]] | None = None,
                     user_level=user_level, fingerprint=fingerprint, n_records=n_records)
 
 
+def ray_get(refs: Any, timeout_s: float | None, what: str) -> Any:
+    """``ray.get(refs)`` that gives up after ``timeout_s`` (``compute.timeout_s``; None: no
+    limit) with a :class:`~dpsynth.errors.ComputeError`: a worker that stopped answering (a
+    lost node, a hung model) fails the run, which ``--resume`` continues from its last
+    checkpoint with the noise already drawn, instead of waiting forever."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    from ..errors import ComputeError
+
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except GetTimeoutError:
+        raise ComputeError(
+            f"compute.timeout_s: the Ray workers did not answer {what} within {timeout_s:g} s; "
+            "check the cluster (or raise compute.timeout_s), then run again with --resume"
+        ) from None
+
+
 class RayCompute(PrivateCompute):
     """Shards on Ray actors; the driver adds their partial statistics exactly.
 
@@ -341,11 +365,12 @@ class RayCompute(PrivateCompute):
     engine = "ray"
 
     def __init__(self, spec: DataSpec, embedder_factory: Any, cache_dir: Path, shards: int,
-                 address: str) -> None:
+                 address: str, timeout_s: float | None = None) -> None:
         import ray
 
         super().__init__(user_level=spec.user_level)
         self._ray = ray
+        self.timeout_s = timeout_s
         self._owned = False
         if not ray.is_initialized():
             if address == "local":
@@ -371,9 +396,9 @@ class RayCompute(PrivateCompute):
         self.actors = [remote.remote(spec, s, shards, embedder_factory, str(cache_dir))
                        for s in range(shards)]
         try:
-            self._check(ray.get([a.info.remote() for a in self.actors]))
+            self._check(self._get([a.info.remote() for a in self.actors], "the shards' start"))
             if embedder_factory is not None:
-                ray.get([a.ready.remote() for a in self.actors])
+                self._get([a.ready.remote() for a in self.actors], "the shards' embedding")
         except BaseException:
             self.close()
             raise
@@ -423,22 +448,23 @@ class RayCompute(PrivateCompute):
 
     def set_embedder(self, factory: Any) -> None:
         """Give the shards the run's embedder; they embed their rows now (or reload them)."""
-        self._ray.get([a.set_embedder.remote(factory) for a in self.actors])
-        self._ray.get([a.ready.remote() for a in self.actors])
+        self._get([a.set_embedder.remote(factory) for a in self.actors], "set_embedder")
+        self._get([a.ready.remote() for a in self.actors], "the shards' embedding")
 
     def set_domain(self, domain: dict[str, list[str]]) -> None:
         """Keep, on every shard, the records whose labels lie in ``domain``."""
-        self._check(self._ray.get([a.set_domain.remote(domain) for a in self.actors]))
+        self._check(self._get([a.set_domain.remote(domain) for a in self.actors], "set_domain"))
 
     def _map_text(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return self._ray.get([a.run_text.remote(kernel, *args, **kwargs) for a in self.actors])
+        return self._get([a.run_text.remote(kernel, *args, **kwargs) for a in self.actors],
+                         kernel)
 
     def n_records(self) -> int:
         return self.n
 
     def _map(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
         start = time.perf_counter()
-        got = self._ray.get([a.run.remote(kernel, *args, **kwargs) for a in self.actors])
+        got = self._get([a.run.remote(kernel, *args, **kwargs) for a in self.actors], kernel)
         #: the last call's wall time and per-shard kernel times (for the benchmark)
         self.last_timing = {"kernel": kernel, "wall_s": time.perf_counter() - start,
                             "shard_kernel_s": [t for _, t in got]}
@@ -453,7 +479,7 @@ class RayCompute(PrivateCompute):
     def _rows(self, method: str, rows: np.ndarray) -> np.ndarray:
         """Per-row values of ``rows`` gathered from the shards, in the order of ``rows``."""
         rows = np.asarray(rows, dtype=np.int64)
-        parts = self._ray.get([getattr(a, method).remote(rows) for a in self.actors])
+        parts = self._get([getattr(a, method).remote(rows) for a in self.actors], method)
         got = np.concatenate([r for r, _ in parts])
         values = np.concatenate([v for _, v in parts if len(v)] or [parts[0][1]])
         order = np.argsort(got)
@@ -472,7 +498,7 @@ class RayCompute(PrivateCompute):
         """The shards' counts and public rows; their membership stays as object refs."""
         pairs = [a.secret_scan.options(num_returns=2).remote(parsed, chosen)
                  for a in self.actors]
-        return self._ray.get([f for f, _ in pairs]), [h for _, h in pairs]
+        return self._get([f for f, _ in pairs], "secret_scan"), [h for _, h in pairs]
 
     def _secret_plan(self, parts: list[Any], parsed: list[Any], n: int, p: float, r: float,
                      T: int, discretization: float) -> tuple[Any, dict[str, Any]]:
@@ -480,7 +506,7 @@ class RayCompute(PrivateCompute):
         here); (the rates' ref, for the shards; the summary, which this process reads)."""
         task = self._ray.remote(secret_plan_task).options(num_returns=2, num_cpus=0)
         rates, summary = task.remote(parsed, n, p, r, T, discretization, *parts)
-        got = self._ray.get(summary)
+        got = self._get(summary, "the SecretNoise plan")
         #: the pid of the process that ran the plan (a Ray worker, not this driver)
         self.secret_plan_pid = int(got.pop("pid"))
         return rates, got
@@ -488,14 +514,19 @@ class RayCompute(PrivateCompute):
     def keep_secret_rates(self, rates: Any, digest: str, folder: Any = None) -> None:
         """Every shard keeps its rows' rates out of ``rates`` (a ref: resolved on the
         actors) and saves them in its node's private compute folder."""
-        self._ray.get([a.keep_secret_rates.remote(digest, rates) for a in self.actors])
+        self._get([a.keep_secret_rates.remote(digest, rates) for a in self.actors],
+                  "keep_secret_rates")
 
     def load_secret_rates(self, digest: str, folder: Any = None) -> bool:
-        return all(self._ray.get([a.load_secret_rates.remote(digest) for a in self.actors]))
+        return all(self._get([a.load_secret_rates.remote(digest) for a in self.actors],
+                             "load_secret_rates"))
 
     def synrag(self, op: str, *args: Any) -> list[Any]:
         """``ShardActor.synrag(op, *args)`` on every shard, in shard order (DP-SynRAG)."""
-        return self._ray.get([a.synrag.remote(op, *args) for a in self.actors])
+        return self._get([a.synrag.remote(op, *args) for a in self.actors], f"synrag {op}")
+
+    def _get(self, refs: Any, what: str) -> Any:
+        return ray_get(refs, self.timeout_s, what)
 
     def close(self) -> None:
         for actor in getattr(self, "actors", []):
