@@ -126,6 +126,18 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
             assert close.mean() < 0.2, "a masked vector reveals a party's histogram"
 
 
+def test_a_local_round_refuses_a_process_already_connected_to_a_cluster(setup,
+                                                                        ray_cluster) -> None:
+    """ray_address "local" promises a one-machine Ray of the round's own: in a process that
+    already joined a cluster (where Flower would run the parties), the round refuses before
+    any party starts, naming the setting."""
+    from dpsynth.errors import ComputeError
+
+    parties, cand, cand_lab = setup
+    with pytest.raises(ComputeError, match="wasp.federated.ray_address"):
+        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=20)
+
+
 def test_one_dropout_releases_with_reduced_effective_sigma(setup, ray_cluster) -> None:
     parties, cand, cand_lab = setup
     res = federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=21,

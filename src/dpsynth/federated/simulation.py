@@ -148,7 +148,20 @@ def run_flower_simulation(server_app: Any, client_app: Any, num_supernodes: int,
 
     require("flwr.simulation", "federated", "Flower's simulation engine")
     require("ray", "federated", "Flower's simulation engine")
+    import ray
     from flwr.simulation import run_simulation
+
+    if ray_address == "local" and ray.is_initialized():
+        # Flower would reuse this connection: the parties' records would go to whatever
+        # cluster this process joined, not to a one-machine Ray of the round's own.
+        from dpsynth.errors import ComputeError
+
+        raise ComputeError(
+            "wasp.federated.ray_address is 'local', but this process is already connected to "
+            f"the Ray cluster at {ray.get_runtime_context().gcs_address}; the round would run "
+            "there. Set wasp.federated.ray_address to that cluster's address to run it there, "
+            "or call ray.shutdown() first"
+        )
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     backend_config = simulation_backend(ray_address)
