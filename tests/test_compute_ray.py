@@ -168,6 +168,23 @@ def _ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
 
 
+class Arming(FakeGenerator):
+    """A fake generator that, at its first call once the run's compute folder exists, drops
+    the fault file ``marker`` there, once (``ShardActor._fault_point``: ``fault-<kernel>-
+    shard<i>`` kills that shard in its next such call, ``hang-...`` makes it stop answering).
+    Pickled with the run, it also arms from a shard (DP-SynRAG's keyword extraction)."""
+
+    def __init__(self, name: str, compute: Path, marker: str) -> None:
+        super().__init__(name)
+        self.compute, self.marker = compute, marker
+
+    def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
+        if self.compute.is_dir() and not (self.compute / "armed").exists():
+            (self.compute / "armed").write_text("")
+            (self.compute / self.marker).write_text("")
+        return super().generate(requests, **kw)
+
+
 def _run(cfg: dict[str, Any], out: Path, gens: list[FakeGenerator] | None = None, *,
          resume: bool = False) -> Path:
     from dpsynth.api import run_generation
@@ -290,16 +307,8 @@ def test_a_worker_killed_mid_vote_is_retried_to_the_same_release(ray_cluster, tm
     compute = out / "private" / "compute"
     ray_cfg = {**cfg, "compute": {"engine": "ray", "address": ray_cluster, "shards": 2}}
 
-    class ArmFault(FakeGenerator):
-        """Arms the kill of shard 1 in the first vote, once the shards exist."""
-
-        def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
-            if compute.is_dir() and not (compute / "armed").exists():
-                (compute / "armed").write_text("")
-                (compute / "fault-knn_partial-shard1").write_text("")
-            return super().generate(requests, **kw)
-
-    done = _run(ray_cfg, out, [ArmFault("fake-g0")])
+    # the kill of shard 1 in the first vote
+    done = _run(ray_cfg, out, [Arming("fake-g0", compute, "fault-knn_partial-shard1")])
     assert (compute / "armed").exists() and not (compute / "fault-knn_partial-shard1").exists()
     assert shared_files(local) == shared_files(done)
 
@@ -320,17 +329,8 @@ def test_a_shard_that_stops_answering_fails_the_run_and_resume_finishes_it(ray_c
     ray_cfg = {**cfg, "compute": {"engine": "ray", "address": ray_cluster, "shards": 2,
                                   "timeout_s": 8}}
 
-    class ArmHang(FakeGenerator):
-        """Makes shard 1 stop answering in the first vote, once the shards exist."""
-
-        def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
-            if compute.is_dir() and not (compute / "armed").exists():
-                (compute / "armed").write_text("")
-                (compute / "hang-knn_partial-shard1").write_text("")
-            return super().generate(requests, **kw)
-
-    with pytest.raises(ComputeError, match="compute.timeout_s") as failed:
-        _run(ray_cfg, out, [ArmHang("fake-g0")])
+    with pytest.raises(ComputeError, match="compute.timeout_s") as failed:  # shard 1 hangs
+        _run(ray_cfg, out, [Arming("fake-g0", compute, "hang-knn_partial-shard1")])
     assert "knn_partial" in str(failed.value) and "--resume" in str(failed.value)
     assert not (compute / "hang-knn_partial-shard1").exists()  # the shard did hang
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
@@ -434,21 +434,13 @@ def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path, 
         over["synrag"].update(public_shortcut=True, svt_epsilon=0.5, eps_theta=1.0)
     compute = tmp_path / "ray" / "private" / "compute"
 
-    class ArmFault(FakeGenerator):
-        """On a shard, during keyword extraction: shard 1 dies once in its first select."""
-
-        def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
-            if compute.is_dir() and not (compute / "armed").exists():
-                (compute / "armed").write_text("")
-                (compute / "fault-synrag_select-shard1").write_text("")
-            return super().generate(requests, **kw)
-
     interrupt = case == "record"  # also: a shard killed mid-retrieval, a killed build resumed
     runs = []
     for name, extra in (("local", {}), ("ray", {"compute.engine": "ray",
                                                 "compute.address": ray_cluster,
                                                 "compute.shards": 2})):
-        gen = ArmFault("fake-g0") if extra and interrupt else FakeGenerator("fake-g0")
+        gen = (Arming("fake-g0", compute, "fault-synrag_select-shard1") if extra and interrupt
+               else FakeGenerator("fake-g0"))
         with driver_never_reads(data) if extra else contextlib.nullcontext():
             with pytest.raises(KeyboardInterrupt) if extra and interrupt else \
                     contextlib.nullcontext():

@@ -23,8 +23,9 @@ killed build resumes with the same noise and no extra charge.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ...lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .method import SynRAG
@@ -34,12 +35,4 @@ __all__ = ["SynRAG", "check_vocabulary_public"]
 
 _WHERE = {"SynRAG": "method", "check_vocabulary_public": "pipeline"}
 
-
-def __getattr__(name: str) -> Any:
-    """Import the submodule that defines ``name`` the first time it is asked for."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)
