@@ -142,4 +142,4 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

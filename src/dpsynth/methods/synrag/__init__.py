@@ -35,4 +35,4 @@ __all__ = ["SynRAG", "check_vocabulary_public"]
 
 _WHERE = {"SynRAG": "method", "check_vocabulary_public": "pipeline"}
 
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
