@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("DPSYNTH_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+@pytest.fixture(autouse=True)
+def _own_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+                ) -> None:
+    """Every test gets its own budget ledger (a test that wants one sets DPSYNTH_LEDGER or
+    privacy.ledger itself): runs of different tests never share a budget or a seed."""
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.json"))
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data, or skip the test when it is absent (it is never part of the project)."""

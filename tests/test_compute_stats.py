@@ -196,12 +196,14 @@ def test_shards_that_read_different_files_are_refused():
 
     engine = RayCompute.__new__(RayCompute)  # only the driver's check, no cluster
     engine.spec = DataSpec("p.csv", "text", (), None, None, None, None, None, False)
-    info = {"file_fingerprint": "a", "fingerprint": "a", "n_records": 10, "rows": 5,
-            "warnings": []}
+    info = {"file_fingerprint": "a", "fingerprint": "a", "content": "bytes", "n_records": 10,
+            "rows": 5, "warnings": []}
     engine._check([info, info])
-    assert (engine.fingerprint, engine.n) == ("a", 10)
+    assert (engine.fingerprint, engine.n, engine.content) == ("a", 10, "bytes")
     with pytest.raises(ComputeError, match="differs between the nodes"):
         engine._check([info, {**info, "file_fingerprint": "b", "fingerprint": "b"}])
+    with pytest.raises(ComputeError, match="differs between the nodes"):  # other bytes
+        engine._check([info, {**info, "content": "other"}])
     with pytest.raises(ComputeError, match="exactly once"):
         engine._check([info, {**info, "rows": 4}])
     engine.spec = DataSpec("p.csv", "text", (), None, None, None, None, None, False, "c")

@@ -97,7 +97,8 @@ def test_dataset_fingerprint_is_keyed(tmp_path: Path, ledger: Path) -> None:
     other = BudgetLedger(tmp_path / "other" / "ledger.json")
     assert other.dataset_id(raw) != stored  # another key, another name
     (entry,) = BudgetLedger(ledger).entries()
-    assert entry["dataset"] == stored
+    assert entry["records"] == stored
+    assert json.loads((run / "run.json").read_text())["sources"] == [entry["source"]]
 
 
 def test_ledger_refuses_a_reused_seed_on_the_same_dataset(tmp_path: Path, ledger: Path) -> None:
@@ -119,20 +120,20 @@ def test_dataset_budget_sticks_until_budget_set(tmp_path: Path, ledger: Path) ->
     uncapped = _config(tmp_path, "uncapped.yaml")
     first = _run(capped, tmp_path / "run1")
     # the cap is not repeated in the second config: it still applies (old code reached 8)
-    with pytest.raises(BudgetRefusedError, match="total allowed epsilon=6.0"):
+    with pytest.raises(BudgetRefusedError, match="the source's total is epsilon=6"):
         _run(uncapped, tmp_path / "run2")
     # a config cannot loosen the stored cap either
     with pytest.raises(BudgetRefusedError):
         _run(_config(tmp_path, "loose.yaml", **{"privacy.total_epsilon": 100.0}),
              tmp_path / "run3")
-    fp = json.loads((first / "run.json").read_text())["dataset_fingerprint"]
+    (source,) = json.loads((first / "run.json").read_text())["sources"]
     res = CliRunner().invoke(
-        app, ["budget", "set", "--dataset", fp, "--total-epsilon", "10", "--ledger", str(ledger),
-              "--json"])
+        app, ["budget", "set", "--source", source, "--total-epsilon", "10", "--ledger",
+              str(ledger), "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["total_epsilon"] == 10.0
+    assert json.loads(res.stdout)["sources"][0]["total_epsilon"] == 10.0
     _run(uncapped, tmp_path / "run4")
-    eps, _ = BudgetLedger(ledger).spent(fp)
+    eps, _ = BudgetLedger(ledger).spent(source)
     assert 7.9 < eps <= 8.0 + 1e-9
 
 
@@ -140,6 +141,6 @@ def test_epsilon_inf_run_is_recorded_without_guarantee(tmp_path: Path, ledger: P
     run = _run(_config(tmp_path, **{"privacy.epsilon": float("inf")}), tmp_path / "run")
     (entry,) = BudgetLedger(ledger).entries()
     assert entry["guarantee"] == "none" and entry["status"] == "recorded"
-    assert entry["dataset"] == json.loads((run / "run.json").read_text())["dataset_fingerprint"]
+    assert entry["records"] == json.loads((run / "run.json").read_text())["dataset_fingerprint"]
     statement = json.loads((run / "release" / "privacy.json").read_text())
     assert statement["noise"] == "none" and "no differential-privacy" in statement["noise_note"]

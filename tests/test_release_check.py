@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dpsynth.privacy.session import PrivacySession
 from fakes import WORDS, FakeEmbedder, FakeGenerator
@@ -146,12 +147,22 @@ def _first_difference(x: bytes, y: bytes) -> str:
 def replay_skeleton(run: Path, stores_from: Path, meta_from: Path, dest: Path) -> Path:
     """A copy of ``run`` holding only its config.yaml, ``meta_from``'s run.json and the release
     stores of ``stores_from``: resuming it replays every release from those stores."""
+    from dpsynth.resume import config_digest, locked_fields
+
     dest.mkdir(parents=True)
-    shutil.copy2(run / "config.yaml", dest / "config.yaml")
+    # a resume of another run's stores on this run's data is exactly what production refuses
+    # (a changed file, another config): the skeleton is a consistent run of its own, with a
+    # ledger of its own, whose stores happen to be ``stores_from``'s
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw["privacy"]["ledger"] = str(dest / "ledger.json")
+    (dest / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     meta = json.loads((meta_from / "run.json").read_text())
-    meta.update(status="failed", attempts=1)
+    meta.pop("dataset_fingerprint", None)
+    meta.update(status="failed", attempts=1, config_digest=config_digest(raw))
     (dest / "run.json").write_text(json.dumps(meta))
     (dest / "private").mkdir(mode=0o700)
+    (dest / "private" / "run-lock.json").write_text(json.dumps(
+        {"config_digest": meta["config_digest"], "locked": locked_fields(raw)}))
     (dest / "release").mkdir()
     for name, folder in store_dirs(stores_from).items():
         shutil.copytree(folder, dest / "private" / name)
@@ -323,12 +334,19 @@ def pe_config(method: str, data: Path, **over: Any) -> dict[str, Any]:
     return cfg
 
 
+def own_ledger(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``cfg`` with a ledger of the run's own: the neighbouring runs here use one seed on
+    purpose (the same noise on D and D'), which one shared ledger refuses."""
+    privacy = {"ledger": str(out.parent / f"{out.name}.ledger.json"), **cfg["privacy"]}
+    return {**cfg, "privacy": privacy}
+
+
 def run_pe(cfg: dict[str, Any], out: Path, *, resume: bool = False) -> Path:
     from dpsynth.api import run_generation
     from dpsynth.config import parse_config
 
     gens = [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
-    config: Any = out if resume else parse_config(cfg)
+    config: Any = out if resume else parse_config(own_ledger(cfg, out))
     return Path(run_generation(config, out, resume=resume, progress=False, generators=gens,
                                embedder=FakeEmbedder()))
 
@@ -569,7 +587,7 @@ def run_rag(cfg: dict[str, Any], out: Path, *, resume: bool = False) -> Path:
     from dpsynth.config import parse_config
     from dpsynth.rag.build import build_kb
 
-    config: Any = out if resume else parse_config(cfg)
+    config: Any = out if resume else parse_config(own_ledger(cfg, out))
     return Path(build_kb(config, out, resume=resume, generator=FakeGenerator("fake-g0"),
                          embedder=FakeEmbedder()))
 
@@ -618,7 +636,7 @@ def test_dp_synth_baseline_neighbours_and_token_charge(tmp_path, spy):
     from rag_baselines import build_dp_synth_kb  # research code, outside the package
 
     def run(cfg: dict[str, Any], out: Path, resume: bool = False) -> Path:
-        config: Any = out if resume else parse_config(cfg)
+        config: Any = out if resume else parse_config(own_ledger(cfg, out))
         return Path(build_dp_synth_kb(config, out, generator=FakeGenerator("fake-g0"),
                                       embedder=FakeEmbedder(), resume=resume))
 

@@ -68,6 +68,11 @@ class DataConfig(_Section):
     """
 
     path: str = "demo"
+    source: str | None = Field(
+        None, min_length=1,
+        description="the data source the budget ledger charges (default: the file's resolved "
+                    "path; 'demo' for the demo corpus): every run on any subset, column, unit "
+                    "or version of one source shares its budget")
     text: str = "text"
     labels: list[str] = Field(default_factory=list)
     label_values: dict[str, list[str] | str] = Field(
@@ -540,13 +545,35 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Set dotted keys in a nested mapping, in place."""
+    """Set dotted keys in a nested mapping, in place; a number steps into a list
+    (``generators.0.temperature``; a missing list is created, one past its end appends). A
+    path that does not fit the mapping is a ConfigError naming it."""
     for dotted, value in overrides.items():
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        path = dotted.split(".")
+        node: Any = raw
+        for i, key in enumerate(path):
+            last = i == len(path) - 1
+            here = ".".join(path[:i]) or "the config"
+            if isinstance(node, list):
+                if not key.isdigit():
+                    raise ConfigError(f"--set {dotted}: {here} is a list: give an index "
+                                      "(0, 1, ...)")
+                index = int(key)
+                if index > len(node):
+                    raise ConfigError(f"--set {dotted}: {here} has {len(node)} entries "
+                                      "(indices from 0)")
+                if index == len(node):
+                    node.append(None)
+            elif isinstance(node, dict):
+                index = key
+            else:
+                raise ConfigError(f"--set {dotted}: {here} is a value, not a section")
+            if last:
+                node[index] = value
+            else:
+                if node[index] is None if isinstance(node, list) else node.get(index) is None:
+                    node[index] = [] if path[i + 1].isdigit() else {}
+                node = node[index]
 
 
 def dump_config(config: RunConfig) -> str:

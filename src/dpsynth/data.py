@@ -180,9 +180,26 @@ class Dataset:
     user_column: str | None
     warnings: list[DataProblem] = field(default_factory=list)
     label_domain: dict[str, list[str]] | None = None
+    #: the resolved path of the file the records were read from (None: built in memory)
+    path: str | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def content_digest(self) -> str:
+        """sha256 of the bytes of the file the records came from: the source version the
+        budget ledger knows it by (:mod:`dpsynth.identity`)."""
+        from .identity import file_digest
+
+        if self.path is None:
+            raise ValueError("this data set was not read from a file: it has no content digest")
+        return file_digest(self.path)
+
+    def text_sketch(self, key: bytes) -> tuple[int, ...]:
+        """The keyed bottom-k sketch of the texts (:func:`dpsynth.identity.text_sketch`)."""
+        from .identity import text_sketch
+
+        return text_sketch(self.texts, key)
 
     def _domain(
         self, columns: Sequence[str], domain: Mapping[str, Sequence[str]] | None
@@ -283,6 +300,7 @@ class Dataset:
             user_column=self.user_column,
             warnings=[],
             label_domain=None if self.label_domain is None else dict(self.label_domain),
+            path=self.path,
         )
 
     def fingerprint(self) -> str:
@@ -1114,6 +1132,7 @@ def load_dataset(
         user_column=user,
         warnings=warnings,
         label_domain=domain,
+        path=str(Path(path).resolve()),
     )
 
 

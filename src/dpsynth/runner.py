@@ -12,6 +12,8 @@ the error's class, or interrupted by SIGINT / SIGTERM).
 from __future__ import annotations
 
 import calendar
+import copy
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,13 +23,22 @@ import yaml
 
 from .config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
 from .errors import DpsynthError
-from .io import atomic_write_json
+from .io import atomic_write_json, atomic_write_text
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
+from .resume import (
+    changed_fields,
+    config_digest,
+    diff_locked,
+    locked_fields,
+    refuse_changes,
+    resumable,
+)
 from .run_data import load_run_data
 from .runs import RunDir, interruption_reason, stop_signals
 
 if TYPE_CHECKING:
+    from .identity import DataIdentity
     from .privacy import BudgetLedger, PrivacySession
 
 
@@ -41,35 +52,20 @@ def _load(config: RunConfig | str | Path, overrides: dict[str, Any] | None) -> R
     return load_config(config, overrides)
 
 
-def open_run(config: RunConfig | str | Path, output_dir: str | Path, *, resume: bool,
+def open_run(config: RunConfig | str | Path | None, output_dir: str | Path, *, resume: bool,
              overrides: dict[str, Any] | None = None, method: str | None = None,
              check: Callable[[RunConfig], Any] | None = None
              ) -> tuple[RunDir, RunConfig, dict[str, Any]]:
     """Create a run folder, or reopen one to resume it (with its stored config).
 
     ``check(config)`` runs before anything is written, so a bad config leaves no folder behind;
-    ``method`` names the run in run.json (default: config.method). Returns (run, config, meta).
-    """
+    ``method`` names the run in run.json (default: config.method). A resume refuses a stored
+    config whose locked fields were edited, a ``config`` that differs from the stored one and
+    a ``--set`` of a locked field (:mod:`dpsynth.resume`). Returns (run, config, meta)."""
     run = RunDir(output_dir)
     if resume:
-        if not run.exists():
-            raise ConfigError(f"{run.root}: nothing to resume (no run.json there)")
-        if overrides:  # a resumed run keeps its config; --set may only repeat it
-            stored = yaml.safe_load(run.config_path.read_text()) or {}
-            wanted = yaml.safe_load(run.config_path.read_text()) or {}
-            apply_overrides(wanted, overrides)
-            if parse_config(wanted) != parse_config(stored):
-                raise ConfigError("--set cannot change a run being resumed: it continues with "
-                                  f"its stored {run.config_path} (its privacy parameters are "
-                                  "fixed)")
-        from .privacy.store import held_by_another_process
-
-        if held_by_another_process(run.private / "releases"):
-            raise ConfigError(f"{run.root}: this run is still running in another process; "
-                              "wait for it to end (or stop it) before --resume")
-        cfg = parse_config(yaml.safe_load(run.config_path.read_text()), str(run.config_path))
-        meta = run.update_meta(status="running", attempts=run.meta().get("attempts", 1) + 1)
-        return run, cfg, meta
+        return _reopen(run, config, overrides)
+    assert config is not None
     cfg = _load(config, overrides)
     if check is not None:
         check(cfg)
@@ -80,7 +76,63 @@ def open_run(config: RunConfig | str | Path, output_dir: str | Path, *, resume: 
         run.check_new_output()
     except FileExistsError as err:
         raise ConfigError(str(err)) from None
-    return run, cfg, run.create(dump_config(cfg), method or cfg.method)
+    raw = cfg.model_dump(mode="json")
+    run.create(dump_config(cfg), method or cfg.method)
+    lock = {"config_digest": config_digest(raw), "locked": locked_fields(raw)}
+    atomic_write_json(run.private / "run-lock.json", lock, mode=0o600)
+    return run, cfg, run.update_meta(config_digest=lock["config_digest"])
+
+
+def _reopen(run: RunDir, config: RunConfig | str | Path | None,
+            overrides: dict[str, Any] | None) -> tuple[RunDir, RunConfig, dict[str, Any]]:
+    """Reopen a run to resume it: the same run, or a ConfigError naming what changed."""
+    if not run.exists():
+        raise ConfigError(f"{run.root}: nothing to resume (no run.json there)")
+    from .privacy.store import held_by_another_process
+
+    if held_by_another_process(run.private / "releases"):
+        raise ConfigError(f"{run.root}: this run is still running in another process; "
+                          "wait for it to end (or stop it) before --resume")
+    meta = run.meta()
+    if isinstance(config, str | Path) and Path(config).is_dir() and \
+            Path(config).resolve() == run.root.resolve():
+        config = None  # the run folder itself: its own config
+    stored_raw = yaml.safe_load(run.config_path.read_text()) or {}
+    stored = parse_config(stored_raw, str(run.config_path)).model_dump(mode="json")
+    lock_path = run.private / "run-lock.json"
+    expected = meta.get("config_digest")
+    if lock_path.is_file():
+        lock = json.loads(lock_path.read_text(encoding="utf-8"))
+        if expected is not None and lock.get("config_digest") != expected:
+            raise ConfigError(f"{run.root}: the run's lock (private/run-lock.json) does not match "
+                              "run.json: it was edited; this run cannot be resumed")
+        refuse_changes(diff_locked(lock["locked"], locked_fields(stored)),
+                       f"{run.config_path} (edited since the run started)")
+    elif expected is not None and config_digest(stored) != expected:
+        refuse_changes(["(locked fields; private/run-lock.json is missing)"],
+                       f"{run.config_path} (edited since the run started)")
+    sets = dict(overrides or {})
+    if config is not None or sets:
+        if config is not None:
+            given = _load(config, sets or None).model_dump(mode="json")
+            what = f"{_name(config)}{' with --set' if sets else ''} (the CONFIG argument)"
+        else:
+            given = copy.deepcopy(stored)
+            apply_overrides(given, sets)
+            given, what = parse_config(given).model_dump(mode="json"), "--set"
+        refuse_changes(changed_fields(stored, given), what)
+    resumable_sets = {k: v for k, v in sets.items() if resumable(k)}
+    if resumable_sets:  # where the servers are, timeouts, concurrency: kept for later resumes
+        apply_overrides(stored, resumable_sets)
+        atomic_write_text(run.config_path, dump_config(parse_config(stored)))
+    cfg = parse_config(stored, str(run.config_path))
+    if meta.get("status") != "finished":
+        meta = run.update_meta(status="running", attempts=meta.get("attempts", 1) + 1)
+    return run, cfg, meta
+
+
+def _name(config: RunConfig | str | Path) -> str:
+    return "the given config" if isinstance(config, RunConfig) else str(config)
 
 
 def ledger(config: RunConfig) -> BudgetLedger:
@@ -109,21 +161,64 @@ def open_session(config: RunConfig, run: RunDir, plan: PrivacyPlan,
                           target=plan.target if target else None)
 
 
+def data_identity(config: RunConfig, dataset: Any, book: BudgetLedger) -> DataIdentity:
+    """What the ledger charges the run to (:mod:`dpsynth.identity`): the source name
+    (``data.source``, else the file's resolved path, ``demo`` for the built-in corpus), the
+    file's content digest, the records' fingerprint and the texts' keyed sketch."""
+    from .identity import DataIdentity
+
+    name = config.data.source or ("demo" if config.data.path == "demo"
+                                  else str(Path(config.data.path).resolve()))
+    return DataIdentity(name=name, content=dataset.content_digest(),
+                        records=dataset.fingerprint(),
+                        sketch=dataset.text_sketch(book.sketch_key()))
+
+
 def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: PrivacyPlan,
-             fingerprint: str, resume: bool) -> None:
-    """Reserve the plan's (epsilon, delta), or record a run without one, once per run: a
-    resumed run whose first attempt was killed before its ledger entry was written reserves
-    now (nothing was released before the reservation)."""
+             identity: DataIdentity, resume: bool, say: Callable[[str], None]) -> str:
+    """Charge the run to its data sources once: reserve the plan's (epsilon, delta), or
+    record a run without one; returns the keyed records fingerprint. A resumed run whose
+    ledger entries exist must be the same run on the same records (else a refusal); one whose
+    first attempt died before its entry was written reserves now (nothing was released)."""
     book = ledger(config)
-    if resume and any(e.get("run_id") == meta["run_id"] for e in book.entries()):
-        return
-    run.update_meta(dataset_fingerprint=fingerprint, sigma=plan.sigma, **plan.meta)
+    records = book.dataset_id(identity.records)
+    digest = meta.get("config_digest") or config_digest(config.model_dump(mode="json"))
+    stored = meta.get("dataset_fingerprint")
+    if resume and stored is not None and stored != records:
+        raise ConfigError(_CHANGED_DATA.format(run=run.root))
+    entries = book.run_entries(meta["run_id"]) if resume else []
+    if entries:
+        for e in entries:
+            if e.get("records") not in (None, records):
+                raise ConfigError(_CHANGED_DATA.format(run=run.root))
+            if e.get("config_digest") not in (None, digest):
+                raise ConfigError(f"{run.root}: the run's config differs from the one its budget "
+                                  "was reserved with; this run cannot be resumed")
+            if e.get("guarantee") == "dp" and (
+                    abs(e["reserved_epsilon"] - config.privacy.epsilon) > 1e-12
+                    or abs(e["reserved_delta"] - config.privacy.delta) > 1e-18):
+                raise ConfigError(f"{run.root}: privacy.epsilon/delta differ from the run's "
+                                  "reservation; this run cannot be resumed")
+        return records
+    run.update_meta(dataset_fingerprint=records, sigma=plan.sigma, **plan.meta)
     p = config.privacy
+    details = {"config_digest": digest, "unit": p.unit, "method": meta.get("method")}
     if plan.guarantee == "dp":
-        book.reserve(fingerprint, meta["run_id"], p.epsilon, p.delta, p.total_epsilon,
-                     p.total_delta, noise_seed=noise_seed(config, run))
+        charge = book.reserve(identity, meta["run_id"], p.epsilon, p.delta, p.total_epsilon,
+                              p.total_delta, noise_seed=noise_seed(config, run), details=details)
     elif plan.guarantee in ("none", "secret-protection"):
-        book.record_run(fingerprint, meta["run_id"], plan.guarantee, **plan.ledger)
+        charge = book.record_run(identity, meta["run_id"], plan.guarantee,
+                                 details={**details, **plan.ledger})
+    else:
+        return records
+    run.update_meta(sources=[m.source for m in charge.sources])
+    say(f"budget: {charge.describe()}")
+    return records
+
+
+_CHANGED_DATA = ("{run}: the private data differs from the records this run started on (its "
+                 "fingerprint changed): a resumed run must read the same records; restore the "
+                 "file, or start a new run")
 
 
 def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
@@ -143,6 +238,11 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
     had_folder = Path(output_dir).is_dir()
     chosen: dict[str, Method] = {}
 
+    def say(message: str) -> None:  # an operator message: log.txt and the caller's echo
+        run.log(message)
+        if echo is not None:
+            echo(message)
+
     def check(cfg: RunConfig) -> None:  # an unknown method or bad section: nothing written
         chosen["m"] = method if method is not None else get_method(cfg.method, releases)
         chosen["m"].check(cfg)
@@ -151,6 +251,9 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                               method=method.name if method is not None else None, check=check)
     m = chosen.get("m") or (method if method is not None
                             else get_method(cfg.method, releases))
+    if resume and meta.get("status") == "finished":
+        say("this run already finished: nothing to resume (release/ is complete)")
+        return run.root
     working = resume  # a resumed run has already worked: its folder always stays
     job: Job | None = None
     session: PrivacySession | None = None
@@ -161,9 +264,9 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             # (unless the method reads per-record fields here: ``sharded_data`` False)
             dataset = load_run_data(cfg, run, sharded=m.sharded_data)
             plan = m.plan(cfg, dataset, run)
+            identity = data_identity(cfg, dataset, ledger(cfg))
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
-            fingerprint = ledger(cfg).dataset_id(dataset.fingerprint())
-            _account(cfg, run, meta, plan, fingerprint, resume)
+            fingerprint = _account(cfg, run, meta, plan, identity, resume, say)
             working = True  # from here on a reservation exists: the folder is kept
             session = open_session(cfg, run, plan)
             job = Job(cfg, run, meta, dataset, session, plan, fingerprint=fingerprint,

@@ -1,8 +1,9 @@
-"""CLI commands: ``dpsynth budget show`` and ``dpsynth budget set`` (the cross-run ledger).
+"""CLI commands: ``dpsynth budget show | set | rekey`` (the cross-run ledger of data sources).
 
-The ledger and its semantics are described in docs/methods.md §0. Every error (a ledger path that
-is a directory, an unreadable or corrupt file, bad arguments) is a DpsynthError: one clear line on
-stderr and exit code 2 (from the root command group), never a traceback.
+The ledger and its semantics are described in docs/methods.md §0 and
+:mod:`dpsynth.privacy.ledger`. Every error (a ledger path that is a directory, an unreadable or
+corrupt file, a missing key, bad arguments) is a DpsynthError: one clear line on stderr and exit
+code 2 (from the root command group), never a traceback.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import ConfigError, DpsynthError, InputError, PrivacyError
+from ..errors import ConfigError, InputError
 
 budget_app = typer.Typer(
     name="budget",
-    help="Privacy budget spent per dataset across runs (the ledger).",
+    help="The privacy budget of each data source across runs (the ledger).",
     no_args_is_help=True,
 )
 
@@ -30,51 +31,12 @@ LedgerOption = Annotated[
 ]
 
 
-def _counted(entry: dict[str, Any]) -> tuple[float | None, float | None]:
-    if entry.get("guarantee", "dp") != "dp":
-        return None, None
-    if entry.get("status") == "settled":
-        return entry["epsilon"], entry["delta"]
-    return entry["reserved_epsilon"], entry["reserved_delta"]
-
-
 def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _collect(ledger: Path | None) -> tuple[Any, list[dict], list[dict[str, Any]]]:
-    """(ledger, entries, one summary dict per dataset); a PrivacyError if it cannot be read."""
-    from dpsynth.privacy import BudgetLedger
-
-    book = BudgetLedger(ledger)
-    try:
-        entries = book.entries()
-        budgets = book.budgets()
-        datasets = sorted({e["dataset"] for e in entries} | set(budgets))
-        out = []
-        for d in datasets:
-            eps, delta = book.spent(d)
-            runs = [e for e in entries if e["dataset"] == d]
-            b = budgets.get(d) or {}
-            out.append(
-                {
-                    "dataset": d,
-                    "epsilon": eps,
-                    "delta": delta,
-                    "total_epsilon": b.get("total_epsilon"),
-                    "total_delta": b.get("total_delta"),
-                    "runs_without_dp_guarantee": sum(
-                        1 for e in runs if e.get("guarantee", "dp") != "dp"
-                    ),
-                    "runs": runs,
-                }
-            )
-    except DpsynthError:
-        raise
-    except (OSError, KeyError, TypeError, ValueError) as err:
-        raise PrivacyError(f"{book.path}: cannot read the budget ledger "
-                           f"({type(err).__name__})") from None
-    return book, entries, out
+def _label(src: dict[str, Any]) -> str:
+    return src["names"][0] if src["names"] else f"(unnamed {src['source']})"
 
 
 @budget_app.command("show")
@@ -82,78 +44,78 @@ def show(
     ledger: LedgerOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
-    """List spending per dataset and run, with each dataset's stored total budget."""
-    book, entries, datasets = _collect(ledger)
-    if as_json:
-        typer.echo(json.dumps({"ledger": str(book.path), "datasets": datasets}))
-        return
+    """List each data source: its names, versions, spent budget, cap and runs."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not datasets:
-        console.print(f"No runs recorded in {book.path}")
+    from dpsynth.privacy import BudgetLedger
+    from dpsynth.privacy.ledger import counted
+
+    book = BudgetLedger(ledger)
+    sources = book.sources()
+    if as_json:
+        typer.echo(json.dumps({"ledger": str(book.path), "sources": sources}))
         return
-    table = Table(title=f"Privacy budget ledger ({book.path})")
-    for col in ("dataset", "run", "status", "guarantee", "epsilon", "delta", "updated"):
-        table.add_column(col)
-    for ds in datasets:
-        d = ds["dataset"]
-        for e in ds["runs"]:
-            eps, dl = _counted(e)
-            table.add_row(
-                d[:12],
-                str(e["run_id"]),
-                str(e.get("status", "")),
-                str(e.get("guarantee", "dp")),
-                _num(eps, ".4g"),
-                _num(dl, ".3g"),
-                str(e.get("updated", "")),
-            )
-        cap = f" of {_num(ds['total_epsilon'], 'g')}" if ds["total_epsilon"] is not None else ""
-        capd = f" of {_num(ds['total_delta'], 'g')}" if ds["total_delta"] is not None else ""
-        nodp = ds["runs_without_dp_guarantee"]
-        table.add_row(
-            d[:12],
-            "[b]total[/b]",
-            "",
-            f"{nodp} without DP" if nodp else "",
-            f"[b]{ds['epsilon']:.4g}{cap}[/b]",
-            f"[b]{ds['delta']:.3g}{capd}[/b]",
-            "",
-            end_section=True,
-        )
-    console.print(table)
+    console = Console()
+    if not sources:
+        console.print(f"No data source recorded in {book.path}")
+        return
+    for src in sources:
+        cap = f" of {_num(src['total_epsilon'], 'g')}" if src["total_epsilon"] is not None \
+            else " (no cap)"
+        capd = f" of {_num(src['total_delta'], 'g')}" if src["total_delta"] is not None else ""
+        table = Table(title=f"{_label(src)}  [dim]{src['source']}[/dim]", title_justify="left")
+        for col in ("run", "status", "guarantee", "unit", "epsilon", "delta", "updated"):
+            table.add_column(col)
+        for e in src["runs"]:
+            eps, dl = counted(e)
+            table.add_row(str(e["run_id"]), str(e.get("status", "")),
+                          str(e.get("guarantee", "dp")), str(e.get("unit", "")),
+                          _num(eps, ".4g"), _num(dl, ".3g"), str(e.get("updated", "")))
+        nodp = src["runs_without_dp_guarantee"]
+        table.add_row("[b]total[/b]", "", f"{nodp} without DP" if nodp else "", "",
+                      f"[b]{src['epsilon']:.4g}{cap}[/b]", f"[b]{src['delta']:.3g}{capd}[/b]",
+                      "", end_section=True)
+        console.print(table)
+        also = src["names"][1:]
+        if also:
+            console.print(f"  also known as: {', '.join(also)}")
+        console.print(f"  versions: {len(src['versions'])}"
+                      + "".join(f"\n    {v['content'] or '(from ledger v2)'}  first seen "
+                                f"{v['added'] or '-'}" for v in src["versions"]))
+        console.print()
 
 
 @budget_app.command("set")
 def set_budget(
     total_epsilon: Annotated[
-        float | None, typer.Option("--total-epsilon", help="The dataset's total epsilon.")
+        float | None, typer.Option("--total-epsilon", help="The source's total epsilon.")
     ] = None,
     total_delta: Annotated[
-        float | None, typer.Option("--total-delta", help="The dataset's total delta.")
+        float | None, typer.Option("--total-delta", help="The source's total delta.")
     ] = None,
-    dataset: Annotated[
+    source: Annotated[
         str | None,
-        typer.Option("--dataset", help="Dataset fingerprint (as in run.json / budget show)."),
+        typer.Option("--source", help="A source's id or name (as `budget show` lists it)."),
     ] = None,
     data: Annotated[
-        Path | None, typer.Option("--data", help="The private data file (fingerprinted here).")
+        Path | None,
+        typer.Option("--data", help="The private data file: sets the budget of the source(s) "
+                                    "it belongs to (a new source when none)."),
     ] = None,
     text: Annotated[str, typer.Option("--text", help="Text column of --data.")] = "text",
-    label: Annotated[
-        list[str] | None, typer.Option("--label", help="Label column(s) of --data, as in the run.")
+    name: Annotated[
+        str | None, typer.Option("--name", help="The source name of --data (as data.source in "
+                                                "the run's config; default: its resolved path).")
     ] = None,
-    user: Annotated[str | None, typer.Option("--user", help="User column of --data.")] = None,
     ledger: LedgerOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
-    """Set a dataset's total budget; it applies to every later run on the dataset."""
+    """Set a data source's total budget; it applies to every later run charged to it."""
     from dpsynth.privacy import BudgetLedger
 
-    if (dataset is None) == (data is None):
-        raise ConfigError("give exactly one of --dataset FINGERPRINT or --data FILE")
+    if (source is None) == (data is None):
+        raise ConfigError("give exactly one of --source NAME_OR_ID or --data FILE")
     if total_epsilon is None and total_delta is None:
         raise ConfigError("give --total-epsilon, --total-delta, or both")
     if total_epsilon is not None and not (math.isfinite(total_epsilon) and total_epsilon >= 0):
@@ -161,37 +123,55 @@ def set_budget(
     if total_delta is not None and not (0 <= total_delta < 1):
         raise ConfigError(f"--total-delta must be in [0, 1), got {total_delta}")
     book = BudgetLedger(ledger)
+    target: Any = source
     if data is not None:
-        from dpsynth.data import load_dataset
-
-        try:
-            ds = load_dataset(data, text, label or [], user, on_duplicate="ignore")
-        except (ValueError, OSError) as err:  # the loader's DataError is a ValueError
-            raise InputError(f"--data {data}: {err}") from None
-        dataset = book.dataset_id(ds.fingerprint())
-    assert dataset is not None
-    known = {e["dataset"] for e in book.entries()} | set(book.budgets())
-    stored = book.set_budget(dataset, total_epsilon, total_delta)
-    spent = book.spent(dataset)
-    out = {
-        "ledger": str(book.path),
-        "dataset": dataset,
-        "total_epsilon": stored.get("total_epsilon"),
-        "total_delta": stored.get("total_delta"),
-        "epsilon": spent[0],
-        "delta": spent[1],
-        "known_dataset": dataset in known,
-    }
+        target = _file_identity(book, data, text, name)
+    sources = book.set_budget(target, total_epsilon, total_delta)
     if as_json:
-        typer.echo(json.dumps(out))
+        typer.echo(json.dumps({"ledger": str(book.path), "sources": sources}))
         return
-    typer.echo(
-        f"dataset {dataset[:12]}: total epsilon {_num(out['total_epsilon'], 'g')}, total delta "
-        f"{_num(out['total_delta'], 'g')} (spent so far: epsilon {spent[0]:.4g}, delta "
-        f"{spent[1]:.3g})"
-    )
-    if not out["known_dataset"]:
-        typer.echo("note: no run on this dataset is recorded in this ledger yet", err=True)
+    for src in sources:
+        new = "" if src["runs"] else " (no run recorded on it yet)"
+        typer.echo(
+            f"{_label(src)} [{src['source']}]: total epsilon {_num(src['total_epsilon'], 'g')}, "
+            f"total delta {_num(src['total_delta'], 'g')} (spent so far: epsilon "
+            f"{src['epsilon']:.4g}, delta {src['delta']:.3g}){new}")
+
+
+def _file_identity(book: Any, path: Path, text: str, name: str | None) -> Any:
+    """The identity of a private file as a run reads it (its text column for the sketch)."""
+    from dpsynth.data import DataError, load_dataset
+    from dpsynth.identity import DataIdentity
+
+    try:
+        ds = load_dataset(path, text, [], None, on_duplicate="ignore", max_chars=None)
+    except DataError as err:
+        raise InputError(f"--data {path}: {err}") from None
+    except OSError as err:
+        raise InputError(f"--data {path}: cannot read ({err.strerror or err})") from None
+    return DataIdentity(name=name or str(path.resolve()), content=ds.content_digest(),
+                        records=ds.fingerprint(), sketch=ds.text_sketch(book.sketch_key()))
+
+
+@budget_app.command("rekey")
+def rekey(
+    ledger: LedgerOption = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: the old key is lost for good.")
+                   ] = False,
+) -> None:
+    """Give a ledger whose key is lost a new key, keeping every source's spending by name.
+
+    Content versions, sketches and seed tags were keyed with the lost key and are dropped: a
+    copy of a source's file at another path is recognised again only after a run (or `budget
+    set --data`) at the source's own path records its version anew."""
+    from dpsynth.privacy import BudgetLedger
+
+    if not yes:
+        raise ConfigError("budget rekey forgets every content version the ledger knew; restore "
+                          "the key from a backup if you can, else confirm with --yes")
+    out = BudgetLedger(ledger).rekey()
+    typer.echo(f"new key written; {out['sources']} sources kept with their spending, "
+               f"{out['versions_dropped']} content versions dropped")
 
 
 def register(root: typer.Typer) -> None:

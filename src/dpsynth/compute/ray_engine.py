@@ -132,6 +132,7 @@ class ShardActor:
             self.problems = [p.to_dict() for p in err.problems]
             return
         self.file_fingerprint = self.full.fingerprint()
+        self.content = self.full.content_digest()  # the file's bytes: its ledger version
         domain = spec.domain
         marker = self.cache_dir / f"domain-shard{shard}.json"
         if marker.is_file():
@@ -157,8 +158,13 @@ class ShardActor:
         if self.problems is not None:
             return {"problems": self.problems}
         return {"file_fingerprint": self.file_fingerprint, "fingerprint": self.fingerprint,
-                "n_records": len(self.ds), "rows": len(self.text),
+                "content": self.content, "n_records": len(self.ds), "rows": len(self.text),
                 "warnings": [p.to_dict() for p in self.full.warnings]}
+
+    def text_sketch(self, key: bytes) -> tuple[int, ...]:
+        """The keyed sketch of the texts read (every shard reads the whole file), for the
+        budget ledger (:func:`dpsynth.identity.text_sketch`)."""
+        return self.full.text_sketch(key)
 
     def set_domain(self, domain: dict[str, list[str]]) -> dict[str, Any]:
         """Keep the records whose labels lie in ``domain`` (privately discovered)."""
@@ -412,7 +418,8 @@ class RayCompute(PrivateCompute):
         for info in infos:
             if "problems" in info:
                 raise DataError([DataProblem(**p) for p in info["problems"]])
-        if len({(i["file_fingerprint"], i["fingerprint"], i["n_records"]) for i in infos}) != 1:
+        if len({(i["file_fingerprint"], i["fingerprint"], i["content"], i["n_records"])
+                for i in infos}) != 1:
             raise ComputeError(f"the private file {self.spec.path} differs between the nodes "
                                "of the Ray cluster: every node must hold the same file")
         first = infos[0]
@@ -424,6 +431,7 @@ class RayCompute(PrivateCompute):
             raise ComputeError("the shards do not hold every record exactly once")
         self.fingerprint: str = first["fingerprint"]
         self.file_fingerprint: str = first["file_fingerprint"]
+        self.content: str = first["content"]
         self.n: int = first["n_records"]
         self.warnings: list[dict[str, Any]] = first["warnings"]
 
@@ -450,6 +458,11 @@ class RayCompute(PrivateCompute):
         """Give the shards the run's embedder; they embed their rows now (or reload them)."""
         self._get([a.set_embedder.remote(factory) for a in self.actors], "set_embedder")
         self._get([a.ready.remote() for a in self.actors], "the shards' embedding")
+
+    def text_sketch(self, key: bytes) -> tuple[int, ...]:
+        """The keyed sketch of the file's texts read (by the first shard: each holds the
+        whole file) for the budget ledger."""
+        return tuple(self._get(self.actors[0].text_sketch.remote(key), "the data sketch"))
 
     def set_domain(self, domain: dict[str, list[str]]) -> None:
         """Keep, on every shard, the records whose labels lie in ``domain``."""

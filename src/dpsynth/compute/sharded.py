@@ -55,6 +55,14 @@ class ShardedDataset:
         """The fingerprint every shard computed (the same digest as a local load)."""
         return str(self.compute.fingerprint)
 
+    def content_digest(self) -> str:
+        """sha256 of the private file's bytes, as every shard read it (its ledger version)."""
+        return str(self.compute.content)
+
+    def text_sketch(self, key: bytes) -> tuple[int, ...]:
+        """The keyed sketch of the texts, computed on a shard (:mod:`dpsynth.identity`)."""
+        return self.compute.text_sketch(key)
+
     def with_label_domain(self, domain: Mapping[str, Sequence[str]]) -> ShardedDataset:
         """Keep, on the shards, the records whose labels lie in ``domain`` (this view and the
         returned one share the shards, so both then see only those records)."""

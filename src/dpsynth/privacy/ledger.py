@@ -1,23 +1,40 @@
-"""Cross-run budget ledger: how much of each dataset's privacy budget runs have used.
+"""Cross-run budget ledger: the privacy budget of each *data source*, across runs.
 
-Runs on the same data compose (docs/methods.md §0). The ledger sums them by basic composition
-(epsilons add, deltas add), which is always sound. A run first *reserves* its planned (epsilon,
-delta); the reservation counts until the run *settles* with what it actually spent, so a run that
-crashes keeps counting. The file is JSON, replaced atomically, and guarded by an fcntl lock for
-concurrent runs.
+Runs on the same people's data compose (docs/methods.md §0), so the budget belongs to the data,
+not to one run or to the bytes a run happened to read. The ledger's unit is a **source**: a
+name (``data.source``, by default the private file's resolved path) with the content
+*versions* seen under it. Every run is charged to each source its data matches
+(:meth:`BudgetLedger.resolve`):
 
-- Datasets are named by a KEYED fingerprint: HMAC-SHA256 of the data's digest under a secret key
-  kept next to the ledger (``<ledger>.key``, mode 0600, created on first use). The same dataset
-  maps to the same entry, but nobody without the key can test a guessed dataset against run.json
-  or ``budget show``.
-- A dataset's total budget, once stated (by a run's config or ``dpsynth budget set``), is stored
-  and applies to every later run on it until ``budget set`` changes it; a config can tighten the
-  cap for its own run but never loosen it.
-- A seeded run (research mode) registers a keyed tag of its seed: the same (dataset, seed) pair is
-  refused for any other run, since two runs with one seed draw identical noise.
-- Runs that state no classical guarantee (epsilon = inf: ``guarantee: "none"``; SecPE:
-  ``"secret-protection"``) are recorded too; they add nothing to the (epsilon, delta) sums, and
-  ``budget show`` lists them beside the totals.
+- by name: the same ``data.source`` or path, whatever subset, limit, columns, privacy unit or
+  version it reads (a new file content there is a new version of the source);
+- by content: a file whose bytes equal a known version, at any path (a copy);
+- by records: the records fingerprint of an earlier run (also how a version-2 ledger's
+  datasets carry over);
+- by overlap: a file whose texts lie mostly in a known version's (a bottom-k sketch of keyed
+  text hashes, :mod:`dpsynth.identity`): one record added or removed, a subset or another
+  format at another path.
+
+Amounts add by basic composition (epsilons add, deltas add), which is always sound. A run
+first *reserves* its planned (epsilon, delta) on every matched source (all or none); the
+reservation counts until the run *settles* with what it spent, so a crashed run keeps
+counting. A source's total, once stated (a config's ``privacy.total_*`` or ``dpsynth budget
+set``), applies to every later run charged to it; a config can tighten it for its own run but
+never loosen it.
+
+Fail closed. Everything keyed (content and records digests, sketches, seed tags) is an HMAC
+under a secret key beside the ledger (``<ledger>.key``, 0600), checked against the ledger's
+``key_check``. A key is created only with a new, empty ledger: a ledger with sources or runs
+but no key, a key that is not the ledger's, an unreadable key or a corrupt ledger refuses every
+run and every ``budget`` command with the way out (restore the file, or ``dpsynth budget
+rekey``, which keeps every source's spending by name). Each change first copies the previous
+ledger to ``<ledger>.bak``.
+
+A seeded run (research mode) registers a keyed tag of its seed; a seed seen before, on any
+source, is refused (two runs with one seed draw identical noise, on D and on D plus one record
+too). Runs that state no classical guarantee (epsilon = inf: ``"none"``; SecPE:
+``"secret-protection"``) are recorded on their sources without an amount. The file is JSON,
+replaced atomically under an fcntl lock, and holds no raw digest of the data.
 """
 
 from __future__ import annotations
@@ -29,15 +46,23 @@ import hmac
 import json
 import math
 import os
+import shutil
 import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..identity import DataIdentity, merge_sketches, sketch_matches
 from ..io import atomic_write_text
 from .errors import BudgetRefusedError, PrivacyConfigError
 
 LEDGER_ENV = "DPSYNTH_LEDGER"
+LEDGER_VERSION = 3
+GUARANTEES = ("dp", "none", "secret-protection")
+_KEY_BYTES = 32
+_TOL = 1e-12
 
 
 def default_ledger_path() -> Path:
@@ -46,15 +71,16 @@ def default_ledger_path() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".dpsynth" / "ledger.json"
 
 
-GUARANTEES = ("dp", "none", "secret-protection")
-_KEY_BYTES = 32
-
-
 def keyed_fingerprint(raw_digest: str, key: bytes) -> str:
-    """HMAC-SHA256 of a raw dataset digest under the ledger's secret key (hex)."""
+    """HMAC-SHA256 of a raw records digest under the ledger's key (hex): the run's
+    ``dataset_fingerprint`` in run.json (the same construction as ledger version 2)."""
     if not isinstance(raw_digest, str) or not raw_digest:
         raise PrivacyConfigError("dataset digest must be a non-empty string")
     return hmac.new(key, b"dataset\x00" + raw_digest.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _keyed(key: bytes, kind: str, value: str) -> str:
+    return hmac.new(key, f"{kind}\x00{value}".encode(), hashlib.sha256).hexdigest()
 
 
 def _now() -> str:
@@ -70,17 +96,62 @@ def _check_amount(name: str, value: float, upper: float | None = None) -> float:
     return float(value)
 
 
+class LedgerUnusableError(BudgetRefusedError):
+    """The ledger or its key is missing, corrupt or mismatched: nothing runs until it is
+    restored or explicitly re-keyed (the message says how)."""
+
+
+@dataclass
+class SourceMatch:
+    """One source a run is charged to, and why (``how``: name, content, records, overlap;
+    empty for a source this run creates)."""
+
+    source: str
+    names: list[str]
+    how: list[str] = field(default_factory=list)
+    new_version: bool = False
+
+    def describe(self) -> str:
+        label = self.names[0] if self.names else f"(unnamed source {self.source})"
+        if not self.how:
+            return f"new data source {label!r}"
+        version = ", a new version" if self.new_version else ""
+        return f"data source {label!r} (matched by {', '.join(self.how)}{version})"
+
+
+@dataclass
+class Charge:
+    """What a run is charged to: its sources and its keyed records fingerprint."""
+
+    sources: list[SourceMatch]
+    records: str
+
+    def describe(self) -> str:
+        return "charged to " + "; ".join(s.describe() for s in self.sources)
+
+
 class BudgetLedger:
-    """A JSON ledger of reservations, settlements, recorded runs and dataset budgets."""
+    """The JSON ledger of data sources, their budgets and the runs charged to them."""
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
 
-    # -- file handling -------------------------------------------------------------------------
+    # -- files ---------------------------------------------------------------------------
     @property
     def key_path(self) -> Path:
-        """The secret key file of the keyed fingerprints (mode 0600)."""
+        """The secret key of the keyed digests (mode 0600)."""
         return self.path.with_name(self.path.name + ".key")
+
+    @property
+    def backup_path(self) -> Path:
+        """The ledger as it was before its last change."""
+        return self.path.with_name(self.path.name + ".bak")
+
+    def _restore_hint(self) -> str:
+        return (f"restore {self.path.name} and {self.key_path.name} from your backup (the ledger "
+                f"before its last change is {self.backup_path}); if the key is lost for good, "
+                f"`dpsynth budget rekey --ledger {self.path}` makes a new one and keeps every "
+                "source's spending by name")
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -88,8 +159,7 @@ class BudgetLedger:
             raise PrivacyConfigError(f"{self.path}: the budget ledger path is a directory")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock_path = self.path.with_name(self.path.name + ".lock")
-            lock = open(lock_path, "a+")  # noqa: SIM115 (held for the with-block below)
+            lock = open(self.path.with_name(self.path.name + ".lock"), "a+")  # noqa: SIM115
         except OSError as err:
             raise PrivacyConfigError(
                 f"{self.path}: cannot open the budget ledger ({err.strerror or type(err).__name__})"
@@ -101,124 +171,144 @@ class BudgetLedger:
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
-    def _key(self) -> bytes:
-        """The secret key, created (32 random bytes, mode 0600) on first use."""
-        path = self.key_path
+    def _read_key(self) -> bytes:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "w", encoding="ascii") as fh:
-                    fh.write(os.urandom(_KEY_BYTES).hex() + "\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            text = path.read_text(encoding="ascii").strip()
-        except OSError as err:
-            raise PrivacyConfigError(
-                f"{path}: cannot read the ledger key ({err.strerror or type(err).__name__})"
-            ) from None
+            text = self.key_path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) else "not ASCII"
+            raise LedgerUnusableError(
+                f"{self.key_path}: cannot read the ledger key ({reason or type(err).__name__}); "
+                + self._restore_hint()) from None
         try:
             key = bytes.fromhex(text)
         except ValueError:
             key = b""
         if len(key) < 16:
-            raise PrivacyConfigError(f"{path}: the ledger key file is corrupt")
+            raise LedgerUnusableError(f"{self.key_path}: the ledger key is corrupt; "
+                                      + self._restore_hint())
         return key
 
-    def dataset_id(self, raw_digest: str) -> str:
-        """The keyed fingerprint of a dataset (what run.json and the ledger store)."""
-        with self._locked():
-            return keyed_fingerprint(raw_digest, self._key())
-
-    def _seed_tag(self, dataset: str, seed: int) -> str:
-        msg = f"seed\x00{dataset}\x00{int(seed)}".encode()
-        return hmac.new(self._key(), msg, hashlib.sha256).hexdigest()
-
-    def _load(self) -> dict[str, Any]:
+    def _read(self) -> dict[str, Any] | None:
+        """The ledger as stored (migrated to this version in memory); None when absent."""
         if not self.path.exists():
-            return {"version": 2, "entries": [], "budgets": {}}
+            return None
+        corrupt = (f"{self.path}: the budget ledger is corrupt ({{}}); nothing runs on a ledger "
+                   f"that cannot be read: restore it from {self.backup_path} or your backup")
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except ValueError:
-            raise PrivacyConfigError(f"{self.path}: the budget ledger is not valid JSON") from None
+        except (ValueError, UnicodeDecodeError):
+            raise LedgerUnusableError(corrupt.format("not valid JSON")) from None
         except OSError as err:
-            raise PrivacyConfigError(
+            raise LedgerUnusableError(
                 f"{self.path}: cannot read the budget ledger "
-                f"({err.strerror or type(err).__name__})"
-            ) from None
+                f"({err.strerror or type(err).__name__})") from None
         if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
-            raise PrivacyConfigError(f"{self.path}: the budget ledger has no 'entries' list")
+            raise LedgerUnusableError(corrupt.format("no 'entries' list"))
+        if data.get("version", 2) < LEDGER_VERSION or "sources" not in data:
+            data = _migrate_v2(data, corrupt)
+        if not isinstance(data.get("sources"), dict) or not all(
+                isinstance(s, dict) and isinstance(s.get("versions"), list)
+                and isinstance(s.get("names"), list) for s in data["sources"].values()):
+            raise LedgerUnusableError(corrupt.format("its 'sources' are corrupt"))
         for i, e in enumerate(data["entries"]):
-            ok = isinstance(e, dict) and isinstance(e.get("dataset"), str)
+            ok = isinstance(e, dict) and e.get("source") in data["sources"]
             ok = ok and isinstance(e.get("run_id"), str)
             if ok:
                 try:
-                    self._counted(e)
+                    _counted(e)
                 except (KeyError, TypeError, ValueError):
                     ok = False
             if not ok:
-                raise PrivacyConfigError(f"{self.path}: entry {i} of the budget ledger is corrupt")
-        budgets = data.setdefault("budgets", {})
-        if not isinstance(budgets, dict) or not all(isinstance(b, dict) for b in budgets.values()):
-            raise PrivacyConfigError(f"{self.path}: the budget ledger's 'budgets' is corrupt")
+                raise LedgerUnusableError(corrupt.format(f"entry {i} is corrupt"))
         return data
 
-    def _save(self, data: dict[str, Any]) -> None:
-        data["version"] = 2
+    def _open(self, create: bool) -> tuple[dict[str, Any], bytes | None]:
+        """(ledger, key) under the lock, failing closed (see the module docstring). ``create``:
+        a missing ledger is started (with a new key); else an absent ledger reads as empty."""
+        data = self._read()
+        has_key = self.key_path.exists()
+        if data is None:
+            if has_key:
+                raise LedgerUnusableError(
+                    f"{self.path}: the budget ledger is missing but its key "
+                    f"{self.key_path.name} exists; nothing runs until it is back: "
+                    f"restore it from {self.backup_path} or your backup (to start a new, empty "
+                    "ledger on purpose, remove the key file too)")
+            data = _empty()
+            return (data, self._new_key(data)) if create else (data, None)
+        if not has_key:
+            if data["sources"] or data["entries"]:
+                raise LedgerUnusableError(
+                    f"{self.key_path}: the ledger key is missing, so no run can be matched to "
+                    "its data sources (their spending would read 0); " + self._restore_hint())
+            return (data, self._new_key(data)) if create else (data, None)
+        key = self._read_key()
+        check = data.get("key_check")
+        if check is not None and not hmac.compare_digest(check, _key_check(key)):
+            raise LedgerUnusableError(
+                f"{self.key_path} is not the key of {self.path} (its check value differs); "
+                + self._restore_hint())
+        data["key_check"] = _key_check(key)
+        return data, key
+
+    def _new_key(self, data: dict[str, Any]) -> bytes:
+        """A new key for an empty ledger: the ledger (with its check value) is written first,
+        so a crash in between leaves an empty ledger without key, which gets a new one."""
+        key = os.urandom(_KEY_BYTES)
+        self._save(data, key)
+        self.key_path.unlink(missing_ok=True)
+        fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(key.hex() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return key
+
+    def _save(self, data: dict[str, Any], key: bytes | None) -> None:
+        data["version"] = LEDGER_VERSION
+        if key is not None:
+            data["key_check"] = _key_check(key)
+        if self.path.exists():
+            shutil.copyfile(self.path, self.backup_path)
+            os.chmod(self.backup_path, 0o600)
         atomic_write_text(self.path, json.dumps(data, indent=1), mode=0o600)
 
-    # -- accounting ----------------------------------------------------------------------------
-    @staticmethod
-    def _counted(entry: dict[str, Any]) -> tuple[float, float]:
-        """What an entry counts: the actual spend once settled, else the reservation; entries
-        without a classical guarantee count nothing here (see the module docstring)."""
-        if entry.get("guarantee", "dp") != "dp":
-            return 0.0, 0.0
-        if entry.get("status") == "settled":
-            return float(entry["epsilon"]), float(entry["delta"])
-        return float(entry["reserved_epsilon"]), float(entry["reserved_delta"])
+    # -- identity ------------------------------------------------------------------------
+    def sketch_key(self) -> bytes:
+        """The key of the text sketches (:func:`dpsynth.identity.text_sketch`), derived from
+        the ledger's key (created with a new ledger)."""
+        with self._locked():
+            _, key = self._open(create=True)
+        assert key is not None
+        return hmac.new(key, b"text-sketch", hashlib.sha256).digest()[:32]
 
-    @classmethod
-    def _sum(
-        cls, entries: list[dict[str, Any]], dataset: str, skip_run: str | None = None
-    ) -> tuple[float, float]:
-        eps = delta = 0.0
-        for e in entries:
-            if e["dataset"] == dataset and e["run_id"] != skip_run:
-                de, dd = cls._counted(e)
-                eps += de
-                delta += dd
-        return eps, delta
+    def dataset_id(self, raw_digest: str) -> str:
+        """The keyed fingerprint of a run's records (run.json's ``dataset_fingerprint``)."""
+        with self._locked():
+            _, key = self._open(create=True)
+        assert key is not None
+        return keyed_fingerprint(raw_digest, key)
 
-    @staticmethod
-    def _effective_cap(
-        stored: dict[str, Any] | None, name: str, configured: float | None
-    ) -> float | None:
-        values = [v for v in ((stored or {}).get(name), configured) if v is not None]
-        return min(float(v) for v in values) if values else None
+    def resolve(self, identity: DataIdentity) -> Charge:
+        """The sources ``identity`` matches (nothing is written; see the module docstring)."""
+        with self._locked():
+            data, key = self._open(create=True)
+        assert key is not None
+        return _resolve(data, key, identity)
 
-    def reserve(
-        self,
-        dataset: str,
-        run_id: str,
-        epsilon: float,
-        delta: float,
-        total_epsilon: float | None,
-        total_delta: float | None,
-        *,
-        noise_seed: int | None = None,
-    ) -> None:
-        """Reserve (epsilon, delta) of ``dataset``'s total for ``run_id``, or raise
-        BudgetRefusedError. Re-reserving the same run (a resume) replaces its reservation.
-
-        ``total_*`` from the run's config are stored as the dataset's budget when none is stored
-        yet; a stored budget always applies (the smaller cap wins). ``noise_seed`` (seeded noise
-        only) is refused when another run used it on this dataset."""
-        if not dataset or not run_id:
-            raise PrivacyConfigError("dataset and run_id must be non-empty strings")
+    # -- charging ------------------------------------------------------------------------
+    def reserve(self, identity: DataIdentity, run_id: str, epsilon: float, delta: float,
+                total_epsilon: float | None = None, total_delta: float | None = None, *,
+                noise_seed: int | None = None, details: dict[str, Any] | None = None
+                ) -> Charge:
+        """Reserve (epsilon, delta) for ``run_id`` on every source ``identity`` matches, or
+        raise BudgetRefusedError (nothing written). Re-reserving the same run (a resume)
+        replaces its reservation. ``total_*`` from the run's config become a source's budget
+        when it has none; a stored budget always applies (the smaller cap wins).
+        ``noise_seed`` (seeded noise only) is refused when any other run used it.
+        ``details``: public facts kept with the entry (the config digest, the unit)."""
+        if not run_id:
+            raise PrivacyConfigError("run_id must be a non-empty string")
         epsilon = _check_amount("epsilon", epsilon)
         delta = _check_amount("delta", delta, 1.0)
         if total_epsilon is not None:
@@ -226,109 +316,107 @@ class BudgetLedger:
         if total_delta is not None:
             total_delta = _check_amount("total_delta", total_delta, 1.0)
         with self._locked():
-            data = self._load()
-            entries = data["entries"]
-            existing = next(
-                (e for e in entries if e["dataset"] == dataset and e["run_id"] == run_id), None
-            )
-            if existing is not None and existing.get("status") == "settled":
-                raise BudgetRefusedError(
-                    f"run {run_id!r} already settled on dataset {dataset[:12]}; use a new run id"
-                )
-            seed_tag = None if noise_seed is None else self._seed_tag(dataset, noise_seed)
+            data, key = self._open(create=True)
+            assert key is not None
+            charge = _resolve(data, key, identity)
+            for e in _run_entries(data, run_id):
+                if e.get("status") == "settled":
+                    raise BudgetRefusedError(f"run {run_id!r} is already settled in {self.path}")
+            seed_tag = None if noise_seed is None else _keyed(key, "seed", str(int(noise_seed)))
             if seed_tag is not None:
-                other = next(
-                    (
-                        e
-                        for e in entries
-                        if e["dataset"] == dataset
-                        and e["run_id"] != run_id
-                        and e.get("seed_tag") == seed_tag
-                    ),
-                    None,
-                )
+                other = next((e for e in data["entries"]
+                              if e["run_id"] != run_id and e.get("seed_tag") == seed_tag), None)
                 if other is not None:
                     raise BudgetRefusedError(
-                        f"seeded noise with this seed was already used on dataset {dataset[:12]} "
-                        f"by run {other['run_id']!r}: both runs would draw identical noise. "
-                        "Use privacy.noise: secure, or leave privacy.seed unset (a fresh random "
-                        "seed is drawn)"
-                    )
-            stored = data["budgets"].get(dataset)
-            cap_eps = self._effective_cap(stored, "total_epsilon", total_epsilon)
-            cap_delta = self._effective_cap(stored, "total_delta", total_delta)
-            s_eps, s_delta = self._sum(entries, dataset, skip_run=run_id)
-            tol = 1e-12
-            over_eps = cap_eps is not None and s_eps + epsilon > cap_eps + tol
-            over_delta = cap_delta is not None and s_delta + delta > cap_delta + tol
-            if over_eps or over_delta:
-                raise BudgetRefusedError(
-                    f"privacy budget of dataset {dataset[:12]} refused: spent so far "
-                    f"epsilon={s_eps:.4g}, delta={s_delta:.3g}; requested epsilon={epsilon:.4g}, "
-                    f"delta={delta:.3g}; total allowed epsilon={cap_eps}, delta={cap_delta}. "
-                    "Lower this run's epsilon/delta, raise the dataset total with `dpsynth "
-                    f"budget set`, or use a ledger without earlier runs (--ledger / {LEDGER_ENV})"
-                )
+                        f"seeded noise with this seed was already used by run "
+                        f"{other['run_id']!r}: two runs with one seed draw identical noise "
+                        "(on any data). Use privacy.noise: secure, or leave privacy.seed unset "
+                        "(a fresh random seed is drawn)")
+            for m in charge.sources:
+                stored = data["sources"].get(m.source, {})
+                cap_eps = _cap(stored.get("total_epsilon"), total_epsilon)
+                cap_delta = _cap(stored.get("total_delta"), total_delta)
+                s_eps, s_delta = _sum(data["entries"], m.source, skip_run=run_id)
+                if (cap_eps is not None and s_eps + epsilon > cap_eps + _TOL) or (
+                        cap_delta is not None and s_delta + delta > cap_delta + _TOL):
+                    raise BudgetRefusedError(
+                        f"privacy budget of {m.describe()} refused: spent so far "
+                        f"epsilon={s_eps:.4g}, delta={s_delta:.3g}; this run asks epsilon="
+                        f"{epsilon:.4g}, delta={delta:.3g}; the source's total is epsilon="
+                        f"{_fmt(cap_eps)}, delta={_fmt(cap_delta)}. Lower this run's epsilon/"
+                        "delta, or raise the source's total with `dpsynth budget set` (every "
+                        "subset, column choice, unit and version of a source shares its budget)")
             now = _now()
-            new_budget = dict(stored or {})
-            for name, value in (("total_epsilon", total_epsilon), ("total_delta", total_delta)):
-                if value is not None and new_budget.get(name) is None:
-                    new_budget[name] = value
-            if new_budget != (stored or {}):
-                new_budget.update(updated=now, source=f"run {run_id}")
-                data["budgets"][dataset] = new_budget
-            if existing is None:
-                existing = {"dataset": dataset, "run_id": run_id, "created": now}
-                entries.append(existing)
-            existing.update(
-                guarantee="dp",
-                status="reserved",
-                reserved_epsilon=epsilon,
-                reserved_delta=delta,
-                epsilon=None,
-                delta=None,
-                updated=now,
-            )
-            if seed_tag is not None:
-                existing["seed_tag"] = seed_tag
-            self._save(data)
+            for m in charge.sources:
+                src = _register(data, m, identity, key, run_id, now)
+                for name, value in (("total_epsilon", total_epsilon),
+                                    ("total_delta", total_delta)):
+                    if value is not None and src.get(name) is None:
+                        src[name] = value
+                        src["budget_set"] = {"at": now, "by": f"run {run_id}"}
+                entry = _entry(data, m.source, run_id, now)
+                entry.update(guarantee="dp", status="reserved", reserved_epsilon=epsilon,
+                             reserved_delta=delta, epsilon=None, delta=None,
+                             records=charge.records, updated=now, **(details or {}))
+                if seed_tag is not None:
+                    entry["seed_tag"] = seed_tag
+            self._save(data, key)
+        return charge
 
-    def record_run(self, dataset: str, run_id: str, guarantee: str, **details: Any) -> None:
-        """Record a run that states no (epsilon, delta) guarantee on ``dataset``
-        (``guarantee`` "none" for epsilon = inf, "secret-protection" for SecPE), with public
-        ``details`` such as SecPE's (p, r). Recording the same run again updates it."""
-        if not dataset or not run_id:
-            raise PrivacyConfigError("dataset and run_id must be non-empty strings")
+    def record_run(self, identity: DataIdentity, run_id: str, guarantee: str,
+                   details: dict[str, Any] | None = None) -> Charge:
+        """Record a run that states no (epsilon, delta) guarantee (``"none"`` for epsilon =
+        inf, ``"secret-protection"`` for SecPE) on its sources, with public ``details``."""
+        if not run_id:
+            raise PrivacyConfigError("run_id must be a non-empty string")
         if guarantee not in GUARANTEES or guarantee == "dp":
             raise PrivacyConfigError(
-                f"guarantee must be 'none' or 'secret-protection', got {guarantee!r}"
-            )
+                f"guarantee must be 'none' or 'secret-protection', got {guarantee!r}")
         with self._locked():
-            data = self._load()
-            entries = data["entries"]
-            existing = next(
-                (e for e in entries if e["dataset"] == dataset and e["run_id"] == run_id), None
-            )
-            now = _now()
-            if existing is None:
-                existing = {"dataset": dataset, "run_id": run_id, "created": now}
-                entries.append(existing)
-            elif existing.get("guarantee", "dp") == "dp":
+            data, key = self._open(create=True)
+            assert key is not None
+            if any(e.get("guarantee", "dp") == "dp" for e in _run_entries(data, run_id)):
                 raise PrivacyConfigError(f"run {run_id!r} already holds a DP reservation")
-            existing.update(
-                guarantee=guarantee, status="recorded", epsilon=None, delta=None, updated=now
-            )
-            if details:
-                existing["details"] = {k: v for k, v in details.items()}
-            self._save(data)
+            charge = _resolve(data, key, identity)
+            now = _now()
+            for m in charge.sources:
+                _register(data, m, identity, key, run_id, now)
+                entry = _entry(data, m.source, run_id, now)
+                entry.update(guarantee=guarantee, status="recorded", epsilon=None, delta=None,
+                             records=charge.records, updated=now, **(details or {}))
+            self._save(data, key)
+        return charge
 
-    def set_budget(
-        self, dataset: str, total_epsilon: float | None, total_delta: float | None
-    ) -> dict[str, Any]:
-        """Set (replace) ``dataset``'s total budget: the explicit way to change it. A field
-        left None keeps its stored value. Returns the stored budget."""
-        if not dataset:
-            raise PrivacyConfigError("dataset must be a non-empty string")
+    def settle(self, run_id: str, epsilon: float, delta: float) -> None:
+        """Record what ``run_id`` spent on each of its sources (replaces the reservation in
+        the sums). A spend above the reservation is recorded as it is (the truth) and raised
+        as a BudgetRefusedError after the write."""
+        epsilon = _check_amount("epsilon", epsilon)
+        delta = _check_amount("delta", delta, 1.0)
+        with self._locked():
+            data, key = self._open(create=False)
+            found = [e for e in _run_entries(data, run_id) if e.get("guarantee", "dp") == "dp"]
+            if not found:
+                raise PrivacyConfigError(f"run {run_id!r} has no reservation in {self.path}")
+            now = _now()
+            over = [e for e in found if epsilon > e["reserved_epsilon"] + 1e-9
+                    or delta > e["reserved_delta"] + 1e-15]
+            for e in found:
+                e.update(status="settled", epsilon=epsilon, delta=delta, updated=now)
+            self._save(data, key)
+        if over:
+            raise BudgetRefusedError(
+                f"run {run_id!r} spent epsilon={epsilon:.6g}, delta={delta:.3g}, more than it "
+                f"reserved (epsilon={over[0]['reserved_epsilon']:.6g}); the ledger records the "
+                "spend as it is")
+
+    # -- budgets -------------------------------------------------------------------------
+    def set_budget(self, target: DataIdentity | str, total_epsilon: float | None,
+                   total_delta: float | None) -> list[dict[str, Any]]:
+        """Set (replace) the total budget of the sources ``target`` names: a data identity
+        (``budget set --data FILE``: the sources it matches, a new source when none) or a
+        source's id or name (``--source``). A field left None keeps its stored value. Returns
+        the summaries of the sources set."""
         if total_epsilon is None and total_delta is None:
             raise PrivacyConfigError("give a total epsilon, a total delta, or both")
         if total_epsilon is not None:
@@ -336,61 +424,263 @@ class BudgetLedger:
         if total_delta is not None:
             total_delta = _check_amount("total_delta", total_delta, 1.0)
         with self._locked():
-            data = self._load()
-            budget = dict(data["budgets"].get(dataset) or {})
-            if total_epsilon is not None:
-                budget["total_epsilon"] = total_epsilon
-            if total_delta is not None:
-                budget["total_delta"] = total_delta
-            budget.update(updated=_now(), source="budget set")
-            data["budgets"][dataset] = budget
-            self._save(data)
-        return budget
-
-    def budget(self, dataset: str) -> dict[str, Any] | None:
-        """The stored total budget of ``dataset`` (None when none was ever stated)."""
-        with self._locked():
-            data = self._load()
-        b = data["budgets"].get(dataset)
-        return dict(b) if b is not None else None
-
-    def budgets(self) -> dict[str, dict[str, Any]]:
-        """All stored dataset budgets."""
-        with self._locked():
-            data = self._load()
-        return {k: dict(v) for k, v in data["budgets"].items()}
-
-    def settle(
-        self, run_id: str, epsilon: float, delta: float, *, dataset: str | None = None
-    ) -> None:
-        """Record what ``run_id`` actually spent (replaces its reservation in the sums); with
-        ``dataset`` only that dataset's entry of the run is settled."""
-        epsilon = _check_amount("epsilon", epsilon)
-        delta = _check_amount("delta", delta, 1.0)
-        with self._locked():
-            data = self._load()
-            found = [
-                e
-                for e in data["entries"]
-                if e["run_id"] == run_id
-                and (dataset is None or e["dataset"] == dataset)
-                and e.get("guarantee", "dp") == "dp"
-            ]
-            if not found:
-                raise PrivacyConfigError(f"run {run_id!r} has no reservation in {self.path}")
+            data, key = self._open(create=isinstance(target, DataIdentity))
             now = _now()
-            for e in found:
-                e.update(status="settled", epsilon=epsilon, delta=delta, updated=now)
-            self._save(data)
+            if isinstance(target, DataIdentity):
+                assert key is not None
+                charge = _resolve(data, key, target)
+                ids = []
+                for m in charge.sources:
+                    _register(data, m, target, key, None, now)
+                    ids.append(m.source)
+            else:
+                ids = [_find_source(data, target, self.path)]
+            for sid in ids:
+                src = data["sources"][sid]
+                if total_epsilon is not None:
+                    src["total_epsilon"] = total_epsilon
+                if total_delta is not None:
+                    src["total_delta"] = total_delta
+                src["budget_set"] = {"at": now, "by": "budget set"}
+            self._save(data, key)
+            return [_summary(data, sid) for sid in ids]
 
-    def entries(self, dataset: str | None = None) -> list[dict]:
-        """All entries (or those of one dataset)."""
+    # -- reading -------------------------------------------------------------------------
+    def sources(self) -> list[dict[str, Any]]:
+        """Every source: names, versions, caps, spent (epsilon, delta) and its runs."""
         with self._locked():
-            data = self._load()
-        return [dict(e) for e in data["entries"] if dataset is None or e["dataset"] == dataset]
+            data, _ = self._open(create=False)
+        return [_summary(data, sid) for sid in sorted(data["sources"])]
 
-    def spent(self, dataset: str) -> tuple[float, float]:
-        """(epsilon, delta) counted against ``dataset`` by basic composition."""
+    def source(self, ref: str) -> dict[str, Any]:
+        """One source's summary, by id or name."""
         with self._locked():
-            data = self._load()
-        return self._sum(data["entries"], dataset)
+            data, _ = self._open(create=False)
+            return _summary(data, _find_source(data, ref, self.path))
+
+    def entries(self, source: str | None = None) -> list[dict[str, Any]]:
+        """All entries (or those of one source id)."""
+        with self._locked():
+            data, _ = self._open(create=False)
+        return [dict(e) for e in data["entries"] if source is None or e["source"] == source]
+
+    def run_entries(self, run_id: str) -> list[dict[str, Any]]:
+        """The entries of one run (one per source it is charged to)."""
+        with self._locked():
+            data, _ = self._open(create=False)
+        return [dict(e) for e in _run_entries(data, run_id)]
+
+    def spent(self, source: str) -> tuple[float, float]:
+        """(epsilon, delta) counted against a source (id) by basic composition."""
+        with self._locked():
+            data, _ = self._open(create=False)
+        return _sum(data["entries"], source)
+
+    # -- recovery ------------------------------------------------------------------------
+    def rekey(self) -> dict[str, int]:
+        """Make a new key for a ledger whose key is lost or wrong, keeping every source, name,
+        budget and amount; what was keyed under the old key (content versions, records
+        fingerprints, sketches, seed tags) cannot be checked any more and is dropped. Refuses
+        a ledger whose key is present and right (nothing to recover)."""
+        with self._locked():
+            data = self._read()
+            if data is None:
+                raise PrivacyConfigError(f"{self.path}: no budget ledger to re-key")
+            if self.key_path.exists():
+                try:
+                    key = self._read_key()
+                except LedgerUnusableError:
+                    key = None
+                check = data.get("key_check")
+                if key is not None and (check is None or hmac.compare_digest(
+                        check, _key_check(key))):
+                    raise PrivacyConfigError(
+                        f"{self.key_path} is this ledger's key: nothing to re-key")
+            dropped = 0
+            for src in data["sources"].values():
+                dropped += len(src["versions"])
+                src["versions"] = []
+            for e in data["entries"]:
+                for k in ("records", "seed_tag"):
+                    e.pop(k, None)
+            self._new_key(data)
+        return {"sources": len(data["sources"]), "versions_dropped": dropped}
+
+
+# -- the ledger's data (pure functions over the loaded dict) -----------------------------------
+def _empty() -> dict[str, Any]:
+    return {"version": LEDGER_VERSION, "sources": {}, "entries": []}
+
+
+def _key_check(key: bytes) -> str:
+    return _keyed(key, "key-check", "dpsynth ledger")
+
+
+def _migrate_v2(data: dict[str, Any], corrupt: str) -> dict[str, Any]:
+    """A version-2 ledger (one entry per keyed records fingerprint) as version 3: each dataset
+    becomes an unnamed source whose one version knows that fingerprint, so a run on the same
+    records is still charged to it; its budget carries over."""
+    budgets = data.get("budgets", {})
+    if not isinstance(budgets, dict):
+        raise LedgerUnusableError(corrupt.format("its 'budgets' are corrupt"))
+    sources: dict[str, Any] = {}
+    entries = []
+    for e in data["entries"]:
+        if not isinstance(e, dict) or not isinstance(e.get("dataset"), str):
+            raise LedgerUnusableError(corrupt.format("an entry is corrupt"))
+    datasets = sorted({e["dataset"] for e in data["entries"]} | set(budgets))
+    for d in datasets:
+        sid = "v2-" + d[:12]
+        b = budgets.get(d) or {}
+        sources[sid] = {"names": [], "versions": [{"content": None, "records": [d],
+                                                   "sketch": [], "added": None}],
+                        "total_epsilon": b.get("total_epsilon"),
+                        "total_delta": b.get("total_delta"), "created": None}
+    for e in data["entries"]:
+        e = dict(e)
+        d = e.pop("dataset")
+        e["source"] = "v2-" + d[:12]
+        e["records"] = d
+        entries.append(e)
+    return {"version": LEDGER_VERSION, "sources": sources, "entries": entries,
+            **({"key_check": data["key_check"]} if "key_check" in data else {})}
+
+
+def _counted(entry: dict[str, Any]) -> tuple[float, float]:
+    """What an entry counts: the spend once settled, else the reservation; entries without a
+    classical guarantee count nothing here."""
+    if entry.get("guarantee", "dp") != "dp":
+        return 0.0, 0.0
+    if entry.get("status") == "settled":
+        return float(entry["epsilon"]), float(entry["delta"])
+    return float(entry["reserved_epsilon"]), float(entry["reserved_delta"])
+
+
+def _sum(entries: list[dict[str, Any]], source: str, skip_run: str | None = None
+         ) -> tuple[float, float]:
+    eps = delta = 0.0
+    for e in entries:
+        if e["source"] == source and e["run_id"] != skip_run:
+            de, dd = _counted(e)
+            eps += de
+            delta += dd
+    return eps, delta
+
+
+def _cap(stored: float | None, configured: float | None) -> float | None:
+    values = [float(v) for v in (stored, configured) if v is not None]
+    return min(values) if values else None
+
+
+def _fmt(x: float | None) -> str:
+    return "unset" if x is None else f"{x:g}"
+
+
+def _run_entries(data: dict[str, Any], run_id: str) -> list[dict[str, Any]]:
+    return [e for e in data["entries"] if e["run_id"] == run_id]
+
+
+def _keyed_identity(key: bytes, identity: DataIdentity) -> tuple[str, str]:
+    return _keyed(key, "content", identity.content), keyed_fingerprint(identity.records, key)
+
+
+def _resolve(data: dict[str, Any], key: bytes, identity: DataIdentity) -> Charge:
+    content, records = _keyed_identity(key, identity)
+    matches = []
+    for sid in sorted(data["sources"]):
+        src = data["sources"][sid]
+        how = []
+        if identity.name in src["names"]:
+            how.append("name")
+        versions = src["versions"]
+        if any(v.get("content") == content for v in versions):
+            how.append("content")
+        if any(records in v.get("records", []) for v in versions):
+            how.append("records")
+        if any(sketch_matches(identity.sketch, [int(h, 16) for h in v.get("sketch", [])])
+               for v in versions):
+            how.append("overlap")
+        if how:
+            new_version = not any(v.get("content") == content for v in versions)
+            matches.append(SourceMatch(sid, list(src["names"]), how, new_version))
+    if not matches:
+        matches = [SourceMatch("src-" + uuid.uuid4().hex[:10], [identity.name])]
+    return Charge(matches, records)
+
+
+def _register(data: dict[str, Any], match: SourceMatch, identity: DataIdentity, key: bytes,
+              run_id: str | None, now: str) -> dict[str, Any]:
+    """Add what the run shows of a source: its name (a copy elsewhere names it too), its
+    content version, the records read and the texts' sketch."""
+    content, records = _keyed_identity(key, identity)
+    src = data["sources"].setdefault(match.source, {
+        "names": [], "versions": [], "total_epsilon": None, "total_delta": None,
+        "created": now})
+    if identity.name not in src["names"]:
+        src["names"].append(identity.name)
+    version = next((v for v in src["versions"] if v.get("content") == content), None)
+    if version is None:
+        version = {"content": content, "records": [], "sketch": [], "added": now,
+                   "first_run": run_id}
+        src["versions"].append(version)
+    if records not in version["records"]:
+        version["records"].append(records)
+    known = [int(h, 16) for h in version["sketch"]]
+    version["sketch"] = [f"{h:016x}" for h in merge_sketches(known, identity.sketch)]
+    match.names = list(src["names"])
+    return src
+
+
+def _entry(data: dict[str, Any], source: str, run_id: str, now: str) -> dict[str, Any]:
+    entry = next((e for e in data["entries"] if e["source"] == source and e["run_id"] == run_id),
+                 None)
+    if entry is None:
+        entry = {"source": source, "run_id": run_id, "created": now}
+        data["entries"].append(entry)
+    return entry
+
+
+def _find_source(data: dict[str, Any], ref: str, path: Path) -> str:
+    if ref in data["sources"]:
+        return ref
+    by_name = [sid for sid, s in data["sources"].items() if ref in s["names"]]
+    by_records = [e["source"] for e in data["entries"] if e.get("records") == ref]
+    found = sorted(set(by_name or by_records))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        known = ", ".join(sorted(data["sources"])) or "none"
+        raise PrivacyConfigError(f"{path}: no data source {ref!r} (known sources: {known}); "
+                                 "`dpsynth budget show` lists them, or use --data FILE")
+    raise PrivacyConfigError(f"{ref!r} names several sources ({', '.join(found)}): use an id")
+
+
+def _summary(data: dict[str, Any], sid: str) -> dict[str, Any]:
+    src = data["sources"][sid]
+    runs = [dict(e) for e in data["entries"] if e["source"] == sid]
+    eps, delta = _sum(data["entries"], sid)
+    return {
+        "source": sid,
+        "names": list(src["names"]),
+        "versions": [{"content": (v.get("content") or "")[:12] or None,
+                      "added": v.get("added"), "first_run": v.get("first_run"),
+                      "runs_read": len(v.get("records", []))} for v in src["versions"]],
+        "total_epsilon": src.get("total_epsilon"),
+        "total_delta": src.get("total_delta"),
+        "epsilon": eps,
+        "delta": delta,
+        "runs_without_dp_guarantee": sum(1 for e in runs if e.get("guarantee", "dp") != "dp"),
+        "runs": runs,
+    }
+
+
+def counted(entry: dict[str, Any]) -> tuple[float | None, float | None]:
+    """What an entry counts, for display (None for a run without a classical guarantee)."""
+    if entry.get("guarantee", "dp") != "dp":
+        return None, None
+    return _counted(entry)
+
+
+__all__ = ["BudgetLedger", "Charge", "LedgerUnusableError", "SourceMatch", "counted",
+           "default_ledger_path", "keyed_fingerprint"]
+
