@@ -82,13 +82,19 @@ def gathered_secret_index(compute: Any, specs: Any, *, strict: bool = False) -> 
 def test_sharded_text_statistics_equal_the_one_shard_values(dataset, user_level, shards):
     one = LocalCompute.for_dataset(dataset, user_level)
     many = _InProcess(dataset, user_level, shards)
-    a, b = one.label_value_counts(["cat"]), many.label_value_counts(["cat"])
-    assert a["cat"][0] == b["cat"][0] == ["drink", "food", "rare"]
-    assert a["cat"][1].tobytes() == b["cat"][1].tobytes()
-    # the same counts as label_domain.value_counts (users: up to float summation order)
-    names, counts = value_counts(list(dataset.labels["cat"]),
-                                 list(dataset.users) if user_level else None)
-    assert names == a["cat"][0] and np.allclose(counts, a["cat"][1], rtol=0, atol=1e-12)
+    for k in (1, 2, 3):  # at user level each user counts towards at most k values
+        a, b = one.label_value_counts(["cat"], k), many.label_value_counts(["cat"], k)
+        assert a["cat"][0] == b["cat"][0]
+        assert a["cat"][1].tobytes() == b["cat"][1].tobytes()
+        # the same counts as label_domain.value_counts (users: up to float summation order)
+        names, counts = value_counts(list(dataset.labels["cat"]),
+                                     list(dataset.users) if user_level else None, k)
+        assert names == a["cat"][0] and np.allclose(counts, a["cat"][1], rtol=0, atol=1e-12)
+    assert a["cat"][0] == ["drink", "food", "rare"]  # k = 3: every value present
+    if user_level:  # the users here hold 2-3 values each: k changes the counts
+        assert one.label_value_counts(["cat"], 1)["cat"][1].sum() == pytest.approx(12.0)
+        assert not np.allclose(one.label_value_counts(["cat"], 2)["cat"][1],
+                               one.label_value_counts(["cat"], 3)["cat"][1])
     h1 = one.keyword_histogram(VOCAB, 2, "first")
     assert h1.tobytes() == many.keyword_histogram(VOCAB, 2, "first").tobytes()
     if not user_level:
@@ -133,7 +139,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
     local = load_dataset(path, "text", ["cat"], "user")
     expected = {
         "fingerprint": local.fingerprint(),
-        "values": LocalCompute.for_dataset(local, True).label_value_counts(["cat"]),
+        "values": LocalCompute.for_dataset(local, True).label_value_counts(["cat"], 2),
         "keywords": LocalCompute.for_dataset(local, True).keyword_histogram(VOCAB, 2, "first"),
         "secrets": gathered_secret_index(LocalCompute.for_dataset(local, True), SPECS),
     }
@@ -159,7 +165,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
                 getattr(ds, name)
         with pytest.raises(ShardedDataError):
             ds.joint_label_codes()
-        got = ds.compute.label_value_counts(["cat"])
+        got = ds.compute.label_value_counts(["cat"], 2)
         assert got["cat"][0] == expected["values"]["cat"][0]
         assert got["cat"][1].tobytes() == expected["values"]["cat"][1].tobytes()
         assert ds.compute.keyword_histogram(VOCAB, 2, "first").tobytes() == \

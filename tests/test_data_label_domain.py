@@ -255,17 +255,120 @@ def test_discovery_refuses_when_nothing_passes() -> None:
 
 
 def test_user_level_counts_bound_each_user() -> None:
-    names, counts = value_counts(["a", "b", "c", "d", "a", "a"], ["u1", "u1", "u1", "u1", "u2",
-                                                                   "u2"])
+    values = ["a", "b", "c", "d", "a", "a"]
+    users = ["u1", "u1", "u1", "u1", "u2", "u2"]
+    names, counts = value_counts(values, users, 4)
     assert names == ["a", "b", "c", "d"]
     np.testing.assert_allclose(counts, [0.5 + 1.0, 0.5, 0.5, 0.5])  # u1: 4 values, norm 1
+    # k = 2: u1 (all values once) keeps its two smallest values, u2 its only one
+    names, counts = value_counts(values, users, 2)
+    assert names == ["a", "b"]
+    np.testing.assert_allclose(counts, [2 ** -0.5 + 1.0, 2 ** -0.5])
+    assert value_counts(values, users) == (["a"], pytest.approx([2.0]))  # default k = 1
     names, counts = value_counts(["x", "y", "x"])
     assert names == ["x", "y"] and counts.tolist() == [2.0, 1.0]
+
+
+def test_a_user_counts_towards_their_k_most_frequent_values() -> None:
+    from dpsynth.compute.kernels import user_value_weights
+
+    held = ["d", "c", "b", "c", "a", "b", "e", "c"]  # c x3, b x2, then a, d, e once each
+    assert [v for v, _ in user_value_weights(held, 1)] == ["c"]
+    assert [v for v, _ in user_value_weights(held, 2)] == ["b", "c"]
+    assert [v for v, _ in user_value_weights(held, 3)] == ["a", "b", "c"]  # a: tie, smallest
+    assert [v for v, _ in user_value_weights(held, 4)] == ["a", "b", "c", "d"]
+    for k in (1, 2, 3, 4, 5, 50):
+        weights = user_value_weights(held, k)
+        assert len(weights) == min(k, 5)
+        assert sum(w * w for _, w in weights) == pytest.approx(1.0, rel=1e-12)  # L2 norm 1
+        assert max(w for _, w in weights) <= 1.0
+    # the choice depends on the user's records only, not on their order
+    assert user_value_weights(held[::-1], 3) == user_value_weights(held, 3)
+    with pytest.raises(ValueError, match="max_values"):
+        user_value_weights(held, 0)
+
+
+def _pass_bound_closed_form(sigma: float, tau: float, k: int) -> float:
+    """max_{k'<=k} k' PhiBar((tau - 1/sqrt(k')) / sigma) with PhiBar(x) = erfc(x/sqrt 2)/2."""
+    return max(j * 0.5 * math.erfc((tau - j ** -0.5) / (sigma * math.sqrt(2.0)))
+               for j in range(1, k + 1))
+
+
+@pytest.mark.parametrize(("sigma", "delta"), [(1.0, 1e-2), (1.0, 1e-5), (5.0, 1e-7),
+                                              (12.5, 1e-3), (0.3, 1e-9)])
+@pytest.mark.parametrize("k", [1, 2, 4, 16, 300])
+def test_user_level_threshold_is_the_union_bound_over_k_values(sigma: float, delta: float,
+                                                               k: int) -> None:
+    from dpsynth.label_domain import unit_pass_bound
+
+    tau = discovery_threshold(sigma, delta, k)
+    bound = _pass_bound_closed_form(sigma, tau, k)
+    assert bound <= delta * (1 + 1e-9)
+    assert unit_pass_bound(sigma, tau, k) == pytest.approx(bound, rel=1e-6)
+    # the smallest such tau: a little lower and the bound is exceeded
+    assert _pass_bound_closed_form(sigma, tau - 1e-6 * sigma, k) > delta
+    # every k' <= k: even the exact chance that any of k' independent values passes
+    for j in range(1, k + 1):
+        p = singleton_pass_probability(sigma, tau, count=j ** -0.5)
+        assert -math.expm1(j * math.log1p(-p)) <= j * p <= delta * (1 + 1e-9)
+    # more values per user never lowers the threshold; k = 1 is the closed form
+    assert discovery_threshold(sigma, delta, 1) == discovery_threshold(sigma, delta)
+    assert tau >= discovery_threshold(sigma, delta, 1)
+
+
+def test_the_old_threshold_is_too_low_for_a_user_with_many_values() -> None:
+    """The finding (issue 23): at the defaults the one-value threshold lets a user with 300
+    values through with probability above the run's whole delta; the union bound does not."""
+    from dpsynth.label_domain import unit_pass_bound
+
+    one_value = discovery_threshold(5.0, 1e-7)
+    assert unit_pass_bound(5.0, one_value, 300) > 1e-5
+    assert unit_pass_bound(5.0, discovery_threshold(5.0, 1e-7, 300), 300) <= 1e-7 * (1 + 1e-9)
+
+
+def test_threshold_arguments_are_checked() -> None:
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_values_per_user"):
+            discovery_threshold(1.0, 1e-3, bad)
+    with pytest.raises(ValueError, match="sigma"):
+        discovery_threshold(0.0, 1e-3, 4)
+    with pytest.raises(ValueError, match="delta_discover"):
+        discovery_threshold(1.0, 1.0, 4)
+
+
+def test_user_level_discovery_uses_k_for_counts_threshold_and_statement(tmp_path: Path
+                                                                        ) -> None:
+    """apply_discovery (the production entry) at user level: the config's k bounds each user's
+    values, sets the threshold and is stated; record level states k = 1."""
+    from dpsynth.label_domain import apply_discovery
+
+    rows = ([{"text": f"t{i}", "cat": "food", "user": f"f{i}"} for i in range(40)]
+            + [{"text": f"r{j}", "cat": f"rare{j:02d}", "user": "many"} for j in range(12)])
+    ds = load_dataset(_csv(tmp_path / "d.csv", rows), "text", ["cat"], "user")
+    cfg = parse_config({"data": {"labels": ["cat"], "label_domain": "discover", "user": "user",
+                                 "label_domain_max_values_per_user": 3},
+                        "privacy": {"unit": "user"}})
+    seen: dict[str, np.ndarray] = {}
+    kept, found = apply_discovery(ds, cfg.data, lambda k, c: seen.setdefault(k, c),
+                                  user_level=True)
+    # 'many' counts towards its 3 smallest values (all held once), 1/sqrt(3) each
+    np.testing.assert_allclose(seen["label_domain/cat"], [40.0] + [3 ** -0.5] * 3)
+    assert found.values == {"cat": ["food"]} and len(kept) == 40
+    assert found.threshold == discovery_threshold(5.0, 1e-7, 3)
+    assert found.threshold > discovery_threshold(5.0, 1e-7)
+    assert found.statement()["max_values_per_user"] == 3
+    _, at_record_level = apply_discovery(ds, cfg.data, lambda k, c: c)
+    assert at_record_level.threshold == discovery_threshold(5.0, 1e-7)
+    assert at_record_level.statement()["max_values_per_user"] == 1
 
 
 def test_discover_mode_config() -> None:
     cfg = parse_config({"data": {"labels": ["cat"], "label_domain": "discover"}})
     assert cfg.data.declared_label_values() == {}
+    assert cfg.data.label_domain_max_values_per_user == 4
+    with pytest.raises(ConfigError, match="label_domain_max_values_per_user"):
+        parse_config({"data": {"labels": ["cat"], "label_domain": "discover",
+                               "label_domain_max_values_per_user": 0}})
     with pytest.raises(ConfigError, match="must be below privacy.delta"):
         parse_config({"data": {"labels": ["cat"], "label_domain": "discover",
                                "label_domain_delta": 1e-4}, "privacy": {"delta": 1e-5}})
@@ -320,3 +423,4 @@ def test_apply_discovery_keeps_declared_columns_and_drops_unkept_records(tmp_pat
     assert st["mode"] == "discover" and st["delta_discover"] == 1e-7
     assert st["noise_sigma"] == cfg.data.label_domain_sigma
     assert st["threshold"] == pytest.approx(discovery_threshold(5.0, 1e-7))
+    assert st["max_values_per_user"] == 1  # record level

@@ -1,5 +1,8 @@
 """Empirical privacy audits of the mechanisms as implemented (docs/methods.md §0, §4).
 
+(Label-domain discovery is audited on its failure event instead: the chance that a value held
+by one user alone is released must be at most the delta it is charged, see the last section.)
+
 For each mechanism: run the production function many times on neighbouring inputs D and D', pick
 an output event E, bound P(E | D') from below and P(E | D) from above (Clopper-Pearson, level
 ALPHA each), and turn them into an empirical lower bound on epsilon:
@@ -306,3 +309,67 @@ def test_svt_audit_detects_too_little_noise() -> None:
     # noise both mask it), so the broken variant must cut the noise 8-fold to exceed eps
     lb = _svt_eps_lb(8.0 * SVT_EPS, threshold=2.0 * SVT_CLIP)
     assert lb > SVT_EPS, lb
+
+
+# ------------------------------------------------------------------ label-domain discovery
+
+DISC_SIGMA = 1.0
+DISC_DELTA = 1e-2  # large enough to measure in a few thousand runs (issue 23, finding 5)
+DISC_N = 20_000
+DISC_BACKGROUND = 30  # users holding one common value each (passes the threshold surely)
+
+
+def _discovery_release_hits(tmp_path: Path, m: int, k: int) -> int:
+    """D' = D + one user holding ``m`` values nobody else holds; how many of DISC_N runs of
+    discovery (the production counts and release, fresh noise each run) keep any of them. In
+    D those values are absent, so each hit is an output D cannot produce: the rate must be at
+    most the delta charged for it."""
+    import pandas as pd
+
+    from dpsynth.compute import data_compute
+    from dpsynth.data import load_dataset
+    from dpsynth.label_domain import discover_from_counts
+
+    rows = ([{"text": f"b{i}", "cat": "common", "user": f"b{i}"}
+             for i in range(DISC_BACKGROUND)]
+            + [{"text": f"t{j}", "cat": f"only-{j:03d}", "user": "target"} for j in range(m)])
+    path = tmp_path / f"disc-{m}-{k}.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    dataset = load_dataset(path, "text", ["cat"], "user")
+    counts = data_compute(dataset, True).label_value_counts(["cat"], k)
+    assert len(counts["cat"][0]) == 1 + min(m, k)  # the user's bounded contribution
+    noise = make_noise_source("seeded", 1000 * m + k)
+    hits = 0
+    for _ in range(DISC_N):
+        found = discover_from_counts(
+            counts, lambda key, c: gaussian_mechanism(c, DISC_SIGMA, noise),
+            sigma=DISC_SIGMA, delta_discover=DISC_DELTA, max_values_per_user=k)
+        assert "common" in found.values["cat"]
+        hits += any(v.startswith("only-") for v in found.values["cat"])
+    return hits
+
+
+@pytest.mark.parametrize("k", [4, 300], ids=["k4-default", "k300"])
+@pytest.mark.parametrize("m", [1, 10, 300])
+def test_discovery_releases_a_users_own_values_at_most_delta(tmp_path: Path, m: int,
+                                                             k: int) -> None:
+    """One user holding m unique values: the rate at which any of them is released stays at
+    or below delta_discover (Clopper-Pearson lower bound at level ALPHA not above it)."""
+    hits = _discovery_release_hits(tmp_path, m, k)
+    lo, hi = clopper_pearson(hits, DISC_N)
+    assert lo <= DISC_DELTA, (hits, lo, hi)
+
+
+@pytest.mark.parametrize("k", [16, 300])
+def test_discovery_audit_detects_the_one_value_threshold(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         k: int) -> None:
+    """The broken variant: the threshold of a single value (no union bound over the user's
+    values, the behaviour issue 23 found) lets one user's 300 values through too often."""
+    import dpsynth.label_domain as label_domain
+
+    one_value = label_domain.discovery_threshold
+    monkeypatch.setattr(label_domain, "discovery_threshold",
+                        lambda sigma, delta, k=1: one_value(sigma, delta))
+    lo, _ = clopper_pearson(_discovery_release_hits(tmp_path, 300, k), DISC_N)
+    assert lo > DISC_DELTA, lo

@@ -679,6 +679,123 @@ def test_default_noise_is_secure_and_fresh(tmp_path):
     assert va and va != vb
 
 
+# ----------------------------------------------------------------------------- label discovery
+# data.label_domain: discover releases a noisy count of every value PRESENT (docs/methods.md
+# §0), so a neighbour holding values nobody else holds changes the shape of that one release,
+# kept in private/. The stability argument: apart from those values' own noisy counts, which
+# pass the threshold with probability <= delta_discover, the output is a function of noisy
+# counts of values present in both. The check below replays D' with D's noise for every
+# release, D's noisy counts for the shared values and D' own for the extra ones, and asks for
+# release/ byte for byte D's.
+
+DISCOVERY_KEY = "label_domain/label"
+RARE = "rare-diagnosis-code-"  # >= 20 characters: a leak of the value is a text finding
+
+
+def _discovery_cfg(data: Path) -> dict[str, Any]:
+    cfg = pe_config("aug_pe", data, **{
+        "privacy.unit": "user", "data.user": "user", "data.label_domain": "discover",
+        "data.label_domain_sigma": 2.5, "synthesis.iterations": 1})
+    del cfg["data"]["label_values"]
+    return cfg
+
+
+def _present_values(rows: list[dict[str, str]], k: int) -> list[str]:
+    """The values a run's discovery counts (sorted; at most k per user), as the engines do."""
+    from dpsynth.label_domain import value_counts
+
+    return value_counts([r["label"] for r in rows], [r["user"] for r in rows], k)[0]
+
+
+def _splice_discovery(dest: Path, run_dp: Path, names_d: list[str], names_dp: list[str]
+                      ) -> None:
+    """In ``dest`` (D's stores), the discovery release becomes D''s shape: D's noisy counts of
+    the values present in D, ``run_dp``'s own noisy counts of the values only D' holds."""
+    def noisy(run: Path) -> list[float]:
+        rec = next(r for r in store_records(run)["releases"] if r["key"] == DISCOVERY_KEY)
+        assert rec["value"]["kind"] == "array", rec["value"]["kind"]
+        return rec["value"]["data"]
+
+    of_d = dict(zip(names_d, noisy(dest), strict=True))
+    of_dp = dict(zip(names_dp, noisy(run_dp), strict=True))
+    spliced = [of_d.get(n, of_dp[n]) for n in names_dp]
+    path = dest / "private" / "releases" / "releases.jsonl"
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        if rec["key"] == DISCOVERY_KEY:
+            rec["value"].update(data=spliced, shape=[len(spliced)])
+        lines.append(json.dumps(rec))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def discovery_problems(tmp: Path, spy: KeySpy, rows_d: list[dict[str, str]],
+                       rows_dp: list[dict[str, str]], k: int) -> list[str]:
+    """The three checks for discovery neighbours, with the one by-design difference (the
+    shape of the discovery release) checked for exactly that and replayed by splicing."""
+    runs = {tag: run_pe(_discovery_cfg(write_csv(tmp / f"{tag}.csv", rows)), tmp / f"run-{tag}")
+            for tag, rows in (("d", rows_d), ("dp", rows_dp))}
+    names = {"d": _present_values(rows_d, k), "dp": _present_values(rows_dp, k)}
+    problems = [p for p in structure_problems(runs["d"], runs["dp"])
+                if f"key {DISCOVERY_KEY!r} released with another shape" not in p]
+    base = store_records(runs["d"])
+    stored = sorted(r["key"] for recs in base.values() for r in recs)
+    replays = {}
+    for tag in ("d", "dp"):
+        dest = replay_skeleton(runs[tag], runs["d"], runs["d"], tmp / f"replay-{tag}")
+        if tag == "dp":
+            _splice_discovery(dest, runs["dp"], names["d"], names["dp"])
+        spy.take()
+        _resume_pe(dest)
+        requested = spy.take()
+        if sorted(set(requested)) != stored:
+            problems.append(f"{tag} replay asked for other keys: {sorted(set(requested))}")
+        for name, records in store_records(dest).items():
+            if len(records) != len(base.get(name, [])):
+                problems.append(f"{tag} replay drew new releases in {name}")
+        replays[tag] = shared_files(dest)
+    problems += [f"not explained by a released value: {d}"
+                 for d in file_differences(replays["d"], replays["dp"])]
+    for tag, rows in (("d", rows_d), ("dp", rows_dp)):
+        counts, texts = private_facts(rows, "label", "user")
+        counts["values present"] = len(names[tag])
+        problems += exact_value_problems(runs[tag], counts, texts + [r["label"] for r in rows],
+                                         PE_PUBLIC)
+    return problems
+
+
+def _rare_user_rows(m: int) -> list[dict[str, str]]:
+    return [{"text": f"patient Quorrin{j} asks about the results of a very rare test",
+             "label": f"{RARE}{j:04d}", "user": "user-rare"} for j in range(m)]
+
+
+def test_discovery_user_with_many_rare_values_neighbours(tmp_path, spy):
+    """D' adds one user holding 12 label values nobody else holds (user level, discovery):
+    only the shape of the discovery release (private) differs, release/ is D's once those
+    values' own noisy counts are left below the threshold, and no value of theirs, count of
+    values present or other exact count reaches release/, stats.jsonl or the log."""
+    rows = private_rows(120, users=40)  # 3 records per user
+    k = 4  # data.label_domain_max_values_per_user, the default
+    assert len(_present_values(rows + _rare_user_rows(12), k)) == 2 + k  # bounded to k values
+    problems = discovery_problems(tmp_path, spy, rows, rows + _rare_user_rows(12), k)
+    assert problems == [], "\n".join(problems)
+    domains = [json.loads((tmp_path / f"run-{t}" / "release" / "privacy.json").read_text())[
+        "label_domain"] for t in ("d", "dp")]
+    assert domains[0] == domains[1]  # same kept values, threshold, noise and k
+    assert domains[0]["values"] == {"label": ["billing", "clinical"]}
+    assert domains[0]["max_values_per_user"] == k
+
+
+def test_discovery_check_fails_when_a_users_own_values_pass(tmp_path, spy, monkeypatch):
+    """The check can fail: with a threshold that one user's values pass (0), D' releases
+    them."""
+    import dpsynth.label_domain as label_domain
+
+    monkeypatch.setattr(label_domain, "discovery_threshold", lambda *args: 0.0)
+    rows = private_rows(120, users=40)  # 3 records per user
+    assert discovery_problems(tmp_path, spy, rows, rows + _rare_user_rows(12), 4)
+
+
 # ----------------------------------------------------------------------------- the checker fails
 
 

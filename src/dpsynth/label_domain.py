@@ -3,33 +3,49 @@
 The default is a declared domain (``data.label_values``): public input, free of charge. When
 the values are not known in advance, :func:`discover_label_domain` releases a noisy count of
 every value present in each label column and keeps the values whose noisy count exceeds a
-threshold ``tau`` set so that a value held by a single record (or user) is kept with
-probability at most ``d = delta_discover / n_columns`` in its column:
+threshold ``tau``.
 
-    tau = 1 + sigma * Phi^-1(1 - d)
-    P[1 + N(0, sigma^2) > tau] = 1 - Phi((tau - 1) / sigma) = d.
+Contributions. Record level: each record adds 1 to its value. User level: each user adds
+``1/sqrt(k')`` to each of their ``k' = min(k, m)`` most frequent values (``m`` distinct values
+held, ``k = data.label_domain_max_values_per_user``; ties broken by the smaller value;
+:func:`dpsynth.compute.kernels.user_value_weights`). The choice depends on the user's own
+records only, so adding or removing a user changes no other user's contribution, and each
+user's contribution vector has L2 norm ``sqrt(k' / k') = 1``.
 
-Accounting (the "stability-based histogram" argument): for a value present in both of two
-neighbouring data sets the counts differ by at most 1, so the column's count vector is a
-Gaussian release of L2 sensitivity 1 (a record holds one value per column; with users, each
-user's contribution to a column is scaled to L2 norm 1, see :func:`value_counts`). The one
-thing the Gaussian bound does not cover is a value present in one data set only (held by the
-differing record or user alone, count <= 1): it appears in the output only if its noisy count
-passes ``tau``, which happens with probability <= ``d`` per column, <= ``delta_discover`` over
-all columns (union bound). So with the Gaussian events composed to (eps, delta), the run's
-guarantee is (eps, delta + delta_discover): the extra delta must be part of the stated delta
-(calibrate the rest of the run to ``target_delta - delta_discover``).
+Threshold (union bound over the values one user may touch). A value present only because of
+the differing record or user has count exactly ``1/sqrt(k')`` (record level ``k' = 1``), and
+that unit touches at most ``k'`` such values per column, so the chance that any of them is
+kept in a column is at most
+
+    B_k(tau) = max_{k'=1..k} k' * PhiBar((tau - 1/sqrt(k')) / sigma),
+
+and ``tau`` is the smallest value with ``B_k(tau) <= d = delta_discover / n_columns``
+(:func:`discovery_threshold`, solved with brentq). At ``k = 1`` (and at record level) this is
+the closed form ``tau = 1 + sigma * Phi^-1(1 - d)``.
+
+Accounting (the "stability-based histogram" argument, proven in docs/methods.md §0): for the
+values present in both of two neighbouring data sets the count vectors differ by the differing
+unit's contribution restricted to them, of L2 norm <= 1, so each column's count vector is a
+Gaussian release of L2 sensitivity 1. The values present in one data set only appear in the
+output only if one of their noisy counts passes ``tau``: probability <= ``d`` per column,
+<= ``delta_discover`` over all columns (union bound), independent of all other noise. So with
+the Gaussian events composed to (eps, delta), the run's guarantee is
+(eps, delta + delta_discover): the extra delta must be part of the stated delta (calibrate the
+rest of the run to ``target_delta - delta_discover``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from scipy.optimize import brentq
 from scipy.stats import norm
 
+from .compute.kernels import user_value_weights
 from .privacy import GaussianEvent
 
 if TYPE_CHECKING:
@@ -45,6 +61,7 @@ __all__ = [
     "discovery_events",
     "discovery_threshold",
     "singleton_pass_probability",
+    "unit_pass_bound",
     "undeclared_columns",
     "value_counts",
 ]
@@ -52,13 +69,64 @@ __all__ = [
 EVENT_NAME = "label_domain"
 
 
-def discovery_threshold(sigma: float, delta_discover: float) -> float:
-    """``tau = 1 + sigma * Phi^-1(1 - delta_discover)``: a count-1 value passes w.p. delta."""
+def _check_threshold_args(sigma: float, delta_discover: float, max_values_per_user: int
+                          ) -> None:
     if not sigma > 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
     if not 0 < delta_discover < 1:
         raise ValueError(f"delta_discover must be in (0, 1), got {delta_discover}")
-    return 1.0 + sigma * float(norm.isf(delta_discover))
+    if isinstance(max_values_per_user, bool) or not isinstance(max_values_per_user,
+                                                               int | np.integer) \
+            or max_values_per_user < 1:
+        raise ValueError(f"max_values_per_user must be an integer >= 1, "
+                         f"got {max_values_per_user!r}")
+
+
+def _log_pass_bound(tau: float, sigma: float, max_values_per_user: int) -> float:
+    """log B_k(tau) (module docstring), in log space so tiny deltas stay exact."""
+    k = np.arange(1, int(max_values_per_user) + 1, dtype=np.float64)
+    return float(np.max(np.log(k) + norm.logsf((tau - 1.0 / np.sqrt(k)) / sigma)))
+
+
+def unit_pass_bound(sigma: float, tau: float, max_values_per_user: int = 1) -> float:
+    """B_k(tau) = max_{k'=1..k} k' PhiBar((tau - 1/sqrt(k')) / sigma): a bound on the chance
+    that any value held only by one record (k = 1) or one user (at most k values, each of count
+    1/sqrt(k')) passes ``tau`` in a column (union bound over that unit's values)."""
+    _check_threshold_args(sigma, 0.5, max_values_per_user)
+    return float(np.exp(_log_pass_bound(tau, sigma, max_values_per_user)))
+
+
+def discovery_threshold(sigma: float, delta_discover: float, max_values_per_user: int = 1
+                        ) -> float:
+    """The smallest ``tau`` with ``B_k(tau) <= delta_discover`` (:func:`unit_pass_bound`).
+
+    ``k = 1`` (record level): ``tau = 1 + sigma * Phi^-1(1 - delta)``, the closed form. Larger
+    ``k``: ``B_k`` is continuous and decreasing in ``tau`` and the root lies in
+    ``[1 + sigma Phi^-1(1 - delta), 1 + sigma Phi^-1(1 - delta / k)]`` (at the left end the
+    ``k' = 1`` term alone is ``delta``; at the right end every term is at most
+    ``k PhiBar((tau - 1) / sigma) = delta``); brentq finds it to 1e-12 (relative), and the
+    returned ``tau`` is checked to satisfy the bound (the bracket's right end otherwise)."""
+    _check_threshold_args(sigma, delta_discover, max_values_per_user)
+    return _threshold(float(sigma), float(delta_discover), int(max_values_per_user))
+
+
+@functools.lru_cache(maxsize=64)
+def _threshold(sigma: float, delta_discover: float, max_values_per_user: int) -> float:
+    lo = 1.0 + sigma * float(norm.isf(delta_discover))
+    if max_values_per_user == 1:
+        return lo
+    hi = 1.0 + sigma * float(norm.isf(delta_discover / max_values_per_user))
+    log_d = float(np.log(delta_discover))
+
+    def excess(tau: float) -> float:
+        return _log_pass_bound(tau, sigma, max_values_per_user) - log_d
+
+    if excess(lo) <= 0.0:  # the k' = 1 term dominates: the closed form already holds
+        return lo
+    xtol = 1e-12 * max(1.0, abs(hi))
+    root = float(brentq(excess, lo, hi, xtol=xtol, rtol=4 * np.finfo(float).eps))
+    tau = min(hi, root + 2 * xtol)  # brentq's root is within xtol: step to the safe side
+    return tau if excess(tau) <= 0.0 else hi
 
 
 def singleton_pass_probability(sigma: float, tau: float, count: float = 1.0) -> float:
@@ -67,26 +135,26 @@ def singleton_pass_probability(sigma: float, tau: float, count: float = 1.0) -> 
 
 
 def value_counts(
-    values: Sequence[str], users: Sequence[str] | None = None
+    values: Sequence[str], users: Sequence[str] | None = None, max_values_per_user: int = 1
 ) -> tuple[list[str], np.ndarray]:
     """Exact (private) counts of the distinct values present, in sorted value order.
 
-    Record level: each record adds 1 to its value (L2 sensitivity 1). User level: a user with
-    ``m`` distinct values adds ``1 / sqrt(m)`` to each, so every user's contribution has L2
-    norm 1 and adds at most 1 to any one value (the threshold argument still holds).
+    Record level: each record adds 1 to its value (L2 sensitivity 1). User level: each user
+    adds ``1 / sqrt(k')`` to each of at most ``max_values_per_user`` of their values
+    (:func:`dpsynth.compute.kernels.user_value_weights`, the rule both engines run), so every
+    user's contribution has L2 norm 1 and adds at most 1 to any one value.
     """
     if users is None:
         uniq, counts = np.unique(np.asarray(values, dtype=object), return_counts=True)
         return [str(v) for v in uniq], counts.astype(np.float64)
     if len(users) != len(values):
         raise ValueError(f"{len(users)} user ids for {len(values)} values")
-    held: dict[str, set[str]] = {}
+    held: dict[str, list[str]] = {}
     for v, u in zip(values, users, strict=True):
-        held.setdefault(u, set()).add(v)
+        held.setdefault(u, []).append(v)
     totals: dict[str, float] = {}
-    for vals in held.values():
-        w = 1.0 / np.sqrt(len(vals))
-        for v in vals:
+    for u in sorted(held):
+        for v, w in user_value_weights(held[u], max_values_per_user):
             totals[v] = totals.get(v, 0.0) + w
     names = sorted(totals)
     return names, np.array([totals[v] for v in names], dtype=np.float64)
@@ -108,6 +176,7 @@ class DiscoveredDomain:
     events: list[GaussianEvent]
     extra_delta: float
     threshold: float
+    max_values_per_user: int = 1  # k of the threshold's union bound (1 at record level)
 
     def statement(self) -> dict[str, Any]:
         """The ``label_domain`` entry of release/privacy.json (public: parameters and the
@@ -120,9 +189,13 @@ class DiscoveredDomain:
             "noise_sigma": sigma,
             "threshold": self.threshold,
             "delta_discover": self.extra_delta,
+            "max_values_per_user": self.max_values_per_user,
             "note": "label values found privately: noisy counts (Gaussian, sensitivity 1 per "
-                    "column) kept above a threshold that a one-record value passes with "
-                    "probability <= delta_discover, which is included in the stated delta",
+                    "column; each user counts towards at most max_values_per_user values per "
+                    "column, weighted to L2 norm 1) kept above a threshold at which any of the "
+                    "values held only by one record or user passes with probability <= "
+                    "delta_discover over all columns (union bound), included in the stated "
+                    "delta",
         }
 
 
@@ -139,6 +212,7 @@ def discover_label_domain(
     sigma: float,
     delta_discover: float,
     users: Sequence[str] | None = None,
+    max_values_per_user: int = 1,
 ) -> DiscoveredDomain:
     """Privately find the values of each label column in ``columns`` (column -> the records'
     values).
@@ -149,12 +223,16 @@ def discover_label_domain(
     :func:`discovery_events` (already recorded by a session-backed ``noisy``: add them to
     *planned* events for calibration, not to the session again), and the thresholding fails
     with probability <= ``delta_discover`` (split evenly over the columns), so the run states
-    (eps, delta + ``extra_delta``) with ``extra_delta = delta_discover``.
+    (eps, delta + ``extra_delta``) with ``extra_delta = delta_discover``. With ``users``, each
+    user counts towards at most ``max_values_per_user`` values per column and the threshold
+    takes the union bound over them (ignored at record level, where k' = 1).
     Kept values are sorted (post-processing of the noisy counts). Raises ``ValueError`` when a
     column keeps no value (declare the values, or lower the noise).
     """
-    counts = {col: value_counts(vals, users) for col, vals in columns.items()}
-    return discover_from_counts(counts, noisy, sigma=sigma, delta_discover=delta_discover)
+    k = max_values_per_user if users is not None else 1
+    counts = {col: value_counts(vals, users, k) for col, vals in columns.items()}
+    return discover_from_counts(counts, noisy, sigma=sigma, delta_discover=delta_discover,
+                                max_values_per_user=k)
 
 
 def discover_from_counts(
@@ -163,13 +241,17 @@ def discover_from_counts(
     *,
     sigma: float,
     delta_discover: float,
+    max_values_per_user: int,
 ) -> DiscoveredDomain:
     """:func:`discover_label_domain` from the exact counts of each column's present values
     (``(sorted values, counts)``, e.g. summed over Ray shards by
-    ``PrivateCompute.label_value_counts``)."""
+    ``PrivateCompute.label_value_counts``). ``max_values_per_user``: the most values one unit
+    adds to per column in those counts (1 at record level), for the threshold's union bound;
+    required, so counts and threshold cannot silently disagree."""
     if not counts:
-        return DiscoveredDomain(values={}, events=[], extra_delta=0.0, threshold=float("inf"))
-    tau = discovery_threshold(sigma, delta_discover / len(counts))
+        return DiscoveredDomain(values={}, events=[], extra_delta=0.0, threshold=float("inf"),
+                                max_values_per_user=max_values_per_user)
+    tau = discovery_threshold(sigma, delta_discover / len(counts), max_values_per_user)
     kept: dict[str, list[str]] = {}
     for col, (names, counts_col) in counts.items():
         counts_col = np.asarray(counts_col, dtype=np.float64)
@@ -189,6 +271,7 @@ def discover_from_counts(
         events=discovery_events(len(counts), sigma),
         extra_delta=delta_discover,
         threshold=tau,
+        max_values_per_user=max_values_per_user,
     )
 
 
@@ -211,15 +294,18 @@ def apply_discovery(
     The exact counts come from the dataset's engine (``compute.data_compute``: this process,
     or the Ray shards of a sharded dataset, which the driver never reads).
     Dropping the records whose value was not kept is post-processing of the released domain;
-    how many were dropped is private (never log it). With ``user_level`` each user's
-    contribution is bounded (:func:`value_counts`).
+    how many were dropped is private (never log it). With ``user_level`` each user counts
+    towards at most ``data.label_domain_max_values_per_user`` values per column and the
+    threshold takes the union bound over them (module docstring); record level, k = 1.
     """
     from .compute import data_compute
 
+    k = data.label_domain_max_values_per_user if user_level else 1
     cols = undeclared_columns(dataset)
-    counts = data_compute(dataset, user_level).label_value_counts(cols) if cols else {}
+    counts = data_compute(dataset, user_level).label_value_counts(cols, k) if cols else {}
     found = discover_from_counts(counts, noisy, sigma=data.label_domain_sigma,
-                                 delta_discover=data.label_domain_delta)
+                                 delta_discover=data.label_domain_delta,
+                                 max_values_per_user=k)
     if not cols:
         return dataset, found
     return dataset.with_label_domain(found.values), found

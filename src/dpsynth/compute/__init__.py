@@ -102,12 +102,14 @@ class PrivateCompute:
         """How many records the shards hold (private: never log it)."""
         return int(sum(self._map_text("shard_size")))
 
-    def label_value_counts(self, columns: Sequence[str]) -> dict[str, tuple[list[str],
-                                                                           np.ndarray]]:
+    def label_value_counts(self, columns: Sequence[str], max_values_per_user: int = 1
+                           ) -> dict[str, tuple[list[str], np.ndarray]]:
         """Exact counts of the values present in each label column (sorted values; float64),
-        for label-domain discovery: each record (or user, scaled to L2 norm 1) adds at most 1
-        to any value (``label_domain.value_counts``)."""
-        parts = self._map_text("label_value_partial", list(columns), self.user_level)
+        for label-domain discovery: each record adds 1 to its value; at user level each user
+        adds ``1/sqrt(k')`` to at most ``max_values_per_user`` of their values
+        (``kernels.user_value_weights``: L2 norm 1, at most 1 to any value)."""
+        parts = self._map_text("label_value_partial", list(columns), self.user_level,
+                               max_values_per_user)
         return kernels.sum_label_value_partials(parts, list(columns))
 
     def _secret_specs(self, specs: Sequence[Any]) -> tuple[list[Any], dict[int, list[int]]]:

@@ -317,12 +317,29 @@ def _text_chunks(shard: TextShard, size: int = 4096) -> Iterable[tuple[int, list
         offset += len(chunk)
 
 
-def label_value_partial(shard: TextShard, columns: Sequence[str], user_level: bool
-                        ) -> dict[str, Partial | dict[str, Any]]:
+def user_value_weights(values: Sequence[str], max_values: int) -> list[tuple[str, float]]:
+    """One user's bounded contribution to a label column's value counts (docs/methods.md §0):
+    the user's ``k' = min(k, m)`` most frequent of their ``m`` distinct values (``k`` =
+    ``max_values``; most records first, ties broken by the smaller value), each weighted
+    ``1 / sqrt(k')``, so the contribution has L2 norm 1 and adds at most 1 to any value. The
+    choice depends on this user's own records only. Returned in sorted value order."""
+    if max_values < 1:
+        raise ValueError(f"max_values must be >= 1, got {max_values}")
+    freq: dict[str, int] = {}
+    for v in values:
+        freq[v] = freq.get(v, 0) + 1
+    chosen = sorted(sorted(freq), key=lambda v: -freq[v])[:max_values]
+    w = 1.0 / np.sqrt(len(chosen))
+    return [(v, w) for v in sorted(chosen)]
+
+
+def label_value_partial(shard: TextShard, columns: Sequence[str], user_level: bool,
+                        max_values: int = 1) -> dict[str, Partial | dict[str, Any]]:
     """Counts of the label values present, per column, for label-domain discovery
     (``dpsynth.label_domain``): record level, each record adds 1 to its value (exact ints);
-    user level, per user bucket, a user with m distinct values adds 1/sqrt(m) to each (users in
-    id order, values in sorted order, so the float sums do not depend on the sharding)."""
+    user level, per user bucket, each user adds :func:`user_value_weights` (at most
+    ``max_values`` values per column; users in id order, values in sorted order, so the float
+    sums do not depend on the sharding)."""
     out: dict[str, Any] = {}
     for col in columns:
         values = np.asarray(list(shard.labels[col]), dtype=object)
@@ -335,13 +352,12 @@ def label_value_partial(shard: TextShard, columns: Sequence[str], user_level: bo
         per_bucket: dict[int, dict[str, float]] = {}
         for b in np.unique(shard.buckets).tolist():
             sel = shard.buckets == b
-            held: dict[str, set[str]] = {}
+            held: dict[str, list[str]] = {}
             for u, v in zip(users[sel].tolist(), values[sel].tolist(), strict=True):
-                held.setdefault(u, set()).add(v)
+                held.setdefault(u, []).append(v)
             totals: dict[str, float] = {}
             for u in sorted(held):
-                w = 1.0 / np.sqrt(len(held[u]))
-                for v in sorted(held[u]):
+                for v, w in user_value_weights(held[u], max_values):
                     totals[v] = totals.get(v, 0.0) + w
             per_bucket[int(b)] = totals
         out[col] = {"buckets": per_bucket}

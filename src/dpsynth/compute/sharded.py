@@ -85,10 +85,10 @@ class ShardedDataset:
             raise ValueError(_no_domain_message(missing))
         return label_classes(self.label_columns, dom)
 
-    def label_value_counts(self, columns: Sequence[str]) -> dict[str, tuple[list[str],
-                                                                           np.ndarray]]:
+    def label_value_counts(self, columns: Sequence[str], max_values_per_user: int = 1
+                           ) -> dict[str, tuple[list[str], np.ndarray]]:
         """Summed exact counts of the values present per label column (discovery)."""
-        return self.compute.label_value_counts(columns)
+        return self.compute.label_value_counts(columns, max_values_per_user)
 
     @property
     def texts(self) -> NoReturn:
