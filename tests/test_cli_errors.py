@@ -148,7 +148,7 @@ def test_any_dpsynth_error_subclass_is_caught_and_others_are_not() -> None:
 
 def test_deliberate_errors_sit_in_the_hierarchy() -> None:
     from dpsynth import errors
-    from dpsynth.federated import FederatedRoundError, InsufficientPartiesError, VoteBoundError
+    from dpsynth.federated import FederatedRoundError, InsufficientPartiesError
     from dpsynth.llm import GenerationError
     from dpsynth.privacy.errors import (
         BudgetExceededError,
@@ -164,7 +164,6 @@ def test_deliberate_errors_sit_in_the_hierarchy() -> None:
         BudgetRefusedError: (errors.PrivacyError, RuntimeError),
         FederatedRoundError: (errors.ComputeError, RuntimeError),
         InsufficientPartiesError: (errors.ComputeError,),
-        VoteBoundError: (errors.ComputeError, ValueError),
         errors.OutputFolderError: (FileExistsError,),
         errors.MissingFileError: (FileNotFoundError,),
         errors.MissingExtraError: (ImportError,),

@@ -51,7 +51,7 @@ _SCRIPT = textwrap.dedent("""
     from dpsynth.federated import federated_noisy_histogram
     from dpsynth.errors import MissingExtraError
     try:
-        federated_noisy_histogram([], None, None, None, 1.0, seed=0)
+        federated_noisy_histogram([], None, None, None, 1.0, vote_bound=1.0, seed=0)
     except MissingExtraError as err:
         out["federated"] = str(err)
     # an Aug-PE run with the deterministic fakes: core only

@@ -112,6 +112,7 @@ class _View:
 
     def __init__(self, emb: np.ndarray, codes: np.ndarray, run: SimpleNamespace) -> None:
         self.private_embeddings, self.label_codes, self.run = emb, codes, run
+        self.texts = [f"record {i}" for i in range(len(codes))]
 
     def __len__(self) -> int:
         return len(self.label_codes)
@@ -130,7 +131,8 @@ def _wasp_strategy(tmp_path, session, sigma, parties=3, min_parties=2) -> WaspSt
     rng = np.random.default_rng(0)
     emb = rng.normal(size=(30, 8)).astype(np.float32)
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    view = _View(emb, np.zeros(30, dtype=np.int64), SimpleNamespace(private=tmp_path / "private"))
+    view = _View(emb, np.zeros(30, dtype=np.int64),
+                 SimpleNamespace(root=tmp_path, private=tmp_path / "private"))
     gen = SimpleNamespace(names=["g0"])
     return WaspStrategy(cfg, view, Releaser(session, sigma), gen, Rngs(0))
 
@@ -198,14 +200,54 @@ def test_federated_calibration_plans_the_worst_case():
         Wasp().validate(bad, 100, 2)
 
 
-def test_dirichlet_split_gives_every_party_a_record() -> None:
-    """The simulated split of records over parties: uneven shares, but no empty party (an
-    empty party failed whole runs at random once the run seed stopped being fixed)."""
-    from dpsynth.methods.wasp import dirichlet_parties
+def test_the_simulated_split_is_record_local_and_allows_empty_parties() -> None:
+    """dpsynth.federated.split: one record more changes only the party it joins (the others
+    keep theirs, whatever the record count), the shares are uneven, and a small data set may
+    leave a party empty instead of failing (an empty party still adds its noise share)."""
+    from dpsynth.federated.split import dirichlet_shares, record_owners, split_records
 
-    for seed in range(200):
-        split = dirichlet_parties(20, 5, 0.1, np.random.default_rng(seed))
-        assert all(len(part) >= 1 for part in split)
-        assert sorted(np.concatenate(split).tolist()) == list(range(20))
-    with pytest.raises(ValueError, match="at least 5 records"):
-        dirichlet_parties(3, 5, 1.0, np.random.default_rng(0))
+    shares = dirichlet_shares(5, 0.5, np.random.default_rng(3))
+    assert shares.shape == (5,) and shares.sum() == pytest.approx(1.0)
+    texts = [f"patient {i} asks about a bill" for i in range(400)]
+    labels = np.arange(400) % 3
+    key = b"k" * 32
+    owners = record_owners(texts, labels, shares, key)
+    counts = np.bincount(owners, minlength=5)
+    assert counts.sum() == 400 and len(set(counts.tolist())) > 2  # uneven
+    # expected counts follow the shares (multinomial, 400 draws)
+    assert np.all(np.abs(counts - 400 * shares) < 5 * np.sqrt(400 * shares) + 1)
+    more = record_owners([*texts, "one more record"], np.append(labels, 1), shares, key)
+    np.testing.assert_array_equal(more[:400], owners)  # nobody else moved
+    fewer = record_owners(texts[1:], labels[1:], shares, key)
+    np.testing.assert_array_equal(fewer, owners[1:])
+    split = split_records(owners, 5)
+    assert sorted(np.concatenate(split).tolist()) == list(range(400))
+    assert not np.array_equal(owners, record_owners(texts, labels, shares, b"x" * 32))
+    tiny = split_records(record_owners(texts[:3], labels[:3], shares, key), 5)
+    assert len(tiny) == 5 and sum(len(p) == 0 for p in tiny) >= 2
+    with pytest.raises(ValueError, match=">= 2 parties"):
+        dirichlet_shares(1, 1.0, np.random.default_rng(0))
+
+
+def test_wasp_passes_the_configured_bound_not_a_party_size(tmp_path, monkeypatch):
+    """The round's vote bound is wasp.federated.max_records_per_party (the config), and the
+    exact party sizes go to private/diagnostics.jsonl only."""
+    import dpsynth.federated as fed_pkg
+    from dpsynth.diagnostics import read_diagnostics
+    from dpsynth.evolution.voting import topq_sensitivity
+
+    session = _session(tmp_path / "store", eps=50.0)
+    seen = {}
+
+    def fake_round(parties, emb, labels, vote_fn, sigma, **kw):
+        seen["bound"], seen["sizes"] = kw["vote_bound"], [p.size for p in parties]
+        return SimpleNamespace(histogram=np.zeros(2 * len(emb)), parties_present=3)
+
+    monkeypatch.setattr(fed_pkg, "federated_noisy_histogram", fake_round)
+    strategy = _wasp_strategy(tmp_path, session, 2.0)
+    strategy.federated("iter0/topq", _pool(), np.eye(6, 8, dtype=np.float32),
+                       topq_sensitivity(2))
+    assert seen["bound"] == 10_000.0  # the documented default
+    assert sum(seen["sizes"]) == 30
+    (diag,) = read_diagnostics(tmp_path)
+    assert diag["party_sizes"] == seen["sizes"] and diag["parties_over_max_records"] == 0

@@ -13,12 +13,16 @@ import pytest
 from dpsynth.api import run_generation
 from test_methods import _config, _fakes, _jsonl
 from test_release_check import (
+    LABELS,
     PE_PUBLIC,
     _resume_pe,
     check_neighbours,
+    file_differences,
     pe_config,
     private_rows,
     run_pe,
+    shared_files,
+    write_csv,
 )
 from test_release_check import spy as spy  # noqa: F401 (the fixture)
 
@@ -69,3 +73,92 @@ def test_wasp_federated_record_neighbours(tmp_path, spy, ray_cluster):  # noqa: 
     problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
                                 allowed=PE_PUBLIC)
     assert problems == [], "\n".join(problems)
+
+
+def _largest_party_neighbours(cfg: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, str],
+                                                             int]:
+    """D and one extra record for it such that the extra record joins D's largest party (the
+    run's own split, methods.wasp.party_split) and takes it across a power of two of the old,
+    count-derived clipping range C = next_pow2(largest + 10 sigma / sqrt(P)): D's largest party
+    holds L = floor(2^k - margin) records. The extra record's label ('scheduling') has no
+    record in D; it returns (D, extra, L)."""
+    from dpsynth.config import parse_config
+    from dpsynth.context import Rngs
+    from dpsynth.evolution.voting import topq_sensitivity
+    from dpsynth.methods.pe import calibrate_sigma
+    from dpsynth.methods.wasp import Wasp, party_split
+
+    config = parse_config(cfg)
+    fed = config.wasp.federated
+    sigma = calibrate_sigma(config, Wasp(), len(LABELS)) * topq_sensitivity(config.wasp.top_q)
+    margin = 10 * sigma / np.sqrt(fed.parties)
+    k = int(np.ceil(np.log2(margin + 16)))
+    largest = int(np.floor(2**k - margin))
+    assert largest + margin <= 2**k < largest + 1 + margin
+
+    rngs = Rngs(int(config.privacy.seed))
+    pool = private_rows(40 * largest)
+
+    def owners(rows: list[dict[str, str]]) -> np.ndarray:
+        codes = np.array([LABELS.index(r["label"]) for r in rows])
+        split = party_split([r["text"] for r in rows], codes, fed, rngs)
+        out = np.empty(len(rows), dtype=np.int64)
+        for p, idx in enumerate(split):
+            out[idx] = p
+        return out
+
+    pool_owner = owners(pool)
+    top = int(np.bincount(pool_owner, minlength=fed.parties).argmax())
+    caps = {p: (largest if p == top else min(10, largest - 1)) for p in range(fed.parties)}
+    rows: list[dict[str, str]] = []
+    for row, p in zip(pool, pool_owner, strict=True):
+        if caps[int(p)] > 0:
+            rows.append(row)
+            caps[int(p)] -= 1
+    assert caps[top] == 0, "the pool is too small for the largest party"
+    for j in range(1000):
+        extra = {"text": f"patient Wexhollow{j} asks to schedule a new visit tomorrow",
+                 "label": "scheduling", "user": "u-new"}
+        if owners(rows + [extra])[-1] == top:
+            sizes = np.bincount(owners(rows + [extra]), minlength=fed.parties)
+            assert sizes[top] == largest + 1 and sizes.max() == sizes[top]
+            return rows, extra, largest
+    raise AssertionError("no extra record joins the largest party")
+
+
+def test_wasp_federated_largest_party_neighbours_release_the_same_bytes(tmp_path,
+                                                                        ray_cluster):
+    """Issue 23, finding 6: the SecAgg+ clipping range and grid come from the config
+    (wasp.federated.max_records_per_party), not from the largest party's size. D' adds one
+    record to D's largest party, taking it across a power of two of the old count-derived C;
+    the record's label has no candidate, so it casts no vote. Both runs are run afresh (no
+    replay of D's round) with the same seeded noise: stats.jsonl (vote_mass, weights) and
+    release/ must be byte-identical, and so must the unmasked sums of the rounds."""
+    def cfg(p: Path) -> dict[str, Any]:
+        return pe_config("wasp", p, generators=[{"model": "fake-g0"}],
+                         **{"wasp.top_q": 3, "wasp.demonstrations": 2,
+                            "wasp.federated.parties": 3, "synthesis.iterations": 1,
+                            "wasp.federated.ray_address": ray_cluster})
+
+    rows, extra, largest = _largest_party_neighbours(cfg(tmp_path / "unused.csv"))
+    runs = {}
+    for tag, data in (("d", rows), ("dp", rows + [extra])):
+        runs[tag] = run_pe(cfg(write_csv(tmp_path / f"{tag}.csv", data)), tmp_path / f"run-{tag}")
+    # the premise: D' really grew the largest party, and its record cast no vote
+    from dpsynth.diagnostics import read_diagnostics
+
+    sizes = {tag: [d for d in read_diagnostics(run) if "party_sizes" in d][0]["party_sizes"]
+             for tag, run in runs.items()}
+    assert max(sizes["d"]) == largest and max(sizes["dp"]) == largest + 1
+    for tag, run in runs.items():
+        pool = _jsonl_rows(run / "release" / "iterations" / "iter1.jsonl")
+        assert all(r["labels"]["label"] != "scheduling" for r in pool), tag  # no candidate
+    assert file_differences(shared_files(runs["d"]), shared_files(runs["dp"])) == []
+    sums = {tag: sorted((run / "private" / "federated").glob("round-*.npy"))
+            for tag, run in runs.items()}
+    assert len(sums["d"]) == len(sums["dp"]) == 1
+    assert sums["d"][0].read_bytes() == sums["dp"][0].read_bytes()
+
+
+def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

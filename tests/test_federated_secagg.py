@@ -32,6 +32,7 @@ from dpsynth.federated.simulation import (
 
 SIGMA = 1.5
 VOTE = functools.partial(topq_vote, q=4)
+BOUND = 11.0  # the public vote bound B (>= the largest party's 11 records: nothing is clipped)
 
 pytestmark = pytest.mark.cluster  # every test runs Flower's simulation engine (Ray)
 
@@ -54,10 +55,9 @@ def setup() -> tuple[list[PartyData], np.ndarray, np.ndarray]:
 def _noisy_sum(parties: list[PartyData], cand: np.ndarray, cand_lab: np.ndarray, seed: int,
                include: list[int]) -> np.ndarray:
     """The parties' noisy local histograms, recomputed outside Flower with the same seeds."""
-    vote_bound = float(max(p.size for p in parties))
     return sum(
         party_noisy_histogram(parties[i], cand, cand_lab, VOTE, sigma=SIGMA,
-                              num_parties=len(parties), vote_bound=vote_bound,
+                              num_parties=len(parties), vote_bound=BOUND,
                               noise_mode="seeded", seed=seed, party_index=i)
         for i in include
     )
@@ -135,12 +135,14 @@ def test_a_local_round_refuses_a_process_already_connected_to_a_cluster(setup,
 
     parties, cand, cand_lab = setup
     with pytest.raises(ComputeError, match="wasp.federated.ray_address"):
-        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=20)
+        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, vote_bound=BOUND,
+                                  seed=20)
 
 
 def test_one_dropout_releases_with_reduced_effective_sigma(setup, ray_cluster) -> None:
     parties, cand, cand_lab = setup
-    res = federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=21,
+    res = federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, vote_bound=BOUND,
+                                    seed=21,
                                     min_parties=2, drop_parties=[1], ray_address=ray_cluster)
     assert res.parties_present == 2
     assert res.effective_sigma == pytest.approx(SIGMA * math.sqrt(2 / 3))
@@ -168,7 +170,8 @@ def test_one_dropout_below_minimum_halts_before_any_sum(setup, ray_cluster) -> N
 def test_too_many_dropouts_halt_secure_aggregation(setup, ray_cluster) -> None:
     parties, cand, cand_lab = setup
     with pytest.raises(FederatedRoundError, match="SecAgg\\+ halted"):
-        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, seed=23,
+        federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, vote_bound=BOUND,
+                                  seed=23,
                                   min_parties=2, drop_parties=[0, 2], ray_address=ray_cluster)
 
 
@@ -178,7 +181,8 @@ def test_zero_votes_aggregate_has_variance_sigma_squared(ray_cluster) -> None:
     cand = _unit(rng, 300, 8)
     cand_lab = np.arange(300) % 2
     sigma = 2.0
-    res = federated_noisy_histogram(parties, cand, cand_lab, zero_votes, sigma, seed=None,
+    res = federated_noisy_histogram(parties, cand, cand_lab, zero_votes, sigma, vote_bound=3.0,
+                                    seed=None,
                                     noise_mode="secure", ray_address=ray_cluster)
     assert res.parties_present == 4 and res.effective_sigma == sigma
     assert res.clip_probability_bound < 1e-12
@@ -188,3 +192,28 @@ def test_zero_votes_aggregate_has_variance_sigma_squared(ray_cluster) -> None:
     stat = (n - 1) * x.var(ddof=1) / sigma**2
     lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], n - 1)
     assert lo < stat < hi, f"variance {x.var(ddof=1):.3f} vs sigma^2 {sigma**2}"
+
+
+def test_a_larger_largest_party_releases_the_same_bytes(ray_cluster) -> None:
+    """Issue 23, finding 6: C and the grid come from the public vote bound, not from party
+    sizes. The largest party grows from 63 to 64 records, across the power of two of the old
+    C = next_pow2(largest + 10 sigma / sqrt(P)) (64 vs 128 here); the new record's label has no
+    candidate, so it casts no vote. With the same seeded noise (and the parties' own rounding)
+    the released sums are byte-identical, and so is everything the round reports."""
+    rng = np.random.default_rng(11)
+    small = [PartyData(_unit(rng, m, 8), rng.integers(0, 3, m)) for m in (9, 5)]
+    big_emb, big_lab = _unit(rng, 63, 8), rng.integers(0, 3, 63)
+    cand, cand_lab = _unit(rng, 12, 8), np.arange(12) % 3
+    sigma = 0.05 * math.sqrt(3)  # 10 sigma / sqrt(3) = 0.5: 63.5 -> 64, 64.5 -> 128
+    results = []
+    for emb, lab in ((big_emb, big_lab),
+                     (np.vstack([big_emb, _unit(rng, 1, 8)]), np.append(big_lab, 3))):
+        parties = [PartyData(emb, lab), *small]
+        results.append(federated_noisy_histogram(
+            parties, cand, cand_lab, VOTE, sigma, vote_bound=100.0, seed=31,
+            ray_address=ray_cluster))
+    a, b = results
+    assert a.histogram.tobytes() == b.histogram.tobytes()
+    assert (a.clipping_range, a.quantization_error_bound, a.clip_probability_bound) == (
+        b.clipping_range, b.quantization_error_bound, b.clip_probability_bound)
+    assert a.clipping_range == 128.0  # next_pow2(100 + 0.5), from the bound alone

@@ -11,7 +11,7 @@ import yaml
 
 from dpsynth.api import run_generation
 from dpsynth.config import ConfigError
-from dpsynth.methods.wasp import dirichlet_parties, generator_weights, round_sizes
+from dpsynth.methods.wasp import generator_weights, round_sizes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,13 +49,9 @@ def test_generator_weights_follow_votes():
     assert generator_weights(np.ones(4), np.zeros(4, dtype=int), 2, 1.0)[1] == 0
 
 
-def test_round_sizes_and_parties():
+def test_round_sizes():
     sizes = round_sizes(np.array([7, 3]), 3)
     assert sizes.shape == (3, 2) and sizes.sum(axis=0).tolist() == [7, 3]
-    parts = dirichlet_parties(300, 10, 1.0, np.random.default_rng(0))
-    assert sum(len(p) for p in parts) == 300
-    assert len({len(p) for p in parts}) > 3  # uneven
-    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(300))
 
 
 def _fakes(n: int = 1):

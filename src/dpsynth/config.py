@@ -368,6 +368,13 @@ class FederatedConfig(_Section):
 
     parties: int = Field(0, ge=0, description="0 = not federated")
     dirichlet_alpha: float = Field(1.0, gt=0)
+    max_records_per_party: int = Field(
+        10_000, ge=1,
+        description="public bound B on the records of one party: each party clips every "
+                    "coordinate of its Top-Q votes to [0, B], and B with sigma and P sets the "
+                    "SecAgg+ clipping range and grid (never the parties' real sizes). A party "
+                    "with more records loses votes (utility), never privacy",
+    )
     min_parties: int | None = Field(
         None, ge=2,
         description="fewest parties whose sum may be released (default: all); also the SecAgg+ "

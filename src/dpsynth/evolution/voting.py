@@ -263,6 +263,8 @@ def _label_slices(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, 
     """Order the rows by label once: (order, [(label, start, stop)]) over that order."""
     labels = np.asarray(labels)
     order = np.argsort(labels, kind="stable")
+    if labels.size == 0:  # no rows (e.g. an empty federated party): no slice
+        return order, []
     values, starts = np.unique(labels[order], return_index=True)
     stops = np.append(starts[1:], len(order))
     return order, [(int(v), int(a), int(b)) for v, a, b in zip(values, starts, stops, strict=True)]

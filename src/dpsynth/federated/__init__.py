@@ -1,7 +1,8 @@
 """Federated WASP voting over Flower SecAgg+ (docs/methods.md §2, federated variant).
 
 ``federated_noisy_histogram`` runs one round in Flower's simulation engine; ``rounds`` charges a
-round before it runs (``accounted_round``); ``app`` holds the
+round before it runs (``accounted_round``); ``split`` splits a simulated run's records over its
+parties (record-local); ``app`` holds the
 ServerApp/ClientApp (also usable in a real deployment, see deploy.md). Flower is imported only
 when a round runs.
 """
@@ -12,10 +13,10 @@ from dpsynth.federated.core import (
     InsufficientPartiesError,
     PartyData,
     QuantisationPlan,
-    VoteBoundError,
     VoteFn,
     effective_sigma,
     party_noisy_histogram,
+    party_submission,
     plan_quantisation,
     zero_votes,
 )
@@ -27,11 +28,11 @@ __all__ = [
     "InsufficientPartiesError",
     "PartyData",
     "QuantisationPlan",
-    "VoteBoundError",
     "VoteFn",
     "effective_sigma",
     "federated_noisy_histogram",
     "party_noisy_histogram",
+    "party_submission",
     "plan_quantisation",
     "zero_votes",
 ]

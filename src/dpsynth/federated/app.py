@@ -1,20 +1,24 @@
 """Flower apps for WASP's federated voting: a SecAgg+ ServerApp and a party ClientApp.
 
 Server side (``make_server_app``): broadcasts the public candidates (embeddings, labels) and the
-public round parameters (sigma, P, vote bound), runs flwr's ``SecAggPlusWorkflow`` inside a
+public round parameters (sigma, P, vote bound B, clipping range C, quantisation range R; all
+from the config and sigma, never from party sizes), runs flwr's ``SecAggPlusWorkflow`` inside a
 ``DefaultWorkflow`` (one round) and hands the *aggregate only* to a ``ServerSink``. The factory
 takes no party data; the workflow unmasks only the sum of the parties' quantised vectors.
 
 Client side (``make_client_app``): a ``ClientApp`` with ``secaggplus_mod``; on the fit stage the
-party computes y_l = h_l + N(0, sigma^2 / P) with its own noise source (core.party_noisy_histogram);
-secaggplus_mod clips, quantises and masks y_l before anything leaves the party.
+party computes y_l = clip_B(h_l) + N(0, sigma^2 / P) with its own noise source and rounds it
+onto the public grid with the same source (core.party_submission); secaggplus_mod then
+quantises (exactly, the value is already on its grid) and masks y_l before anything leaves the
+party.
 
 SecAgg+ weighting: the workflow averages sum_l w_l x_l / sum_l w_l; every party reports weight 1
 (max_weight 1.0, so no weight quantisation error) and the server multiplies the mean by the
 number of contributing parties to recover the sum.
 
 Deployment apps (``server_app`` / ``client_app`` module attributes, see deploy.md) read their
-inputs from the run config (server) and node config (parties).
+inputs from the run config (server; the public bound is ``max-records-per-party``) and node
+config (parties).
 """
 
 from __future__ import annotations
@@ -52,12 +56,15 @@ from dpsynth.federated.core import (
     PartyData,
     QuantisationPlan,
     VoteFn,
-    party_noisy_histogram,
+    party_submission,
+    plan_quantisation,
 )
 
 CFG_SIGMA = "dpsynth-sigma"
 CFG_NUM_PARTIES = "dpsynth-num-parties"
 CFG_VOTE_BOUND = "dpsynth-vote-bound"
+CFG_CLIPPING_RANGE = "dpsynth-clipping-range"
+CFG_QUANTIZATION_RANGE = "dpsynth-quantization-range"
 
 
 class SimulatedDropout(RuntimeError):
@@ -101,7 +108,7 @@ class SecureSumStrategy(Strategy):
     """Legacy Strategy for one SecAgg+ round: broadcast candidates, release the sum or refuse."""
 
     def __init__(self, candidate_embeddings: np.ndarray, candidate_labels: np.ndarray, *,
-                 num_parties: int, min_parties: int, sigma: float, vote_bound: float,
+                 num_parties: int, min_parties: int, sigma: float, plan: QuantisationPlan,
                  sink: ServerSink, wait_timeout_s: int = 600) -> None:
         super().__init__()
         self._candidates = [np.asarray(candidate_embeddings, dtype=np.float32),
@@ -109,7 +116,7 @@ class SecureSumStrategy(Strategy):
         self.num_parties = num_parties
         self.min_parties = min_parties
         self.sigma = float(sigma)
-        self.vote_bound = float(vote_bound)
+        self.plan = plan
         self.sink = sink
         self.wait_timeout_s = wait_timeout_s
 
@@ -127,8 +134,11 @@ class SecureSumStrategy(Strategy):
                            "connected", InsufficientPartiesError)
             return []
         clients = client_manager.sample(self.num_parties, self.num_parties)
-        config: dict[str, Scalar] = {CFG_SIGMA: self.sigma, CFG_NUM_PARTIES: self.num_parties,
-                                     CFG_VOTE_BOUND: self.vote_bound}
+        config: dict[str, Scalar] = {
+            CFG_SIGMA: self.sigma, CFG_NUM_PARTIES: self.num_parties,
+            CFG_VOTE_BOUND: self.plan.vote_bound,
+            CFG_CLIPPING_RANGE: self.plan.clipping_range,  # the same plan SecAgg+ runs with
+            CFG_QUANTIZATION_RANGE: self.plan.quantization_range}
         fit_ins = FitIns(parameters, config)
         return [(c, fit_ins) for c in clients]
 
@@ -196,7 +206,7 @@ def make_server_app(candidate_embeddings: np.ndarray, candidate_labels: np.ndarr
     def main(grid: Grid, context: Context) -> None:
         strategy = SecureSumStrategy(
             candidate_embeddings, candidate_labels, num_parties=num_parties,
-            min_parties=min_parties, sigma=sigma, vote_bound=plan.vote_bound, sink=sink)
+            min_parties=min_parties, sigma=sigma, plan=plan, sink=sink)
         legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1),
                                strategy=strategy)
         workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(
@@ -240,11 +250,13 @@ class _PartyClient(NumPyClient):
         if sigma < self.min_sigma:
             raise ValueError(f"server asked for sigma {sigma} below this party's minimum "
                              f"{self.min_sigma}; refusing to contribute")
-        noisy = party_noisy_histogram(
+        noisy = party_submission(
             self.party, cand_emb, cand_lab, self.vote_fn,
             sigma=sigma, num_parties=int(config[CFG_NUM_PARTIES]),
-            vote_bound=float(config[CFG_VOTE_BOUND]), noise_mode=self.noise_mode,
-            seed=self.seed, party_index=self.party_index)
+            vote_bound=float(config[CFG_VOTE_BOUND]),
+            clipping_range=float(config[CFG_CLIPPING_RANGE]),
+            quantization_range=int(config[CFG_QUANTIZATION_RANGE]),
+            noise_mode=self.noise_mode, seed=self.seed, party_index=self.party_index)
         # Weight 1 for every party (see module docstring); no metrics leave the party.
         return [noisy], 1, {}
 
@@ -301,13 +313,28 @@ def _deploy_client_fn(context: Context) -> Client:
 
 client_app = ClientApp(client_fn=_deploy_client_fn, mods=[secaggplus_mod])
 
+
+def deploy_plan(run_config: Any, sigma: float, num_parties: int) -> QuantisationPlan:
+    """A deployment round's quantisation plan from its run config only: the public bound
+    ``max-records-per-party`` (each party clips its votes to it) and sigma, as in a dpsynth
+    run (``wasp.federated.max_records_per_party``); no party reports its size."""
+    bound = run_config.get("max-records-per-party")
+    if bound is None:
+        raise ValueError(
+            "run config 'max-records-per-party' is required: the public bound on the records "
+            "of one party (each party clips every vote coordinate to it; see deploy.md)")
+    if isinstance(bound, bool) or not isinstance(bound, int | float) or not bound >= 1:
+        raise ValueError(f"run config 'max-records-per-party' must be a number >= 1, got "
+                         f"{bound!r}")
+    return plan_quantisation(vote_bound=float(bound), sigma=sigma, num_parties=num_parties)
+
 server_app = ServerApp()
 
 
 @server_app.main()
 def _deploy_server_main(grid: Grid, context: Context) -> None:
     """Run one round from run-config inputs; write the released sum (or error) to output-path."""
-    from dpsynth.federated.core import clip_probability_bound, effective_sigma, plan_quantisation
+    from dpsynth.federated.core import clip_probability_bound, effective_sigma
 
     cfg = context.run_config
     with np.load(str(cfg["candidates-path"])) as z:
@@ -315,8 +342,7 @@ def _deploy_server_main(grid: Grid, context: Context) -> None:
     num_parties = int(cfg["num-parties"])
     min_parties = int(cfg.get("min-parties", num_parties))
     sigma = float(cfg["sigma"])
-    plan = plan_quantisation(vote_bound=float(cfg["vote-bound"]), sigma=sigma,
-                             num_parties=num_parties)
+    plan = deploy_plan(cfg, sigma, num_parties)
     sink = ServerSink()
     inner = make_server_app(cand_emb, cand_lab, num_parties=num_parties,
                             min_parties=min_parties, sigma=sigma, plan=plan, sink=sink)

@@ -1,26 +1,41 @@
 """Pure (Flower-free) parts of WASP's federated voting: party data, local noisy votes, quantisation.
 
 Federated WASP (docs/methods.md §2, "Federated variant"): party l holds records, computes its
-local vote histogram h_l, adds its own noise share N(0, sigma^2 / P) and only the secure sum
-sum_l (h_l + n_l) = H + N(0, sigma^2) reaches the server (SecAgg+).
+local vote histogram h_l, clips every coordinate to [0, B] (B = the public vote bound, from
+``wasp.federated.max_records_per_party``), adds its own noise share N(0, sigma^2 / P) and only
+the secure sum sum_l (clip_B(h_l) + n_l) = H + N(0, sigma^2) reaches the server (SecAgg+).
+
+Everything that shapes the round (B, the clipping range C, the grid, the modulus) is a function
+of public inputs only: the config (B, P, R, the modulus) and sigma (the noise multiplier
+calibrated from the privacy target). No party size enters: a C derived from the largest party
+would put the released sum on a grid whose step reveals that size.
+
+Sensitivity. A neighbouring dataset adds or removes one record, which belongs to one party l
+(the simulated split is record-local, ``dpsynth.federated.split``); only h_l changes, by at most
+the vote function's L2 sensitivity S (Top-Q: sqrt(8/3 (1 - 4^-Q))). Clipping each coordinate to
+[0, B] is 1-Lipschitz per coordinate, so ||clip_B(h_l') - clip_B(h_l)||_2 <= ||h_l' - h_l||_2
+<= S, and the sum over parties keeps L2 sensitivity S whatever B is; a B below a party's true
+vote mass costs utility (votes are cut), never privacy.
 
 Quantisation. SecAgg+ sums integers: each party's noisy vector y_l is clipped to [-C, C] and
 stochastically rounded to the grid Delta * Z with Delta = 2C / R (R = quantization_range). The
-default C is a power of two >= vote_bound + k * sigma / sqrt(P) (k = 10 standard deviations of a
+default C is a power of two >= B + k * sigma / sqrt(P) (k = 10 standard deviations of a
 party's noise share), so Delta is a power of two and dyadic vote weights 2^-q (q <= log2(1/Delta))
-lie exactly on the grid. Consequences:
+lie exactly on the grid. The party rounds with its own noise source (``grid_round``), so the
+vector SecAgg+ quantises already lies on its grid (Flower's own rounding is then exact) and a
+seeded round is reproducible. Consequences:
 
 * error: |released - sum_l y_l| <= n_present * Delta per coordinate (one quantum per party);
-* clipping: with |h_l| <= vote_bound enforced by the party, a party's value is clipped only if its
-  noise exceeds k standard deviations; the probability of any clip in a round is at most
+* clipping: since 0 <= clip_B(h_l) <= B, a party's value is clipped at C only if its noise
+  exceeds k standard deviations; the probability of any clip in a round is at most
   ``clip_probability_bound`` = 2 * P * dim * Phi(-k) (about 1.5e-23 per coordinate for k = 10),
   which the accountant may add to delta; outside that event the released value is the exact
   (rounded) secure sum;
-* rounding: since h_l lies on the grid, round(h_l + n_l) = h_l + round(n_l) (stochastic rounding
-  commutes with grid shifts), so the rounding perturbation is data-independent noise of at most
-  Delta per party; the accounting treats the total noise as N(0, sigma^2). A fully rigorous
-  treatment of summed discretised Gaussians is the distributed discrete Gaussian of Kairouz, Liu
-  and Steinke (ICML 2021); here Delta / (sigma / sqrt(P)) is about 1e-5 or less.
+* rounding: since clip_B(h_l) lies on the grid, round(h_l + n_l) = h_l + round(n_l) (stochastic
+  rounding commutes with grid shifts), so the rounding perturbation is data-independent noise of
+  at most Delta per party; the accounting treats the total noise as N(0, sigma^2). A fully
+  rigorous treatment of summed discretised Gaussians is the distributed discrete Gaussian of
+  Kairouz, Liu and Steinke (ICML 2021); here Delta / (sigma / sqrt(P)) is about 1e-5 or less.
 """
 
 from __future__ import annotations
@@ -28,10 +43,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpsynth.errors import ComputeError
+
+if TYPE_CHECKING:
+    from dpsynth.privacy.noise import NoiseSource
 
 VoteFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 """vote_fn(party_embeddings, party_labels, candidate_embeddings, candidate_labels) -> flat hist."""
@@ -49,13 +68,10 @@ class InsufficientPartiesError(FederatedRoundError):
     """Fewer parties than the configured minimum contributed: nothing is released."""
 
 
-class VoteBoundError(ComputeError, ValueError):
-    """A party's vote histogram exceeds the public vote bound (would be clipped by data)."""
-
-
 @dataclass
 class PartyData:
-    """One party's private records: unit-norm embeddings [m_l, d] and int label codes [m_l]."""
+    """One party's private records: unit-norm embeddings [m_l, d] and int label codes [m_l]
+    (m_l may be 0: an empty party still adds its noise share)."""
 
     embeddings: np.ndarray
     labels: np.ndarray
@@ -81,7 +97,8 @@ class PartyData:
 
 @dataclass(frozen=True)
 class QuantisationPlan:
-    """SecAgg+ quantisation parameters (public; identical for every party)."""
+    """SecAgg+ quantisation parameters (public; identical for every party): built from the
+    config and sigma only (:func:`plan_quantisation`), never from party sizes."""
 
     clipping_range: float
     quantization_range: int
@@ -126,7 +143,11 @@ def plan_quantisation(
     modulus_range: int = DEFAULT_MODULUS_RANGE,
     noise_bound_sds: float = DEFAULT_NOISE_BOUND_SDS,
 ) -> QuantisationPlan:
-    """Pick C = next power of two >= vote_bound + k * sigma / sqrt(P) unless given."""
+    """Pick C = next power of two >= B + k * sigma / sqrt(P) unless given (B = vote_bound).
+
+    Every argument is public (config, calibrated sigma): the plan, and with it the grid of the
+    released sum, is the same on neighbouring datasets. Callers pass the declared bound B
+    (``wasp.federated.max_records_per_party``), never a party's size."""
     if num_parties < 2:
         raise ValueError(f"num_parties must be >= 2 for secure aggregation, got {num_parties}")
     if not (math.isfinite(sigma) and sigma >= 0):
@@ -165,30 +186,56 @@ def clip_probability_bound(plan: QuantisationPlan, sigma: float, num_parties: in
     return min(1.0, 2.0 * num_parties * dim * tail)
 
 
+def grid_round(values: np.ndarray, clipping_range: float, quantization_range: int,
+               uniforms: np.ndarray) -> np.ndarray:
+    """Clip to [-C, C] and round stochastically to SecAgg+'s grid -C + Delta * Z, Delta = 2C / R
+    (what flwr's ``quantize`` does, but with the party's own uniforms u in [0, 1)): a value at
+    fraction f of a step goes up with probability f, so E[round(x)] = x and |round(x) - x| < Delta.
+    """
+    step = 2.0 * clipping_range / quantization_range
+    x = (np.clip(np.asarray(values, dtype=np.float64), -clipping_range, clipping_range)
+         + clipping_range) / step
+    low = np.floor(x)
+    k = low + (np.asarray(uniforms, dtype=np.float64) < x - low)
+    return k * step - clipping_range
+
+
 def party_seed(seed: int, party_index: int) -> int:
     """Independent per-party noise seed derived from the round seed (research mode only)."""
     state = np.random.SeedSequence([int(seed), 0x5EC466, int(party_index)]).generate_state(2)
     return int(state[0]) << 32 | int(state[1])
 
 
-def party_noise(size: int, std: float, *, noise_mode: str, seed: int | None,
-                party_index: int) -> np.ndarray:
-    """Party l's noise share N(0, std^2) from its own source (seeded per party, or OS CSPRNG)."""
+def party_source(noise_mode: str, seed: int | None, party_index: int) -> NoiseSource:
+    """Party l's own noise source: seeded per party (research mode), or the OS
+    CSPRNG. Its first draws are the noise share, the next ones the rounding uniforms."""
     from dpsynth.privacy.noise import make_noise_source
 
     if noise_mode == "seeded":
         pseed = None if seed is None else party_seed(seed, party_index)
-        source = make_noise_source("seeded", pseed)
-    elif noise_mode == "secure":
-        source = make_noise_source("secure", None)
-    else:
-        raise ValueError(f"noise_mode must be 'seeded' or 'secure', got {noise_mode!r}")
+        return make_noise_source("seeded", pseed)
+    if noise_mode == "secure":
+        return make_noise_source("secure", None)
+    raise ValueError(f"noise_mode must be 'seeded' or 'secure', got {noise_mode!r}")
+
+
+def party_noise(size: int, std: float, *, noise_mode: str, seed: int | None,
+                party_index: int) -> np.ndarray:
+    """Party l's noise share N(0, std^2) from its own source (seeded per party, or OS CSPRNG)."""
+    source = party_source(noise_mode, seed, party_index)
     return np.asarray(source.normal(size, scale=std), dtype=np.float64)
+
+
+def clip_votes(hist: np.ndarray, vote_bound: float) -> np.ndarray:
+    """clip_B(h): every coordinate into [0, B]; 1-Lipschitz per coordinate, so it never raises
+    the L2 distance between neighbouring histograms (see the module docstring)."""
+    return np.clip(np.asarray(hist, dtype=np.float64), 0.0, float(vote_bound))
 
 
 def local_votes(party: PartyData, candidate_embeddings: np.ndarray,
                 candidate_labels: np.ndarray, vote_fn: VoteFn, vote_bound: float) -> np.ndarray:
-    """Party's local vote histogram h_l, checked against the public vote bound."""
+    """Party's local vote histogram clip_B(h_l): clipped to the public bound, never refused (a
+    refusal would make the round's outcome depend on the party's data)."""
     hist = np.asarray(
         vote_fn(party.embeddings, party.labels, candidate_embeddings, candidate_labels),
         dtype=np.float64,
@@ -197,26 +244,38 @@ def local_votes(party: PartyData, candidate_embeddings: np.ndarray,
         raise ValueError(f"vote_fn must return a flat histogram, got shape {hist.shape}")
     if not np.all(np.isfinite(hist)):
         raise ValueError("vote_fn returned non-finite values")
-    if hist.size and float(np.max(np.abs(hist))) > vote_bound:
-        # No values in the message: the histogram is private to the party.
-        raise VoteBoundError(
-            f"a party's vote histogram exceeds the public vote_bound {vote_bound}; raise "
-            "vote_bound (it must bound every coordinate of every party's votes)"
-        )
-    return hist
+    return clip_votes(hist, vote_bound)
+
+
+def _noisy_votes(party: PartyData, candidate_embeddings: np.ndarray,
+                 candidate_labels: np.ndarray, vote_fn: VoteFn, sigma: float, num_parties: int,
+                 vote_bound: float, source: NoiseSource) -> np.ndarray:
+    hist = local_votes(party, candidate_embeddings, candidate_labels, vote_fn, vote_bound)
+    std = sigma / math.sqrt(num_parties)
+    return hist + np.asarray(source.normal(hist.size, scale=std), dtype=np.float64)
 
 
 def party_noisy_histogram(party: PartyData, candidate_embeddings: np.ndarray,
                           candidate_labels: np.ndarray, vote_fn: VoteFn, *, sigma: float,
                           num_parties: int, vote_bound: float, noise_mode: str,
                           seed: int | None, party_index: int) -> np.ndarray:
-    """y_l = h_l + N(0, sigma^2 / P): what party l submits (masked) to the secure sum."""
-    if party.size == 0:
-        raise ValueError(f"party {party_index} has no records")
-    hist = local_votes(party, candidate_embeddings, candidate_labels, vote_fn, vote_bound)
-    std = sigma / math.sqrt(num_parties)
-    return hist + party_noise(hist.size, std, noise_mode=noise_mode, seed=seed,
-                              party_index=party_index)
+    """y_l = clip_B(h_l) + N(0, sigma^2 / P): party l's noisy votes, before rounding."""
+    source = party_source(noise_mode, seed, party_index)
+    return _noisy_votes(party, candidate_embeddings, candidate_labels, vote_fn, sigma,
+                        num_parties, vote_bound, source)
+
+
+def party_submission(party: PartyData, candidate_embeddings: np.ndarray,
+                     candidate_labels: np.ndarray, vote_fn: VoteFn, *, sigma: float,
+                     num_parties: int, vote_bound: float, clipping_range: float,
+                     quantization_range: int, noise_mode: str, seed: int | None,
+                     party_index: int) -> np.ndarray:
+    """What party l hands to SecAgg+ (which masks it): y_l (:func:`party_noisy_histogram`)
+    rounded onto the public grid with the same source's next uniforms (:func:`grid_round`)."""
+    source = party_source(noise_mode, seed, party_index)
+    noisy = _noisy_votes(party, candidate_embeddings, candidate_labels, vote_fn, sigma,
+                         num_parties, vote_bound, source)
+    return grid_round(noisy, clipping_range, quantization_range, source.uniform(noisy.size))
 
 
 def effective_sigma(sigma: float, parties_present: int, num_parties: int) -> float:
@@ -232,8 +291,6 @@ def validate_parties(parties: Sequence[PartyData]) -> int:
     for i, p in enumerate(parties):
         if not isinstance(p, PartyData):
             raise TypeError(f"parties[{i}] must be PartyData, got {type(p).__name__}")
-        if p.size == 0:
-            raise ValueError(f"parties[{i}] has no records (every party needs >= 1 record)")
         dims.add(int(p.embeddings.shape[1]))
     if len(dims) != 1:
         raise ValueError(f"parties disagree on the embedding dimension: {sorted(dims)}")

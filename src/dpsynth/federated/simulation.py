@@ -57,13 +57,13 @@ def federated_noisy_histogram(
     vote_fn: VoteFn,
     sigma: float,
     *,
+    vote_bound: float,
     seed: int | None,
     noise_mode: str = "seeded",
     min_parties: int | None = None,
     clipping_range: float | None = None,
     quantization_range: int = DEFAULT_QUANTIZATION_RANGE,
     drop_parties: Sequence[int] = (),
-    vote_bound: float | None = None,
     modulus_range: int = DEFAULT_MODULUS_RANGE,
     timeout_s: float | None = 600.0,
     verbose: bool = False,
@@ -73,9 +73,10 @@ def federated_noisy_histogram(
     """Secure sum over parties of (local votes + N(0, sigma^2 / P)) via Flower SecAgg+.
 
     ``seed`` seeds each party's own noise source (research mode); use a fresh seed per round.
-    ``vote_bound`` is the public bound on any coordinate of one party's vote histogram (default:
-    the largest party size, valid for Top-Q votes with weights 2^-q <= 1; this treats party sizes
-    as public). Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
+    ``vote_bound`` B: the public (config) bound each party clips every coordinate of its votes
+    to (for Top-Q votes, weights <= 1, the declared ``max_records_per_party``); with sigma and
+    the other arguments it fixes C and the grid, so nothing about the parties' sizes shapes the
+    round. Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
     ``wire_observer`` (audit/tests) sees every reply message the server receives.
     ``ray_address``: where the simulation runs (:func:`run_flower_simulation`).
     """
@@ -98,8 +99,6 @@ def federated_noisy_histogram(
     if cand_emb.ndim != 2 or cand_lab.ndim != 1 or cand_lab.shape[0] != cand_emb.shape[0]:
         raise ValueError(f"candidate_embeddings [n, d] and candidate_labels [n] disagree: "
                          f"{cand_emb.shape} vs {cand_lab.shape}")
-    if vote_bound is None:
-        vote_bound = float(max(p.size for p in parties))
     plan = plan_quantisation(vote_bound=vote_bound, sigma=sigma, num_parties=num_parties,
                              clipping_range=clipping_range,
                              quantization_range=quantization_range, modulus_range=modulus_range)

@@ -10,19 +10,22 @@ histograms get Gaussian noise, with joint L2 sensitivity sqrt(8/3 (1 - 4^-Q)); t
 H~_near is the good set, the top of H~_far the bad set; generator weights follow the noisy
 nearest votes only (step 4). Federated mode: parties' histograms meet only through Flower's
 SecAgg+ (dpsynth.federated); each round is charged at its worst-case noise (only min_parties
-noise shares arrive) before it runs (dpsynth.federated.rounds).
+noise shares arrive) before it runs (dpsynth.federated.rounds); each party clips its votes to
+the public wasp.federated.max_records_per_party, which (not any party's size) sets the SecAgg+
+clipping range and grid.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError, RunConfig, WaspConfig
+from ..config import ConfigError, FederatedConfig, RunConfig, WaspConfig
 from ..context import PrivateView, Releaser, Rngs
 from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
@@ -59,18 +62,16 @@ def round_sizes(quota: np.ndarray, rounds: int) -> np.ndarray:
     return np.stack([allocate(int(q), np.ones(rounds)) for q in quota], axis=1)
 
 
-def dirichlet_parties(n_records: int, parties: int, alpha: float,
-                      rng: np.random.Generator) -> list[np.ndarray]:
-    """Split record indices over parties with Dirichlet(alpha) proportions (uneven shares);
-    every party holds at least one record (a party without records cannot take part)."""
-    if n_records < parties:
-        raise ValueError(f"{parties} parties need at least {parties} records, got {n_records}")
-    shares = rng.dirichlet(np.full(parties, alpha))
-    perm = rng.permutation(n_records)
-    owner = np.empty(n_records, dtype=np.int64)
-    owner[perm[:parties]] = np.arange(parties)
-    owner[perm[parties:]] = rng.choice(parties, size=n_records - parties, p=shares)
-    return [np.flatnonzero(owner == p) for p in range(parties)]
+def party_split(texts: Sequence[str], label_codes: np.ndarray, fed: FederatedConfig,
+                rngs: Rngs) -> list[np.ndarray]:
+    """The simulated parties' record indices (dpsynth.federated.split): data-free Dirichlet
+    shares and a record-local keyed hash, both from the run's post-processing randomness, so
+    one record more or less changes only the party it joins (parties may be empty)."""
+    from ..federated.split import dirichlet_shares, record_owners, split_records
+
+    shares = dirichlet_shares(fed.parties, fed.dirichlet_alpha, rngs("parties"))
+    key = rngs("party-assignment").bytes(32)
+    return split_records(record_owners(texts, label_codes, shares, key), fed.parties)
 
 
 @dataclass
@@ -121,6 +122,7 @@ class WaspStrategy:
         The round is charged at its worst case (only min_parties noise shares arrive, and
         SecAgg+ cannot unmask with fewer) and that charge is committed before any party is
         contacted (federated.rounds.accounted_round)."""
+        from ..diagnostics import append_diagnostic
         from ..federated import PartyData, federated_noisy_histogram
         from ..privacy import GaussianEvent
 
@@ -132,12 +134,16 @@ class WaspStrategy:
         view = self.view
 
         def run_round() -> np.ndarray:
-            split = dirichlet_parties(len(view), fed.parties, fed.dirichlet_alpha,
-                                      self.rngs("parties"))
+            split = party_split(view.texts, view.label_codes, fed, self.rngs)
             parties = [PartyData(view.private_embeddings[idx], view.label_codes[idx])
                        for idx in split]
+            sizes = [len(idx) for idx in split]  # exact: private/diagnostics.jsonl only
+            append_diagnostic(view.run, {
+                "federated_round": key, "party_sizes": sizes,
+                "parties_over_max_records": sum(m > fed.max_records_per_party for m in sizes)})
             result = federated_noisy_histogram(
                 parties, emb, pool.labels, partial(topq_vote, q=self.wasp.top_q), sigma,
+                vote_bound=float(fed.max_records_per_party),  # public: Top-Q weights <= 1
                 seed=None if self.noise_mode == "secure"
                 else self.rngs.seed_for("federated", key),  # the run's private seed
                 noise_mode=self.noise_mode, min_parties=min_parties,
