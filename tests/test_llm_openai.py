@@ -20,9 +20,10 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)
 CHAT = ({"role": "user", "content": "Say hello."},)
 
 
-def client(url: str, **kw) -> OpenAIGenerator:
+def client(url: str, model: str = "echo", **kw) -> OpenAIGenerator:
+    """Our client for the served model name (``echo``: the fake behind the real server)."""
     kw.setdefault("backoff_base", 0.01)
-    return OpenAIGenerator(url, "smollm2", api_key_env=None, **kw)
+    return OpenAIGenerator(url, model, api_key_env=None, **kw)
 
 
 def req(i: int) -> GenerationRequest:
@@ -189,7 +190,7 @@ def test_chat_and_completions_match_local(smollm) -> None:
     with running(create_app(smollm, model_id="smollm2")) as url:
         models = httpx.get(f"{url}/models").json()
         assert [m["id"] for m in models["data"]] == ["smollm2"]
-        gen = client(url, max_concurrency=2)
+        gen = client(url, "smollm2", max_concurrency=2)
         assert gen.generate(reqs, progress=False) == local
         assert gen.attempts == 2 and gen.retries == 0 and gen.name == "openai:smollm2"
         # A raw completions call with a batch of prompts, as vLLM clients send it.
@@ -214,8 +215,8 @@ def test_server_rejects_bad_and_oversized_requests(smollm) -> None:
         assert big.status_code == 413
         bad = httpx.post(f"{url}/chat/completions", json={"messages": "nope"})
         assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"]
-        stream = httpx.post(f"{url}/completions", json={"prompt": "a", "stream": True})
-        assert stream.status_code == 400
+        echo = httpx.post(f"{url}/completions", json={"prompt": "a", "echo": True})
+        assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
 
 
 @pytest.mark.models

@@ -13,8 +13,8 @@ from dpsynth.llm.server import create_app
 from fault_proxy import FakeGenerator, running
 
 
-def body(i: int, seed: int | None = None) -> dict:
-    b = {"model": "m", "prompt": f"p{i}", "max_tokens": 8, "temperature": 1.0}
+def body(i: int, seed: int | None = None, model: str = "echo") -> dict:
+    b = {"model": model, "prompt": f"p{i}", "max_tokens": 8, "temperature": 1.0}
     if seed is not None:
         b["seed"] = seed
     return b
@@ -124,7 +124,7 @@ def test_seeds_hold_inside_batches_and_batching_saves_forward_passes(smollm) -> 
 
     smollm.forward_last = counted
     try:
-        bodies = [dict(body(i, seed=7 + i), max_tokens=6) for i in range(32)]
+        bodies = [dict(body(i, seed=7 + i, model="smollm2"), max_tokens=6) for i in range(32)]
         with running(create_app(smollm, max_batch_requests=1)) as url:
             alone = burst(url, bodies[:4], timeout=300)
         with running(create_app(smollm, max_batch_requests=32, batch_window_s=0.2)) as url:

@@ -43,11 +43,19 @@ def serve_cmd(
         60.0, min=0.0, help="Seconds a request may wait unstarted before a 503 with Retry-After"
     ),
     max_body_bytes: int = typer.Option(1_000_000, help="Largest accepted request body"),
+    served_model_name: str | None = typer.Option(
+        None, help="The model name clients send and /v1/models lists (default: the model's "
+        "id, e.g. smollm2); a request naming another model gets 404"),
+    default_max_tokens: int = typer.Option(
+        512, min=1, help="max_tokens of a chat request that gives none (cut to what is left "
+        "of the context); /v1/completions defaults to 16, as OpenAI"),
 ) -> None:
     """Serve a generator at http://HOST:PORT/v1 (chat/completions, completions, models).
 
-    Concurrent requests are micro-batched; the queue is bounded and pushes back with 429/503
-    and Retry-After rather than letting a client wait past its timeout.
+    OpenAI-conformant for what it supports (streaming, n, stop, seed, finish_reason, usage);
+    any other parameter is refused with 400 naming it (README, "llm serve"). Concurrent
+    requests are micro-batched; the queue is bounded and pushes back with 429/503 and
+    Retry-After rather than letting a client wait past its timeout.
     """
     from ..errors import require
     from ..llm import load_generator
@@ -61,8 +69,9 @@ def serve_cmd(
     gen = load_generator(spec, **kwargs)
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
-    serve(gen, host=host, port=port, max_body_bytes=max_body_bytes, max_batch_requests=max_batch,
-          max_pending=max_pending, queue_timeout_s=queue_timeout)
+    serve(gen, host=host, port=port, model_id=served_model_name, max_body_bytes=max_body_bytes,
+          max_batch_requests=max_batch, max_pending=max_pending, queue_timeout_s=queue_timeout,
+          default_max_tokens=default_max_tokens)
 
 
 @group.command("generate")

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import (
+    Completion,
     GenerationError,
     GenerationRequest,
     Generator,
@@ -15,6 +16,7 @@ from .base import (
 )
 
 __all__ = [
+    "Completion",
     "GenerationError",
     "GenerationRequest",
     "Generator",

@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import GenerationError as GenerationError  # re-export; lives in dpsynth.errors
 
@@ -169,6 +169,33 @@ def request_key(generator_name: str, request: GenerationRequest, occurrence: int
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+FinishReason = Literal["stop", "length"]
+FINISH_REASONS: tuple[FinishReason, ...] = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated text and how it ended (what an OpenAI-compatible server reports).
+
+    ``finish_reason`` is ``"stop"`` when the model ended the text (an end-of-sequence token
+    or a stop string) and ``"length"`` when ``max_new_tokens`` cut it. ``prompt_tokens`` is
+    the length of the prompt the model read (chat template and special tokens included) and
+    ``completion_tokens`` the tokens it generated (the end-of-sequence token included, so a
+    ``"length"`` completion has exactly ``max_new_tokens``); ``None`` where the backend
+    cannot count.
+    """
+
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"Completion.finish_reason must be one of {FINISH_REASONS}, "
+                             f"got {self.finish_reason!r}")
+
+
 @runtime_checkable
 class Generator(Protocol):
     """Anything that turns a batch of requests into texts.
@@ -177,6 +204,11 @@ class Generator(Protocol):
     string per request in the same order. Backends in this package also accept an optional
     keyword ``on_result(index, text)`` called as each request finishes, which the request
     cache uses so that an exception never loses finished work.
+
+    A backend that can say how each text ended also has ``complete(requests, *, progress)``
+    returning one :class:`Completion` per request (the local and OpenAI-compatible backends
+    do; ``dpsynth llm serve`` reads it for ``finish_reason`` and ``usage``). ``generate``
+    stays the method every PE-family caller uses.
     """
 
     name: str

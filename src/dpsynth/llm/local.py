@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import ConfigError, MissingFileError
 from .base import (
     FALLBACK_STOPS,
+    Completion,
     GenerationError,
     GenerationRequest,
     ResultCallback,
@@ -451,6 +452,16 @@ class LocalGenerator:
         on_result: ResultCallback | None = None,
     ) -> list[str]:
         """Generate one text per request, same order (see the class docstring)."""
+        return [c.text for c in self.complete(requests, progress=progress, on_result=on_result)]
+
+    def complete(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        progress: bool = True,
+        on_result: ResultCallback | None = None,
+    ) -> list[Completion]:
+        """:meth:`generate` with how each text ended and its token counts."""
         rendered = [self.render(r) for r in requests]
         encoded = [self.encode_prompt(text) for text, _, _ in rendered]
         for i, (ids, req) in enumerate(zip(encoded, requests, strict=True)):
@@ -464,23 +475,23 @@ class LocalGenerator:
                 )
         batches = self.plan_batches(requests, [len(ids) for ids in encoded])
         self.last_batch_sizes = [len(b) for b in batches]
-        out: list[str | None] = [None] * len(requests)
+        out: list[Completion | None] = [None] * len(requests)
         with progress_bar(progress, len(batches), f"{self.name} generating") as advance:
             for batch in batches:
                 params = requests[batch[0]].params.without_seed()
-                texts, _ = self._generate_batch(
+                done = self._generate_batch(
                     [encoded[i] for i in batch],
                     params,
                     [requests[i].params.seed for i in batch],
                     [rendered[i][1] for i in batch],
                     [rendered[i][2] for i in batch],
                 )
-                for i, t in zip(batch, texts, strict=True):
-                    out[i] = t
+                for i, c in zip(batch, done, strict=True):
+                    out[i] = c
                     if on_result is not None:
-                        on_result(i, t)
+                        on_result(i, c.text)
                 advance()
-        return [t if t is not None else "" for t in out]
+        return [c if c is not None else Completion("", "stop") for c in out]
 
     def plan_batches(
         self, requests: Sequence[GenerationRequest], lengths: Sequence[int] | None = None
@@ -499,8 +510,8 @@ class LocalGenerator:
         seeds: Sequence[int | None],
         stops: Sequence[tuple[str, ...]],
         chat: Sequence[bool],
-    ) -> tuple[list[str], list[int]]:
-        """One batch on the engine; returns texts and generated-token counts (EOS included)."""
+    ) -> list[Completion]:
+        """One batch on the engine: texts, how they ended, token counts (EOS included)."""
         if self._ct2 is not None:
             return self._generate_batch_ct2(prompts, params, seeds, stops, chat)
         import torch
@@ -534,12 +545,13 @@ class LocalGenerator:
                     f"{self.name}: model.generate failed ({type(exc).__name__})"
                 ) from exc
         eos = set(self.eos_token_ids)
-        kept, counts = [], []
+        kept, counts, ended = [], [], []
         for row in out[:, ids.shape[1] :].tolist():
             n = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
             kept.append(row[:n])
             counts.append(n)
-        return self._finish(kept, counts, stops, chat)
+            ended.append(n > 0 and row[n - 1] in eos)
+        return self._finish(prompts, kept, counts, ended, stops, chat)
 
     def _generate_batch_ct2(
         self,
@@ -548,21 +560,30 @@ class LocalGenerator:
         seeds: Sequence[int | None],
         stops: Sequence[tuple[str, ...]],
         chat: Sequence[bool],
-    ) -> tuple[list[str], list[int]]:
+    ) -> list[Completion]:
         rows = self._ct2.generate(prompts, params, batch_seed(seeds), stops, self.decode)
-        return self._finish([ids for ids, _ in rows],
-                            [len(ids) + int(ended) for ids, ended in rows], stops, chat)
+        return self._finish(prompts, [ids for ids, _ in rows],
+                            [len(ids) + int(ended) for ids, ended in rows],
+                            [ended for _, ended in rows], stops, chat)
 
-    def _finish(self, rows: Sequence[Sequence[int]], counts: list[int],
-                stops: Sequence[tuple[str, ...]], chat: Sequence[bool]
-                ) -> tuple[list[str], list[int]]:
-        """Decode generated ids (either engine), cut at stop strings, strip chat replies."""
-        texts = []
-        for ids, row_stops, is_chat in zip(rows, stops, chat, strict=True):
-            text = apply_stops(self.decode(ids), row_stops)
-            texts.append(text.strip() if is_chat else text)
+    def _finish(self, prompts: Sequence[Sequence[int]], rows: Sequence[Sequence[int]],
+                counts: list[int], ended: Sequence[bool], stops: Sequence[tuple[str, ...]],
+                chat: Sequence[bool]) -> list[Completion]:
+        """Decode generated ids (either engine), cut at stop strings, strip chat replies.
+
+        ``ended``: the row ended with an end-of-sequence token; a row that did not and holds
+        no stop string was cut by ``max_new_tokens`` (finish reason ``"length"``).
+        """
+        out = []
+        for prompt, ids, n, eos, row_stops, is_chat in zip(prompts, rows, counts, ended, stops,
+                                                            chat, strict=True):
+            raw = self.decode(ids)
+            text = apply_stops(raw, row_stops)
+            stopped = eos or any(s in raw for s in row_stops)
+            out.append(Completion(text.strip() if is_chat else text,
+                                  "stop" if stopped else "length", len(prompt), n))
         self.generated_tokens += sum(counts)
-        return texts, counts
+        return out
 
     # ------------------------------------------------------------------ logits
     def next_token_logits(self, prompts: Sequence[str]) -> np.ndarray:

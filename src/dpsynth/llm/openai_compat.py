@@ -40,6 +40,7 @@ import tenacity
 from ..errors import ConfigError
 from .base import (
     FALLBACK_STOPS,
+    Completion,
     GenerationError,
     GenerationRequest,
     ResultCallback,
@@ -325,7 +326,7 @@ class OpenAIGenerator:
         body.update(self.extra_body)
         return path, body, stops
 
-    def _one(self, request: GenerationRequest, abort: threading.Event) -> str:
+    def _one(self, request: GenerationRequest, abort: threading.Event) -> Completion:
         """One request: attempts under the breaker, retried by tenacity within the budget;
         given up (not retried further) once ``abort`` is set."""
         path, body, stops = self._body(request)
@@ -333,7 +334,7 @@ class OpenAIGenerator:
         attempts = 0
         start = time.monotonic()
 
-        def attempt() -> str:
+        def attempt() -> Completion:
             nonlocal paused, attempts
             if abort.is_set():
                 raise _RequestFailed(None, "given up: another request failed", attempts)
@@ -369,9 +370,12 @@ class OpenAIGenerator:
                 if status >= 400:
                     self.pool.answered(ep)
                     raise _RequestFailed(status, f"HTTP {status}", attempts)
-                text = apply_stops(self._parse(resp, path, attempts), stops)
+                done = self._parse(resp, path, attempts)
                 self.pool.success(ep)
-                return text
+                text = apply_stops(done.text, stops)
+                if text == done.text:
+                    return done
+                return Completion(text, "stop", done.prompt_tokens, done.completion_tokens)
             finally:
                 self.pool.release(ep)
 
@@ -404,13 +408,24 @@ class OpenAIGenerator:
             raise _RequestFailed(exc.status, exc.cause, attempts) from None
 
     @staticmethod
-    def _parse(resp: httpx.Response, path: str, attempts: int = 1) -> str:
+    def _parse(resp: httpx.Response, path: str, attempts: int = 1) -> Completion:
+        """The first choice's text, its finish reason (``"length"`` only when the server said
+        so) and the ``usage`` token counts when the server sent them."""
         try:
-            choice = resp.json()["choices"][0]
+            data = resp.json()
+            choice = data["choices"][0]
             text = choice["message"]["content"] if path == "/chat/completions" else choice["text"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise _RequestFailed(resp.status_code, "malformed response body", attempts) from exc
-        return text or ""
+        usage = data.get("usage") if isinstance(data, dict) else None
+        usage = usage if isinstance(usage, dict) else {}
+
+        def count(key: str) -> int | None:
+            value = usage.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        reason = "length" if choice.get("finish_reason") == "length" else "stop"
+        return Completion(text or "", reason, count("prompt_tokens"), count("completion_tokens"))
 
     def generate(
         self,
@@ -421,7 +436,17 @@ class OpenAIGenerator:
     ) -> list[str]:
         """Send all requests (at most ``max_concurrency`` at once per endpoint); same order
         out."""
-        out: list[str | None] = [None] * len(requests)
+        return [c.text for c in self.complete(requests, progress=progress, on_result=on_result)]
+
+    def complete(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        progress: bool = True,
+        on_result: ResultCallback | None = None,
+    ) -> list[Completion]:
+        """:meth:`generate` with each answer's finish reason and ``usage`` token counts."""
+        out: list[Completion | None] = [None] * len(requests)
         if not requests:
             return []
         failure: _RequestFailed | None = None
@@ -429,7 +454,7 @@ class OpenAIGenerator:
         workers = min(self.max_concurrency * len(self.pool), len(requests))
         pool = ThreadPoolExecutor(max_workers=workers)
         try:
-            futures: dict[Future[str], int] = {
+            futures: dict[Future[Completion], int] = {
                 pool.submit(self._one, r, abort): i for i, r in enumerate(requests)
             }
             with progress_bar(progress, len(requests), f"{self.name} generating") as advance:
@@ -440,9 +465,10 @@ class OpenAIGenerator:
                     exc = fut.exception()
                     if exc is None:
                         i = futures[fut]
-                        out[i] = fut.result()
+                        done = fut.result()
+                        out[i] = done
                         if on_result is not None:
-                            on_result(i, out[i])  # type: ignore[arg-type]
+                            on_result(i, done.text)
                         advance()
                     elif failure is None:
                         if isinstance(exc, OutageError):
@@ -469,7 +495,7 @@ class OpenAIGenerator:
                 total=len(requests),
                 status=failure.status,
             )
-        return [t if t is not None else "" for t in out]
+        return [c if c is not None else Completion("", "stop") for c in out]
 
 
 def _endpoint_urls(base_url: str | Sequence[str] | None,
