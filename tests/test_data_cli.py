@@ -117,7 +117,8 @@ def test_check_against_declared_values(tmp_path: Path) -> None:
             "--values", f"label={tmp_path / 'labels.txt'}"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1, result.output
-    assert "d.csv, row 2, field 'label': label value 'meh' is not among the 2 declared" in \
-        " ".join(result.output.split())
+    shown = " ".join(result.output.split())
+    assert "d.csv, row 2, field 'label': label value (3 characters) is not among the 2 " \
+        "declared" in shown
     bad = runner.invoke(app, args[:-1] + ["other=x.txt"])
     assert bad.exit_code == 2 and "not a --label column" in bad.output

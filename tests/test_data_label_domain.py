@@ -109,12 +109,10 @@ def test_record_with_undeclared_value_names_file_row_and_field(tmp_path: Path) -
     problems = info.value.problems
     assert [(p.file, p.row, p.field) for p in problems] == [
         ("reviews.csv", 4, "cat"), ("reviews.csv", 4, "stars")]
-    assert "'9' is not among the 3 declared values of 'stars'" in problems[1].message
+    assert "(1 characters) is not among the 3 declared values of 'stars'" in problems[1].message
     msg = str(info.value)
     assert "reviews.csv, row 4, field 'cat'" in msg
-    assert secret not in msg and "Dr Quentin Marlowe-Fitz" in msg  # a short excerpt only
-    quoted = problems[0].message.split("label value ")[1].split(" is not")[0]
-    assert len(quoted) <= 40
+    assert "Quentin" not in msg and "(66 characters)" in msg  # the length only
     # check_dataset reports the same problem without raising
     report = check_dataset(path, "text", ["cat", "stars"],
                            label_values={"cat": ["food", "bar"], "stars": ["3", "4", "5"]})
@@ -150,7 +148,8 @@ def test_no_domain_is_refused(tmp_path: Path) -> None:
         ds.label_codes("cat")
     codes, classes = ds.joint_label_codes({"cat": ["bar", "food"]})
     assert classes == [("bar",), ("food",)] and codes.tolist() == [1, 0, 1]
-    with pytest.raises(ValueError, match=r"record 2: cat value 'bar' is not in the declared"):
+    with pytest.raises(ValueError,
+                       match=r"record 2: its cat value \(3 characters\) is not in the declared"):
         ds.joint_label_codes({"cat": ["food"]})
     kept = ds.with_label_domain({"cat": ["food"]})
     assert kept.texts == ["great tacos", "fresh salsa"] and kept.joint_label_codes()[1] == [

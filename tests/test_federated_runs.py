@@ -162,3 +162,31 @@ def test_wasp_federated_largest_party_neighbours_release_the_same_bytes(tmp_path
 
 def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_the_fresh_plan_check_catches_a_modulus_from_party_sizes(tmp_path, monkeypatch,
+                                                                  ray_cluster):  # noqa: F811
+    """Finding 6 restored (the SecAgg+ bound from the largest party's record count): the
+    release checker's fresh-plan runs see D and D' plan other grids and moduli."""
+    import dpsynth.federated as federated
+    from test_release_check import fresh_plan_problems
+
+    real = federated.federated_noisy_histogram
+
+    def from_sizes(parties, *args, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs["vote_bound"] = float(max(p.size for p in parties))
+        return real(parties, *args, **kwargs)
+
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks about a skin rash since last week",
+             "label": "clinical", "user": "u-new"}
+
+    def cfg(p: Path) -> dict[str, Any]:
+        return pe_config("wasp", p, generators=[{"model": "fake-g0"}],
+                         **{"wasp.top_q": 3, "wasp.demonstrations": 2,
+                            "wasp.federated.parties": 3, "synthesis.iterations": 1,
+                            "wasp.federated.ray_address": ray_cluster})
+
+    monkeypatch.setattr(federated, "federated_noisy_histogram", from_sizes)
+    problems = fresh_plan_problems(tmp_path, cfg, rows, rows + [extra], run_pe)
+    assert any("public plans (grid, modulus) differ" in p for p in problems), problems

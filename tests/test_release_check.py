@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import sys
 from collections import Counter
@@ -48,6 +49,8 @@ VOLATILE_KEYS = frozenset({"wall_seconds", "time", "created", "started", "finish
 RESULT_DIRS = ("federated",)
 LABELS = ["billing", "clinical", "scheduling"]  # public domain; D has no "scheduling" record
 MIN_TEXT = 20
+#: a wall-clock time (ISO date and time): wall time depends on the data, nothing shareable has it
+TIME_LIKE = re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
 
 # ----------------------------------------------------------------------------- the checker
 
@@ -258,12 +261,17 @@ def exact_value_problems(run: Path, counts: dict[str, int], texts: list[str],
     config values of this run (a count that equals one cannot be told apart)."""
     problems = []
     files = [p for p in (run / "release").rglob("*") if p.is_file()]
-    files += [p for p in (run / "stats.jsonl", run / "log.txt") if p.is_file()]
+    files += [p for p in (run / "stats.jsonl", run / "log.txt", run / "eval" / "eval.json",
+                          run / "eval" / "report.html") if p.is_file()]
     wanted = {n: name for name, n in counts.items() if n not in allowed}
     for path in files:
         rel = path.relative_to(run).as_posix()
         raw = path.read_bytes()
         text = raw.decode("utf-8", errors="replace")
+        if rel != "log.txt":  # the operator's log is stamped; nothing shareable is
+            stamp = TIME_LIKE.search(text)
+            if stamp:
+                problems.append(f"{rel}: a time stamp {stamp.group(0)!r}")
         for t in texts:
             for s in range(max(1, len(t) - MIN_TEXT + 1)):
                 piece = t[s:s + MIN_TEXT]
@@ -363,17 +371,136 @@ def check_neighbours(tmp: Path, spy: KeySpy, make_cfg: Callable[[Path], dict[str
                      allowed: frozenset[int] = frozenset(),
                      ignore: frozenset[str] = frozenset(), strict_keys: bool = True
                      ) -> list[str]:
-    """All three checks for one method on D and D'; returns the problems found."""
+    """All four checks for one method on D and D'; returns the problems found."""
     runs = {}
     for tag, rows in (("d", rows_d), ("dp", rows_dp)):
         cfg = make_cfg(write_csv(tmp / f"{tag}.csv", rows))
         runs[tag] = run(cfg, tmp / f"run-{tag}")
     problems = structure_problems(runs["d"], runs["dp"], strict_keys)
     problems += substitution_problems(runs["d"], runs["dp"], resume, tmp, spy, ignore)
+    problems += fresh_plan_problems(tmp, make_cfg, rows_d, rows_dp, run, strict_keys)
     for tag, rows in (("d", rows_d), ("dp", rows_dp)):
         counts, texts = private_facts(rows, "label", "user" if user else None)
         problems += exact_value_problems(runs[tag], counts, texts, allowed)
     return problems
+
+
+class PlanSpy:
+    """Records the public parameters the production code computes for a run beside its noise
+    events (the SecAgg+ clipping range, grid and modulus), observed only."""
+
+    def __init__(self) -> None:
+        self.plans: list[Any] = []
+
+    def __enter__(self) -> PlanSpy:
+        import dpsynth.federated.simulation as sim
+
+        self._sim, self._real = sim, sim.plan_quantisation
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            plan = self._real(*args, **kwargs)
+            self.plans.append(plan)
+            return plan
+
+        sim.plan_quantisation = spy
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._sim.plan_quantisation = self._real
+
+    def take(self) -> list[Any]:
+        plans, self.plans = self.plans, []
+        return plans
+
+
+#: the JSON values compared across fresh plans: privacy.json whole; elsewhere the fields that
+#: hold parameters (noise scales, pool and quota sizes, the iteration), not released choices
+PARAMETER_KEYS = frozenset({"method", "epsilon", "delta", "clip", "samples", "requested",
+                            "iteration", "stage", "noise_sigma", "sigma_h", "noise_floor",
+                            "candidates", "kept", "representatives"})
+
+
+def _flat(run: Path) -> dict[str, Any]:
+    """The parameter leaves of a run's shareable JSON (privacy.json: every leaf)."""
+    out: dict[str, Any] = {}
+    for rel in ("release/privacy.json", "release/summary.json", "stats.jsonl",
+                "eval/eval.json"):
+        path = run / rel
+        if not path.is_file():
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines() if rel.endswith(".jsonl") \
+            else [path.read_text(encoding="utf-8")]
+        for i, line in enumerate(x for x in lines if x.strip()):
+            doc = _normalise(json.loads(line), VOLATILE_KEYS)
+            for where, value in _leaves(doc):
+                last = where.rsplit(".", 1)[-1].split("[")[0]
+                if rel == "release/privacy.json" or last in PARAMETER_KEYS:
+                    out[f"{rel}[{i}]{where}"] = value
+    return out
+
+
+def _with_seed(cfg: dict[str, Any], seed: int, ledger: Path) -> dict[str, Any]:
+    privacy = {**cfg["privacy"], "seed": seed, "ledger": str(ledger)}
+    return {**cfg, "privacy": privacy}
+
+
+def fresh_plan_problems(tmp: Path, make_cfg: Callable[[Path], dict[str, Any]],
+                        rows_d: list[dict[str, str]], rows_dp: list[dict[str, str]],
+                        run: Callable[[dict[str, Any], Path], Path], strict_keys: bool = True
+                        ) -> list[str]:
+    """D twice and D' once, each with a fresh plan and fresh noise (no value replayed), all
+    charged to one ledger: whatever is equal in D's two runs is not drawn noise, and must be
+    equal in D''s (noise scales and events, the SecAgg+ grid and modulus, clip norms, pool and
+    quota parameters, the number and names of releases, privacy.json, eval.json). And the
+    seed of D's run is refused on D' (one ledger: a seed is never reused, on any data)."""
+    from dpsynth.privacy import BudgetLedger, BudgetRefusedError
+
+    ledger = tmp / "fresh.ledger.json"
+    paths = {tag: write_csv(tmp / f"fresh-{tag}.csv", rows)
+             for tag, rows in (("d", rows_d), ("dp", rows_dp))}
+    runs, plans, problems = {}, {}, []
+    with PlanSpy() as plan_spy:
+        for tag, data, seed in (("a", "d", 1001), ("b", "d", 1002), ("p", "dp", 1003)):
+            runs[tag] = run(_with_seed(make_cfg(paths[data]), seed, ledger), tmp / f"fresh-{tag}")
+            plans[tag] = plan_spy.take()
+            if tag == "a" and BudgetLedger(ledger).entries():  # noise was drawn: a seed
+                try:
+                    run(_with_seed(make_cfg(paths["dp"]), 1001, ledger), tmp / "fresh-reuse")
+                    problems.append("the seed of a run on D was accepted on D' (finding 4)")
+                except BudgetRefusedError as err:
+                    if "identical noise" not in str(err):
+                        raise
+    for tag in runs:
+        if (runs[tag] / "release" / "synthetic.jsonl").is_file():
+            _evaluate(runs[tag])
+    if [vars(p) for p in plans["a"]] != [vars(p) for p in plans["p"]]:
+        problems.append(f"public plans (grid, modulus) differ: {plans['a']} vs {plans['p']}")
+    # keys that differ between D's own two runs (a text's length in tokens) are noise too
+    strict = strict_keys and not any("release keys differ" in q for q in
+                                     structure_problems(runs["a"], runs["b"]))
+    problems += [f"fresh plans: {p}" for p in structure_problems(runs["a"], runs["p"], strict)]
+    a, b, dp = (_flat(runs[t]) for t in ("a", "b", "p"))
+    for where, value in a.items():
+        if b.get(where, _MISSING) != value:
+            continue  # drawn noise (or post-processing of it): differs between D's runs too
+        if dp.get(where, _MISSING) != value:
+            problems.append(f"fresh plans: {where} = {value!r} on D (both noise draws) but "
+                            f"{dp.get(where, '(absent)')!r} on D': not a function of noise")
+    return problems
+
+
+_MISSING = object()
+
+
+def _evaluate(run: Path) -> None:
+    """eval/eval.json of a run, with the fake embedder against a public test file."""
+    from dpsynth.eval.suite import evaluate_run
+
+    test = write_csv(run / "public-test.csv", [
+        {"text": f"public test message {i} about {LABELS[i % 2]}", "label": LABELS[i % 2],
+         "user": "t"} for i in range(12)])
+    evaluate_run(run, test, embedder=FakeEmbedder(), with_mauve=False, with_audits=False,
+                 classifier="logreg")
 
 
 # ----------------------------------------------------------------------------- the checker, tested
@@ -826,8 +953,20 @@ def _label_domain_from_records(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(data, "load_dataset", load_dataset)
 
 
-@pytest.mark.parametrize("mutant", [_exact_count_in_summary, _label_domain_from_records],
-                         ids=["exact-count", "label-domain-from-records"])
+def _seed_tag_per_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 4: the seed tag was keyed per dataset fingerprint, so D' (another fingerprint)
+    never met D's tag and took the same seed."""
+    import dpsynth.privacy.ledger as ledger
+
+    def per_run(data: Any, key: bytes, run_id: str, seed: int | None) -> str | None:
+        return None if seed is None else ledger._keyed(key, "seed", f"{seed}/{run_id}")
+
+    monkeypatch.setattr(ledger, "_seed_tag", per_run)
+
+
+@pytest.mark.parametrize("mutant", [_exact_count_in_summary, _label_domain_from_records,
+                                    _seed_tag_per_dataset],
+                         ids=["exact-count", "label-domain-from-records", "seed-per-dataset"])
 def test_checker_fails_on_known_bugs(tmp_path, spy, monkeypatch, mutant):
     mutant(monkeypatch)
     rows = private_rows(61)
@@ -840,3 +979,5 @@ def test_checker_fails_on_known_bugs(tmp_path, spy, monkeypatch, mutant):
     except Exception as err:  # noqa: BLE001  (a replay that cannot even run also fails)
         problems = [f"replay failed: {type(err).__name__}: {err}"]
     assert problems, "the checker missed a data-dependent release"
+    if mutant is _seed_tag_per_dataset:
+        assert any("finding 4" in p for p in problems), problems

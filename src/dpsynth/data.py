@@ -21,8 +21,8 @@ codes. Duplicates are found across chunks by a 64-bit hash of text and labels, c
 comparing the records. :meth:`Dataset.fingerprint` reads the texts back in chunks and gives the
 same digest as the whole-file loader did.
 
-Private text never appears in a problem message beyond a short excerpt of at most 40
-characters ending in an ellipsis (see :func:`excerpt`).
+Private text never appears in a problem message: a message about a cell names the file, the
+row, the field and the cell's length only.
 
 The label domain is public input (docs/methods.md §0): ``label_values`` (from the config's
 ``data.label_values``) lists each label column's values, a record holding another value is an
@@ -60,14 +60,12 @@ __all__ = [
     "Dataset",
     "check_dataset",
     "check_label_values",
-    "excerpt",
     "load_dataset",
 ]
 
 SUPPORTED_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
 ON_DUPLICATE = ("warn", "error", "drop", "ignore")
 MAX_LISTED = 20
-EXCERPT_CHARS = 30  # plus quotes and an ellipsis: always <= 40 characters
 _MAX_PER_KIND = 1000  # problems of one kind kept per file (the rest are counted)
 MAX_JOINT_CLASSES = 100_000  # product of the declared label domains
 
@@ -118,15 +116,6 @@ class DataError(InputError):
         where = files[0] if len(files) == 1 else ", ".join(files)
         head = f"{n_err} problem{'s' if n_err != 1 else ''} in {where}"
         super().__init__(head + ":\n" + _format_problems(self.problems))
-
-
-def excerpt(text: str, n: int = EXCERPT_CHARS) -> str:
-    """A quoted excerpt of at most ``n`` characters of ``text`` (<= 40 with quotes and '…')."""
-    n = min(n, EXCERPT_CHARS)
-    flat = " ".join(str(text).split())
-    if len(flat) <= n:
-        return repr(flat)
-    return repr(flat[:n]) + "…"
 
 
 def _no_domain_message(columns: Sequence[str]) -> str:
@@ -226,7 +215,8 @@ class Dataset:
         if outside.size:
             i = int(outside[0])
             raise ValueError(
-                f"record {i + 1}: {column} value {excerpt(self.labels[column][i])} is not in "
+                f"record {i + 1}: its {column} value ({len(str(self.labels[column][i]))} "
+                f"characters) is not in "
                 f"the declared domain of {column!r} ({len(values)} values)"
             )
         return codes
@@ -936,8 +926,8 @@ class _Collector:
                     name,
                     int(rows[i]),
                     text,
-                    f"text has {int(lengths[i]):,} characters, over the limit of {mc:,} "
-                    f"(starts {excerpt(t_str.iat[int(i)])}); raise max_chars or shorten it",
+                    f"text has {int(lengths[i]):,} characters, over the limit of {mc:,}; raise "
+                    "data.max_chars or shorten it",
                 )
                 for i in np.flatnonzero(lengths > mc)))
         kinds = [*((c, "label") for c in self.labels), *([(self.user, "user id")]
@@ -957,7 +947,8 @@ class _Collector:
                     name,
                     int(rows[i]),
                     col,
-                    f"label value {excerpt(s.iat[int(i)])} is not among the {len(values)} "
+                    f"label value ({len(str(s.iat[int(i)]))} characters) is not among the "
+                    f"{len(values)} "
                     f"declared values of {col!r} (data.label_values)",
                 )
                 for i in np.flatnonzero(outside)))

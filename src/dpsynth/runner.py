@@ -26,6 +26,7 @@ from .errors import DpsynthError
 from .io import atomic_write_json, atomic_write_text
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
+from .preflight import check_output_writable, preflight
 from .resume import (
     changed_fields,
     config_digest,
@@ -76,6 +77,7 @@ def open_run(config: RunConfig | str | Path | None, output_dir: str | Path, *, r
         run.check_new_output()
     except FileExistsError as err:
         raise ConfigError(str(err)) from None
+    check_output_writable(run.root)
     raw = cfg.model_dump(mode="json")
     run.create(dump_config(cfg), method or cfg.method)
     lock = {"config_digest": config_digest(raw), "locked": locked_fields(raw)}
@@ -208,7 +210,8 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
                               p.total_delta, noise_seed=noise_seed(config, run), details=details)
     elif plan.guarantee in ("none", "secret-protection"):
         charge = book.record_run(identity, meta["run_id"], plan.guarantee,
-                                 details={**details, **plan.ledger})
+                                 details={**details, **plan.ledger},
+                                 noise_seed=noise_seed(config, run))
     else:
         return records
     run.update_meta(sources=[m.source for m in charge.sources])
@@ -260,6 +263,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
     dataset: Any = None
     with stop_signals():
         try:
+            # what can fail without the private data fails before the budget is touched
+            preflight(cfg, generators=generators, embedder=embedder)
             # compute.engine ray: the shards read the file, this process never opens it
             # (unless the method reads per-record fields here: ``sharded_data`` False)
             dataset = load_run_data(cfg, run, sharded=m.sharded_data)

@@ -108,11 +108,16 @@ class RunDir:
                 f"{self.root} already holds a run: use --resume to continue it, "
                 "or choose another --output"
             )
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.private.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(self.private, 0o700)
-        self.release.mkdir(exist_ok=True)
-        atomic_write_text(self.config_path, config_yaml)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.private.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(self.private, 0o700)
+            self.release.mkdir(exist_ok=True)
+            atomic_write_text(self.config_path, config_yaml)
+        except OSError as err:
+            raise OutputFolderError(f"{self.root}: cannot create the run folder "
+                                    f"({err.strerror or type(err).__name__}); choose another "
+                                    "--output") from None
         meta = {
             "run_id": uuid.uuid4().hex[:12],
             "method": method,

@@ -322,16 +322,7 @@ class BudgetLedger:
             for e in _run_entries(data, run_id):
                 if e.get("status") == "settled":
                     raise BudgetRefusedError(f"run {run_id!r} is already settled in {self.path}")
-            seed_tag = None if noise_seed is None else _keyed(key, "seed", str(int(noise_seed)))
-            if seed_tag is not None:
-                other = next((e for e in data["entries"]
-                              if e["run_id"] != run_id and e.get("seed_tag") == seed_tag), None)
-                if other is not None:
-                    raise BudgetRefusedError(
-                        f"seeded noise with this seed was already used by run "
-                        f"{other['run_id']!r}: two runs with one seed draw identical noise "
-                        "(on any data). Use privacy.noise: secure, or leave privacy.seed unset "
-                        "(a fresh random seed is drawn)")
+            seed_tag = _seed_tag(data, key, run_id, noise_seed)
             for m in charge.sources:
                 stored = data["sources"].get(m.source, {})
                 cap_eps = _cap(stored.get("total_epsilon"), total_epsilon)
@@ -364,9 +355,11 @@ class BudgetLedger:
         return charge
 
     def record_run(self, identity: DataIdentity, run_id: str, guarantee: str,
-                   details: dict[str, Any] | None = None) -> Charge:
+                   details: dict[str, Any] | None = None, *, noise_seed: int | None = None
+                   ) -> Charge:
         """Record a run that states no (epsilon, delta) guarantee (``"none"`` for epsilon =
-        inf, ``"secret-protection"`` for SecPE) on its sources, with public ``details``."""
+        inf, ``"secret-protection"`` for SecPE) on its sources, with public ``details``;
+        ``noise_seed`` as for :meth:`reserve` (SecPE's noise is seeded too)."""
         if not run_id:
             raise PrivacyConfigError("run_id must be a non-empty string")
         if guarantee not in GUARANTEES or guarantee == "dp":
@@ -378,12 +371,15 @@ class BudgetLedger:
             if any(e.get("guarantee", "dp") == "dp" for e in _run_entries(data, run_id)):
                 raise PrivacyConfigError(f"run {run_id!r} already holds a DP reservation")
             charge = _resolve(data, key, identity)
+            seed_tag = _seed_tag(data, key, run_id, noise_seed)
             now = _now()
             for m in charge.sources:
                 _register(data, m, identity, key, run_id, now)
                 entry = _entry(data, m.source, run_id, now)
                 entry.update(guarantee=guarantee, status="recorded", epsilon=None, delta=None,
                              records=charge.records, updated=now, **(details or {}))
+                if seed_tag is not None:
+                    entry["seed_tag"] = seed_tag
             self._save(data, key)
         return charge
 
@@ -574,6 +570,22 @@ def _cap(stored: float | None, configured: float | None) -> float | None:
 
 def _fmt(x: float | None) -> str:
     return "unset" if x is None else f"{x:g}"
+
+
+def _seed_tag(data: dict[str, Any], key: bytes, run_id: str, seed: int | None) -> str | None:
+    """The keyed tag of a run's noise seed, refused when another run used it (on any
+    source); None for secure noise."""
+    if seed is None:
+        return None
+    tag = _keyed(key, "seed", str(int(seed)))
+    other = next((e for e in data["entries"]
+                  if e["run_id"] != run_id and e.get("seed_tag") == tag), None)
+    if other is not None:
+        raise BudgetRefusedError(
+            f"seeded noise with this seed was already used by run {other['run_id']!r}: two "
+            "runs with one seed draw identical noise (on any data). Use privacy.noise: "
+            "secure, or leave privacy.seed unset (a fresh random seed is drawn)")
+    return tag
 
 
 def _run_entries(data: dict[str, Any], run_id: str) -> list[dict[str, Any]]:
