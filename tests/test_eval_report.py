@@ -179,7 +179,7 @@ def test_compare_and_report_cli(fake, evaluated, tmp_path):
 
     runner = CliRunner()
     res = runner.invoke(app, ["compare", str(fake["run"]), str(tmp_path), "--json"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 2, res.output  # one folder is not a run: said, and exit 2
     rows = json.loads(res.stdout)
     assert rows[0]["method"] == "aug_pe" and rows[0]["samples"] == 40
     assert rows[0]["fid"] == evaluated["eval"]["fidelity"]["synthetic"]["fid"]

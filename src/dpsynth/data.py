@@ -180,6 +180,8 @@ class Dataset:
     user_column: str | None
     warnings: list[DataProblem] = field(default_factory=list)
     label_domain: dict[str, list[str]] | None = None
+    duplicates: int = 0  # rows repeating an earlier row (exact, private: diagnostics only)
+    source_fingerprint: str | None = None  # of the records before duplicates were dropped
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -287,7 +289,10 @@ class Dataset:
 
     def fingerprint(self) -> str:
         """sha256 over the texts, labels (by column) and users, in order (length-prefixed);
-        read in chunks (:func:`fingerprint_columns`)."""
+        read in chunks (:func:`fingerprint_columns`). With duplicates dropped at load time:
+        the fingerprint of the records as read, so the budget ledger sees the same dataset."""
+        if self.source_fingerprint is not None:
+            return self.source_fingerprint
         return fingerprint_columns(self.texts, [self.labels[c] for c in self.label_columns],
                                    self.label_columns, self.users)
 
@@ -872,10 +877,12 @@ class _Collector:
 
     def __init__(self, name: str, text: str, labels: Sequence[str], user: str | None,
                  max_chars: int | None, label_values: Mapping[str, list[str]] | None,
-                 text_dir: str | Path | None, words: bool) -> None:
+                 text_dir: str | Path | None, words: bool, within_user: bool = False) -> None:
         from .columns import TextWriter
 
         self.name, self.text, self.labels, self.user = name, text, list(labels), user
+        # duplicates: same text and labels (and, with ``within_user``, the same user id)
+        self.dup_columns = [*self.labels, *([user] if within_user and user else [])]
         self.max_chars = max_chars
         self.label_values = label_values or {}
         self.errors = _Kinds(name)
@@ -949,7 +956,7 @@ class _Collector:
             remap = np.array([seen.setdefault(str(u), len(seen)) for u in uniques] + [-1],
                              dtype=np.int32)
             self.codes[col].append(remap[codes])
-        key_cols = list(dict.fromkeys([text, *self.labels]))
+        key_cols = list(dict.fromkeys([text, *self.dup_columns]))
         frame = pd.DataFrame({c: table.columns[c].fillna("") for c in key_cols})
         self.hashes.append(pd.util.hash_pandas_object(frame, index=False).to_numpy(np.uint64))
 
@@ -966,7 +973,8 @@ class _Collector:
         rows = np.concatenate(self.rows)
         dup, first = self._duplicates(texts)
         if dup.any() and on_duplicate != "ignore":
-            what = "same text" + (" and labels" if self.labels else "")
+            what = "same text" + (" and labels" if self.labels else "") + (
+                " and user" if self.user in self.dup_columns else "")
             kinds = _Kinds(self.name)
             kinds.add("duplicates", (
                 DataProblem(
@@ -999,7 +1007,7 @@ class _Collector:
         _, first_idx, inverse = np.unique(h, return_index=True, return_inverse=True)
         first = first_idx[inverse.reshape(-1)]
         dup = first != np.arange(n)
-        label_codes = [self.column_codes(c)[0] for c in self.labels]
+        label_codes = [self.column_codes(c)[0] for c in self.dup_columns]
         for i in np.flatnonzero(dup).tolist():
             f = int(first[i])
             if texts[i] != texts[f] or any(c[i] != c[f] for c in label_codes):
@@ -1019,6 +1027,7 @@ def _load(
     text_dir: str | Path | None = None,
     words: bool = False,
     chunk_rows: int | None = None,
+    within_user: bool = False,
 ) -> tuple[_Collector | None, Any, list[DataProblem], list[DataProblem], np.ndarray,
            _FileInfo]:
     p = Path(path)
@@ -1036,7 +1045,8 @@ def _load(
     if spec:
         return None, None, spec, [], none, info
     wanted = [text, *labels, *([user] if user else [])]
-    collector = _Collector(name, text, labels, user, max_chars, label_values, text_dir, words)
+    collector = _Collector(name, text, labels, user, max_chars, label_values, text_dir, words,
+                           within_user)
     try:
         for table in _read(p, name, wanted, limit, chunk_rows or CHUNK_ROWS, info):
             collector.add(table)
@@ -1066,6 +1076,7 @@ def load_dataset(
     label_values: Mapping[str, Sequence[str]] | None = None,
     text_dir: str | Path | None = None,
     chunk_rows: int | None = None,
+    duplicates_within_user: bool = False,
 ) -> Dataset:
     """Load and validate ``path`` (.csv, .jsonl/.json, .parquet, chosen by extension).
 
@@ -1084,7 +1095,11 @@ def load_dataset(
 
     ``on_duplicate`` (same text and labels as an earlier row): ``"warn"`` keeps them and
     records a warning in ``dataset.warnings``; ``"drop"`` keeps the first only (with
-    warnings); ``"error"`` makes them errors; ``"ignore"`` keeps them silently.
+    warnings); ``"error"`` makes them errors; ``"ignore"`` keeps them silently. With
+    ``duplicates_within_user`` (and a ``user`` column) a duplicate must also have the same
+    user id: dropping it then changes only that user's own records, so user-level
+    neighbours stay neighbours. ``dataset.duplicates`` counts the rows found (kept or
+    dropped).
     ``limit`` reads only the first ``limit`` records. Raises :class:`DataError` listing every
     problem, and ``ValueError`` for invalid arguments.
     """
@@ -1095,7 +1110,7 @@ def load_dataset(
     domain = None if label_values is None else check_label_values(label_values, list(labels))
     collector, texts, errors, warnings, dup, _ = _load(
         path, text, labels, user, max_chars, on_duplicate, limit, domain, text_dir,
-        chunk_rows=chunk_rows)
+        chunk_rows=chunk_rows, within_user=duplicates_within_user)
     if errors or collector is None:
         raise DataError(errors)
     keep = np.flatnonzero(~dup) if on_duplicate == "drop" and dup.any() else None
@@ -1104,6 +1119,11 @@ def load_dataset(
         codes, values = collector.column_codes(col)
         return CodedColumn(codes if keep is None else codes[keep], values)
 
+    # the ledger keys the budget by the file as read, before duplicates are dropped: a run
+    # that drops them spends from the same budget as one that keeps them
+    whole = None if keep is None else fingerprint_columns(
+        texts, [CodedColumn(*collector.column_codes(c)) for c in labels], list(labels),
+        CodedColumn(*collector.column_codes(user)) if user else None)
     return Dataset(
         texts=texts if keep is None else texts.take(keep),
         labels={c: coded(c) for c in labels},
@@ -1114,6 +1134,8 @@ def load_dataset(
         user_column=user,
         warnings=warnings,
         label_domain=domain,
+        duplicates=int(dup.sum()) if on_duplicate != "ignore" else 0,
+        source_fingerprint=whole,
     )
 
 

@@ -21,9 +21,11 @@ import yaml
 
 from .config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
 from .errors import DpsynthError
-from .io import atomic_write_json
+from .io import SHARED_MODE, atomic_write_json
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
+from .preflight import check_generators
+from .progress import warn as operator_warning
 from .run_data import load_run_data
 from .runs import RunDir, interruption_reason, stop_signals
 
@@ -163,6 +165,7 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             plan = m.plan(cfg, dataset, run)
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
             fingerprint = ledger(cfg).dataset_id(dataset.fingerprint())
+            check_generators(cfg, given=generators, warn=operator_warning)  # servers answer
             _account(cfg, run, meta, plan, fingerprint, resume)
             working = True  # from here on a reservation exists: the folder is kept
             session = open_session(cfg, run, plan)
@@ -172,12 +175,12 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                       options=dict(options or {}))
             outcome = m.execute(job)
             statement = m.statement(job, outcome)
-            atomic_write_json(run.release / "privacy.json", statement)
+            atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)
             summary = {"method": m.name, **outcome.summary}
             for key in ("epsilon", "delta"):
                 if key in summary and summary[key] is None:
                     summary[key] = statement.get(key)
-            atomic_write_json(run.release / "summary.json", summary)
+            atomic_write_json(run.release / "summary.json", summary, mode=SHARED_MODE)
             if plan.guarantee == "dp":
                 ledger(cfg).settle(meta["run_id"], float(statement["epsilon"]),
                                    float(statement["delta"]))

@@ -18,7 +18,7 @@ A metric that cannot be computed is ``{"unavailable": "reason"}`` instead of a n
 eval.json::
 
     {run_id, run_dir, method, epsilon, delta, test_file, text_column, label_columns, embedder,
-     created, n: {synthetic, zero_shot, test},
+     n: {synthetic, zero_shot, test},   (nothing time-like: no creation time, no duration)
      fidelity: {synthetic | zero_shot: {n, n_real, fid, fid_note?, precision, recall, knn_k,
                 mauve, length: {synthetic, real, bin_edges, *_hist, tv, ks},
                 labels: {COLUMN: {synthetic, real, tv}}},
@@ -46,7 +46,6 @@ audit.json::
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -326,7 +325,6 @@ def evaluate_run(
         "text_column": text_col,
         "label_columns": label_cols,
         "embedder": str(getattr(embedder, "name", type(embedder).__name__)),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "n": {
             "synthetic": len(release.synthetic),
             "zero_shot": len(zero_shot) if zero_shot is not None else 0,

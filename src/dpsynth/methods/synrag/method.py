@@ -12,7 +12,7 @@ import numpy as np
 
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
-from ...io import write_jsonl
+from ...io import SHARED_MODE, write_jsonl
 from ...runs import RunDir
 from ..base import Job, Method, Outcome, PrivacyPlan
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
@@ -136,8 +136,9 @@ class SynRAG(Method):
         rows = [{"id": r["cluster"], "text": r["text"], "keyword": r["keyword"]}
                 for r, kp in zip(results, keep, strict=True) if kp]
         write_jsonl(run.release / "synthetic_all.jsonl",
-                    [{**r, "kept": bool(kp)} for r, kp in zip(results, keep, strict=True)])
-        write_jsonl(run.release / "kb.jsonl", rows)
+                    [{**r, "kept": bool(kp)} for r, kp in zip(results, keep, strict=True)],
+                    mode=SHARED_MODE)
+        write_jsonl(run.release / "kb.jsonl", rows, mode=SHARED_MODE)
         build_index(run.release, [r["text"] for r in rows], emb_model, cfg.embedder.model,
                     extra={"generator": cfg.generators[0].spec(),
                            "answer_max_new_tokens": scfg.answer_max_new_tokens,
