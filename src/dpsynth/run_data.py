@@ -17,7 +17,10 @@ def demo_data_paths(run: RunDir, rows: int, seed: int) -> dict[str, Path]:
     out = run.private / "demo-data"
     if not (out / "private.csv").is_file():
         out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return write_demo_corpus(out, n=rows, seed=seed)
+        paths = write_demo_corpus(out, n=rows, seed=seed)
+        for path in paths.values():  # owner only, as everything in private/
+            path.chmod(0o600)
+        return paths
     return {p.stem: p for p in out.iterdir() if p.suffix in {".csv", ".json"}}
 
 

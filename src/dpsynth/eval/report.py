@@ -79,8 +79,15 @@ def _iteration_axis(ax: Any, xs: Sequence[float]) -> None:
 
 def _lines_or_bars(title: str, series: Sequence[tuple[str, list[float], list[float], str]],
                    ylabel: str | None = None) -> str | None:
+    fig = iteration_figure(title, series, ylabel)
+    return None if fig is None else _png(fig)
+
+
+def iteration_figure(title: str, series: Sequence[tuple[str, list[float], list[float], str]],
+                     ylabel: str | None = None) -> Any:
     """One figure of ``(label, xs, ys, style)`` series: lines over the iterations when there
-    are two or more, else one bar per series (a single iteration is a number, not a line)."""
+    are two or more (a tick at each iteration), else one bar per series with its number (a
+    single iteration is a number, not a line); None without data."""
     series = [s for s in series if s[2]]
     if not series:
         return None
@@ -103,7 +110,7 @@ def _lines_or_bars(title: str, series: Sequence[tuple[str, list[float], list[flo
     if ylabel:
         ax.set_ylabel(ylabel)
     ax.set_title(title)
-    return _png(fig)
+    return fig
 
 
 def plot_kept(stats: Sequence[dict[str, Any]]) -> str | None:
