@@ -109,8 +109,15 @@ def test_device_option_is_checked_before_any_model_loads():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert resolve_device("auto") == ("cuda" if gpus else "cpu")
     if not gpus:
+        from dpsynth.preflight import check_devices
+
         with pytest.raises(ConfigError, match="torch sees no GPU"):
             resolve_device("cuda")
+        with pytest.raises(ConfigError, match=r"generators.0.device: .*torch sees no GPU"):
+            check_devices(parse_config({"generators": [{"device": "cuda"}]}))
+        with pytest.raises(ConfigError, match=r"embedder.device: .*torch sees no GPU"):
+            check_devices(parse_config({"embedder": {"device": "cuda:0"}}))
+        check_devices(parse_config({"generators": [{"device": "auto"}]}))  # falls back: CPU
     with pytest.raises(ConfigError, match="use cpu, cuda, cuda:N or auto"):
         resolve_device("gpu")
     spec = GeneratorConfig(model="smollm2", device="cuda:1").spec()
@@ -119,6 +126,8 @@ def test_device_option_is_checked_before_any_model_loads():
     assert GeneratorConfig().spec() == "smollm2"  # the CPU default is unchanged
     with pytest.raises(ConfigError, match="generators.0.device"):
         parse_config({"generators": [{"device": "gpu"}]})
+    with pytest.raises(ConfigError, match="engine 'onnx' runs on the CPU"):
+        parse_config({"embedder": {"engine": "onnx", "device": "cuda"}})
     with pytest.raises(ConfigError, match="device is for backend 'local'"):
         parse_config({"generators": [{"backend": "openai", "base_url": "http://h/v1",
                                       "device": "cuda"}]})

@@ -318,6 +318,13 @@ class EmbedderConfig(_Section):
         description="cpu, cuda, cuda:N or auto (a GPU when torch sees one); off the CPU the "
                     "torch engine runs (engine auto or torch)")
 
+    @model_validator(mode="after")
+    def _graph_engines_run_on_the_cpu(self) -> EmbedderConfig:
+        if self.device != "cpu" and self.engine in ("onnx", "openvino"):
+            raise ValueError(f"embedder: engine {self.engine!r} runs on the CPU; with device "
+                             f"{self.device!r} use engine auto or torch")
+        return self
+
 
 class PromptConfig(_Section):
     """What the synthetic texts are; `{column}` fields are filled with each label's value."""

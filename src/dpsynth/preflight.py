@@ -4,8 +4,10 @@ seconds with one clear error instead of a traceback or a progress bar that never
 * :func:`check_output_writable` - the output folder (or the nearest folder above it that
   exists) takes a new file;
 * :func:`check_generators` - every ``backend: openai`` generator has a server answering at
-  one of its URLs (``GET {url}/models``, a short timeout), serving the configured model when
-  the server lists its models.
+  one of its URLs (``GET {url}/models``, a short timeout); a model list without the
+  configured model is a warning;
+* :func:`check_devices` - every ``device`` names a GPU torch sees;
+* :func:`check_run` - the last two, as the runner calls them.
 
 They read no private data and send none: the request carries only the API key header.
 """
@@ -163,3 +165,35 @@ def check_generators(config: RunConfig, *, given: Sequence[Any] | None = None,
         return
     for i, gen in enumerate(config.generators):
         check_generator(i, gen, warn=warn, probe=probe)
+
+
+def check_devices(config: RunConfig, *, generators_given: bool = False,
+                  embedder_given: bool = False) -> None:
+    """Every ``device`` setting names a device torch sees (:func:`dpsynth.llm.local.
+    resolve_device`), before a model loads; the CPU needs no check (and no torch import)."""
+    from .config import ConfigError
+
+    wanted = [] if generators_given else [
+        (f"generators.{i}.device", g.device) for i, g in enumerate(config.generators)
+        if g.backend == "local" and g.device != "cpu"]
+    if not embedder_given and config.embedder.device != "cpu":
+        wanted.append(("embedder.device", config.embedder.device))
+    if not wanted:
+        return
+    from .llm.local import resolve_device
+
+    for where, device in wanted:
+        try:
+            resolve_device(device)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+
+
+def check_run(config: RunConfig, *, generators: Sequence[Any] | None = None,
+              embedder: Any = None, warn: Callable[[str], None] | None = None) -> None:
+    """The preflight of a run's models, before any budget is reserved: devices
+    (:func:`check_devices`) and servers (:func:`check_generators`); models given as ready
+    objects are not checked."""
+    check_devices(config, generators_given=generators is not None,
+                  embedder_given=embedder is not None)
+    check_generators(config, given=generators, warn=warn)

@@ -24,7 +24,7 @@ from .errors import DpsynthError
 from .io import SHARED_MODE, atomic_write_json
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
-from .preflight import check_generators
+from .preflight import check_run
 from .progress import warn as operator_warning
 from .run_data import load_run_data
 from .runs import RunDir, interruption_reason, stop_signals
@@ -165,7 +165,7 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             plan = m.plan(cfg, dataset, run)
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
             fingerprint = ledger(cfg).dataset_id(dataset.fingerprint())
-            check_generators(cfg, given=generators, warn=operator_warning)  # servers answer
+            check_run(cfg, generators=generators, embedder=embedder, warn=operator_warning)
             _account(cfg, run, meta, plan, fingerprint, resume)
             working = True  # from here on a reservation exists: the folder is kept
             session = open_session(cfg, run, plan)
