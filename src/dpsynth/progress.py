@@ -265,18 +265,33 @@ def _route_warning(message: Warning | str, category: type[Warning], filename: st
                                                 category.__name__, message)
 
 
-def quiet_libraries() -> None:
-    """Switch off the Hugging Face libraries' own progress bars and info logs (they would
-    interleave with the display); idempotent, each library only if it is installed."""
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Switch off the Hugging Face libraries' own progress bars and info logs while a command
+    runs (they would interleave with the display), and restore them after; each library only
+    if it is installed."""
+    undo: list[Callable[[], None]] = []
     with contextlib.suppress(Exception):
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub import utils as hub_utils
 
-        disable_progress_bars()
+        if not hub_utils.are_progress_bars_disabled():
+            hub_utils.disable_progress_bars()
+            undo.append(hub_utils.enable_progress_bars)
     with contextlib.suppress(Exception):
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        if hf_logging.is_progress_bar_enabled():
+            hf_logging.disable_progress_bar()
+            undo.append(hf_logging.enable_progress_bar)
+        level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
+        undo.append(lambda: hf_logging.set_verbosity(level))
+    try:
+        yield
+    finally:
+        for step_back in reversed(undo):
+            with contextlib.suppress(Exception):
+                step_back()
 
 
 @contextlib.contextmanager
@@ -286,18 +301,11 @@ def session(enabled: bool = True, console: Any = None) -> Iterator[Display]:
     display = Display(enabled=enabled, console=console)
     own = logging.getLogger("dpsynth")
     handler = _ToDisplay(display)
-    propagate = own.propagate
-    own.addHandler(handler)
-    own.propagate = False
-    third = logging.getLogger(THIRD_PARTY_LOGGER)
-    third.propagate = False
-    if not third.handlers:
-        third.addHandler(logging.NullHandler())
-    quiet_libraries()
+    own.addHandler(handler)  # (with it, logging's last-resort stderr print stays silent)
     with _lock:
         _active.append(display)
     try:
-        with warnings.catch_warnings():
+        with quiet_libraries(), warnings.catch_warnings():
             warnings.simplefilter("default")
             warnings.showwarning = _route_warning
             yield display
@@ -306,4 +314,3 @@ def session(enabled: bool = True, console: Any = None) -> Iterator[Display]:
         with _lock:
             _active.remove(display)
         own.removeHandler(handler)
-        own.propagate = propagate

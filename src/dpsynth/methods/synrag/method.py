@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ... import progress
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...io import SHARED_MODE, write_jsonl
@@ -98,6 +99,7 @@ class SynRAG(Method):
         job.cleanup.callback(store.close)
 
         # 1. keywords (kept with the documents) and the noisy histogram
+        progress.stage("keywords and histogram")
         k = scfg.keywords_per_doc
         tag = [job.fingerprint, vocab.source, len(vocab), k, scfg.keyword_extractor,
                scfg.keyword_fill]
@@ -123,6 +125,7 @@ class SynRAG(Method):
             # 2-4. all cluster releases, charged once by overlapping composition
             main.record("synrag/cluster_releases", cluster_events(scfg, clip),
                         {"clusters": int(len(seeds))})
+        progress.stage("clusters and private prediction")
         sizes = corpus.cluster(seeds, scfg.overlap)  # exact |C_r|: diagnostics only
         if len(seeds):
             corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus))
@@ -130,6 +133,7 @@ class SynRAG(Method):
                                     noisy, clip, note, job.options.get("stop_after_clusters"))
 
         # 5. self-filtering (post-processing)
+        progress.stage("self-filter and release")
         texts = [r["text"] for r in results]
         keep = (self_filter(gen, texts, scfg.filter_question) if scfg.self_filter
                 else [bool(t.strip()) for t in texts])
