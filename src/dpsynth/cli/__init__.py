@@ -91,7 +91,6 @@ for _module in (generate, data, privacy, budget, llm, rag, evaluate, audit, benc
     _module.register(app)
 
 
-
 def main() -> None:
     """Console-script entry point."""
     app()

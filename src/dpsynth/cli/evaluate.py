@@ -66,8 +66,9 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
     from ..eval.view import utility_tables
 
     console = Console()
-    eps = result.get("epsilon")
-    eps_text = f"{eps:.4g}" if isinstance(eps, int | float) else str(eps)
+    from ..statement import format_epsilon
+
+    eps_text = format_epsilon(result.get("epsilon"))
     fid = Table(title=f"Fidelity vs real test ({result['method']}, epsilon {eps_text})")
     for col in ("set", "n", "FID", "precision", "recall", "MAUVE", "length TV"):
         fid.add_column(col)

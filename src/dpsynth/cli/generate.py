@@ -41,7 +41,9 @@ def generate(
     config: Annotated[Path, typer.Argument(help="run configuration (YAML)")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="run folder")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue a stopped run")] = False,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="override KEY=VALUE, e.g. privacy.epsilon=2 (repeat; a list entry by "
+        "its index: generators.0.top_p=0.9)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:

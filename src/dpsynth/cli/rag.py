@@ -21,7 +21,9 @@ def build(
     config: Annotated[Path, typer.Argument(help="run configuration (YAML) with a synrag section")],
     output: Annotated[Path, typer.Option("--output", "-o", help="run folder")],
     resume: Annotated[bool, typer.Option("--resume", help="continue a stopped build")] = False,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="override KEY=VALUE, e.g. privacy.epsilon=2 (repeat; a list entry by "
+        "its index: generators.0.top_p=0.9)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json."""

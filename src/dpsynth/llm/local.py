@@ -266,7 +266,8 @@ def resolve_device(device: str) -> str:
 
 
 class LocalGenerator:
-    """A local causal LM on CPU behind the :class:`~dpsynth.llm.base.Generator` protocol.
+    """A local causal LM (on the CPU, or a GPU with ``device``) behind the
+    :class:`~dpsynth.llm.base.Generator` protocol.
 
     ``model`` is ``"smollm2"``, ``"gemma3"`` or a local HF model directory. ``engine``:
     ``"ctranslate2"`` (int8, about 2.5x faster here, see :mod:`dpsynth.llm.ct2`),
