@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpsynth.columns import CodedColumn, TextColumn
-from dpsynth.data import check_dataset, load_dataset
+from dpsynth.data import check_dataset, fingerprint_columns, load_dataset
 from dpsynth.embed import embed_to_file
 
 ROWS = [
@@ -55,8 +55,11 @@ def test_fingerprint_is_the_pinned_whole_file_digest(tmp_path: Path, suffix: str
     assert load_dataset(path, "text", ["label"], user="user").fingerprint() == \
         PINNED["with_users"]
     assert load_dataset(path, "text").fingerprint() == PINNED["text_only"]
-    assert load_dataset(path, "text", ["label"], on_duplicate="drop").fingerprint() == \
-        PINNED["dropped"]
+    dropped = load_dataset(path, "text", ["label"], on_duplicate="drop")
+    assert fingerprint_columns(dropped.texts, [dropped.labels["label"]], ["label"], None) == \
+        PINNED["dropped"]  # the records kept
+    # the ledger's key stays the file's as read: dropping duplicates opens no new budget
+    assert dropped.fingerprint() == load_dataset(path, "text", ["label"]).fingerprint()
 
 
 def _messy_rows(n: int) -> list[dict]:

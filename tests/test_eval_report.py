@@ -179,7 +179,7 @@ def test_compare_and_report_cli(fake, evaluated, tmp_path):
 
     runner = CliRunner()
     res = runner.invoke(app, ["compare", str(fake["run"]), str(tmp_path), "--json"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 2, res.output  # one folder is not a run: said, and exit 2
     rows = json.loads(res.stdout)
     assert rows[0]["method"] == "aug_pe" and rows[0]["samples"] == 40
     assert rows[0]["fid"] == evaluated["eval"]["fidelity"]["synthetic"]["fid"]
@@ -376,3 +376,96 @@ def test_report_cli_names_both_reports(tmp_path):
     assert Path(out["report"]) == run / "eval" / "report.html"
     assert Path(out["operator_report"]) == run / "private" / "report-operator.html"
     assert "OPERATOR ONLY" in Path(out["operator_report"]).read_text(encoding="utf-8")
+
+
+# -- a report to show: headline, mechanisms table, plots that fit, caveats, no times ----------
+
+
+def _series(n_iter: int) -> list:
+    xs = [float(i + 1) for i in range(n_iter)]
+    return [("kept samples", xs, [40.0] * n_iter, "o-"),
+            ("candidates", xs, [120.0] * n_iter, "s--")]
+
+
+def test_one_iteration_is_bars_and_several_are_lines_with_a_tick_each():
+    from dpsynth.eval.report import iteration_figure
+
+    one = iteration_figure("Samples per iteration", _series(1)).axes[0]
+    assert not one.lines and len(one.patches) == 2  # two bars, no line plot
+    assert "the only one" in one.get_title()
+    three = iteration_figure("Samples per iteration", _series(3)).axes[0]
+    assert len(three.lines) == 2 and list(three.get_xticks()) == [1.0, 2.0, 3.0]
+    assert [t.get_text() for t in three.get_xticklabels()] == ["1", "2", "3"]
+    assert iteration_figure("nothing", [("x", [], [], "o-")]) is None
+
+
+def test_label_axes_keep_every_name_readable():
+    from matplotlib.figure import Figure
+
+    import dpsynth.eval.report as rep
+
+    names = {f"Very long department name number {i} of the clinic": 1 / 40 for i in range(40)}
+    seen = {}
+    orig = rep._png
+
+    def keep(fig: Figure) -> str:
+        seen["fig"] = fig
+        return orig(fig)
+
+    rep._png = keep
+    try:
+        rep.plot_labels("department", names, None)
+    finally:
+        rep._png = orig
+    ax = seen["fig"].axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == rep.MAX_LABEL_BARS and labels[-1].startswith("other (16 values)")
+    assert all("\n" in lab or len(lab) <= 28 for lab in labels)  # wrapped, never cut mid-word
+
+
+def test_headline_mechanisms_and_no_time_on_the_shareable_page(tmp_path):
+    run = _evaluated_run(tmp_path, {**SEEDED, "epsilon": 3.999916556125589,
+                                    "mechanisms": [{"mechanism": "gaussian", "name": "votes",
+                                                    "sigma": 2.3456789, "sensitivity": 1.0,
+                                                    "count": 2, "extra_key": 5}]})
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(started="2026-01-01T00:00:00Z", finished="2026-01-01T00:10:00Z")
+    (run / "run.json").write_text(json.dumps(meta))
+    (run / "release" / "summary.json").write_text(json.dumps(
+        {"method": "aug_pe", "samples": 6, "wall_seconds": 12.5, "epsilon": 3.999916556125589}))
+    page = write_report(run).read_text(encoding="utf-8")
+    head = page[page.index("id='headline'"):page.index("</header>")]
+    assert "Aug-PE: 6 synthetic samples" in head
+    assert "(4, 1e-05)-differential privacy for each record" in head  # 3 significant digits
+    assert "3.9999" not in page
+    assert "<th>noise sigma</th>" in page and "2.346" in page and "extra_key 5" in page
+    assert "{&#34;" not in page and '{"mechanism"' not in page  # no raw JSON dump
+    assert "2026-01-01" not in page and "wall_seconds" not in page
+    assert "small-n-caveat" in page  # 6 synthetic, 10 test texts
+
+
+def test_report_fits_1280_px_in_chromium(tmp_path, fake):
+    """The shareable page of a 3-iteration run, screenshot at 1280 px wide: nothing runs off
+    the right edge, the headline box is on top."""
+    out = write_report(fake["run"], tmp_path / "report.html")
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        pytest.skip("chromium not installed (CI: apt-get install -y chromium)")
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--disable-background-networking", "--disable-component-update", "--no-first-run",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    env = {**os.environ, "HOME": str(tmp_path)}
+    dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True,
+                         timeout=180, env=env, check=True).stdout
+    assert dom.index('id="headline"') < dom.index('id="privacy-statement"')
+    shot = tmp_path / "shot.png"
+    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1280,2200", out.as_uri()],
+                   capture_output=True, timeout=180, env=env, check=True)
+    from matplotlib.image import imread
+
+    pixels = imread(str(shot))[..., :3]
+    assert pixels.shape[1] == 1280 and pixels.std() > 0.05
+    right = pixels[:, -60:, :]  # the right margin: page background only
+    assert right.min() > 0.95, "content runs past the right edge at 1280 px"
+    headline = pixels[20:200, 100:1180, :]  # the green headline box near the top
+    assert (abs(headline[..., 1] - headline[..., 0]) > 0.01).mean() > 0.5

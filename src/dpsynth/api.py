@@ -1,23 +1,63 @@
-"""The Python API behind `dpsynth generate`: one function runs (or resumes) a run of a
-text-releasing method (docs/architecture.md).
+"""The Python API: the same runner as the CLI, from a notebook (docs/python-api.md).
 
-    from dpsynth.api import run_generation
-    run_dir = run_generation("examples/demo.yaml", "runs/demo")
+    import dpsynth
+    result = dpsynth.generate("messages.csv", text="text", labels=["department"],
+                              label_values={"department": ["billing", "support"]},
+                              epsilon=2, output="runs/first",
+                              config={"synthesis": {"samples": 60}})
+    result.synthetic          # a DataFrame: text and one column per label
+    result.privacy            # release/privacy.json as a dict
+    result.run_dir            # the run folder (release/, private/, ...)
+    dpsynth.load_run("runs/first")                     # the same for a finished run
+    dpsynth.evaluate("runs/first", test="test.csv")    # eval/eval.json as a dict
+    kb = dpsynth.build_rag("docs.csv", epsilon=10, delta=1e-3, output="runs/kb",
+                           config={"synrag": {...}})
+    kb.ask("Which disease causes ...?")
 
-The run's life (open or resume, data, privacy plan, ledger, session, work, statement, summary,
-status) is :func:`dpsynth.runner.run_method`'s; this module only picks the method.
+``data`` is a path (CSV, JSONL, Parquet; ``"demo"`` the built-in corpus), a pandas DataFrame
+or a list of dicts. A DataFrame or list is written, with only the columns the run uses, to
+the run's private area (``private/input/records.parquet``, mode 0600), which a resumed run
+reads again; its fingerprint is that of the records, so the budget ledger counts it as the
+same dataset as the file it came from. Errors name the column, row or setting, never a value.
+
+:func:`run_generation` (a config file or object, as ``dpsynth generate`` takes) is the lower
+layer; the run's life (open or resume, data, privacy plan, ledger, session, work, statement,
+summary, status) is :func:`dpsynth.runner.run_method`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig, parse_config
+from .errors import InputError, MissingFileError
 from .runner import open_run, run_method
+from .runs import RunDir
 
-__all__ = ["open_run", "run_generation"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["RagResult", "Result", "build_rag", "evaluate", "generate", "load_run",
+           "open_run", "run_generation"]
+
+STAGED_INPUT = Path("private") / "input" / "records.parquet"
+
+
+def _finished(output_dir: str | Path) -> bool:
+    run = RunDir(output_dir)
+    return run.exists() and run.meta().get("status") == "finished"
+
+
+def _prepare_output(output_dir: str | Path) -> None:
+    from .preflight import check_output_writable
+
+    check_output_writable(output_dir)
 
 
 def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
@@ -32,7 +72,334 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
     A refusal before any work (bad data, a config the method cannot run, a ledger refusal)
     removes the new run folder again; a stop after work began keeps it for ``--resume``, with a
     true status in run.json (failed with the error's class, or interrupted by SIGINT / SIGTERM).
+    Resuming a finished run does nothing (it is not a new attempt). The run shows its stages
+    on one progress display (:mod:`dpsynth.progress`; ``progress=False``: warnings only).
     """
-    return run_method(config, output_dir, resume=resume, overrides=overrides,
-                      progress=progress, generators=generators, embedder=embedder,
-                      releases="text")
+    from . import progress as display
+
+    if resume and _finished(output_dir):
+        return RunDir(output_dir).root
+    _prepare_output(output_dir)
+    with display.session(enabled=progress):
+        return run_method(config, output_dir, resume=resume, overrides=overrides,
+                          progress=progress, generators=generators, embedder=embedder,
+                          releases="text")
+
+
+# -- data given as a DataFrame or records ------------------------------------------------------
+
+
+def _frame(data: Any) -> pd.DataFrame:
+    """A DataFrame of ``data`` (a DataFrame, or a list of mappings)."""
+    import pandas as pd
+
+    if isinstance(data, pd.DataFrame):
+        return data
+    if isinstance(data, Mapping) or not isinstance(data, Sequence) or isinstance(data, str):
+        raise InputError(f"data: give a file path, a pandas DataFrame or a list of dicts, not "
+                         f"a {type(data).__name__}")
+    for i, row in enumerate(data, start=1):
+        if not isinstance(row, Mapping):
+            raise InputError(f"data: item {i} is a {type(row).__name__}, not a dict of "
+                             "column -> value")
+    if not data:
+        raise InputError("data: the list holds no records")
+    return pd.DataFrame.from_records(list(data))
+
+
+def records_table(data: Any, columns: Sequence[str]) -> Any:
+    """The ``columns`` of ``data`` as a pyarrow Table (what the run reads back). A missing
+    column or one that cannot be stored is an :class:`InputError` naming the column; no value
+    is ever shown."""
+    import pyarrow as pa
+
+    frame = _frame(data)
+    names = [str(c) for c in frame.columns]
+    missing = [c for c in columns if c not in names]
+    if missing:
+        shown = ", ".join(repr(c) for c in names[:50]) or "(none)"
+        raise InputError(f"data: no column {', '.join(map(repr, missing))}; the columns are "
+                         f"{shown}")
+    if len(frame) == 0:
+        raise InputError("data: the DataFrame holds no rows")
+    arrays = {}
+    for col in dict.fromkeys(columns):
+        series = frame[[c for c in frame.columns if str(c) == col][0]]
+        if not hasattr(series, "dtype"):  # a name given twice: a DataFrame, not a column
+            raise InputError(f"data: column {col!r} appears more than once")
+        try:
+            arrays[col] = pa.array(series, from_pandas=True)
+        except (pa.ArrowException, TypeError, ValueError):
+            raise InputError(
+                f"data: column {col!r} mixes value types that cannot be stored (e.g. text "
+                "and numbers, or lists); give strings (labels may also be integers)") from None
+    return pa.table(arrays)
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _jsonl_frame(path: Path, labels: Sequence[str]) -> pd.DataFrame:
+    """release/*.jsonl as a DataFrame: ``text`` and one column per label."""
+    import pandas as pd
+
+    from .io import iter_jsonl
+
+    rows = []
+    for row in iter_jsonl(path):
+        got = row.get("labels") or {}
+        rows.append({"text": row.get("text", ""), **{c: got.get(c) for c in labels}})
+    return pd.DataFrame(rows, columns=["text", *labels])
+
+
+@dataclass
+class Result:
+    """A finished run of a text-releasing method: ``run_dir``, ``privacy`` (the statement,
+    release/privacy.json), ``summary`` (release/summary.json) and the synthetic data."""
+
+    run_dir: Path
+    privacy: dict[str, Any]
+    summary: dict[str, Any]
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def method(self) -> str:
+        return str(self.summary.get("method", ""))
+
+    @property
+    def synthetic(self) -> pd.DataFrame:
+        """release/synthetic.jsonl: ``text`` and one column per label."""
+        return _jsonl_frame(self.run_dir / "release" / "synthetic.jsonl", self.labels)
+
+    @property
+    def zero_shot(self) -> pd.DataFrame | None:
+        """The epsilon-0 reference (release/zero_shot.jsonl), when the method made one."""
+        path = self.run_dir / "release" / "zero_shot.jsonl"
+        return _jsonl_frame(path, self.labels) if path.is_file() else None
+
+    @property
+    def evaluation(self) -> dict[str, Any] | None:
+        """eval/eval.json (the shareable evaluation), once :meth:`evaluate` ran."""
+        return _read_json(self.run_dir / "eval" / "eval.json") or None
+
+    def evaluate(self, test: str | Path, **options: Any) -> dict[str, Any]:
+        """See :func:`evaluate`."""
+        return evaluate(self.run_dir, test, **options)
+
+    def report(self, out: str | Path | None = None) -> Path:
+        """Write the shareable HTML report (default RUN_DIR/eval/report.html; the operator's
+        page goes to private/); returns its path."""
+        from .eval.report import write_report
+
+        return write_report(self.run_dir, out)
+
+    def __repr__(self) -> str:
+        eps = self.privacy.get("epsilon")
+        return (f"Result(method={self.method!r}, samples={self.summary.get('samples')}, "
+                f"epsilon={eps!r}, run_dir={str(self.run_dir)!r})")
+
+
+@dataclass
+class RagResult:
+    """A finished DP-SynRAG build: ``run_dir``, ``privacy``, ``summary`` and the synthetic
+    knowledge base (release/kb.jsonl); :meth:`ask` answers from it at no privacy cost."""
+
+    run_dir: Path
+    privacy: dict[str, Any]
+    summary: dict[str, Any]
+    _answerer: Any = field(default=None, repr=False)
+
+    @property
+    def knowledge_base(self) -> pd.DataFrame:
+        import pandas as pd
+
+        from .io import read_jsonl
+
+        return pd.DataFrame(read_jsonl(self.run_dir / "release" / "kb.jsonl"))
+
+    def ask(self, question: str, k: int = 3, *, generator: Any = None,
+            embedder: Any = None) -> dict[str, Any]:
+        """The answer and the retrieved passages (post-processing of the release)."""
+        if not str(question).strip():
+            raise ConfigError("the question is blank (empty or whitespace only)")
+        if self._answerer is None or generator is not None or embedder is not None:
+            from .rag.answer import open_answerer
+
+            self._answerer = open_answerer(self.run_dir, generator=generator,
+                                           embedder=embedder)
+        return self._answerer.ask(question, k)
+
+
+def load_run(path: str | Path) -> Result | RagResult:
+    """The :class:`Result` (or, for a DP-SynRAG build, :class:`RagResult`) of a finished run
+    folder; a run that did not finish is an error saying how to continue it."""
+    run = RunDir(path)
+    meta = run.meta()  # MissingFileError: not a run folder
+    if meta.get("status") != "finished":
+        raise MissingFileError(
+            f"{run.root}: the run has not finished (status {meta.get('status')!r}); continue it "
+            f"with dpsynth generate CONFIG -o {run.root} --resume (or generate(..., "
+            "resume=True))")
+    privacy = _read_json(run.release / "privacy.json")
+    summary = _read_json(run.release / "summary.json")
+    if (run.release / "kb.jsonl").is_file():
+        return RagResult(run.root, privacy, summary)
+    import yaml
+
+    cfg = yaml.safe_load(run.config_path.read_text(encoding="utf-8")) or {}
+    labels = list((cfg.get("data") or {}).get("labels") or [])
+    return Result(run.root, privacy, summary, labels)
+
+
+def evaluate(run: str | Path | Result, test: str | Path, *, text: str | None = None,
+             labels: list[str] | None = None, classifier: str = "logreg",
+             mauve: bool = True, audits: bool = True, report: bool = True,
+             embedder: Any = None) -> dict[str, Any]:
+    """``dpsynth eval``: fidelity and utility of the synthetic data against the real test
+    file ``test`` (and the operator's audits); writes eval/eval.json (and, with ``report``,
+    the HTML report) and returns the shareable evaluation (what eval/eval.json holds)."""
+    from .eval.suite import evaluate_run
+
+    run_dir = run.run_dir if isinstance(run, Result) else Path(run)
+    evaluate_run(run_dir, test, text=text, labels=labels, classifier=classifier,  # type: ignore[arg-type]
+                 embedder=embedder, with_mauve=mauve, with_audits=audits)
+    if report:
+        from .eval.report import write_report
+
+        write_report(run_dir)
+    return _read_json(run_dir / "eval" / "eval.json")
+
+
+# -- building a config from keyword arguments --------------------------------------------------
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    """``extra`` laid over ``base`` (mappings merged key by key)."""
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value, f"{where}{key}.")
+        else:
+            base[key] = copy.deepcopy(value) if isinstance(value, Mapping | list) else value
+    return base
+
+
+def _default_output(method: str) -> Path:
+    return Path("runs") / f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def build_config(data: Any, output: Path, *, method: str, text: str,
+                 labels: Sequence[str] | None, label_values: Mapping[str, Any] | None,
+                 user: str | None, epsilon: float | None, delta: float | None,
+                 config: Mapping[str, Any] | None) -> RunConfig:
+    """The RunConfig of a :func:`generate` call: ``config`` sections, then the keyword
+    arguments over them; a DataFrame's records ride along, to be written into the run."""
+    if config is not None and not isinstance(config, Mapping):
+        raise ConfigError(f"config: give a dict of YAML sections (e.g. {{'synthesis': "
+                          f"{{'samples': 6}}}}), not a {type(config).__name__}")
+    raw = _merge({}, dict(config or {}))
+    if "method" in raw and raw["method"] != method:
+        raise ConfigError(f"config['method'] is {raw['method']!r} but method={method!r}: give "
+                          "the method once (method=...)")
+    raw["method"] = method
+    section = raw.setdefault("data", {})
+    if not isinstance(section, dict):
+        raise ConfigError("config['data'] must be a dict")
+    if "path" in section:
+        raise ConfigError("config['data']['path']: give the data as the first argument")
+    section["text"] = text
+    if labels is not None:
+        section["labels"] = [labels] if isinstance(labels, str) else list(labels)
+    if label_values is not None:
+        section["label_values"] = {k: (list(v) if isinstance(v, list | tuple) else v)
+                                   for k, v in dict(label_values).items()}
+    if user is not None:
+        section["user"] = user
+    privacy = raw.setdefault("privacy", {})
+    if not isinstance(privacy, dict):
+        raise ConfigError("config['privacy'] must be a dict")
+    if epsilon is not None:
+        privacy["epsilon"] = epsilon
+    if delta is not None:
+        privacy["delta"] = delta
+    staged = None
+    if isinstance(data, str | Path):
+        section["path"] = str(data)
+    else:
+        wanted = [text, *section.get("labels", []), *([section["user"]]
+                                                      if section.get("user") else [])]
+        staged = records_table(data, [str(c) for c in wanted])
+        section["path"] = str(Path(output).resolve() / STAGED_INPUT)
+    cfg = parse_config(raw, "generate()").resolve_paths(Path.cwd())
+    cfg.data._staged_records = staged  # written into the run by run_data.load_run_data
+    return cfg
+
+
+def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = None,
+             label_values: Mapping[str, Any] | None = None, user: str | None = None,
+             epsilon: float | None = None, delta: float | None = None,
+             method: str = "aug_pe", output: str | Path | None = None,
+             config: Mapping[str, Any] | None = None, resume: bool = False,
+             progress: bool = True, generators: Sequence[Any] | None = None,
+             embedder: Any | None = None) -> Result:
+    """Make synthetic text from private ``data`` with a DP guarantee; returns a
+    :class:`Result`.
+
+    ``data``: a path (CSV, JSONL, Parquet, or ``"demo"``), a pandas DataFrame or a list of
+    dicts. ``text``, ``labels``, ``label_values`` (the public label domain: column -> list of
+    values, or a file of them), ``user``: the data section. ``epsilon`` / ``delta``: the
+    privacy target (default 4 and 1e-5). ``method``: aug_pe, wasp, secpe or zero_shot.
+    ``config``: any other section of the YAML, e.g. ``{"synthesis": {"samples": 60}}``.
+    ``output``: the run folder (default runs/METHOD-TIME). ``resume=True`` continues a
+    stopped run in ``output`` with its stored configuration and records. ``generators`` /
+    ``embedder``: ready model objects instead of the configured ones.
+    """
+    out = Path(output) if output is not None else _default_output(method)
+    if resume:
+        if not RunDir(out).exists():
+            raise ConfigError(f"{out}: nothing to resume (no run.json there)")
+        cfg: RunConfig | Path = out / "config.yaml"
+    else:
+        cfg = build_config(data, out, method=method, text=text, labels=labels,
+                           label_values=label_values, user=user, epsilon=epsilon, delta=delta,
+                           config=config)
+    run_dir = run_generation(cfg, out, resume=resume, progress=progress, generators=generators,
+                             embedder=embedder)
+    result = load_run(run_dir)
+    assert isinstance(result, Result)
+    return result
+
+
+def build_rag(data: Any, *, text: str = "text", epsilon: float | None = None,
+              delta: float | None = None, output: str | Path | None = None,
+              config: Mapping[str, Any] | None = None, resume: bool = False,
+              progress: bool = True, generator: Any = None,
+              embedder: Any = None) -> RagResult:
+    """``dpsynth rag build``: a DP synthetic knowledge base from the documents in ``data``
+    (path, DataFrame or list of dicts; ``text`` names the column); ``config`` holds the
+    ``synrag`` section and any other. Returns a :class:`RagResult` (``.ask(question)``)."""
+    from . import progress as display
+    from .rag.build import build_kb
+
+    out = Path(output) if output is not None else _default_output("synrag")
+    if resume:
+        if not RunDir(out).exists():
+            raise ConfigError(f"{out}: nothing to resume (no run.json there)")
+        cfg: RunConfig | Path = out / "config.yaml"
+    else:
+        cfg = build_config(data, out, method="synrag", text=text, labels=None,
+                           label_values=None, user=None, epsilon=epsilon, delta=delta,
+                           config=config)
+    if not (resume and _finished(out)):
+        _prepare_output(out)
+        with display.session(enabled=progress):
+            build_kb(cfg, out, resume=resume, generator=generator, embedder=embedder,
+                     progress=progress)
+    result = load_run(out)
+    assert isinstance(result, RagResult)
+    return result

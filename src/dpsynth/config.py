@@ -7,12 +7,21 @@ fail here with a message that says what to change.
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError as ConfigError  # re-exported; the class lives in dpsynth.errors
 
@@ -68,6 +77,9 @@ class DataConfig(_Section):
     towards at most ``label_domain_max_values_per_user`` values per column (default 4: a user
     with up to 4 values counts towards all of them, 1/sqrt(m) each, and the union bound over 4
     values raises the threshold by 3% over k = 1 at the default noise; docs/methods.md §0).
+    ``deduplicate`` drops rows that repeat an earlier row (a 1-stable step: adding or removing
+    one record changes the deduplicated records by at most one; at user level only within a
+    user).
     """
 
     path: str = "demo"
@@ -96,10 +108,16 @@ class DataConfig(_Section):
                     "user counts towards (their most frequent; ties: smaller value)",
     )
     user: str | None = None
+    deduplicate: bool = Field(
+        False, description="drop rows repeating an earlier row's text and labels (at "
+                           "privacy.unit user: and user id); false keeps them, with a warning")
     max_chars: int = Field(20000, gt=0)
     limit: int | None = Field(None, gt=0, description="use only the first N rows")
     demo_rows: int = Field(600, gt=0)
     demo_seed: int = 0
+    # records given in memory (dpsynth.generate with a DataFrame): a pyarrow Table written to
+    # ``path`` in the run's private area when the run starts; never part of config.yaml
+    _staged_records: Any = PrivateAttr(default=None)
 
     @field_validator("label_values", mode="before")
     @classmethod
@@ -239,6 +257,10 @@ class GeneratorConfig(_Section):
     threads: int | None = Field(
         None, gt=0, description="local: CPU threads; None = the idle cores (never more)"
     )
+    device: str = Field(
+        "cpu", pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        description="local: where the model runs: cpu, cuda, cuda:N, or auto (a GPU when torch "
+                    "sees one); on a GPU the transformers engine runs there (docs/gpu.md)")
     max_concurrency: int = Field(4, gt=0, description="openai: requests in flight per endpoint")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -260,15 +282,23 @@ class GeneratorConfig(_Section):
             raise ValueError("generators: give base_url or base_urls, not both")
         if self.base_urls and len(set(self.base_urls)) != len(self.base_urls):
             raise ValueError("generators: base_urls lists an endpoint twice")
+        if self.backend == "local" and (self.base_url or self.base_urls):
+            raise ValueError("generators: base_url / base_urls are for backend 'openai' (a "
+                             "server); set backend: openai too, or drop the URL for the local "
+                             "model")
+        if self.backend == "openai" and self.device != "cpu":
+            raise ValueError("generators: device is for backend 'local'; a server chooses "
+                             "its own GPU")
         return self
 
     def spec(self) -> str | dict[str, Any]:
         """The spec that dpsynth.llm.load_generator takes."""
         if self.backend == "local":
-            if self.engine == "auto" and self.threads is None:
+            if self.engine == "auto" and self.threads is None and self.device == "cpu":
                 return self.model
             return {"backend": "local", "model": self.model, "engine": self.engine,
-                    "num_threads": self.threads}
+                    "num_threads": self.threads,
+                    **({"device": self.device} if self.device != "cpu" else {})}
         return {
             "backend": "openai",
             **({"base_urls": list(self.base_urls)} if self.base_urls
@@ -298,6 +328,17 @@ class EmbedderConfig(_Section):
         "auto", description="auto: openvino, else onnx, else torch (first that is installed "
         "and agrees with torch)")
     threads: int | None = Field(None, gt=0, description="CPU threads (default: all cores)")
+    device: str = Field(
+        "cpu", pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        description="cpu, cuda, cuda:N or auto (a GPU when torch sees one); off the CPU the "
+                    "torch engine runs (engine auto or torch)")
+
+    @model_validator(mode="after")
+    def _graph_engines_run_on_the_cpu(self) -> EmbedderConfig:
+        if self.device != "cpu" and self.engine in ("onnx", "openvino"):
+            raise ValueError(f"embedder: engine {self.engine!r} runs on the CPU; with device "
+                             f"{self.device!r} use engine auto or torch")
+        return self
 
 
 class PromptConfig(_Section):
@@ -561,35 +602,77 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Set dotted keys in a nested mapping, in place; a number steps into a list
-    (``generators.0.temperature``; a missing list is created, one past its end appends). A
-    path that does not fit the mapping is a ConfigError naming it."""
+    """Set dotted keys in a nested mapping, in place (``privacy.epsilon``,
+    ``generators.0.temperature``: a number indexes a list; the index one past the end appends).
+
+    A section the mapping does not hold yet starts from its default (so ``generators.0.x``
+    works on a config without ``generators``). A key that cannot be followed (into a number,
+    a list index that is not one, past the end of a list) is a :class:`ConfigError` naming
+    the key, never a traceback."""
+    defaults = RunConfig().model_dump(mode="json")
     for dotted, value in overrides.items():
-        path = dotted.split(".")
-        node: Any = raw
-        for i, key in enumerate(path):
-            last = i == len(path) - 1
-            here = ".".join(path[:i]) or "the config"
-            if isinstance(node, list):
-                if not key.isdigit():
-                    raise ConfigError(f"--set {dotted}: {here} is a list: give an index "
-                                      "(0, 1, ...)")
-                index = int(key)
-                if index > len(node):
-                    raise ConfigError(f"--set {dotted}: {here} has {len(node)} entries "
-                                      "(indices from 0)")
-                if index == len(node):
-                    node.append(None)
-            elif isinstance(node, dict):
-                index = key
-            else:
-                raise ConfigError(f"--set {dotted}: {here} is a value, not a section")
-            if last:
-                node[index] = value
-            else:
-                if node[index] is None if isinstance(node, list) else node.get(index) is None:
-                    node[index] = [] if path[i + 1].isdigit() else {}
-                node = node[index]
+        _set_dotted(raw, str(dotted), value, defaults)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a true/false value"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return f"a {type(value).__name__}"
+
+
+def _list_index(node: list[Any], key: str, dotted: str, where: str) -> int:
+    """The index ``key`` names in ``node`` (``len(node)`` appends); ConfigError otherwise."""
+    if not key.isdigit():
+        raise ConfigError(f"--set {dotted}: {where} is a list; give an index after it, e.g. "
+                          f"{where}.0" + (f".{key}" if key else ""))
+    index = int(key)
+    if index > len(node):
+        raise ConfigError(f"--set {dotted}: {where} has {len(node)} entr"
+                          f"{'y' if len(node) == 1 else 'ies'} (indexes 0 to {len(node) - 1}; "
+                          f"{len(node)} adds one)")
+    return index
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any, defaults: Any) -> None:
+    parts = dotted.split(".")
+    if any(not p.strip() for p in parts):
+        raise ConfigError(f"--set {dotted!r}: a key part is empty; use dotted keys such as "
+                          "privacy.epsilon or generators.0.temperature")
+    node: Any = raw
+    default: Any = defaults
+    for depth, key in enumerate(parts[:-1]):
+        where = ".".join(parts[:depth + 1])
+        if isinstance(node, list):
+            index = _list_index(node, key, dotted, ".".join(parts[:depth]))
+            default = default[index] if isinstance(default, list) and index < len(default) \
+                else {}
+            if index == len(node):
+                node.append({})
+            elif node[index] is None:
+                node[index] = {}
+            child = node[index]
+        else:
+            default = default.get(key) if isinstance(default, dict) else None
+            if node.get(key) is None:
+                node[key] = copy.deepcopy(default) if isinstance(default, dict | list) else {}
+            child = node[key]
+        if not isinstance(child, dict | list):
+            raise ConfigError(f"--set {dotted}: {where} is {_kind(child)}, not a section with "
+                              f"keys under it (set it as --set {where}=VALUE)")
+        node = child
+    leaf = parts[-1]
+    if isinstance(node, list):
+        index = _list_index(node, leaf, dotted, ".".join(parts[:-1]))
+        if index == len(node):
+            node.append(value)
+        else:
+            node[index] = value
+    else:
+        node[leaf] = value
 
 
 def dump_config(config: RunConfig) -> str:

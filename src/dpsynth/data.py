@@ -169,6 +169,7 @@ class Dataset:
     user_column: str | None
     warnings: list[DataProblem] = field(default_factory=list)
     label_domain: dict[str, list[str]] | None = None
+    duplicates: int = 0  # rows repeating an earlier row (exact, private: diagnostics only)
     #: the resolved path of the file the records were read from (None: built in memory)
     path: str | None = None
 
@@ -295,7 +296,8 @@ class Dataset:
 
     def fingerprint(self) -> str:
         """sha256 over the texts, labels (by column) and users, in order (length-prefixed);
-        read in chunks (:func:`fingerprint_columns`)."""
+        read in chunks (:func:`fingerprint_columns`). The budget ledger knows the data by its
+        source (:mod:`dpsynth.identity`), so dropping duplicates opens no new budget."""
         return fingerprint_columns(self.texts, [self.labels[c] for c in self.label_columns],
                                    self.label_columns, self.users)
 
@@ -880,10 +882,12 @@ class _Collector:
 
     def __init__(self, name: str, text: str, labels: Sequence[str], user: str | None,
                  max_chars: int | None, label_values: Mapping[str, list[str]] | None,
-                 text_dir: str | Path | None, words: bool) -> None:
+                 text_dir: str | Path | None, words: bool, within_user: bool = False) -> None:
         from .columns import TextWriter
 
         self.name, self.text, self.labels, self.user = name, text, list(labels), user
+        # duplicates: same text and labels (and, with ``within_user``, the same user id)
+        self.dup_columns = [*self.labels, *([user] if within_user and user else [])]
         self.max_chars = max_chars
         self.label_values = label_values or {}
         self.errors = _Kinds(name)
@@ -958,7 +962,7 @@ class _Collector:
             remap = np.array([seen.setdefault(str(u), len(seen)) for u in uniques] + [-1],
                              dtype=np.int32)
             self.codes[col].append(remap[codes])
-        key_cols = list(dict.fromkeys([text, *self.labels]))
+        key_cols = list(dict.fromkeys([text, *self.dup_columns]))
         frame = pd.DataFrame({c: table.columns[c].fillna("") for c in key_cols})
         self.hashes.append(pd.util.hash_pandas_object(frame, index=False).to_numpy(np.uint64))
 
@@ -975,7 +979,8 @@ class _Collector:
         rows = np.concatenate(self.rows)
         dup, first = self._duplicates(texts)
         if dup.any() and on_duplicate != "ignore":
-            what = "same text" + (" and labels" if self.labels else "")
+            what = "same text" + (" and labels" if self.labels else "") + (
+                " and user" if self.user in self.dup_columns else "")
             kinds = _Kinds(self.name)
             kinds.add("duplicates", (
                 DataProblem(
@@ -1008,7 +1013,7 @@ class _Collector:
         _, first_idx, inverse = np.unique(h, return_index=True, return_inverse=True)
         first = first_idx[inverse.reshape(-1)]
         dup = first != np.arange(n)
-        label_codes = [self.column_codes(c)[0] for c in self.labels]
+        label_codes = [self.column_codes(c)[0] for c in self.dup_columns]
         for i in np.flatnonzero(dup).tolist():
             f = int(first[i])
             if texts[i] != texts[f] or any(c[i] != c[f] for c in label_codes):
@@ -1028,6 +1033,7 @@ def _load(
     text_dir: str | Path | None = None,
     words: bool = False,
     chunk_rows: int | None = None,
+    within_user: bool = False,
 ) -> tuple[_Collector | None, Any, list[DataProblem], list[DataProblem], np.ndarray,
            _FileInfo]:
     p = Path(path)
@@ -1045,7 +1051,8 @@ def _load(
     if spec:
         return None, None, spec, [], none, info
     wanted = [text, *labels, *([user] if user else [])]
-    collector = _Collector(name, text, labels, user, max_chars, label_values, text_dir, words)
+    collector = _Collector(name, text, labels, user, max_chars, label_values, text_dir, words,
+                           within_user)
     try:
         for table in _read(p, name, wanted, limit, chunk_rows or CHUNK_ROWS, info):
             collector.add(table)
@@ -1075,6 +1082,7 @@ def load_dataset(
     label_values: Mapping[str, Sequence[str]] | None = None,
     text_dir: str | Path | None = None,
     chunk_rows: int | None = None,
+    duplicates_within_user: bool = False,
 ) -> Dataset:
     """Load and validate ``path`` (.csv, .jsonl/.json, .parquet, chosen by extension).
 
@@ -1093,7 +1101,11 @@ def load_dataset(
 
     ``on_duplicate`` (same text and labels as an earlier row): ``"warn"`` keeps them and
     records a warning in ``dataset.warnings``; ``"drop"`` keeps the first only (with
-    warnings); ``"error"`` makes them errors; ``"ignore"`` keeps them silently.
+    warnings); ``"error"`` makes them errors; ``"ignore"`` keeps them silently. With
+    ``duplicates_within_user`` (and a ``user`` column) a duplicate must also have the same
+    user id: dropping it then changes only that user's own records, so user-level
+    neighbours stay neighbours. ``dataset.duplicates`` counts the rows found (kept or
+    dropped).
     ``limit`` reads only the first ``limit`` records. Raises :class:`DataError` listing every
     problem, and ``ValueError`` for invalid arguments.
     """
@@ -1104,7 +1116,7 @@ def load_dataset(
     domain = None if label_values is None else check_label_values(label_values, list(labels))
     collector, texts, errors, warnings, dup, _ = _load(
         path, text, labels, user, max_chars, on_duplicate, limit, domain, text_dir,
-        chunk_rows=chunk_rows)
+        chunk_rows=chunk_rows, within_user=duplicates_within_user)
     if errors or collector is None:
         raise DataError(errors)
     keep = np.flatnonzero(~dup) if on_duplicate == "drop" and dup.any() else None
@@ -1123,6 +1135,7 @@ def load_dataset(
         user_column=user,
         warnings=warnings,
         label_domain=domain,
+        duplicates=int(dup.sum()) if on_duplicate != "ignore" else 0,
         path=str(Path(path).resolve()),
     )
 

@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import sqlite3
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -269,9 +270,26 @@ class _TorchEngine:
         self.dim = int(dim)
 
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        vecs = self._model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                  normalize_embeddings=True, show_progress_bar=progress)
-        return np.asarray(vecs, dtype=np.float32).reshape(len(texts), self.dim)
+        if not progress or len(texts) <= self.batch_size:
+            vecs = self._model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                      normalize_embeddings=True, show_progress_bar=False)
+            return np.asarray(vecs, dtype=np.float32).reshape(len(texts), self.dim)
+        from .progress import bar
+
+        # the batches sentence-transformers would form (longest first), one call each, so
+        # the run's own display counts them (its tqdm bar stays off)
+        order = np.argsort([-len(t) for t in texts])
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        starts = range(0, len(texts), self.batch_size)
+        with bar("embedding", len(starts)) as advance:
+            for s in starts:
+                idx = order[s : s + self.batch_size]
+                vecs = self._model.encode([texts[i] for i in idx], batch_size=self.batch_size,
+                                          convert_to_numpy=True, normalize_embeddings=True,
+                                          show_progress_bar=False)
+                out[idx] = np.asarray(vecs, dtype=np.float32).reshape(len(idx), self.dim)
+                advance()
+        return out
 
 
 class _GraphEngine:
@@ -309,13 +327,13 @@ class _GraphEngine:
         # longest first, as sentence-transformers does: batches of similar length pad little
         order = np.argsort([-len(t) for t in texts], kind="stable")
         starts = range(0, len(texts), self.batch_size)
-        if progress:
-            from tqdm.auto import tqdm
+        from .progress import bar
 
-            starts = tqdm(starts, desc="embedding", unit="batch")
-        for s in starts:
-            idx = order[s : s + self.batch_size]
-            out[idx] = self._run(*self._tokens([texts[i] for i in idx]))
+        with bar("embedding", len(starts), progress) as advance:
+            for s in starts:
+                idx = order[s : s + self.batch_size]
+                out[idx] = self._run(*self._tokens([texts[i] for i in idx]))
+                advance()
         return out
 
     def agreement(self, export: Path) -> float:
@@ -350,6 +368,16 @@ class _OnnxEngine(_GraphEngine):
         return self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
 
 
+def import_openvino() -> Any:
+    """``import openvino`` without its telemetry: openvino_telemetry, when openvino finds it,
+    writes ``~/intel/openvino_ga_cid`` on import and tries to send usage data; hidden from
+    the import, openvino uses its own stub (nothing written, nothing sent)."""
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    import openvino
+
+    return openvino
+
+
 class _OpenVinoEngine(_GraphEngine):
     """OpenVINO on CPU, bf16 inference where the CPU supports it (else f32)."""
 
@@ -357,7 +385,7 @@ class _OpenVinoEngine(_GraphEngine):
 
     def _load(self, path: Path) -> None:
         try:
-            import openvino as ov
+            ov = import_openvino()
         except ImportError as exc:
             raise EngineUnavailable("engine 'openvino' needs openvino") from exc
         core = ov.Core()

@@ -25,6 +25,7 @@ import numpy as np
 from .errors import InputError
 
 __all__ = [
+    "SHARED_MODE",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
@@ -36,6 +37,10 @@ __all__ = [
 ]
 
 Metric = Literal["ip", "l2"]
+
+#: Mode of the files meant to be shared (release/, the shareable report): readable by others.
+#: Everything else keeps the default 0o600.
+SHARED_MODE = 0o644
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -17,8 +17,31 @@ def demo_data_paths(run: RunDir, rows: int, seed: int) -> dict[str, Path]:
     out = run.private / "demo-data"
     if not (out / "private.csv").is_file():
         out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return write_demo_corpus(out, n=rows, seed=seed)
+        paths = write_demo_corpus(out, n=rows, seed=seed)
+        for path in paths.values():  # owner only, as everything in private/
+            path.chmod(0o600)
+        return paths
     return {p.stem: p for p in out.iterdir() if p.suffix in {".csv", ".json"}}
+
+
+def write_staged_records(config: RunConfig) -> None:
+    """Records given in memory (``dpsynth.generate`` with a DataFrame) are written to
+    ``data.path`` in the run's private area (Parquet, mode 0600) once; a resumed run finds
+    them there."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from .io import atomic_write_bytes
+
+    table = config.data._staged_records
+    path = Path(config.data.path)
+    if table is None or path.is_file():
+        return
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_bytes(path, buf.getvalue(), mode=0o600)
 
 
 def load_run_data(config: RunConfig, run: RunDir, *, sharded: bool = False,
@@ -35,8 +58,13 @@ def load_run_data(config: RunConfig, run: RunDir, *, sharded: bool = False,
     (``Method.sharded_data`` False: DP-SynRAG's build)."""
     from .data import load_dataset
 
+    write_staged_records(config)
     if config.privacy.unit == "user" and not config.data.user:
         raise ConfigError("privacy.unit is 'user' but data.user names no user column")
+    if config.data.deduplicate and config.compute.engine == "ray" and sharded:
+        raise ConfigError("data.deduplicate is not available with compute.engine: ray yet "
+                          "(the shards would each see only their part of the file); drop the "
+                          "duplicates from the file, or run with compute.engine: local")
     if sharded and config.compute.engine == "ray":
         from .compute.ray_engine import RayCompute, data_spec
         from .compute.sharded import ShardedDataset
@@ -51,7 +79,32 @@ def load_run_data(config: RunConfig, run: RunDir, *, sharded: bool = False,
     if path == "demo":
         path = str(demo_data_paths(run, config.data.demo_rows, config.data.demo_seed)["private"])
     user = config.data.user if config.privacy.unit == "user" or config.data.user else None
-    return load_dataset(path, config.data.text, config.data.labels, user,
-                        max_chars=config.data.max_chars, limit=config.data.limit,
-                        label_values=config.data.declared_label_values(),
-                        text_dir=run.private / "data")
+    dedup = config.data.deduplicate
+    dataset = load_dataset(path, config.data.text, config.data.labels, user,
+                           max_chars=config.data.max_chars, limit=config.data.limit,
+                           label_values=config.data.declared_label_values(),
+                           text_dir=run.private / "data",
+                           on_duplicate="drop" if dedup else "warn",
+                           duplicates_within_user=config.privacy.unit == "user")
+    report_duplicates(run, dataset.duplicates, dedup, dataset.source)
+    return dataset
+
+
+def report_duplicates(run: RunDir, count: int, dropped: bool, source: str) -> None:
+    """Tell the operator about rows that repeat an earlier row: the exact count goes to
+    private/diagnostics.jsonl and to the terminal (the operator's), never to log.txt or
+    release/ (docs/methods.md §6)."""
+    if not count:
+        return
+    from .diagnostics import append_diagnostic
+    from .progress import warn
+
+    append_diagnostic(run, {"kind": "duplicates", "rows": int(count), "dropped": dropped})
+    what = f"{count:,} row{'s' if count != 1 else ''} of {source} repeat{'s' if count == 1 else ''}"
+    if dropped:
+        warn(f"{what} an earlier row: dropped (data.deduplicate); the count is in "
+             "private/diagnostics.jsonl")
+    else:
+        warn(f"{what} an earlier row (same text and labels) and count{'s' if count == 1 else ''}"
+             " as separate records; set data.deduplicate: true to drop them (the count is in "
+             "private/diagnostics.jsonl)")

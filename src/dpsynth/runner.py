@@ -23,10 +23,11 @@ import yaml
 
 from .config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
 from .errors import DpsynthError
-from .io import atomic_write_json, atomic_write_text
+from .io import SHARED_MODE, atomic_write_json, atomic_write_text
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
-from .preflight import check_output_writable, preflight
+from .preflight import check_output_writable, check_run
+from .progress import warn as operator_warning
 from .resume import (
     changed_fields,
     config_digest,
@@ -264,7 +265,7 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
     with stop_signals():
         try:
             # what can fail without the private data fails before the budget is touched
-            preflight(cfg, generators=generators, embedder=embedder)
+            check_run(cfg, generators=generators, embedder=embedder, warn=operator_warning)
             # compute.engine ray: the shards read the file, this process never opens it
             # (unless the method reads per-record fields here: ``sharded_data`` False)
             dataset = load_run_data(cfg, run, sharded=m.sharded_data)
@@ -280,12 +281,12 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                       options=dict(options or {}))
             outcome = m.execute(job)
             statement = m.statement(job, outcome)
-            atomic_write_json(run.release / "privacy.json", statement)
+            atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)
             summary = {"method": m.name, **outcome.summary}
             for key in ("epsilon", "delta"):
                 if key in summary and summary[key] is None:
                     summary[key] = statement.get(key)
-            atomic_write_json(run.release / "summary.json", summary)
+            atomic_write_json(run.release / "summary.json", summary, mode=SHARED_MODE)
             if plan.guarantee == "dp":
                 ledger(cfg).settle(meta["run_id"], float(statement["epsilon"]),
                                    float(statement["delta"]))

@@ -8,6 +8,7 @@
       private/         mode 0700: noise draws, checkpoints, caches of private embeddings and
                        prompts; nothing here may leave the machine
       release/         only what is safe to share: synthetic data, privacy.json, summary.json
+                       (mode 0755, its files 0644: readable by others, unlike private/)
 
 Every file is written atomically through :mod:`dpsynth.io` (temp file, fsync, rename), so a
 crash leaves either the old or the new version, never half of one.
@@ -112,7 +113,8 @@ class RunDir:
             self.root.mkdir(parents=True, exist_ok=True)
             self.private.mkdir(mode=0o700, exist_ok=True)
             os.chmod(self.private, 0o700)
-            self.release.mkdir(exist_ok=True)
+            self.release.mkdir(mode=0o755, exist_ok=True)
+            os.chmod(self.release, 0o755)  # the part meant to be shared: readable by others
             atomic_write_text(self.config_path, config_yaml)
         except OSError as err:
             raise OutputFolderError(f"{self.root}: cannot create the run folder "
@@ -169,10 +171,14 @@ class RunDir:
         return read_jsonl(self.stats_path)
 
     def log(self, message: str) -> None:
-        """Append a progress line. Callers pass counts and names, never private text."""
+        """Append a progress line, also shown on the run's progress display (the terminal).
+        Callers pass counts and names, never private text."""
+        from .progress import note
+
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{stamp} {message}\n")
+        note(message)
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -11,6 +11,7 @@ other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -27,6 +28,9 @@ ERROR_EXIT = 2
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Third-party tqdm bars (read when tqdm is first imported) would interleave with the run's one
+# progress display (dpsynth.progress), with \r debris in a log.
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 from . import (  # noqa: E402
     audit,
@@ -52,6 +56,26 @@ class DpsynthGroup(TyperGroup):
             if err.hint:
                 click.echo(f"  {err.hint}", err=True)
             ctx.exit(ERROR_EXIT)
+        except OSError as err:
+            if err.errno not in ENVIRONMENT_ERRNOS:
+                raise
+            click.echo(f"error: {environment_message(err)}", err=True)
+            ctx.exit(ERROR_EXIT)
+
+
+#: OS errors that come from where a command runs (permissions, a read-only or full disk), not
+#: from a bug: one ``error:`` line like a DpsynthError.
+ENVIRONMENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                                errno.EDQUOT})
+
+
+def environment_message(err: OSError) -> str:
+    """``PATH: permission denied (Permission denied)``-style line for an environment error."""
+    where = f"{err.filename}: " if err.filename else ""
+    what = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+            errno.EROFS: "the file system is read-only"}.get(err.errno or 0,
+                                                          "permission denied")
+    return f"{where}{what} ({err.strerror or type(err).__name__})"
 
 
 app = typer.Typer(

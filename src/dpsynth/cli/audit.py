@@ -33,7 +33,9 @@ def canary(
     threshold: Annotated[float, typer.Option("--threshold", min=0.0, max=1.0,
                                              help="near-hit similarity threshold")] = 0.8,
     seed: Annotated[int, typer.Option("--seed", help="which records get the canary")] = 0,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="override KEY=VALUE, e.g. privacy.epsilon=2 (repeat; a list entry by "
+        "its index: generators.0.top_p=0.9)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
@@ -53,7 +55,10 @@ def canary(
     from rich.table import Table
 
     hits, control = result["synthetic"], result.get("zero_shot") or {}
-    table = Table(title=f"Canary audit ({result['method']}, epsilon {result['epsilon']})",
+    from ..statement import format_epsilon
+
+    table = Table(title=f"Canary audit ({result['method']}, epsilon "
+                        f"{format_epsilon(result['epsilon'])})",
                   show_header=False)
     table.add_row("copies inserted", str(result["copies"]))
     table.add_row("exact hits in release", f"{hits['exact']} of {hits['outputs']}")

@@ -30,7 +30,7 @@ def evaluate(
         "named like name/phone/email)")] = None,
     zero_shot: Annotated[Path | None, typer.Option(
         "--zero-shot", help="zero-shot run folder to use as the zero-shot reference "
-        "(default: the run's release/zero_shot.jsonl)")] = None,
+        "(default: the run's own zero-shot set in release/)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
     """Fidelity, utility and audits of a run against real test data; writes RUN_DIR/eval/."""
@@ -66,8 +66,9 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
     from ..eval.view import utility_tables
 
     console = Console()
-    eps = result.get("epsilon")
-    eps_text = f"{eps:.4g}" if isinstance(eps, int | float) else str(eps)
+    from ..statement import format_epsilon
+
+    eps_text = format_epsilon(result.get("epsilon"))
     fid = Table(title=f"Fidelity vs real test ({result['method']}, epsilon {eps_text})")
     for col in ("set", "n", "FID", "precision", "recall", "MAUVE", "length TV"):
         fid.add_column(col)
@@ -169,32 +170,42 @@ def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="run folders")],
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
-    """One table across runs: method, epsilon, samples, FID, MAUVE, accuracies."""
+    """One table across runs: method, guarantee (epsilon, delta, unit), samples, FID, MAUVE,
+    accuracies. A folder that is not a finished run is named on stderr and the exit code is 2
+    (the other runs are still shown)."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     from ..eval.common import fmt_metric
     from ..eval.report import compare_runs
+    from ..statement import format_delta, format_epsilon
 
     rows = compare_runs(run_dirs)
+    bad = [r for r in rows if "error" in r]
     if as_json:
         typer.echo(json.dumps(rows, default=str))
-        return
-    acc_cols = sorted({c for r in rows for c in r.get("accuracy", {})})
-    table = Table(title="dpsynth runs")
-    for col in ("run", "method", "epsilon", "samples", "FID", "MAUVE", *acc_cols, "MIA AUC"):
-        table.add_column(col)
-    for r in rows:
-        if "error" in r:
-            table.add_row(escape(r["run_dir"]), escape(r["error"]))
-            continue
-        table.add_row(
-            escape(Path(r["run_dir"]).name), r["method"], str(r["epsilon"]), str(r["samples"]),
-            fmt_metric(r["fid"]), fmt_metric(r["mauve"]),
-            *(fmt_metric(r["accuracy"].get(c)) for c in acc_cols), fmt_metric(r["mia_auc"]),
-        )
-    Console().print(table)
+    else:
+        good = [r for r in rows if "error" not in r]
+        acc_cols = sorted({c for r in good for c in r.get("accuracy", {})})
+        if good:
+            table = Table(title="dpsynth runs")
+            table.add_column("run", overflow="fold", min_width=min(
+                40, max(len(r["run_dir"]) for r in good)))
+            for col in ("method", "epsilon", "delta", "unit", "samples", "FID", "MAUVE",
+                        *acc_cols, "MIA AUC"):
+                table.add_column(col, overflow="fold")
+            for r in good:
+                table.add_row(
+                    r["run_dir"], r["method"], format_epsilon(r["epsilon"]),
+                    format_delta(r.get("delta")), str(r.get("unit") or "-"), str(r["samples"]),
+                    fmt_metric(r["fid"]), fmt_metric(r["mauve"]),
+                    *(fmt_metric(r["accuracy"].get(c)) for c in acc_cols),
+                    fmt_metric(r["mia_auc"]))
+            Console(soft_wrap=False).print(table)
+    for r in bad:
+        typer.echo(f"error: {r['error']}", err=True)
+    if bad:
+        raise typer.Exit(2)
 
 
 def register(root: typer.Typer) -> None:

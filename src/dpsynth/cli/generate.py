@@ -9,21 +9,31 @@ from typing import Annotated
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from ..errors import ConfigError
 from ..io import read_jsonl
+from ..statement import format_delta, format_epsilon, stop_reason
 
 err_console = Console(stderr=True)
 
 
 def parse_sets(values: list[str]) -> dict[str, object]:
-    """--set KEY=VALUE options -> {dotted key: YAML-parsed value}."""
+    """--set KEY=VALUE options -> {dotted key: YAML-parsed value}; a malformed one is a
+    ConfigError naming it."""
     out: dict[str, object] = {}
     for item in values:
-        if "=" not in item:
-            raise typer.BadParameter(f"--set {item!r}: use KEY=VALUE, e.g. privacy.epsilon=2")
-        key, raw = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(raw)
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: use KEY=VALUE, e.g. --set privacy.epsilon=2")
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"--set {key.strip()}: the value is not valid YAML{where} "
+                              "(quote a string that holds ':', '#', '[' or '{')") from None
     return out
 
 
@@ -31,20 +41,27 @@ def generate(
     config: Annotated[Path, typer.Argument(help="run configuration (YAML)")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="run folder")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue a stopped run")] = False,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="override KEY=VALUE, e.g. privacy.epsilon=2 (repeat; a list entry by "
+        "its index: generators.0.top_p=0.9)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Run a PE-family method (aug_pe, wasp, secpe, zero_shot) and write release/."""
     from ..api import run_generation
+    from ..runs import RunDir
 
     output = output or Path("runs") / config.stem
+    if resume and RunDir(output).exists() and RunDir(output).meta().get("status") == "finished":
+        err_console.print(f"{output}: this run already finished; nothing to resume "
+                          "(release/ is complete)", markup=False, highlight=False)
     try:  # a DpsynthError goes to the root group: one `error:` line, exit 2
         run_dir = run_generation(config, output, resume=resume,
                                  overrides=parse_sets(set_ or []), progress=not quiet)
     except KeyboardInterrupt as err:
-        err_console.print(f"stopped ({err or 'SIGINT'}); run.json says so. Continue with: "
-                          f"dpsynth generate {config} -o {output} --resume")
+        err_console.print(f"stopped ({stop_reason(err)}); run.json says so. Continue with: "
+                          f"dpsynth generate {config} -o {output} --resume", markup=False,
+                          highlight=False)
         raise typer.Exit(130) from None
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
     privacy = json.loads((run_dir / "release" / "privacy.json").read_text())
@@ -54,19 +71,27 @@ def generate(
     print_summary(run_dir, summary, privacy)
 
 
+def _duplicates(run_dir: Path) -> tuple[int, bool] | None:
+    """(rows, dropped) of the run's duplicate rows, from private/diagnostics.jsonl (the
+    operator's terminal may show them; no shared file holds them)."""
+    from ..diagnostics import read_diagnostics
+
+    found = [d for d in read_diagnostics(run_dir) if d.get("kind") == "duplicates"]
+    return (int(found[-1]["rows"]), bool(found[-1]["dropped"])) if found else None
+
+
 def print_summary(run_dir: Path, summary: dict, privacy: dict) -> None:
     console = Console()
     table = Table(title=f"dpsynth {summary['method']}: done", show_header=False)
     table.add_row("synthetic samples", str(summary["samples"]))
-    eps, delta = privacy["epsilon"], privacy["delta"]
-    if eps is None:
+    if privacy.get("epsilon") is None:
         table.add_row("privacy spent", "no record-level (epsilon, delta) guarantee")
     else:
-        eps_text = eps if isinstance(eps, str) else f"{eps:.4g}"
-        table.add_row("privacy spent", f"({eps_text}, {delta:.3g})-DP per {privacy['unit']}"
-                      f" [{privacy.get('accountant')}, noise {privacy.get('noise')}]")
+        table.add_row("privacy spent", escape(
+            f"({format_epsilon(privacy['epsilon'])}, {format_delta(privacy['delta'])})-DP per "
+            f"{privacy['unit']} [{privacy.get('accountant')}, noise {privacy.get('noise')}]"))
     if privacy.get("noise_note"):
-        table.add_row("noise", f"[yellow]{privacy['noise_note']}[/yellow]")
+        table.add_row("noise", f"[yellow]{escape(privacy['noise_note'])}[/yellow]")
     if "secret_protection" in privacy:
         table.add_row("secret protection", str(privacy["secret_protection"].get("summary", "")))
     calls = str(summary.get("llm_calls", "?"))
@@ -80,6 +105,12 @@ def print_summary(run_dir: Path, summary: dict, privacy: dict) -> None:
     weights = _last_generator_weights(run_dir)
     if weights:
         table.add_row("generator weights", ", ".join(f"{k} {v:.2f}" for k, v in weights.items()))
+    dups = _duplicates(run_dir)
+    if dups:
+        table.add_row("duplicate rows", f"{dups[0]:,} "
+                      + ("dropped (data.deduplicate)" if dups[1] else
+                         "kept as records (data.deduplicate: true drops them)")
+                      + " [dim]- operator only[/dim]")
     table.add_row("release", str(run_dir / "release"))
     table.add_row("synthetic data", str(run_dir / "release" / "synthetic.jsonl"))
     table.add_row("privacy statement", str(run_dir / "release" / "privacy.json"))

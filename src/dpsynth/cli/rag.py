@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..errors import ConfigError
+from ..statement import format_delta, format_epsilon, stop_reason
 from .generate import parse_sets
 
 group = typer.Typer(help="DP-SynRAG: a DP synthetic knowledge base, and RAG over it.",
@@ -20,18 +21,28 @@ def build(
     config: Annotated[Path, typer.Argument(help="run configuration (YAML) with a synrag section")],
     output: Annotated[Path, typer.Option("--output", "-o", help="run folder")],
     resume: Annotated[bool, typer.Option("--resume", help="continue a stopped build")] = False,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="override KEY=VALUE, e.g. privacy.epsilon=2 (repeat; a list entry by "
+        "its index: generators.0.top_p=0.9)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json."""
+    from .. import progress
+    from ..preflight import check_output_writable
     from ..rag.build import build_kb
 
-    echo = None if as_json else (lambda m: typer.echo(m, err=True))
+    def echo(message: str) -> None:  # the run's log lines reach the display already
+        if message.startswith("[private]"):
+            progress.note(message)
+
     try:  # a DpsynthError goes to the root group: one `error:` line, exit 2
-        run_dir = build_kb(config, output, resume=resume, overrides=parse_sets(set_ or []),
-                           echo=echo)
+        check_output_writable(output)
+        with progress.session(enabled=not as_json):
+            run_dir = build_kb(config, output, resume=resume,
+                               overrides=parse_sets(set_ or []),
+                               echo=None if as_json else echo, progress=not as_json)
     except KeyboardInterrupt as err:
-        typer.echo(f"stopped ({err or 'SIGINT'}); run.json says so. Continue with: "
+        typer.echo(f"stopped ({stop_reason(err)}); run.json says so. Continue with: "
                    f"dpsynth rag build {config} -o {output} --resume", err=True)
         raise typer.Exit(130) from None
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
@@ -40,7 +51,8 @@ def build(
         return
     typer.echo(f"knowledge base: {run_dir / 'release' / 'kb.jsonl'} "
                f"({summary['kb_passages']} passages from {summary['clusters']} clusters)")
-    typer.echo(f"privacy: ({summary['epsilon']:.4g}, {summary['delta']:g})-DP, "
+    typer.echo(f"privacy: ({format_epsilon(summary['epsilon'])}, "
+               f"{format_delta(summary['delta'])})-DP, "
                f"statement in {run_dir / 'release' / 'privacy.json'}")
 
 

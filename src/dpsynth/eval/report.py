@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write_text
+from ..io import SHARED_MODE, atomic_write_text
+from ..statement import format_delta, format_epsilon, guarantee_sentence
 from .common import EvalInputError, fmt_metric, is_unavailable
 from .rundata import RunRelease, load_run
 from .view import UtilityTable, utility_tables
@@ -67,95 +68,134 @@ def _series(stats: Sequence[dict[str, Any]], key: str) -> tuple[list[float], lis
     return xs, ys
 
 
-def plot_kept(stats: Sequence[dict[str, Any]]) -> str | None:
-    """Kept samples (and candidates) per iteration."""
-    kx, ky = _series(stats, "kept")
-    cx, cy = _series(stats, "candidates")
-    if not ky and not cy:
+def _iteration_axis(ax: Any, xs: Sequence[float]) -> None:
+    """Ticks exactly at the iterations, with half an iteration of room on each side."""
+    ticks = sorted(set(xs))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(int(t)) for t in ticks])
+    ax.set_xlim(min(ticks) - 0.5, max(ticks) + 0.5)
+    ax.set_xlabel("iteration")
+
+
+def _lines_or_bars(title: str, series: Sequence[tuple[str, list[float], list[float], str]],
+                   ylabel: str | None = None) -> str | None:
+    fig = iteration_figure(title, series, ylabel)
+    return None if fig is None else _png(fig)
+
+
+def iteration_figure(title: str, series: Sequence[tuple[str, list[float], list[float], str]],
+                     ylabel: str | None = None) -> Any:
+    """One figure of ``(label, xs, ys, style)`` series: lines over the iterations when there
+    are two or more (a tick at each iteration), else one bar per series with its number (a
+    single iteration is a number, not a line); None without data."""
+    series = [s for s in series if s[2]]
+    if not series:
         return None
+    iterations = sorted({x for _, xs, _, _ in series for x in xs})
     fig = _figure()
     ax = fig.add_subplot()
-    if ky:
-        ax.plot(kx, ky, marker="o", label="kept samples")
-    if cy:
-        ax.plot(cx, cy, marker="s", linestyle="--", label="candidates")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("count")
-    ax.set_title("Samples per iteration")
-    ax.legend()
-    return _png(fig)
+    if len(iterations) < 2:
+        names = [name for name, _, _, _ in series]
+        values = [ys[-1] for _, _, ys, _ in series]
+        bars = ax.bar(names, values, color=["tab:blue", "tab:orange", "tab:green",
+                                            "tab:red"][:len(names)], width=0.5)
+        ax.bar_label(bars, labels=[f"{v:.4g}" for v in values], padding=2)
+        ax.set_ylim(0, max(values + [1e-9]) * 1.2)
+        title += f" (iteration {int(iterations[0])}, the only one)" if iterations else ""
+    else:
+        for name, xs, ys, style in series:
+            ax.plot(xs, ys, style, label=name)
+        _iteration_axis(ax, iterations)
+        ax.legend()
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return fig
+
+
+def plot_kept(stats: Sequence[dict[str, Any]]) -> str | None:
+    """Kept samples (and candidates) per iteration."""
+    return _lines_or_bars("Samples per iteration", [
+        ("kept samples", *_series(stats, "kept"), "o-"),
+        ("candidates", *_series(stats, "candidates"), "s--")], ylabel="count")
 
 
 def plot_votes(stats: Sequence[dict[str, Any]]) -> str | None:
     """Total vote mass against the Gaussian noise scale per iteration."""
-    vx, vy = _series(stats, "vote_mass")
-    nx, ny = _series(stats, "noise_sigma")
-    if not vy and not ny:
-        return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    if vy:
-        ax.plot(vx, vy, marker="o", label="vote mass")
-    if ny:
-        ax.plot(nx, ny, marker="s", linestyle="--", label="noise sigma")
-    ax.set_xlabel("iteration")
-    ax.set_title("Vote mass vs noise scale")
-    ax.legend()
-    return _png(fig)
+    return _lines_or_bars("Vote mass vs noise scale", [
+        ("vote mass", *_series(stats, "vote_mass"), "o-"),
+        ("noise sigma", *_series(stats, "noise_sigma"), "s--")])
 
 
 def plot_fid(stats: Sequence[dict[str, Any]]) -> str | None:
-    fx, fy = _series(stats, "fid")
-    if not fy:
-        return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    ax.plot(fx, fy, marker="o", color="tab:red")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("FID (lower is closer)")
-    ax.set_title("FID per iteration")
-    return _png(fig)
+    return _lines_or_bars("FID per iteration", [("FID", *_series(stats, "fid"), "o-")],
+                          ylabel="FID (lower is closer)")
 
 
 def plot_generator_weights(stats: Sequence[dict[str, Any]]) -> str | None:
-    """WASP: each generator's weight per iteration."""
+    """WASP: each generator's weight per iteration (bars for a single iteration)."""
     rows = [r for r in stats if isinstance(r.get("generator_weights"), dict)]
     if not rows:
         return None
     names = sorted({name for r in rows for name in r["generator_weights"]})
+    xs = [float(r.get("iteration", i)) for i, r in enumerate(rows)]
     fig = _figure()
     ax = fig.add_subplot()
-    for name in names:
-        xs = [float(r.get("iteration", i)) for i, r in enumerate(rows)]
-        ys = [float(r["generator_weights"].get(name, 0.0)) for r in rows]
-        ax.plot(xs, ys, marker="o", label=name)
-    ax.set_xlabel("iteration")
+    if len(set(xs)) < 2:
+        values = [float(rows[-1]["generator_weights"].get(n, 0.0)) for n in names]
+        bars = ax.bar(names, values, width=0.5)
+        ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], padding=2)
+    else:
+        for name in names:
+            ax.plot(xs, [float(r["generator_weights"].get(name, 0.0)) for r in rows],
+                    marker="o", label=name)
+        _iteration_axis(ax, xs)
+        ax.legend()
     ax.set_ylabel("weight")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.1)
     ax.set_title("Generator weights (WASP)")
-    ax.legend()
     return _png(fig)
+
+
+#: Label values shown in a label plot; the rest are summed into one "other" bar.
+MAX_LABEL_BARS = 25
+
+
+def _wrap_label(value: str, width: int = 28) -> str:
+    import textwrap
+
+    lines = textwrap.wrap(value, width) or [value]
+    return "\n".join(lines[:2]) + ("..." if len(lines) > 2 else "")
 
 
 def plot_labels(column: str, synthetic: dict[str, float], real: dict[str, float] | None
                 ) -> str:
-    """Label shares: synthetic (release) and, when evaluated, the real test data."""
-    keys = sorted(set(synthetic) | set(real or {}))
-    fig = _figure(width=max(6.0, 0.5 * len(keys) + 2), height=3.4)
+    """Label shares as horizontal bars (every name readable, long ones wrapped): synthetic
+    (release) and, when evaluated, the real test data; beyond :data:`MAX_LABEL_BARS` values
+    the smallest are summed into "other"."""
+    keys = sorted(set(synthetic) | set(real or {}),
+                  key=lambda k: (-(synthetic.get(k, 0) + (real or {}).get(k, 0)), k))
+    syn, rea = dict(synthetic), dict(real or {})
+    if len(keys) > MAX_LABEL_BARS:
+        rest = keys[MAX_LABEL_BARS - 1:]
+        keys = keys[:MAX_LABEL_BARS - 1] + [f"other ({len(rest)} values)"]
+        syn[keys[-1]] = sum(synthetic.get(k, 0) for k in rest)
+        rea[keys[-1]] = sum((real or {}).get(k, 0) for k in rest)
+    fig = _figure(width=7.0, height=max(2.2, 0.42 * len(keys) * (1.6 if real else 1) + 1.2))
     ax = fig.add_subplot()
     pos = list(range(len(keys)))
-    width = 0.4 if real else 0.8
-    ax.bar([p - (width / 2 if real else 0) for p in pos], [synthetic.get(k, 0) for k in keys],
-           width=width, label="synthetic")
+    height = 0.4 if real else 0.7
+    ax.barh([p - (height / 2 if real else 0) for p in pos], [syn.get(k, 0) for k in keys],
+            height=height, label="synthetic")
     if real:
-        ax.bar([p + width / 2 for p in pos], [real.get(k, 0) for k in keys], width=width,
-               label="real test")
-    ax.set_xticks(pos)
-    ax.set_xticklabels([k[:18] for k in keys], rotation=45 if len(keys) > 5 else 0,
-                       ha="right" if len(keys) > 5 else "center")
-    ax.set_ylabel("share")
+        ax.barh([p + height / 2 for p in pos], [rea.get(k, 0) for k in keys], height=height,
+                label="real test")
+    ax.set_yticks(pos)
+    ax.set_yticklabels([_wrap_label(k) for k in keys], fontsize=9)
+    ax.invert_yaxis()  # the most frequent on top
+    ax.set_xlabel("share of the samples")
     ax.set_title(f"Label distribution: {column}")
-    ax.legend()
+    ax.legend(fontsize=8, loc="lower right")
     return _png(fig)
 
 
@@ -254,14 +294,20 @@ def privacy_statement(privacy: dict[str, Any] | None) -> str:
     if math.isinf(eps_f):
         return ("This run is NOT differentially private (epsilon = infinity): "
                 "no formal privacy guarantee.")
-    text = (f"The synthetic data satisfies ({eps_f:.4g}, {float(delta or 0):.3g})-differential "
-            f"privacy at the {unit} level")
+    text = (f"The synthetic data satisfies ({format_epsilon(eps_f)}, {format_delta(delta)})"
+            f"-differential privacy at the {unit} level")
     if privacy.get("accountant"):
         text += f", accounted with {privacy['accountant']}"
     target = privacy.get("target_epsilon")
     if target is not None:
         text += f" (target epsilon {target})"
     return f"{text}. {noise}".strip()
+
+
+def _time_like(key: str) -> bool:
+    """A summary key that holds a time or a duration (kept off the shareable page)."""
+    return any(w in key for w in ("time", "seconds", "started", "finished", "duration",
+                                  "created", "ended"))
 
 
 def _scalar_rows(obj: dict[str, Any] | None) -> list[list[Any]]:
@@ -295,6 +341,80 @@ def _fidelity_table(ev: dict[str, Any]) -> dict[str, Any]:
         ])
     return _table(["set", "n", "FID", "precision", "recall", "MAUVE",
                    "length / label TV"], rows)
+
+
+MECHANISM_COLUMNS = (("name", "release"), ("mechanism", "mechanism"), ("count", "times"),
+                     ("sigma", "noise sigma"), ("sensitivity", "sensitivity"),
+                     ("sampling_rate", "sampling rate"), ("mu", "GDP mu"))
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)[:120]
+    return "-" if value is None else value
+
+
+def mechanisms_table(mechanisms: Any) -> dict[str, Any] | None:
+    """release/privacy.json's mechanisms as a table: the usual keys as named columns (in
+    order), any others in one last column."""
+    if not isinstance(mechanisms, list) or not mechanisms:
+        return None
+    rows_in = [m for m in mechanisms if isinstance(m, dict)]
+    named = [(k, title) for k, title in MECHANISM_COLUMNS if any(k in m for m in rows_in)]
+    known = {k for k, _ in MECHANISM_COLUMNS}
+    others = any(set(m) - known for m in rows_in)
+    rows = []
+    for m in rows_in:
+        row = [_cell(m.get(k)) for k, _ in named]
+        if others:
+            row.append("; ".join(f"{k} {_cell(v)}" for k, v in m.items() if k not in known)
+                       or "-")
+        rows.append(row)
+    return _table([title for _, title in named] + (["other parameters"] if others else []),
+                  rows)
+
+
+METHOD_NAMES = {"aug_pe": "Aug-PE", "wasp": "WASP", "secpe": "SecPE",
+                "zero_shot": "Zero-shot", "synrag": "DP-SynRAG"}
+
+
+def headline(release: RunRelease, ev: dict[str, Any] | None) -> dict[str, Any]:
+    """The box at the top: method, the guarantee in one sentence, samples and the verdict
+    against zero-shot when an evaluation exists."""
+    privacy = release.privacy or {}
+    facts = [("method", METHOD_NAMES.get(release.method, release.method)),
+             ("synthetic samples", f"{len(release.synthetic):,}"),
+             ("epsilon", format_epsilon(privacy.get("epsilon"))),
+             ("delta", format_delta(privacy.get("delta"))),
+             ("unit", str(privacy.get("unit", "-")))]
+    if privacy.get("noise"):
+        facts.append(("noise", str(privacy["noise"])))
+    return {"title": f"{METHOD_NAMES.get(release.method, release.method)}: "
+                     f"{len(release.synthetic):,} synthetic samples",
+            "guarantee": guarantee_sentence(privacy),
+            "facts": facts,
+            "verdict": (ev or {}).get("verdict") or None}
+
+
+#: Below this many texts (synthetic or test) the distribution metrics are rough.
+SMALL_N = 500
+
+
+def small_n_caveat(ev: dict[str, Any]) -> str | None:
+    """A caveat when the evaluation compares small sets: FID, precision/recall and MAUVE
+    are estimated from few texts (MAUVE quantises them into few clusters and reaches 1.0 on
+    tiny sets)."""
+    n = ev.get("n") or {}
+    sizes = {k: n.get(k) for k in ("synthetic", "test") if isinstance(n.get(k), int)}
+    if not sizes or min(sizes.values()) >= SMALL_N:
+        return None
+    shown = " and ".join(f"{v:,} {k}" for k, v in sizes.items())
+    return (f"Small samples ({shown} texts): FID, precision, recall and MAUVE are rough "
+            f"estimates below about {SMALL_N} texts, and MAUVE in particular can read 1.000 "
+            "on tiny sets. Compare them with the zero-shot row of the same evaluation rather "
+            "than read them alone; accuracies carry a sampling error of several points.")
 
 
 #: Training sets whose test-set scores depend on release/ and public data only.
@@ -464,15 +584,18 @@ def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = F
         "operator": operator,
         "banner": OPERATOR_BANNER,
         "operator_report": OPERATOR_REPORT,
-        "run_table": _table(["method", "status", "started", "finished", "synthetic samples"],
-                            [[release.method, meta.get("status", "-"), meta.get("started", "-"),
-                              meta.get("finished", "-"), len(release.synthetic)]]),
+        "headline": headline(release, ev),
+
         "statement": privacy_statement(release.privacy),
-        "privacy_table": _table(["field", "value"], _scalar_rows(privacy)) if privacy else None,
-        "mechanisms": "; ".join(json.dumps(m, default=str)[:200] for m in mechs[:20])
-        if isinstance(mechs, list) and mechs else None,
-        "summary_table": _table(["field", "value"], _scalar_rows(release.summary))
-        if release.summary else None,
+        "privacy_table": _table(["field", "value"], [
+            [k, format_epsilon(v) if k in ("epsilon", "target_epsilon") else v]
+            for k, v in _scalar_rows(privacy)]) if privacy else None,
+        "mechanisms": mechanisms_table(mechs),
+        "summary_table": _table(["field", "value"], [
+            ["run", release.run_id], ["status", meta.get("status", "-")],
+            *([k, format_epsilon(v) if k == "epsilon" else format_delta(v) if k == "delta"
+               else v] for k, v in _scalar_rows(release.summary)
+              if not _time_like(k) and k != "method")]),
         "curves": [c for c in curves if c],
         "label_plots": [p for p in _label_plots(release, ev) if p],
         "evaluated": bool(ev),
@@ -493,8 +616,8 @@ def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = F
         context.update(
             test_file=Path(str(ev.get("test_file"))).name,
             embedder=ev.get("embedder"),
-            created=ev.get("created"),
             verdict=ev.get("verdict") or "",
+            caveat=small_n_caveat(ev),
             fidelity_table=_fidelity_table(ev),
             utility=_utility_sections(ev, operator),
             chance_note="chance: always predicting the test split's most frequent label "
@@ -513,7 +636,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *,
     RUN_DIR/private/report-operator.html, mode 0600); returns the shareable path."""
     release = load_run(run_dir)
     target = Path(out) if out else release.eval_dir / "report.html"
-    atomic_write_text(target, render_report(release))
+    atomic_write_text(target, render_report(release), mode=SHARED_MODE)
     private = Path(operator_out) if operator_out else release.root / "private" / OPERATOR_REPORT
     if not operator_out:
         private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -553,10 +676,12 @@ def compare_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
                     acc[f"{kind}:{col}"] = cell["accuracy"]
         mia = audit.get("membership_inference")
         rows.append({
-            "run_dir": str(release.root),
+            "run_dir": str(run_dir),
             "run_id": release.run_id,
             "method": release.method,
             "epsilon": (release.privacy or {}).get("epsilon"),
+            "delta": (release.privacy or {}).get("delta"),
+            "unit": (release.privacy or {}).get("unit"),
             "samples": len(release.synthetic),
             "fid": _value(syn.get("fid")),
             "mauve": _value(syn.get("mauve")),

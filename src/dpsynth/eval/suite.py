@@ -18,7 +18,7 @@ A metric that cannot be computed is ``{"unavailable": "reason"}`` instead of a n
 eval.json::
 
     {run_id, run_dir, method, epsilon, delta, test_file, text_column, label_columns, embedder,
-     created, n: {synthetic, zero_shot, test},
+     n: {synthetic, zero_shot, test},   (nothing time-like: no creation time, no duration)
      fidelity: {synthetic | zero_shot: {n, n_real, fid, fid_note?, precision, recall, knn_k,
                 mauve, length: {synthetic, real, bin_edges, *_hist, tv, ks},
                 labels: {COLUMN: {synthetic, real, tv}}},

@@ -17,8 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .. import progress
 from ..context import Rngs
-from ..io import write_jsonl
+from ..io import SHARED_MODE, write_jsonl
 from ..runs import RunDir
 from .operators import Generation
 from .parts import trim_to_quota
@@ -114,31 +115,39 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
         start = int(saved["iteration"])
         run.log(f"resuming at iteration {start} with {len(pool)} candidates")
     else:
+        progress.stage("initial pool")
         begun = strategy.initial()
         pool = begun.pool
         if begun.reference is not None:
-            write_jsonl(run.release / "zero_shot.jsonl", gen.rows(begun.reference))
+            write_jsonl(run.release / "zero_shot.jsonl", gen.rows(begun.reference),
+                        mode=SHARED_MODE)
         start = 0
         _save(run, 0, pool, strategy)
         run.log(f"initial pool: {len(pool)} candidates")
     for t in range(start, iterations):
         assert isinstance(strategy, Strategy)
+        progress.stage(f"iteration {t + 1}/{iterations}")
         emb = gen.embed(pool.texts)
-        vote = strategy.vote(t, pool, emb)
+        with progress.step("private vote and noise"):
+            vote = strategy.vote(t, pool, emb)
         pool = strategy.next(t, pool, vote, last=t == iterations - 1)
         # The pool after a round is post-processing of released votes: safe to share, and the
         # evaluation draws its per-iteration FID curve from these files. Both are written
         # before the checkpoint (each write replaces its own), so a stop in between repeats
         # the round - same noise from the store, same texts from the request cache - and a
         # resumed run never misses a round's files.
-        write_jsonl(run.release / "iterations" / f"iter{t + 1}.jsonl", gen.rows(pool))
+        write_jsonl(run.release / "iterations" / f"iter{t + 1}.jsonl", gen.rows(pool),
+                    mode=SHARED_MODE)
         run.append_stats({"iteration": t + 1, "candidates": int(len(emb)),
                           "kept": int(len(pool)), **vote.stats})
         _save(run, t + 1, pool, strategy)
         run.log(f"iteration {t + 1}/{iterations}: {len(pool)} in pool")
     quota = strategy.state.quota
     final = pool if quota is None else trim_to_quota(pool, quota, rngs)
-    write_jsonl(run.release / "synthetic.jsonl", gen.rows(final))
+    progress.stage("release")
+    write_jsonl(run.release / "synthetic.jsonl", gen.rows(final), mode=SHARED_MODE)
+    run.log(f"release: {len(final)} synthetic samples in {run.release / 'synthetic.jsonl'}")
+    progress.stage("")
     return final
 
 

@@ -16,10 +16,21 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig
+from ..progress import step
 from . import prompts as P
 from .pool import Pool
 from .selection import allocate
 from .textgen import Synthesizer
+
+
+def embedder_device(device: str) -> str:
+    """The embedder's torch device for ``embedder.device`` (``auto``: a GPU when torch sees
+    one)."""
+    if device == "cpu":
+        return "cpu"
+    from ..llm.local import resolve_device
+
+    return resolve_device(device)
 
 
 def split_by_weights(n: int, weights: np.ndarray) -> np.ndarray:
@@ -63,8 +74,10 @@ class Generation:
 
         cfg = self.config.embedder
         self.log(f"loading embedder {cfg.model} (engine {cfg.engine})")
-        embedder = Embedder(cfg.model, cache_dir=self.embed_cache, batch_size=cfg.batch_size,
-                            engine=cfg.engine, threads=cfg.threads)
+        with step(f"loading embedder {cfg.model}"):
+            embedder = Embedder(cfg.model, cache_dir=self.embed_cache,
+                                batch_size=cfg.batch_size, engine=cfg.engine,
+                                threads=cfg.threads, device=embedder_device(cfg.device))
         self.log(f"embedder engine: {getattr(embedder, 'engine_tag', type(embedder).__name__)}")
         return embedder
 
@@ -82,7 +95,9 @@ class Generation:
             else:
                 self.log(f"loading generator {i}: {gen_cfg.short_name}")
                 extra = {"batch_size": gen_cfg.batch_size} if gen_cfg.backend == "local" else {}
-                generator = load_generator(gen_cfg.spec(), cache_path=self.cache_path, **extra)
+                with step(f"loading generator {gen_cfg.short_name}"):
+                    generator = load_generator(gen_cfg.spec(), cache_path=self.cache_path,
+                                               **extra)
             out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed))
         return out
 

@@ -221,29 +221,9 @@ class Generator(Protocol):
 
 @contextlib.contextmanager
 def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields a zero-argument ``advance`` callable."""
-    if not enabled or total <= 0:
-        yield lambda: None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    """A bar on the run's one progress display (:mod:`dpsynth.progress`; a display of its own
+    outside a run); yields a zero-argument ``advance`` callable."""
+    from ..progress import bar
 
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
-    with bar:
-        task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)
+    with bar(label, total, enabled) as advance:
+        yield advance

@@ -237,8 +237,38 @@ def resolve_engine(engine: str) -> str:
     return "ctranslate2" if ct2.available() else "transformers"
 
 
+DEVICE_FORMS = "cpu, cuda, cuda:N or auto"
+
+
+def resolve_device(device: str) -> str:
+    """The torch device of a local model: ``cpu``; ``cuda`` / ``cuda:N`` (refused with a
+    clear error when torch sees no such GPU); ``auto`` (the first GPU when torch sees one,
+    else the CPU)."""
+    form = str(device).strip().lower()
+    if form == "cpu":
+        return "cpu"
+    if form not in ("auto", "cuda") and not (form.startswith("cuda:") and form[5:].isdigit()):
+        raise ConfigError(f"device {device!r}: use {DEVICE_FORMS}")
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if form == "auto":
+        return "cuda" if gpus else "cpu"
+    if not gpus:
+        raise ConfigError(
+            f"device {device!r}: torch sees no GPU (torch {torch.__version__}"
+            f"{', a CPU-only build' if torch.version.cuda is None else ''}); use device: cpu "
+            "or auto, or install a CUDA build of torch (docs/gpu.md)")
+    index = int(form[5:]) if ":" in form else 0
+    if index >= gpus:
+        raise ConfigError(f"device {device!r}: torch sees {gpus} GPU(s) (cuda:0 to "
+                          f"cuda:{gpus - 1})")
+    return form
+
+
 class LocalGenerator:
-    """A local causal LM on CPU behind the :class:`~dpsynth.llm.base.Generator` protocol.
+    """A local causal LM (on the CPU, or a GPU with ``device``) behind the
+    :class:`~dpsynth.llm.base.Generator` protocol.
 
     ``model`` is ``"smollm2"``, ``"gemma3"`` or a local HF model directory. ``engine``:
     ``"ctranslate2"`` (int8, about 2.5x faster here, see :mod:`dpsynth.llm.ct2`),
@@ -263,13 +293,23 @@ class LocalGenerator:
         batch_size: int | None = None,
         num_threads: int | None = None,
         engine: str = "auto",
+        device: str = "cpu",
     ) -> None:
-        """Load ``model``; ``num_threads`` defaults to :func:`default_threads`."""
+        """Load ``model``; ``num_threads`` defaults to :func:`default_threads`. ``device``
+        (:func:`resolve_device`): ``cpu``, ``cuda``, ``cuda:N`` or ``auto``; on a GPU the
+        transformers engine runs there (``engine: auto`` picks it: ctranslate2 int8 is the
+        CPU path)."""
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         requested = engine
+        self.device = resolve_device(device)
+        if self.device != "cpu":
+            if engine == "ctranslate2":
+                raise ConfigError(f"engine 'ctranslate2' runs on the CPU in dpsynth; with "
+                                  f"device {device!r} use engine 'transformers' (or 'auto')")
+            engine = "transformers"
         engine = resolve_engine(engine)
 
         spec = str(model)
@@ -385,6 +425,7 @@ class LocalGenerator:
             model = AutoModelForCausalLM.from_pretrained(
                 str(self.model_dir), dtype=torch.float32
             )
+        model.to(self.device)
         model.eval()
         fwd = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
@@ -394,7 +435,8 @@ class LocalGenerator:
     def forward_last(self, cache: Any = None, **inputs: Any) -> tuple[torch.Tensor, Any]:
         """One forward pass: (last-position logits ``[B, V]``, KV cache or None)."""
         model = self.model  # loads it first if needed (sets the keyword names below)
-        kw: dict[str, Any] = dict(inputs)
+        kw: dict[str, Any] = {k: v.to(self.device) if hasattr(v, "to") else v
+                              for k, v in inputs.items()}
         if cache is not None:
             kw[self._cache_kw] = cache
         if self._last_only:
@@ -538,7 +580,8 @@ class LocalGenerator:
                 torch.manual_seed(seed)
             try:
                 out = self.model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=cfg, **kwargs
+                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                    generation_config=cfg, **kwargs
                 )
             except Exception as exc:  # the message of a torch error holds no prompt text
                 raise GenerationError(
@@ -602,7 +645,7 @@ class LocalGenerator:
             logits, _ = self.forward_last(
                 input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False
             )
-        return logits.float().numpy().astype(np.float32, copy=False)
+        return logits.float().cpu().numpy().astype(np.float32, copy=False)
 
     def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Stepper:
         """A KV-cached stepper over ``prompts`` (see :class:`Stepper`).
@@ -665,7 +708,7 @@ class Stepper:
         self._cache: Any = cache
         self._mask = mask
         self._next_pos = pos[:, -1:] + 1
-        self._logits = logits.float().numpy().astype(np.float32, copy=False)
+        self._logits = logits.float().cpu().numpy().astype(np.float32, copy=False)
 
     def logits(self) -> np.ndarray:
         """Next-token logits ``[B, V]`` (float32) of every row."""
@@ -696,7 +739,7 @@ class Stepper:
         self._next_pos = self._next_pos + 1
         self._length += 1
         self.tokens.append(int(token_id))
-        self._logits = logits.float().numpy().astype(np.float32, copy=False)
+        self._logits = logits.float().cpu().numpy().astype(np.float32, copy=False)
 
     def close(self) -> None:
         """Free the KV cache."""

@@ -266,7 +266,8 @@ class ReleaseStore:
         }
         line = json.dumps(rec, allow_nan=True, separators=(",", ":")) + "\n"
         created = not self.path.exists()
-        with open(self.path, "ab") as fh:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # owner only
+        with os.fdopen(fd, "ab") as fh:
             fh.write(line.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())

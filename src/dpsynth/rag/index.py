@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, MissingFileError
-from ..io import atomic_write_bytes, atomic_write_json, flat_index, read_jsonl
+from ..io import SHARED_MODE, atomic_write_bytes, atomic_write_json, flat_index, read_jsonl
 
 
 def _faiss() -> Any:
@@ -27,17 +27,19 @@ def _faiss() -> Any:
 def build_index(folder: Path, texts: Sequence[str], embedder: Any, embedder_name: str,
                 embeddings: np.ndarray | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Embed ``texts`` and write ``folder/kb.faiss`` and ``folder/index.json`` (with
-    ``extra`` public metadata, e.g. the generator to answer with)."""
+    ``extra`` public metadata, e.g. the generator to answer with), readable by others: the
+    index of a knowledge base is released with it."""
     faiss = _faiss()
     folder = Path(folder)
     emb = embeddings if embeddings is not None else (
         np.asarray(embedder.embed(list(texts)), dtype=np.float32) if texts else None)
     dim = int(emb.shape[1]) if emb is not None else int(getattr(embedder, "dim", None) or 384)
     index = flat_index(emb if emb is not None else np.zeros((0, dim), np.float32), "ip")
-    atomic_write_bytes(folder / "kb.faiss", faiss.serialize_index(index).tobytes())
+    atomic_write_bytes(folder / "kb.faiss", faiss.serialize_index(index).tobytes(),
+                       mode=SHARED_MODE)
     atomic_write_json(folder / "index.json", {"embedder": embedder_name, "passages": len(texts),
                                               "dim": dim, "metric": "inner_product",
-                                              **(extra or {})})
+                                              **(extra or {})}, mode=SHARED_MODE)
     return folder / "kb.faiss"
 
 

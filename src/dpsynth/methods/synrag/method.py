@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ... import progress
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
-from ...io import write_jsonl
+from ...io import SHARED_MODE, write_jsonl
 from ...runs import RunDir
 from ..base import Job, Method, Outcome, PrivacyPlan
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
@@ -98,6 +99,7 @@ class SynRAG(Method):
         job.cleanup.callback(store.close)
 
         # 1. keywords (kept with the documents) and the noisy histogram
+        progress.stage("keywords and histogram")
         k = scfg.keywords_per_doc
         tag = [job.fingerprint, vocab.source, len(vocab), k, scfg.keyword_extractor,
                scfg.keyword_fill]
@@ -123,6 +125,7 @@ class SynRAG(Method):
             # 2-4. all cluster releases, charged once by overlapping composition
             main.record("synrag/cluster_releases", cluster_events(scfg, clip),
                         {"clusters": int(len(seeds))})
+        progress.stage("clusters and private prediction")
         sizes = corpus.cluster(seeds, scfg.overlap)  # exact |C_r|: diagnostics only
         if len(seeds):
             corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus))
@@ -130,14 +133,16 @@ class SynRAG(Method):
                                     noisy, clip, note, job.options.get("stop_after_clusters"))
 
         # 5. self-filtering (post-processing)
+        progress.stage("self-filter and release")
         texts = [r["text"] for r in results]
         keep = (self_filter(gen, texts, scfg.filter_question) if scfg.self_filter
                 else [bool(t.strip()) for t in texts])
         rows = [{"id": r["cluster"], "text": r["text"], "keyword": r["keyword"]}
                 for r, kp in zip(results, keep, strict=True) if kp]
         write_jsonl(run.release / "synthetic_all.jsonl",
-                    [{**r, "kept": bool(kp)} for r, kp in zip(results, keep, strict=True)])
-        write_jsonl(run.release / "kb.jsonl", rows)
+                    [{**r, "kept": bool(kp)} for r, kp in zip(results, keep, strict=True)],
+                    mode=SHARED_MODE)
+        write_jsonl(run.release / "kb.jsonl", rows, mode=SHARED_MODE)
         build_index(run.release, [r["text"] for r in rows], emb_model, cfg.embedder.model,
                     extra={"generator": cfg.generators[0].spec(),
                            "answer_max_new_tokens": scfg.answer_max_new_tokens,
