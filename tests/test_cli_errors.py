@@ -65,7 +65,8 @@ def test_bad_data_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_ledger_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    cfg = _config(tmp_path)  # epsilon 4
+    # epsilon 4; real model names (the refusal comes before any model loads)
+    cfg = _config(tmp_path, generators=[{"model": "smollm2"}], **{"embedder.model": "minilm"})
     runner = CliRunner()
     ok = runner.invoke(app, ["budget", "set", "--data", str(tmp_path / "d.csv"),
                              "--total-epsilon", "1"])

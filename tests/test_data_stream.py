@@ -58,8 +58,8 @@ def test_fingerprint_is_the_pinned_whole_file_digest(tmp_path: Path, suffix: str
     dropped = load_dataset(path, "text", ["label"], on_duplicate="drop")
     assert fingerprint_columns(dropped.texts, [dropped.labels["label"]], ["label"], None) == \
         PINNED["dropped"]  # the records kept
-    # the ledger's key stays the file's as read: dropping duplicates opens no new budget
-    assert dropped.fingerprint() == load_dataset(path, "text", ["label"]).fingerprint()
+    # the ledger knows the file by its bytes: dropping duplicates opens no new budget
+    assert dropped.content_digest() == load_dataset(path, "text", ["label"]).content_digest()
 
 
 def _messy_rows(n: int) -> list[dict]:

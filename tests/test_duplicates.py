@@ -62,9 +62,8 @@ def test_deduplicate_drops_them_and_keeps_the_files_budget(tmp_path: Path, data:
     assert records[kept] == 30 + DUPLICATES and records[dropped] == 30
     found = [d for d in read_diagnostics(dropped) if d.get("kind") == "duplicates"]
     assert found[0]["dropped"] is True
-    fp = [json.loads((r / "run.json").read_text())["dataset_fingerprint"]
-          for r in (kept, dropped)]
-    assert fp[0] == fp[1]  # one dataset for the ledger: dropping rows is no new budget
+    sources = [json.loads((r / "run.json").read_text())["sources"] for r in (kept, dropped)]
+    assert sources[0] == sources[1]  # one source for the ledger: dropping rows opens no budget
 
 
 def test_user_level_duplicates_are_matched_within_a_user(tmp_path: Path) -> None:
@@ -77,7 +76,7 @@ def test_user_level_duplicates_are_matched_within_a_user(tmp_path: Path) -> None
     assert len(within) == 2 and within.duplicates == 1
     assert sorted(within.users) == ["a", "b"]  # b keeps its record: only a's own copy went
     whole = load_dataset(path, "text", ["label"], "user")
-    assert within.fingerprint() == across.fingerprint() == whole.fingerprint()
+    assert within.content_digest() == across.content_digest() == whole.content_digest()
 
 
 def test_generate_cli_summary_counts_them_and_release_is_shareable(tmp_path: Path,

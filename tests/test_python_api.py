@@ -85,8 +85,8 @@ def test_a_list_of_dicts_and_a_path_work_the_same(tmp_path: Path) -> None:
     from_path = _generate(str(path), tmp_path / "b")
     assert len(from_list.synthetic) == len(from_path.synthetic) == 6
     meta = [json.loads((r.run_dir / "run.json").read_text()) for r in (from_list, from_path)]
-    # the same records, whatever their form: the ledger sees one dataset (a shared budget)
-    assert meta[0]["dataset_fingerprint"] == meta[1]["dataset_fingerprint"]
+    # the same records, whatever their form: the ledger charges one source (a shared budget)
+    assert meta[0]["sources"] == meta[1]["sources"]
 
 
 def test_a_budget_set_on_the_file_binds_the_dataframe_of_it(tmp_path: Path) -> None:
@@ -96,8 +96,7 @@ def test_a_budget_set_on_the_file_binds_the_dataframe_of_it(tmp_path: Path) -> N
 
     rows = private_rows(24)
     path = write_csv(tmp_path / "d.csv", rows)
-    ok = CliRunner().invoke(app, ["budget", "set", "--data", str(path), "--label", "label",
-                                  "--total-epsilon", "2"])
+    ok = CliRunner().invoke(app, ["budget", "set", "--data", str(path), "--total-epsilon", "2"])
     assert ok.exit_code == 0, ok.output
     with pytest.raises(dpsynth.errors.PrivacyError, match="refused"):
         _generate(pd.read_csv(path), tmp_path / "run")  # epsilon 3 > the file's cap of 2

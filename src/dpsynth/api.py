@@ -296,7 +296,7 @@ def _default_output(method: str) -> Path:
 def build_config(data: Any, output: Path, *, method: str, text: str,
                  labels: Sequence[str] | None, label_values: Mapping[str, Any] | None,
                  user: str | None, epsilon: float | None, delta: float | None,
-                 config: Mapping[str, Any] | None) -> RunConfig:
+                 config: Mapping[str, Any] | None, source: str | None = None) -> RunConfig:
     """The RunConfig of a :func:`generate` call: ``config`` sections, then the keyword
     arguments over them; a DataFrame's records ride along, to be written into the run."""
     if config is not None and not isinstance(config, Mapping):
@@ -320,6 +320,8 @@ def build_config(data: Any, output: Path, *, method: str, text: str,
                                    for k, v in dict(label_values).items()}
     if user is not None:
         section["user"] = user
+    if source is not None:
+        section["source"] = source
     privacy = raw.setdefault("privacy", {})
     if not isinstance(privacy, dict):
         raise ConfigError("config['privacy'] must be a dict")
@@ -346,7 +348,7 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
              method: str = "aug_pe", output: str | Path | None = None,
              config: Mapping[str, Any] | None = None, resume: bool = False,
              progress: bool = True, generators: Sequence[Any] | None = None,
-             embedder: Any | None = None) -> Result:
+             embedder: Any | None = None, source: str | None = None) -> Result:
     """Make synthetic text from private ``data`` with a DP guarantee; returns a
     :class:`Result`.
 
@@ -355,6 +357,8 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
     values, or a file of them), ``user``: the data section. ``epsilon`` / ``delta``: the
     privacy target (default 4 and 1e-5). ``method``: aug_pe, wasp, secpe or zero_shot.
     ``config``: any other section of the YAML, e.g. ``{"synthesis": {"samples": 60}}``.
+    ``source``: the data source the budget ledger charges (``data.source``; default the
+    file's path; a DataFrame is recognised by its records as the source they came from).
     ``output``: the run folder (default runs/METHOD-TIME). ``resume=True`` continues a
     stopped run in ``output`` with its stored configuration and records. ``generators`` /
     ``embedder``: ready model objects instead of the configured ones.
@@ -367,7 +371,7 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
     else:
         cfg = build_config(data, out, method=method, text=text, labels=labels,
                            label_values=label_values, user=user, epsilon=epsilon, delta=delta,
-                           config=config)
+                           config=config, source=source)
     run_dir = run_generation(cfg, out, resume=resume, progress=progress, generators=generators,
                              embedder=embedder)
     result = load_run(run_dir)
@@ -379,7 +383,7 @@ def build_rag(data: Any, *, text: str = "text", epsilon: float | None = None,
               delta: float | None = None, output: str | Path | None = None,
               config: Mapping[str, Any] | None = None, resume: bool = False,
               progress: bool = True, generator: Any = None,
-              embedder: Any = None) -> RagResult:
+              embedder: Any = None, source: str | None = None) -> RagResult:
     """``dpsynth rag build``: a DP synthetic knowledge base from the documents in ``data``
     (path, DataFrame or list of dicts; ``text`` names the column); ``config`` holds the
     ``synrag`` section and any other. Returns a :class:`RagResult` (``.ask(question)``)."""
@@ -394,7 +398,7 @@ def build_rag(data: Any, *, text: str = "text", epsilon: float | None = None,
     else:
         cfg = build_config(data, out, method="synrag", text=text, labels=None,
                            label_values=None, user=None, epsilon=epsilon, delta=delta,
-                           config=config)
+                           config=config, source=source)
     if not (resume and _finished(out)):
         _prepare_output(out)
         with display.session(enabled=progress):
