@@ -23,6 +23,7 @@ guarantee is (eps, delta + delta_discover): the extra delta must be part of the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.stats import norm
 
-from .privacy import GaussianEvent
+from .privacy.events import DiscreteGaussianEvent
+from .privacy.lattice import Lattice, count_lattice, truncate_to_grid
 
 if TYPE_CHECKING:
     from .config import DataConfig
@@ -85,19 +87,28 @@ def value_counts(
         held.setdefault(u, set()).add(v)
     totals: dict[str, float] = {}
     for vals in held.values():
-        w = 1.0 / np.sqrt(len(vals))
+        # truncated onto the public 2^-32 grid: an exact lattice sum for the discrete Gaussian
+        w = truncate_to_grid(1.0 / math.sqrt(len(vals)))
         for v in vals:
             totals[v] = totals.get(v, 0.0) + w
     names = sorted(totals)
     return names, np.array([totals[v] for v in names], dtype=np.float64)
 
 
-def discovery_events(n_columns: int, sigma: float) -> list[GaussianEvent]:
-    """The Gaussian releases discovery makes (one per column, sensitivity 1), for planning
-    and calibration."""
+def discovery_lattice(user_level: bool) -> Lattice:
+    """The public lattice of the value counts: integer counts (one record adds 1 to one value)
+    or, at user level, sums of 1 / sqrt(m) truncated onto the 2^-32 grid."""
+    return count_lattice(user_level)
+
+
+def discovery_events(n_columns: int, sigma: float, user_level: bool = False
+                     ) -> list[DiscreteGaussianEvent]:
+    """The discrete Gaussian releases discovery makes (one per column, sensitivity 1), for
+    planning and calibration."""
     if n_columns == 0:
         return []
-    return [GaussianEvent(sigma=sigma, sensitivity=1.0, count=n_columns, name=EVENT_NAME)]
+    return [DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0, count=n_columns,
+                                  name=EVENT_NAME, shifts=discovery_lattice(user_level).shifts)]
 
 
 @dataclass
@@ -105,7 +116,7 @@ class DiscoveredDomain:
     """What discovery kept, the privacy events it made and the delta it adds to the run."""
 
     values: dict[str, list[str]]
-    events: list[GaussianEvent]
+    events: list[DiscreteGaussianEvent]
     extra_delta: float
     threshold: float
 
@@ -154,7 +165,8 @@ def discover_label_domain(
     column keeps no value (declare the values, or lower the noise).
     """
     counts = {col: value_counts(vals, users) for col, vals in columns.items()}
-    return discover_from_counts(counts, noisy, sigma=sigma, delta_discover=delta_discover)
+    return discover_from_counts(counts, noisy, sigma=sigma, delta_discover=delta_discover,
+                                user_level=users is not None)
 
 
 def discover_from_counts(
@@ -163,6 +175,7 @@ def discover_from_counts(
     *,
     sigma: float,
     delta_discover: float,
+    user_level: bool = False,
 ) -> DiscoveredDomain:
     """:func:`discover_label_domain` from the exact counts of each column's present values
     (``(sorted values, counts)``, e.g. summed over Ray shards by
@@ -186,7 +199,7 @@ def discover_from_counts(
             )
     return DiscoveredDomain(
         values=kept,
-        events=discovery_events(len(counts), sigma),
+        events=discovery_events(len(counts), sigma, user_level),
         extra_delta=delta_discover,
         threshold=tau,
     )
@@ -219,7 +232,7 @@ def apply_discovery(
     cols = undeclared_columns(dataset)
     counts = data_compute(dataset, user_level).label_value_counts(cols) if cols else {}
     found = discover_from_counts(counts, noisy, sigma=data.label_domain_sigma,
-                                 delta_discover=data.label_domain_delta)
+                                 delta_discover=data.label_domain_delta, user_level=user_level)
     if not cols:
         return dataset, found
     return dataset.with_label_domain(found.values), found

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ import numpy as np
 
 from ..evolution.voting import knn_vote, topq_vote, user_label_counts
 from ..io import nearest
+from ..privacy.lattice import truncate_to_grid
 
 #: Buckets users are hashed into; fixed, so a run's sums are the same for any shard count
 #: (the largest useful shard count).
@@ -321,7 +323,8 @@ def label_value_partial(shard: TextShard, columns: Sequence[str], user_level: bo
                         ) -> dict[str, Partial | dict[str, Any]]:
     """Counts of the label values present, per column, for label-domain discovery
     (``dpsynth.label_domain``): record level, each record adds 1 to its value (exact ints);
-    user level, per user bucket, a user with m distinct values adds 1/sqrt(m) to each (users in
+    user level, per user bucket, a user with m distinct values adds 1/sqrt(m), truncated onto
+    the 2^-32 grid (an exact lattice sum for the discrete Gaussian release), to each (users in
     id order, values in sorted order, so the float sums do not depend on the sharding)."""
     out: dict[str, Any] = {}
     for col in columns:
@@ -340,7 +343,7 @@ def label_value_partial(shard: TextShard, columns: Sequence[str], user_level: bo
                 held.setdefault(u, set()).add(v)
             totals: dict[str, float] = {}
             for u in sorted(held):
-                w = 1.0 / np.sqrt(len(held[u]))
+                w = truncate_to_grid(1.0 / math.sqrt(len(held[u])))
                 for v in sorted(held[u]):
                     totals[v] = totals.get(v, 0.0) + w
             per_bucket[int(b)] = totals
