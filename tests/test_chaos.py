@@ -24,7 +24,7 @@ RATES = {"503": 0.12, "429": 0.08, "reset": 0.10, "hang": 0.05}
 
 def test_tiny_run_completes_through_a_flaky_server(smollm, tmp_path, monkeypatch) -> None:
     from dpsynth.api import run_generation
-    from dpsynth.privacy import Accountant, GaussianEvent
+    from dpsynth.privacy import Accountant, DiscreteGaussianEvent
 
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
     raw = yaml.safe_load((Path(__file__).parents[1] / "examples" / "tiny-aug-pe.yaml")
@@ -63,8 +63,8 @@ def test_tiny_run_completes_through_a_flaky_server(smollm, tmp_path, monkeypatch
     # the final epsilon is the planned accountant value, faults or not
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     releases = (run / "private" / "releases" / "releases.jsonl").read_text().splitlines()
-    acc = Accountant("pld")
-    acc.add(GaussianEvent(sigma=privacy["noise_multiplier"], sensitivity=1.0,
-                          count=len([r for r in releases if r.strip()])))
+    acc = Accountant("pld")  # discrete Gaussian counts and k = 1 votes: shift profile (1,)
+    acc.add(DiscreteGaussianEvent(sigma=privacy["noise_multiplier"], sensitivity=1.0,
+                                  count=len([r for r in releases if r.strip()]), shifts=(1,)))
     assert privacy["epsilon"] == pytest.approx(acc.epsilon(1e-5), rel=1e-6)
     assert privacy["epsilon"] <= privacy["target_epsilon"] + 1e-6

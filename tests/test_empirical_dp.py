@@ -28,10 +28,13 @@ from scipy import stats
 
 from dpsynth.privacy import (
     Accountant,
+    DiscreteGaussianEvent,
     ExponentialEvent,
     GaussianEvent,
+    Lattice,
     PrivacySession,
     ZCDPEvent,
+    discrete_gaussian_mechanism,
     exponential_mechanism,
     gaussian_mechanism,
     make_noise_source,
@@ -73,13 +76,32 @@ GAUSS_SIGMA = 2.0
 GAUSS_N = 400_000
 
 
-def _gaussian_eps_lb(sigma_used: float, noise_d: NoiseSource, noise_d2: NoiseSource) -> float:
+Mechanism = Callable[[np.ndarray, float, NoiseSource], np.ndarray]
+
+
+def _continuous(value: np.ndarray, sigma: float, noise: NoiseSource) -> np.ndarray:
+    return gaussian_mechanism(value, sigma, noise)
+
+
+def _on_counts(value: np.ndarray, sigma: float, noise: NoiseSource) -> np.ndarray:
+    """The session's count release: discrete Gaussian on the integers."""
+    return discrete_gaussian_mechanism(value, sigma, Lattice.counts(), noise)
+
+
+def _rounded(value: np.ndarray, sigma: float, noise: NoiseSource) -> np.ndarray:
+    """The session's release of a real value: rounded onto the 2^-32 grid (value 0.3 and 1.3
+    are off the grid), discrete Gaussian there."""
+    return discrete_gaussian_mechanism(value + 0.3, sigma, Lattice.rounded(sigma), noise)
+
+
+def _gaussian_eps_lb(sigma_used: float, noise_d: NoiseSource, noise_d2: NoiseSource,
+                     mechanism: Mechanism = _continuous) -> float:
     """D: true value 0, D': true value 1 (L2 sensitivity 1); E = {output > t}, t chosen on the
     first half of the draws."""
     # n copies of one release: the mechanism adds independent noise to each coordinate, so one
     # vector release is n independent runs.
-    out_d = gaussian_mechanism(np.zeros(GAUSS_N), sigma_used, noise_d)
-    out_d2 = gaussian_mechanism(np.ones(GAUSS_N), sigma_used, noise_d2)
+    out_d = mechanism(np.zeros(GAUSS_N), sigma_used, noise_d)
+    out_d2 = mechanism(np.ones(GAUSS_N), sigma_used, noise_d2)
     half = GAUSS_N // 2
     grid = np.linspace(-2.0, 4.0 * GAUSS_SIGMA, 121)
 
@@ -110,6 +132,39 @@ def test_gaussian_audit_detects_half_the_noise() -> None:
     stated = _gaussian_stated()
     lb = _gaussian_eps_lb(GAUSS_SIGMA / 2.0, _noise("seeded", 3), _noise("seeded", 4))
     assert lb > stated, (lb, stated)
+
+
+def _discrete_stated() -> float:
+    acc = Accountant("pld")
+    acc.add(DiscreteGaussianEvent(GAUSS_SIGMA, 1.0, shifts=(1,)))
+    return acc.epsilon(GAUSS_DELTA)
+
+
+@pytest.mark.parametrize("mode", ["seeded", "secure"])
+def test_discrete_gaussian_count_audit(mode: str) -> None:
+    """The count release (integer lattice) against its discrete Gaussian PLD charge."""
+    stated = _discrete_stated()
+    lb = _gaussian_eps_lb(GAUSS_SIGMA, _noise(mode, 21), _noise(mode, 22), _on_counts)
+    assert lb <= stated, (lb, stated)
+    assert lb > 0.5 * stated
+
+
+def test_discrete_gaussian_audit_detects_half_the_noise() -> None:
+    lb = _gaussian_eps_lb(GAUSS_SIGMA / 2.0, _noise("seeded", 23), _noise("seeded", 24),
+                          _on_counts)
+    assert lb > _discrete_stated(), lb
+
+
+def test_rounded_release_audit() -> None:
+    """A real value rounded onto the grid: charged rho = Delta'^2 / (2 sigma'^2) (zCDP, no
+    shift profile), audited at the (eps, delta) that charge states."""
+    acc = Accountant("pld")
+    acc.add(DiscreteGaussianEvent(GAUSS_SIGMA, 1.0))
+    stated = acc.epsilon(GAUSS_DELTA)
+    lb = _gaussian_eps_lb(GAUSS_SIGMA, _noise("secure", 25), _noise("secure", 26), _rounded)
+    assert lb <= stated, (lb, stated)
+    assert _gaussian_eps_lb(GAUSS_SIGMA / 2.0, _noise("seeded", 27), _noise("seeded", 28),
+                            _rounded) > stated
 
 
 # ------------------------------------------------------------------ exponential mechanism
@@ -210,8 +265,13 @@ def test_session_releases_are_these_mechanisms(tmp_path: Path) -> None:
         assert sess.exponential(k, u, 1.0, EXP_EPS) == exponential_mechanism(
             u, 1.0, EXP_EPS, noise.spawn(k))
         k = f"gauss{i}"
-        got = sess.gaussian(k, np.zeros(3), 1.0, GAUSS_SIGMA)
-        assert np.array_equal(got, gaussian_mechanism(np.zeros(3), GAUSS_SIGMA, noise.spawn(k)))
+        got = sess.gaussian(k, np.zeros(3), 1.0, GAUSS_SIGMA, lattice=Lattice.counts())
+        assert np.array_equal(got, _on_counts(np.zeros(3), GAUSS_SIGMA, noise.spawn(k)))
+        k = f"real{i}"
+        got = sess.gaussian(k, np.full(3, 0.3), 1.0, GAUSS_SIGMA)
+        wider = GAUSS_SIGMA * (1.0 + 2.0**-32 * np.sqrt(3))  # sigma grows with the rounding
+        assert np.array_equal(got, discrete_gaussian_mechanism(
+            np.full(3, 0.3), wider, Lattice.rounded(GAUSS_SIGMA), noise.spawn(k)))
     sess.close()
 
 

@@ -117,10 +117,12 @@ def test_aug_pe_killed_after_a_release_resumes_without_redraw_or_repeat(tmp_path
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     assert privacy["target_epsilon"] == 4.0 and privacy["noise"] == "secure"  # the default
     assert privacy["epsilon"] <= 4.0 + 1e-6 and privacy["epsilon"] > 3.9  # calibrated, no more
-    from dpsynth.privacy import Accountant, GaussianEvent
+    from dpsynth.privacy import Accountant, DiscreteGaussianEvent
 
+    # label counts and two k = 1 vote rounds: discrete Gaussian counts, shift profile (1,)
     acc = Accountant("pld")
-    acc.add(GaussianEvent(sigma=privacy["noise_multiplier"], sensitivity=1.0, count=3))
+    acc.add(DiscreteGaussianEvent(sigma=privacy["noise_multiplier"], sensitivity=1.0, count=3,
+                                  shifts=(1,)))
     assert privacy["epsilon"] == pytest.approx(acc.epsilon(1e-5), rel=1e-6)
 
     rows = [json.loads(line) for line in

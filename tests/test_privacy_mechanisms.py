@@ -14,6 +14,7 @@ from dpsynth.privacy import (
     PrivacyConfigError,
     PrivacySession,
     ZCDPEvent,
+    dgauss,
     make_noise_source,
     run_seed,
     threshold_log_weights,
@@ -78,6 +79,9 @@ def test_seeded_is_reproducible_and_secure_is_not() -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gaussian_release_noise_scale(tmp_path: Path, mode: str) -> None:
+    """A real value is rounded onto the 2^-32 grid and gets discrete Gaussian noise there
+    (indistinguishable from N(0, sigma^2) at this scale); counts get integer noise with the
+    discrete Gaussian's pmf."""
     sess = _session(tmp_path, mode)
     value = np.linspace(-50, 50, 20_000).reshape(100, 200)
     noisy = sess.gaussian("g", value, sensitivity=2.0, sigma=3.0)
@@ -85,12 +89,21 @@ def test_gaussian_release_noise_scale(tmp_path: Path, mode: str) -> None:
     resid = (noisy - value).ravel()
     assert stats.kstest(resid / 3.0, "norm").pvalue > ALPHA
     assert stats.kstest(resid / 3.3, "norm").pvalue < 1e-6
+    assert np.array_equal(noisy * 2.0**32, np.rint(noisy * 2.0**32))  # on the public grid
     counts = np.arange(5000, dtype=float)
     nc = sess.noisy_counts("labels", counts, sigma=4.0)
-    assert stats.kstest((nc - counts) / 4.0, "norm").pvalue > ALPHA
+    z = (nc - counts).astype(np.int64)
+    assert np.array_equal(nc - counts, z)  # integer noise
+    support = np.arange(z.min(), z.max() + 1)
+    probs = np.exp(dgauss.log_pmf(16.0, support))
+    assert _chi2_p(np.bincount(z - z.min()), probs / probs.sum()) > ALPHA
     rows = {r["name"]: r for r in sess.accountant.summary()}
-    assert rows["gaussian"]["sensitivity"] == 2.0 and rows["gaussian"]["sigma"] == 3.0
-    assert rows["noisy_counts"]["sensitivity"] == 1.0
+    # rounding to the grid adds grid * sqrt(d) to the sensitivity and sigma alike
+    wider = 2.0 + 2.0**-32 * np.sqrt(value.size)
+    assert rows["gaussian"]["sensitivity"] == wider
+    assert rows["gaussian"]["sigma"] == pytest.approx(3.0 * wider / 2.0, rel=1e-15)
+    assert rows["gaussian"]["mechanism"] == "discrete_gaussian"
+    assert rows["noisy_counts"]["sensitivity"] == 1.0 and rows["noisy_counts"]["shifts"] == (1,)
 
 
 def test_gaussian_rejects_non_finite(tmp_path: Path) -> None:

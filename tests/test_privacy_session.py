@@ -14,10 +14,13 @@ import pytest
 from dpsynth.privacy import (
     Accountant,
     BudgetExceededError,
+    DiscreteGaussianEvent,
     GaussianEvent,
+    Lattice,
     PrivacyConfigError,
     PrivacySession,
     ZCDPEvent,
+    calibrate_gaussian_sigma,
     calibrate_steps,
     make_noise_source,
 )
@@ -67,6 +70,10 @@ class CountingNoise:
         self.draws += 1
         return self.inner.choice(probs)
 
+    def integers(self, high):
+        self.draws += 1
+        return self.inner.integers(high)
+
 
 @pytest.mark.parametrize("mode", ["seeded", "secure"])
 def test_resume_after_crash_does_not_redraw(tmp_path: Path, mode: str) -> None:
@@ -101,16 +108,16 @@ def test_resume_after_crash_does_not_redraw(tmp_path: Path, mode: str) -> None:
 
 def test_interrupted_write_is_dropped(tmp_path: Path) -> None:
     store = tmp_path / "s"
-    sess = PrivacySession(store, Accountant("gdp"), make_noise_source("seeded", 1))
+    sess = PrivacySession(store, Accountant("zcdp"), make_noise_source("seeded", 1))
     v = sess.noisy_counts("labels", np.array([10.0, 20.0]), sigma=2.0)
     with open(store / "releases.jsonl", "ab") as fh:
         fh.write(b'{"key":"iter0/votes","events":[{"type":"gaus')  # crash mid-line
-    again = PrivacySession(store, Accountant("gdp"), make_noise_source("seeded", 1))
+    again = PrivacySession(store, Accountant("zcdp"), make_noise_source("seeded", 1))
     assert again.keys() == ["labels"] and np.array_equal(again.get("labels"), v)
     assert len(again.accountant.events) == 1
     assert (store / "releases.jsonl").read_bytes().endswith(b"\n")  # cut back to a whole line
     again.noisy_counts("iter0/votes", np.zeros(3), sigma=2.0)
-    third = PrivacySession(store, Accountant("gdp"), make_noise_source("seeded", 1))
+    third = PrivacySession(store, Accountant("zcdp"), make_noise_source("seeded", 1))
     assert third.keys() == ["labels", "iter0/votes"]
 
 
@@ -123,35 +130,41 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
 
 
 def test_budget_guard_raises_before_drawing(tmp_path: Path) -> None:
-    sigma = calibrate_steps(1.0, 1e-5, 10)
+    sigma = calibrate_gaussian_sigma(
+        1.0, 1e-5, lambda s: [DiscreteGaussianEvent(s, 1.0, 10, shifts=(1,))])
+    assert sigma > calibrate_steps(1.0, 1e-5, 10)  # the discrete PLD is a little wider
     noise = CountingNoise()
     store = tmp_path / "s"
     sess = PrivacySession(store, Accountant("pld"), noise, target=(1.0, 1e-5))
+    counts = Lattice.counts()
     for t in range(10):
-        sess.gaussian(f"iter{t}/votes", np.zeros(3), 1.0, sigma)
+        sess.gaussian(f"iter{t}/votes", np.zeros(3), 1.0, sigma, lattice=counts)
     assert sess.epsilon() <= 1.0
     draws, lines = noise.draws, (store / "releases.jsonl").read_text()
     with pytest.raises(BudgetExceededError, match="above the target epsilon=1"):
-        sess.gaussian("iter10/votes", np.zeros(3), 1.0, sigma)
+        sess.gaussian("iter10/votes", np.zeros(3), 1.0, sigma, lattice=counts)
     with pytest.raises(BudgetExceededError):
-        sess.gaussian("iter10/big", np.zeros(5000), 1.0, sigma)
+        sess.gaussian("iter10/big", np.zeros(5000), 1.0, sigma, lattice=counts)
     assert noise.draws == draws  # no noise drawn
     assert (store / "releases.jsonl").read_text() == lines  # nothing written
     assert list((store / "releases").iterdir()) == []
     assert not sess.has("iter10/votes") and len(sess.accountant.events) == 10
     # a stored key is still served, since it costs nothing
-    assert sess.gaussian("iter3/votes", np.zeros(3), 1.0, sigma).shape == (3,)
+    assert sess.gaussian("iter3/votes", np.zeros(3), 1.0, sigma, lattice=counts).shape == (3,)
     # the statement reports the achieved epsilon at the target delta
     st = sess.statement("user", (1.0, 1e-5))
     assert st["epsilon"] <= 1.0 and st["epsilon"] == pytest.approx(1.0, abs=1e-3)
     assert st["mechanisms"] == [
         {
-            "mechanism": "gaussian",
+            "mechanism": "discrete_gaussian",
             "sigma": sigma,
             "sensitivity": 1.0,
             "sampling_rate": 1.0,
             "name": "gaussian",
+            "shifts": (1,),
+            "grid": 1.0,
             "mu": 1.0 / sigma,
+            "rho": 0.5 / sigma**2,
             "count": 10,
         }
     ]
@@ -162,7 +175,7 @@ def test_unsupported_event_is_refused_before_drawing(tmp_path: Path) -> None:
     sess = PrivacySession(tmp_path / "s", Accountant("gdp"), noise)
     with pytest.raises(PrivacyConfigError, match="gdp"):
         sess.exponential("pick", np.arange(3.0), 1.0, 1.0)
-    with pytest.raises(PrivacyConfigError, match="subsampled"):
+    with pytest.raises(PrivacyConfigError, match="continuous Gaussian"):
         sess.gaussian("sub", np.zeros(2), 1.0, 1.0, sampling_rate=0.1)
     assert noise.draws == 0 and sess.keys() == []
 

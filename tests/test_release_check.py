@@ -11,7 +11,9 @@ with the deterministic fakes (tests/fakes.py) and the same seeded noise, then:
    release/ (and stats.jsonl): whatever still differs was not explained by a noisy value;
 3. exact values: no release file or stats.jsonl holds an exact private record count,
    per-label count or user count as a JSON number, and none of them nor log.txt holds a private
-   text substring of >= 20 characters.
+   text substring of >= 20 characters. Counts get integer (discrete Gaussian) noise, so a noisy
+   count can equal an exact one by chance: a number that is itself a released noisy value of
+   the run's stores is explained by it and not reported.
 
 Step 2 is the authoritative structural check (the replays ask for exactly D's keys); step 1 is
 strict for the PE methods, whose release keys are fixed by the config. For DP-SynRAG the number
@@ -254,12 +256,31 @@ def _leaves(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
         yield path, obj
 
 
+def released_numbers(run: Path) -> set[float]:
+    """Every number released through the run's stores (the noisy values themselves)."""
+    import numpy as np
+
+    out: set[float] = set()
+    for name, records in store_records(run).items():
+        for rec in records:
+            enc = rec["value"]
+            if enc.get("kind") == "npy":
+                data = np.load(store_dirs(run)[name] / enc["file"]).ravel().tolist()
+            else:
+                data = [v for _, v in _leaves(enc.get("data"))]
+            out.update(float(v) for v in data
+                       if isinstance(v, int | float) and not isinstance(v, bool))
+    return out
+
+
 def exact_value_problems(run: Path, counts: dict[str, int], texts: list[str],
                          allowed: frozenset[int] = frozenset()) -> list[str]:
     """Exact private counts (as whole-number JSON values) or private text (>= 20-character
     substrings) in release/, stats.jsonl or log.txt. ``allowed``: numbers that are public
-    config values of this run (a count that equals one cannot be told apart)."""
+    config values of this run (a count that equals one cannot be told apart); a number that
+    is a released noisy value of the run's stores is explained by that release."""
     problems = []
+    released = released_numbers(run)
     files = [p for p in (run / "release").rglob("*") if p.is_file()]
     files += [p for p in (run / "stats.jsonl", run / "log.txt", run / "eval" / "eval.json",
                           run / "eval" / "report.html") if p.is_file()]
@@ -287,7 +308,8 @@ def exact_value_problems(run: Path, counts: dict[str, int], texts: list[str],
             for where, value in _leaves(doc):
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     continue
-                if float(value).is_integer() and int(value) in wanted:
+                if (float(value).is_integer() and int(value) in wanted
+                        and float(value) not in released):
                     problems.append(f"{rel}[{i}]{where} = {value}: exact private "
                                     f"{wanted[int(value)]}")
     return problems
@@ -534,6 +556,9 @@ def test_checker_flags_data_dependent_structure_and_exact_values(tmp_path):
     assert any("private text" in p for p in exact_value_problems(a, counts, texts))
     clean = _fake_run(tmp_path / "c", {"summary.json": {"clusters": 3}}, ["hist"])
     assert exact_value_problems(clean, counts, texts) == []
+    # an integer noisy count that happens to equal an exact one is explained by its release
+    noisy = _fake_run(tmp_path / "n", {"summary.json": {"top": 61}}, ["hist"], value=61.0)
+    assert exact_value_problems(noisy, counts, texts) == []
 
 
 def test_fakes_are_deterministic_and_meaningful():
@@ -640,7 +665,7 @@ def test_federated_round_is_charged_before_parties_are_contacted(tmp_path, monke
     (run / "run.json").write_text(json.dumps({"run_id": "spent", "method": "wasp",
                                               "status": "failed", "attempts": 1}))
     spent = {"key": "elsewhere", "events": [GaussianEvent(0.3, 1.0).to_dict()],
-             "value": {"kind": "none"}, "noise": "seeded"}
+             "value": {"kind": "none"}, "noise": "seeded", "format": 2}
     (run / "private" / "releases" / "releases.jsonl").write_text(json.dumps(spent) + "\n")
     with pytest.raises(BudgetExceededError):
         run_pe({"generators": cfg["generators"]}, run, resume=True)

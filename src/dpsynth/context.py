@@ -27,7 +27,7 @@ from .runs import RunDir
 if TYPE_CHECKING:
     from .compute.sharded import ShardedDataset
     from .data import Dataset
-    from .privacy import Event, NoiseSource, PrivacySession
+    from .privacy import Event, Lattice, NoiseSource, PrivacySession
 
 
 class PrivateStatistics(Protocol):
@@ -184,18 +184,22 @@ class Releaser:
         self.private = private
 
     def gaussian(self, key: str, value: np.ndarray, sensitivity: float,
-                 name: str = "gaussian", *, std: float | None = None) -> np.ndarray:
-        """value + N(0, std^2) through the session (stored, accounted, resumable); ``std``
-        defaults to sigma x sensitivity."""
+                 name: str = "gaussian", *, std: float | None = None,
+                 lattice: Lattice | None = None) -> np.ndarray:
+        """value + discrete Gaussian noise of std ``std`` on the public ``lattice`` through the
+        session (stored, accounted, resumable; docs/methods.md §0); ``std`` defaults to
+        sigma x sensitivity, ``lattice`` None rounds a real value onto the fixed-point grid."""
         value = np.asarray(value, dtype=np.float64)
         if not self.private:
             return value
         std = self.sigma * sensitivity if std is None else std
-        return np.asarray(self._session.gaussian(key, value, sensitivity, std, name=name))
+        return np.asarray(self._session.gaussian(key, value, sensitivity, std, name=name,
+                                                 lattice=lattice))
 
-    def noisy_counts(self, key: str, counts: Any, sigma: float, name: str) -> Any:
+    def noisy_counts(self, key: str, counts: Any, sigma: float, name: str,
+                     lattice: Lattice | None = None) -> Any:
         """Noisy counts at an explicit noise scale (label-domain discovery)."""
-        return self._session.noisy_counts(key, counts, sigma, name=name)
+        return self._session.noisy_counts(key, counts, sigma, name=name, lattice=lattice)
 
     def noise_for(self, key: str) -> NoiseSource:
         """The key's own noise stream (mechanism randomness such as Poisson coins)."""

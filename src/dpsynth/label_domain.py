@@ -46,7 +46,8 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from .compute.kernels import user_value_weights
-from .privacy import GaussianEvent
+from .privacy.events import DiscreteGaussianEvent
+from .privacy.lattice import Lattice, count_lattice
 
 if TYPE_CHECKING:
     from .config import DataConfig
@@ -160,12 +161,20 @@ def value_counts(
     return names, np.array([totals[v] for v in names], dtype=np.float64)
 
 
-def discovery_events(n_columns: int, sigma: float) -> list[GaussianEvent]:
-    """The Gaussian releases discovery makes (one per column, sensitivity 1), for planning
-    and calibration."""
+def discovery_lattice(user_level: bool) -> Lattice:
+    """The public lattice of the value counts: integer counts (one record adds 1 to one value)
+    or, at user level, sums of 1 / sqrt(m) truncated onto the 2^-32 grid."""
+    return count_lattice(user_level)
+
+
+def discovery_events(n_columns: int, sigma: float, user_level: bool = False
+                     ) -> list[DiscreteGaussianEvent]:
+    """The discrete Gaussian releases discovery makes (one per column, sensitivity 1), for
+    planning and calibration."""
     if n_columns == 0:
         return []
-    return [GaussianEvent(sigma=sigma, sensitivity=1.0, count=n_columns, name=EVENT_NAME)]
+    return [DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0, count=n_columns,
+                                  name=EVENT_NAME, shifts=discovery_lattice(user_level).shifts)]
 
 
 @dataclass
@@ -173,7 +182,7 @@ class DiscoveredDomain:
     """What discovery kept, the privacy events it made and the delta it adds to the run."""
 
     values: dict[str, list[str]]
-    events: list[GaussianEvent]
+    events: list[DiscreteGaussianEvent]
     extra_delta: float
     threshold: float
     max_values_per_user: int = 1  # k of the threshold's union bound (1 at record level)
@@ -232,7 +241,7 @@ def discover_label_domain(
     k = max_values_per_user if users is not None else 1
     counts = {col: value_counts(vals, users, k) for col, vals in columns.items()}
     return discover_from_counts(counts, noisy, sigma=sigma, delta_discover=delta_discover,
-                                max_values_per_user=k)
+                                max_values_per_user=k, user_level=users is not None)
 
 
 def discover_from_counts(
@@ -242,6 +251,7 @@ def discover_from_counts(
     sigma: float,
     delta_discover: float,
     max_values_per_user: int,
+    user_level: bool = False,
 ) -> DiscoveredDomain:
     """:func:`discover_label_domain` from the exact counts of each column's present values
     (``(sorted values, counts)``, e.g. summed over Ray shards by
@@ -268,7 +278,7 @@ def discover_from_counts(
             )
     return DiscoveredDomain(
         values=kept,
-        events=discovery_events(len(counts), sigma),
+        events=discovery_events(len(counts), sigma, user_level),
         extra_delta=delta_discover,
         threshold=tau,
         max_values_per_user=max_values_per_user,
@@ -305,7 +315,7 @@ def apply_discovery(
     counts = data_compute(dataset, user_level).label_value_counts(cols, k) if cols else {}
     found = discover_from_counts(counts, noisy, sigma=data.label_domain_sigma,
                                  delta_discover=data.label_domain_delta,
-                                 max_values_per_user=k)
+                                 max_values_per_user=k, user_level=user_level)
     if not cols:
         return dataset, found
     return dataset.with_label_domain(found.values), found

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ import numpy as np
 
 from ..evolution.voting import knn_vote, topq_vote, user_label_counts
 from ..io import nearest
+from ..privacy.lattice import truncate_to_grid
 
 #: Buckets users are hashed into; fixed, so a run's sums are the same for any shard count
 #: (the largest useful shard count).
@@ -321,15 +323,17 @@ def user_value_weights(values: Sequence[str], max_values: int) -> list[tuple[str
     """One user's bounded contribution to a label column's value counts (docs/methods.md §0):
     the user's ``k' = min(k, m)`` most frequent of their ``m`` distinct values (``k`` =
     ``max_values``; most records first, ties broken by the smaller value), each weighted
-    ``1 / sqrt(k')``, so the contribution has L2 norm 1 and adds at most 1 to any value. The
-    choice depends on this user's own records only. Returned in sorted value order."""
+    ``1 / sqrt(k')`` truncated toward zero onto the 2^-32 grid (an exact lattice sum for the
+    discrete Gaussian release), so the contribution has L2 norm <= 1 and adds at most 1 to any
+    value. The choice depends on this user's own records only. Returned in sorted value
+    order."""
     if max_values < 1:
         raise ValueError(f"max_values must be >= 1, got {max_values}")
     freq: dict[str, int] = {}
     for v in values:
         freq[v] = freq.get(v, 0) + 1
     chosen = sorted(sorted(freq), key=lambda v: -freq[v])[:max_values]
-    w = 1.0 / np.sqrt(len(chosen))
+    w = truncate_to_grid(1.0 / math.sqrt(len(chosen)))
     return [(v, w) for v in sorted(chosen)]
 
 
@@ -338,8 +342,8 @@ def label_value_partial(shard: TextShard, columns: Sequence[str], user_level: bo
     """Counts of the label values present, per column, for label-domain discovery
     (``dpsynth.label_domain``): record level, each record adds 1 to its value (exact ints);
     user level, per user bucket, each user adds :func:`user_value_weights` (at most
-    ``max_values`` values per column; users in id order, values in sorted order, so the float
-    sums do not depend on the sharding)."""
+    ``max_values`` values per column, on the 2^-32 grid; users in id order, values in sorted
+    order, so the float sums do not depend on the sharding)."""
     out: dict[str, Any] = {}
     for col in columns:
         values = np.asarray(list(shard.labels[col]), dtype=object)

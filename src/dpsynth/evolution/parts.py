@@ -8,6 +8,7 @@ import numpy as np
 
 from ..config import SynthesisConfig
 from ..context import PrivateView, Releaser, Rngs
+from ..privacy.lattice import count_lattice
 from .operators import Generation
 from .pool import Pool
 from .selection import allocate, select_per_label
@@ -19,7 +20,8 @@ def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray
     if view.n_labels == 1:
         return np.array([total])
     counts = view.compute.label_counts(view.n_labels)
-    noisy = releaser.gaussian("label_counts", counts, 1.0, name="label_counts")
+    lattice = count_lattice(view.config.privacy.unit == "user")
+    noisy = releaser.gaussian("label_counts", counts, 1.0, name="label_counts", lattice=lattice)
     return allocate(total, noisy)
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpsynth.io import flat_index
+from dpsynth.privacy.lattice import truncate_to_grid
 
 if TYPE_CHECKING:
     from dpsynth.config import SynthesisConfig
@@ -324,7 +325,10 @@ def nearest_candidates(private_emb: np.ndarray, private_labels: np.ndarray,
 
 def _bound_users(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, users: np.ndarray,
                  n_cols: int, max_norm: float) -> np.ndarray:
-    """Sum votes per user, scale each user's vote vector to L2 norm <= max_norm, add up.
+    """Sum votes per user, scale each user's vote vector to L2 norm <= max_norm, truncate it
+    toward zero onto the public fixed-point grid (FIXED_POINT_GRID, so the norm stays <=
+    max_norm and the sum is an exact lattice statistic for the discrete Gaussian release,
+    docs/methods.md §0), add up.
 
     rows index private records; `users` maps each record to a user id (int codes).
     """
@@ -334,7 +338,10 @@ def _bound_users(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, users: np
     scale = np.minimum(1.0, max_norm / np.maximum(norms, 1e-12))
     if not n_users:
         return np.zeros(n_cols)
-    return np.asarray((sp.diags(scale) @ per_user).sum(axis=0)).ravel()
+    bounded = (sp.diags(scale) @ per_user).tocsr()
+    bounded.data = truncate_to_grid(bounded.data)
+    return np.asarray(bounded.sum(axis=0)).ravel()
+
 
 
 def _scatter(n: int, cols: np.ndarray, vals: np.ndarray) -> np.ndarray:

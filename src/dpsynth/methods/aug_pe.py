@@ -26,7 +26,22 @@ from ..evolution.parts import (
 from ..evolution.pool import Pool
 from ..evolution.selection import thresholded
 from ..evolution.voting import vote_index_from
+from ..privacy.lattice import Lattice
 from .pe import PEMethod
+
+
+def knn_lattice(cand_labels: np.ndarray, k: int, unit: str) -> Lattice:
+    """The public lattice of the vote histogram (docs/methods.md §1): at record level counts
+    times 1 / sqrt(kk) per candidate (kk = min(k, candidates of its label), public); k = 1:
+    integer counts, one record adds 1 to one cell (shift profile (1,)). At user level each
+    user's vote vector is truncated onto the fixed-point grid (voting._bound_users)."""
+    from ..compute.kernels import knn_weights
+
+    if unit == "user":
+        return Lattice.fixed_point()
+    if k == 1:
+        return Lattice.counts()
+    return Lattice(knn_weights(np.asarray(cand_labels, dtype=np.int64), k), True)
 
 
 class AugPEStrategy:
@@ -52,7 +67,9 @@ class AugPEStrategy:
         vote_emb = lookahead_embeddings(self.gen, pool, emb, syn.lookahead, f"look{t}")
         votes = self.view.compute.knn_histogram(vote_emb, pool.labels, syn.k,
                                                 index=vote_index_from(syn))
-        noisy = self.releaser.gaussian(f"iter{t}/votes", votes, 1.0, name="votes")
+        noisy = self.releaser.gaussian(f"iter{t}/votes", votes, 1.0, name="votes",
+                                       lattice=knn_lattice(pool.labels, syn.k,
+                                                           self.view.config.privacy.unit))
         scores = thresholded(noisy, syn.threshold * self.releaser.sigma)
         return VoteResult(scores, {"votes": noisy}, {
             "noise_sigma": self.releaser.sigma,
@@ -72,3 +89,7 @@ class AugPE(PEMethod):
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs) -> AugPEStrategy:
         return AugPEStrategy(config.synthesis, view, releaser, gen, rngs)
+
+    def vote_shifts(self, config: RunConfig) -> tuple[int, ...]:
+        """k = 1 at record level: one record adds 1 to one candidate's count."""
+        return (1,) if config.synthesis.k == 1 and config.privacy.unit == "record" else ()

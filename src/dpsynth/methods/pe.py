@@ -82,11 +82,29 @@ class PEMethod(Method):
         return label_release + (config.synthesis.iterations if self.private_votes else 0)
 
     def planned_events(self, config: RunConfig, n_labels: int, sigma: float) -> list[Any]:
-        """The run's planned releases as privacy events, for calibration and the ledger."""
-        from ..privacy import GaussianEvent
+        """The run's planned releases as privacy events, for calibration and the ledger: the
+        discrete Gaussian label counts and votes, at noise multiplier ``sigma``, with the shift
+        profiles the releases carry (docs/methods.md §0)."""
+        from ..privacy import DiscreteGaussianEvent
+        from ..privacy.lattice import count_lattice
 
         steps = self.vote_releases(config, n_labels)
-        return [GaussianEvent(sigma=sigma, sensitivity=1.0, count=steps)] if steps else []
+        rounds = min(steps, config.synthesis.iterations if self.private_votes else 0)
+        events = []
+        if steps > rounds:
+            events.append(DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0, count=steps - rounds,
+                                                name="label_counts",
+                                                shifts=count_lattice(
+                                                    config.privacy.unit == "user").shifts))
+        if rounds:
+            events.append(DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0, count=rounds,
+                                                name="votes", shifts=self.vote_shifts(config)))
+        return events
+
+    def vote_shifts(self, config: RunConfig) -> tuple[int, ...]:
+        """The exact shift profile of one record's vote release in lattice steps, () when only
+        its L2 bound is known (zCDP accounting; docs/methods.md §0)."""
+        return ()
 
     def noise_multiplier(self, config: RunConfig, dataset: Dataset) -> float | None:
         """A noise multiplier the method fixes itself (SecPE); None: calibrate it from the
@@ -236,10 +254,13 @@ def _discovery_columns(cfg: RunConfig, dataset: Dataset, private: bool) -> list[
 def _discover_domain(cfg: RunConfig, dataset: Dataset, session: Any) -> tuple[Any, Any]:
     """Release the noisy value counts of the undeclared label columns through the session
     (replayed on resume) and keep the records of the values that passed (docs/methods.md §0)."""
-    from ..label_domain import apply_discovery
+    from ..label_domain import apply_discovery, discovery_lattice
 
     sigma_d = cfg.data.label_domain_sigma
+    user_level = cfg.privacy.unit == "user"
+    lattice = discovery_lattice(user_level)
     return apply_discovery(
         dataset, cfg.data,
-        lambda key, counts: session.noisy_counts(key, counts, sigma_d, name="label_domain"),
-        user_level=cfg.privacy.unit == "user")
+        lambda key, counts: session.noisy_counts(key, counts, sigma_d, name="label_domain",
+                                                 lattice=lattice),
+        user_level=user_level)

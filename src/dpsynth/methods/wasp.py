@@ -33,8 +33,17 @@ from ..evolution.parts import noisy_quota, reference_set
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
 from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
+from ..privacy.lattice import Lattice
 from .base import Job, Outcome
 from .pe import PEMethod
+
+
+def topq_lattice(q: int, unit: str) -> Lattice:
+    """The public lattice of (H_near, H_far) (docs/methods.md §2): record-level votes are
+    integer multiples of 2^-(Q-1); at user level each user's vector is truncated onto the
+    fixed-point grid. Accounted by the zCDP bound (the exact 2Q-shift PLD costs seconds per
+    evaluation, too slow for calibration)."""
+    return Lattice.fixed_point() if unit == "user" else Lattice(2.0 ** -(q - 1), True)
 
 
 def generator_weights(near: np.ndarray, sources: np.ndarray, n_generators: int,
@@ -113,7 +122,9 @@ class WaspStrategy:
         if self.wasp.federated.parties == 0:
             hist = self.view.compute.topq_histograms(emb, pool.labels, self.wasp.top_q,
                                                      index=vote_index_from(self.syn))
-            return self.releaser.gaussian(key, hist, sens, name="topq_votes")
+            return self.releaser.gaussian(key, hist, sens, name="topq_votes",
+                                          lattice=topq_lattice(self.wasp.top_q,
+                                                               self.view.config.privacy.unit))
         return self.federated(key, pool, emb, sens)
 
     def federated(self, key: str, pool: Pool, emb: np.ndarray, sens: float) -> np.ndarray:
@@ -221,9 +232,12 @@ class Wasp(PEMethod):
         fed = config.wasp.federated
         if not fed.parties:
             return super().planned_events(config, n_labels, sigma)
-        from ..privacy import GaussianEvent
+        from ..privacy import DiscreteGaussianEvent, GaussianEvent
+        from ..privacy.lattice import count_lattice
 
-        events = [GaussianEvent(sigma=sigma, sensitivity=1.0, name="label_counts")] \
+        shifts = count_lattice(config.privacy.unit == "user").shifts
+        events: list[Any] = [DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0,
+                                                   name="label_counts", shifts=shifts)] \
             if n_labels > 1 else []
         rounds = config.synthesis.iterations
         if rounds:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from .accountant import (
         KINDS,
         Accountant,
+        ddgauss_rdp,
+        ddgauss_rho,
+        ddgauss_tau,
+        dgauss_rho,
         gdp_delta,
         gdp_epsilon,
         zcdp_to_delta_cks,
@@ -28,8 +32,11 @@ if TYPE_CHECKING:
         steps_epsilon,
         validate_epsilon_delta,
     )
+    from .distributed import party_share, share_sigma, sum_shares
     from .errors import BudgetExceededError, BudgetRefusedError, PrivacyConfigError
     from .events import (
+        DiscreteGaussianEvent,
+        DistributedDiscreteGaussianEvent,
         Event,
         ExponentialEvent,
         GaussianEvent,
@@ -40,8 +47,10 @@ if TYPE_CHECKING:
         overlapping,
         to_dp_event,
     )
+    from .lattice import FIXED_POINT_GRID, Lattice
     from .ledger import BudgetLedger, default_ledger_path, keyed_fingerprint
     from .mechanisms import (
+        discrete_gaussian_mechanism,
         exponential_mechanism,
         gaussian_mechanism,
         private_token_mechanism,
@@ -61,6 +70,18 @@ _WHERE: dict[str, str] = {
     "zcdp_to_delta_cks": "accountant",
     "zcdp_to_eps_cks": "accountant",
     "zcdp_to_eps_standard": "accountant",
+    "ddgauss_rdp": "accountant",
+    "ddgauss_rho": "accountant",
+    "ddgauss_tau": "accountant",
+    "dgauss_rho": "accountant",
+    "party_share": "distributed",
+    "share_sigma": "distributed",
+    "sum_shares": "distributed",
+    "DiscreteGaussianEvent": "events",
+    "DistributedDiscreteGaussianEvent": "events",
+    "FIXED_POINT_GRID": "lattice",
+    "Lattice": "lattice",
+    "discrete_gaussian_mechanism": "mechanisms",
     "calibrate_gaussian_sigma": "calibration",
     "calibrate_steps": "calibration",
     "plan_epsilon": "calibration",
@@ -98,14 +119,18 @@ _WHERE: dict[str, str] = {
 }
 
 __all__ = [
+    "FIXED_POINT_GRID",
     "KINDS",
     "Accountant",
     "BudgetExceededError",
     "BudgetLedger",
     "BudgetRefusedError",
+    "DiscreteGaussianEvent",
+    "DistributedDiscreteGaussianEvent",
     "Event",
     "ExponentialEvent",
     "GaussianEvent",
+    "Lattice",
     "NoiseSource",
     "PrivacyConfigError",
     "PrivacySession",
@@ -118,7 +143,12 @@ __all__ = [
     "as_event_list",
     "calibrate_gaussian_sigma",
     "calibrate_steps",
+    "ddgauss_rdp",
+    "ddgauss_rho",
+    "ddgauss_tau",
     "default_ledger_path",
+    "dgauss_rho",
+    "discrete_gaussian_mechanism",
     "event_from_dict",
     "exponential_mechanism",
     "gaussian_mechanism",
@@ -128,10 +158,13 @@ __all__ = [
     "make_noise_source",
     "noise_note",
     "overlapping",
+    "party_share",
     "plan_epsilon",
     "private_token_mechanism",
     "run_seed",
+    "share_sigma",
     "steps_epsilon",
+    "sum_shares",
     "threshold_log_weights",
     "threshold_mechanism",
     "to_dp_event",

@@ -16,7 +16,16 @@ Kinds (docs/methods.md §0):
 - ``"zcdp"``: rho adds up; Gaussian rho = Delta^2 / (2 sigma^2), exponential rho = eps^2 / 8;
   conversion by :func:`zcdp_to_eps_cks`. Subsampled Gaussians are refused.
 - ``"gdp"``: Gaussian DP closed form, mu = sqrt(sum count (Delta / sigma)^2). Only full-batch
-  Gaussian events (anything else is refused at ``add``).
+  continuous Gaussian events (anything else is refused at ``add``, discrete Gaussians too:
+  their tradeoff curve is not exactly mu-GDP).
+
+Discrete Gaussian releases (docs/methods.md §0): rho = Delta^2 / (2 sigma^2) in every kind
+(Canonne-Kamath-Steinke 2020, Theorem 14; RDP alpha rho). With a known shift profile the
+'pld' kind composes dp_accounting's discrete Gaussian PLD (``from_discrete_gaussian_mechanism``,
+pessimistic) of each shift; without one the release has no PLD and the run is reported by RDP.
+A sum of P parties' discrete Gaussian shares is RDP min(alpha eps^2 / 2 + tau d,
+(alpha / 2)(eps + tau sqrt(d))^2) (Kairouz, Liu & Steinke 2021), rho = (eps + tau sqrt(d))^2 / 2
+for 'zcdp', no PLD.
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ from scipy.special import log_ndtr
 from .errors import PrivacyConfigError
 from .events import (
     RELEASE_EVENTS,
+    DiscreteGaussianDpEvent,
+    DiscreteGaussianEvent,
+    DistributedDiscreteGaussianDpEvent,
     Event,
     ExponentialEvent,
     GaussianEvent,
@@ -63,6 +75,9 @@ _SUBSAMPLED_MAX_ORDER = 1024.0
 # Above this many discretisation steps of privacy loss, the PLD of pure-DP events is skipped and
 # the (sound) RDP bound is used alone, to keep budget checks fast.
 _PLD_MAX_SPAN = 2_000_000
+# dp_accounting's discrete Gaussian PLD enumerates about 23 sigma lattice points per shift;
+# above this lattice sigma the (sound) RDP bound is used alone.
+_DGAUSS_PLD_MAX_SIGMA = 2.0**15
 
 
 def _check_delta(delta: float) -> None:
@@ -230,12 +245,23 @@ def _collect(kind: str, event: dp_event.DpEvent, count: int, out: Groups) -> str
         if event.xi != 0:
             return "{label}: (xi, rho)-zCDP with xi != 0 is not supported"
         key = ("zcdp", float(event.rho))
+    elif isinstance(event, DiscreteGaussianDpEvent):
+        if not event.sigma > 0 or not event.shifts:
+            return "{label}: a discrete Gaussian needs sigma > 0 and a shift profile"
+        key = ("dgauss", float(event.sigma), tuple(int(v) for v in event.shifts))
+    elif isinstance(event, DistributedDiscreteGaussianDpEvent):
+        if not (event.sigma > 0 and event.sensitivity > 0 and event.parties >= 1
+                and event.dimension >= 1):
+            return "{label}: invalid distributed discrete Gaussian"
+        key = ("ddgauss", float(event.sigma), float(event.sensitivity), int(event.parties),
+               int(event.dimension))
     else:
         return f"{{label}}: the {kind!r} accountant does not support {type(event).__name__}"
     if kind == "gdp" and key[0] != "gaussian":
         return (
-            "the 'gdp' accountant only composes Gaussian mechanisms, got {label}; "
-            "use accountant 'pld', 'rdp' or 'zcdp'"
+            "the 'gdp' accountant only composes continuous Gaussian mechanisms, got {label} "
+            "(dpsynth's releases add discrete Gaussian noise, docs/methods.md §0); use "
+            "accountant 'pld', 'rdp' or 'zcdp'"
         )
     out[key] = out.get(key, 0) + count
     return None
@@ -260,24 +286,61 @@ def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
         elif key[0] == "pure":
             eps = key[1]
             total += count * np.minimum(eps, orders * eps**2 / 2.0)
+        elif key[0] == "ddgauss":
+            total += count * ddgauss_rdp(orders, *key[1:])
         else:
-            total += count * key[1] * orders
+            total += count * _group_rho(key) * orders
     total[small] += np.asarray(acct.rdp, dtype=np.float64)
     return total
 
 
+def dgauss_rho(sigma: float, shifts: tuple[int, ...]) -> float:
+    """zCDP rho of the discrete Gaussian with lattice std ``sigma`` and shift profile
+    ``shifts``: sum s^2 / (2 sigma^2) (CKS 2020, Theorem 14)."""
+    return sum(v * v for v in shifts) / (2.0 * sigma**2)
+
+
+def ddgauss_tau(sigma: float, parties: int) -> float:
+    """tau = 10 sum_{k=1}^{P-1} exp(-2 pi^2 sigma^2 k / (k + 1)) (KLS 2021, Theorem 1), sigma
+    the per-party lattice std: how far a sum of P discrete Gaussians is from one."""
+    return 10.0 * sum(math.exp(-2.0 * math.pi**2 * sigma**2 * k / (k + 1.0))
+                      for k in range(1, int(parties)))
+
+
+def ddgauss_rdp(orders: np.ndarray, sigma: float, sensitivity: float, parties: int,
+                dimension: int) -> np.ndarray:
+    """RDP of the distributed discrete Gaussian (KLS 2021, Prop. 14 / Eq. 17): eps =
+    Delta / (sqrt(P) sigma), min(alpha eps^2 / 2 + tau d, (alpha / 2)(eps + tau sqrt(d))^2)."""
+    a = np.asarray(orders, dtype=np.float64)
+    eps = sensitivity / (math.sqrt(parties) * sigma)
+    tau = ddgauss_tau(sigma, parties)
+    return np.minimum(a * eps**2 / 2.0 + tau * dimension,
+                      a / 2.0 * (eps + tau * math.sqrt(dimension)) ** 2)
+
+
+def ddgauss_rho(sigma: float, sensitivity: float, parties: int, dimension: int) -> float:
+    """zCDP rho of the distributed discrete Gaussian: (eps + tau sqrt(d))^2 / 2 (the second
+    branch of :func:`ddgauss_rdp`, linear in alpha)."""
+    eps = sensitivity / (math.sqrt(parties) * sigma)
+    return 0.5 * (eps + ddgauss_tau(sigma, parties) * math.sqrt(dimension)) ** 2
+
+
+def _group_rho(key: tuple) -> float:
+    if key[0] == "gaussian":
+        return 1.0 / (2.0 * key[1] ** 2)
+    if key[0] == "exponential":
+        return key[1] ** 2 / 8.0
+    if key[0] == "pure":
+        return key[1] ** 2 / 2.0
+    if key[0] == "dgauss":
+        return dgauss_rho(key[1], key[2])
+    if key[0] == "ddgauss":
+        return ddgauss_rho(*key[1:])
+    return float(key[1])
+
+
 def _zcdp_rho(groups: Groups) -> float:
-    rho = 0.0
-    for key, count in groups.items():
-        if key[0] == "gaussian":
-            rho += count / (2.0 * key[1] ** 2)
-        elif key[0] == "exponential":
-            rho += count * key[1] ** 2 / 8.0
-        elif key[0] == "pure":
-            rho += count * key[1] ** 2 / 2.0
-        else:
-            rho += count * key[1]
-    return rho
+    return sum(count * _group_rho(key) for key, count in groups.items())
 
 
 def _gdp_mu(groups: Groups) -> float:
@@ -419,9 +482,9 @@ class Accountant(PrivacyAccountant):
             k = tuple(sorted(d.items()))
             if k not in rows:
                 rows[k] = {"mechanism": d.pop("type"), **d, "count": 0}
-                if isinstance(e, GaussianEvent):
+                if isinstance(e, GaussianEvent | DiscreteGaussianEvent):
                     rows[k]["mu"] = e.sensitivity / e.sigma
-                if isinstance(e, ExponentialEvent):
+                if isinstance(e, ExponentialEvent | DiscreteGaussianEvent):
                     rows[k]["rho"] = e.rho
             rows[k]["count"] += count
         return list(rows.values())
@@ -471,7 +534,9 @@ class Accountant(PrivacyAccountant):
     def _pld(self, groups: Groups) -> pld_lib.PrivacyLossDistribution | None:
         """The composed PLD, or None when some event has none (zCDP) or would be too costly."""
         vdi = self.value_discretization_interval
-        if any(k[0] == "zcdp" for k in groups):
+        if any(k[0] in ("zcdp", "ddgauss") for k in groups):
+            return None
+        if any(k[0] == "dgauss" and k[1] > _DGAUSS_PLD_MAX_SIGMA for k in groups):
             return None
         span = sum(c * k[1] for k, c in groups.items() if k[0] in ("exponential", "pure")) / vdi
         if span > _PLD_MAX_SPAN:
@@ -496,6 +561,9 @@ class Accountant(PrivacyAccountant):
                     value_discretization_interval=vdi,
                 )
                 parts.append(one.self_compose(count) if count > 1 else one)
+            elif key[0] == "dgauss":
+                one = _dgauss_pld(key[1], key[2], vdi)
+                parts.append(one.self_compose(count) if count > 1 else one)
             elif key[0] in ("exponential", "pure"):
                 one = pld_lib.from_privacy_parameters(
                     pld_common.DifferentialPrivacyParameters(key[1], 0.0),
@@ -508,9 +576,46 @@ class Accountant(PrivacyAccountant):
         return total
 
 
+def _dgauss_pld(sigma: float, shifts: tuple[int, ...], vdi: float
+                ) -> pld_lib.PrivacyLossDistribution:
+    """dp_accounting's (pessimistic) discrete Gaussian PLD of each shift, composed: the
+    product mechanism's privacy loss is the sum of the coordinates' (independent noise)."""
+    total = None
+    for shift, times in sorted(_multiset(shifts).items()):
+        one = _dgauss_pld_1d(sigma, shift, vdi)
+        one = one.self_compose(times) if times > 1 else one
+        total = one if total is None else total.compose(one)
+    assert total is not None
+    return total
+
+
+def _multiset(values: tuple[int, ...]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+_DGAUSS_PLD_CACHE: dict[tuple[float, int, float], pld_lib.PrivacyLossDistribution] = {}
+
+
+def _dgauss_pld_1d(sigma: float, shift: int, vdi: float) -> pld_lib.PrivacyLossDistribution:
+    key = (sigma, shift, vdi)
+    if key not in _DGAUSS_PLD_CACHE:
+        if len(_DGAUSS_PLD_CACHE) >= 256:
+            _DGAUSS_PLD_CACHE.pop(next(iter(_DGAUSS_PLD_CACHE)))
+        _DGAUSS_PLD_CACHE[key] = pld_lib.from_discrete_gaussian_mechanism(
+            sigma, sensitivity=shift, value_discretization_interval=vdi)
+    return _DGAUSS_PLD_CACHE[key]
+
+
 __all__ = [
     "KINDS",
     "Accountant",
+    "ddgauss_rdp",
+    "ddgauss_rho",
+    "ddgauss_tau",
+    "dgauss_rho",
     "gdp_delta",
     "gdp_epsilon",
     "zcdp_to_delta_cks",

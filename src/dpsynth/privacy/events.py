@@ -5,7 +5,12 @@ The privacy core speaks dp_accounting's event language: each release event below
 carries a ``name`` and its sensitivity, for the statement and the release store) converts to a
 ``dp_accounting`` event with :meth:`dp_event` (``GaussianDpEvent``, ``PoissonSampledDpEvent``,
 ``SelfComposedDpEvent``, ``ZCDpEvent``), plus :class:`PureDpEvent` for the exponential mechanism,
-which dp_accounting has no class for. Composition semantics (docs/methods.md §0):
+:class:`DiscreteGaussianDpEvent` for the discrete Gaussian with a known lattice shift profile and
+:class:`DistributedDiscreteGaussianDpEvent` for a sum of parties' discrete Gaussian shares,
+which dp_accounting has no class for. Every Gaussian release of the session is a
+:class:`DiscreteGaussianEvent`; :class:`GaussianEvent` (continuous noise) remains for noise
+drawn outside the session (the federated parties' shares) and for calibration references.
+Composition semantics (docs/methods.md §0):
 
 - ``count`` is the number of identical sequential compositions of the same mechanism.
 - Overlapping parallel composition (each record takes part in at most L of the parts, e.g.
@@ -39,6 +44,31 @@ class PureDpEvent(dp_event.DpEvent):
 
     epsilon: float
     bounded_range: bool = True
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class DiscreteGaussianDpEvent(dp_event.DpEvent):
+    """The discrete Gaussian N_Z(0, sigma^2) per coordinate (``sigma`` in lattice steps) whose
+    neighbouring inputs differ, up to order and signs, by a sub-vector of the integer
+    ``shifts``: rho = sum s^2 / (2 sigma^2) (CKS 2020, Theorem 14), and an exact PLD, the
+    composition of dp_accounting's 1-D discrete Gaussian PLDs of each shift."""
+
+    sigma: float
+    shifts: tuple[int, ...]
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class DistributedDiscreteGaussianDpEvent(dp_event.DpEvent):
+    """The sum of ``parties`` independent N_Z(0, sigma^2) shares (``sigma`` in lattice steps
+    per party) added to a ``dimension``-d lattice statistic of L2 sensitivity ``sensitivity``
+    (lattice steps): RDP(alpha) <= min(alpha eps^2 / 2 + tau d, (alpha / 2)(eps + tau sqrt(d))^2)
+    with eps = sensitivity / (sqrt(parties) sigma), tau = 10 sum_{k=1}^{parties-1}
+    exp(-2 pi^2 sigma^2 k / (k + 1)) (Kairouz, Liu & Steinke 2021, Theorem 1 / Prop. 14)."""
+
+    sigma: float
+    sensitivity: float
+    parties: int
+    dimension: int
 
 
 def _check_count(count: int) -> None:
@@ -120,6 +150,104 @@ class GaussianEvent(_EventMixin):
 
 
 @dataclass(frozen=True)
+class DiscreteGaussianEvent(_EventMixin):
+    """Discrete Gaussian mechanism on a public lattice (docs/methods.md §0): f(D) on
+    ``grid * Z^d`` plus grid * N_Z(0, (sigma / grid)^2) per coordinate, f of L2 sensitivity
+    Delta (value units), composed ``count`` times. Alone: rho-zCDP with rho = Delta^2 /
+    (2 sigma^2) in any dimension (Canonne, Kamath & Steinke 2020, Theorem 14).
+
+    ``grid``: the lattice spacing (1.0 for per-coordinate spacings). ``shifts`` (in steps of
+    ``grid``), when given, is the exact worst case of one record's change
+    (:class:`dpsynth.privacy.lattice.Lattice`); the 'pld' accountant then composes
+    dp_accounting's discrete Gaussian PLDs. ``sampling_rate`` < 1 (a Poisson sample) is
+    recorded but not used: the charge is the full-batch one, an upper bound."""
+
+    TYPE: ClassVar[str] = "discrete_gaussian"
+    sigma: float
+    sensitivity: float
+    count: int = 1
+    sampling_rate: float = 1.0
+    name: str = "gaussian"
+    shifts: tuple[int, ...] = ()
+    grid: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_positive("sigma", self.sigma)
+        _check_positive("sensitivity", self.sensitivity)
+        _check_count(self.count)
+        _check_positive("sampling_rate", self.sampling_rate)
+        _check_positive("grid", self.grid)
+        _coerce(self, "sigma", "sensitivity", "count", "sampling_rate", "grid")
+        if not (0.0 < self.sampling_rate <= 1.0):
+            raise PrivacyConfigError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+        shifts = tuple(self.shifts)
+        if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1
+               for v in shifts):
+            raise PrivacyConfigError(f"shifts must be integers >= 1, got {self.shifts!r}")
+        object.__setattr__(self, "shifts", tuple(int(v) for v in shifts))
+        if shifts and self.grid * math.sqrt(sum(v * v for v in shifts)) > (
+                self.sensitivity * (1.0 + 1e-9)):
+            raise PrivacyConfigError(
+                f"shifts {self.shifts} on grid {self.grid:g} exceed the sensitivity "
+                f"{self.sensitivity:g}")
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / Delta."""
+        return self.sigma / self.sensitivity
+
+    @property
+    def rho(self) -> float:
+        """zCDP parameter of one application: Delta^2 / (2 sigma^2)."""
+        return 0.5 / self.noise_multiplier**2
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """:class:`DiscreteGaussianDpEvent` (lattice sigma, shifts) when the shift profile is
+        known, else ``ZCDpEvent(rho)``; ``count`` times."""
+        one: dp_event.DpEvent
+        if self.shifts:
+            one = DiscreteGaussianDpEvent(self.sigma / self.grid, self.shifts)
+        else:
+            one = dp_event.ZCDpEvent(self.rho)
+        return _self_composed(one, self.count)
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussianEvent(_EventMixin):
+    """A lattice statistic noised by ``parties`` independent discrete Gaussian shares of std
+    ``sigma`` each (value units; lattice ``grid``), L2 sensitivity Delta over ``dimension``
+    coordinates (:mod:`dpsynth.privacy.distributed`; Kairouz, Liu & Steinke 2021). Charge a
+    round at the fewest parties whose shares can be in the sum."""
+
+    TYPE: ClassVar[str] = "distributed_discrete_gaussian"
+    sigma: float
+    sensitivity: float
+    parties: int
+    dimension: int
+    grid: float = 1.0
+    count: int = 1
+    name: str = "distributed_gaussian"
+
+    def __post_init__(self) -> None:
+        _check_positive("sigma", self.sigma)
+        _check_positive("sensitivity", self.sensitivity)
+        _check_positive("grid", self.grid)
+        _check_count(self.count)
+        _check_count(self.parties)
+        _check_count(self.dimension)
+        _coerce(self, "sigma", "sensitivity", "grid", "count")
+        object.__setattr__(self, "parties", int(self.parties))
+        object.__setattr__(self, "dimension", int(self.dimension))
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """:class:`DistributedDiscreteGaussianDpEvent` in lattice steps, ``count`` times."""
+        one = DistributedDiscreteGaussianDpEvent(self.sigma / self.grid,
+                                                 self.sensitivity / self.grid, self.parties,
+                                                 self.dimension)
+        return _self_composed(one, self.count)
+
+
+@dataclass(frozen=True)
 class ExponentialEvent(_EventMixin):
     """Exponential mechanism (softmax(u / tau) with utility sensitivity Delta_u): pure eps-DP with
     eps = 2 Delta_u / tau, and eps^2/8-zCDP via bounded range (Cesar & Rogers 2021)."""
@@ -168,16 +296,20 @@ def _self_composed(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
     return event if count == 1 else dp_event.SelfComposedDpEvent(event, count)
 
 
-Event = GaussianEvent | ExponentialEvent | ZCDPEvent
+Event = (GaussianEvent | DiscreteGaussianEvent | DistributedDiscreteGaussianEvent
+         | ExponentialEvent | ZCDPEvent)
 
 _TYPES: dict[str, type] = {
     "gaussian": GaussianEvent,
+    "discrete_gaussian": DiscreteGaussianEvent,
+    "distributed_discrete_gaussian": DistributedDiscreteGaussianEvent,
     "exponential": ExponentialEvent,
     "zcdp": ZCDPEvent,
 }
 
 
-RELEASE_EVENTS = (GaussianEvent, ExponentialEvent, ZCDPEvent)
+RELEASE_EVENTS = (GaussianEvent, DiscreteGaussianEvent, DistributedDiscreteGaussianEvent,
+                  ExponentialEvent, ZCDPEvent)
 
 
 def as_event_list(events: Event | Iterable[Event]) -> list[Event]:
@@ -217,6 +349,13 @@ def params_key(event: Event) -> tuple:
     one self-composition)."""
     if isinstance(event, GaussianEvent):
         return ("gaussian", float(event.noise_multiplier), float(event.sampling_rate))
+    if isinstance(event, DiscreteGaussianEvent):
+        if event.shifts:
+            return ("discrete_gaussian", float(event.sigma / event.grid), event.shifts)
+        return ("zcdp", float(event.rho))
+    if isinstance(event, DistributedDiscreteGaussianEvent):
+        return ("distributed_discrete_gaussian", float(event.sigma / event.grid),
+                float(event.sensitivity / event.grid), event.parties, event.dimension)
     if isinstance(event, ExponentialEvent):
         return ("exponential", float(event.epsilon))
     if isinstance(event, ZCDPEvent):

@@ -9,12 +9,19 @@ many times on neighbouring inputs.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from . import dgauss
 from .errors import PrivacyConfigError
+from .lattice import Lattice, lattice_points, rounded_sensitivity
 from .noise import NoiseSource
+
+#: The lattice variance drawn is (sigma / grid)^2 times at least 1 + 2^-44 (and at most about
+#: 1 + 2^-29): it covers grids such as 1 / sqrt(k) that are rounded floats.
+_VARIANCE_MARGIN = Fraction(2**44 + 1, 2**44)
 
 
 def as_finite_array(name: str, x: Any, *, allow_neg_inf: bool = False) -> np.ndarray:
@@ -45,10 +52,64 @@ def gumbel_argmax(noise: NoiseSource, log_weights: np.ndarray) -> int:
 
 
 def gaussian_mechanism(value: Any, sigma: float, noise: NoiseSource) -> np.ndarray:
-    """value + N(0, sigma^2 I) (docs/methods.md §0); the caller bounds the L2 sensitivity."""
+    """value + N(0, sigma^2 I) in floating point: the CONTINUOUS reference (tests and the
+    federated parties' shares); every release of the session is
+    :func:`discrete_gaussian_mechanism`."""
     check_positive("sigma", sigma)
     v = as_finite_array("value", value)
     return (v + np.asarray(noise.normal(v.shape, sigma), dtype=np.float64)).reshape(v.shape)
+
+
+def lattice_variance(sigma: float, grid: float) -> Fraction:
+    """The exact lattice variance asked of the sampler: (sigma / grid)^2 (1 + 2^-44)."""
+    return (Fraction(sigma) / Fraction(grid)) ** 2 * _VARIANCE_MARGIN
+
+
+def discrete_gaussian_noise(shape: tuple[int, ...], sigma: float, spacing: np.ndarray,
+                            noise: NoiseSource) -> np.ndarray:
+    """Lattice steps Z (int64, ``shape``): Z_j ~ N_Z(0, s_j^2) with s_j^2 >=
+    (sigma / spacing_j)^2, exact (:mod:`dpsynth.privacy.dgauss`), drawn from ``noise``'s
+    uniform integers: coordinates of equal spacing together, in index order."""
+    flat = np.asarray(spacing, dtype=np.float64).ravel()
+    z = np.zeros(flat.size, dtype=np.int64)
+    for g in np.unique(flat).tolist():
+        where = np.flatnonzero(flat == g)
+        try:
+            z[where] = dgauss.sample(noise, lattice_variance(sigma, g), where.size)
+        except ValueError as err:
+            raise PrivacyConfigError(f"noise sigma {sigma:g} on grid {g:g}: {err}") from None
+    return z.reshape(shape)
+
+
+def discrete_gaussian_mechanism(value: Any, sigma: float, lattice: Lattice,
+                                noise: NoiseSource) -> np.ndarray:
+    """grid * (n + Z) with value = grid * n on the public ``lattice`` (rounded to it when it is
+    not exact) and Z exact discrete Gaussian steps of std sigma / grid (docs/methods.md §0).
+    The caller bounds the L2 sensitivity on the lattice (:func:`charged_parameters`). Every
+    output lies on the lattice, so neighbouring inputs share the same set of outputs."""
+    check_positive("sigma", sigma)
+    v = as_finite_array("value", value)
+    spacing = lattice.spacing(v.shape)
+    n = lattice_points(v, spacing, lattice.exact)
+    z = discrete_gaussian_noise(v.shape, sigma, spacing, noise)
+    return ((n + z).astype(np.float64) * spacing).reshape(v.shape)
+
+
+def charged_parameters(lattice: Lattice, sensitivity: float, sigma: float, size: int
+                       ) -> tuple[float, float]:
+    """(sensitivity, sigma) the release is drawn and charged with: unchanged on an exact
+    lattice; on a rounded one the sensitivity grows to Delta + grid sqrt(d) and sigma by the
+    same factor, so the noise multiplier (and the charge) stays sigma / Delta."""
+    delta = check_positive("sensitivity", sensitivity)
+    sig = check_positive("sigma", sigma)
+    if lattice.exact:
+        if lattice.shifts and lattice.profile_norm() > delta * (1.0 + 1e-9):
+            raise PrivacyConfigError(
+                f"the lattice's shift profile {lattice.shifts} exceeds the sensitivity {delta:g}")
+        return delta, sig
+    grid = float(np.max(np.asarray(lattice.grid, dtype=np.float64)))
+    wider = rounded_sensitivity(delta, grid, size)
+    return wider, sig * (wider / delta)
 
 
 def check_utilities(utilities: Any) -> np.ndarray:
@@ -193,9 +254,13 @@ def private_token_mechanism(
 
 __all__ = [
     "as_finite_array",
+    "charged_parameters",
     "check_positive",
+    "discrete_gaussian_mechanism",
+    "discrete_gaussian_noise",
     "exponential_mechanism",
     "gaussian_mechanism",
+    "lattice_variance",
     "gumbel_argmax",
     "private_token_mechanism",
     "private_token_rho",

@@ -7,13 +7,14 @@ folder (:func:`run_seed`), and the ledger refuses a (dataset, seed) pair twice (
 §0). The same private seed drives post-processing randomness so a resumed run makes the same
 choices.
 
-Floating-point caveat (Mironov 2012, "On significance of the least significant bits for
-differential privacy"): noise drawn as IEEE doubles does not have exactly the distribution the
-proofs assume; the set of reachable outputs can depend on the true value and leak it. Both sources
-here sample continuous distributions in floating point and share that caveat. The secure source
-removes the *predictability* of the noise (no seed, OS entropy) but not the floating-point
-artefacts; a discrete Gaussian sampler (Canonne-Kamath-Steinke 2020) would be the remedy and is not
-implemented.
+Every Gaussian release is discrete (docs/methods.md §0): the session draws exact discrete
+Gaussian noise on a public lattice (:mod:`dpsynth.privacy.dgauss`, Canonne-Kamath-Steinke 2020)
+from a source's :meth:`NoiseSource.integers`, exact uniform integers (the OS CSPRNG, or numpy's
+PCG64 in seeded mode), so the set of possible outputs around f(D) and f(D') is the same
+lattice (no floating-point gap, Mironov 2012). ``normal`` (continuous, floating point) remains
+for the federated parties' shares until they move to the distributed discrete Gaussian
+(:mod:`dpsynth.privacy.distributed`); ``uniform``, ``gumbel`` and ``choice`` drive the
+exponential mechanism, Poisson coins and other mechanism randomness.
 """
 
 from __future__ import annotations
@@ -56,10 +57,22 @@ class NoiseSource(Protocol):
         """Index i drawn with probability probs[i] / sum(probs)."""
         ...
 
+    def integers(self, high: np.ndarray) -> np.ndarray:
+        """Exact uniform integers: entry i uniform in [0, high[i]) (int64, 1 <= high < 2^63);
+        what the discrete Gaussian sampler is fed with."""
+        ...
+
 
 def _check_scale(scale: float) -> None:
     if not np.isfinite(scale) or scale < 0:
         raise ValueError(f"noise scale must be finite and >= 0, got {scale!r}")
+
+
+def _check_high(high: np.ndarray) -> np.ndarray:
+    h = np.asarray(high)
+    if not np.issubdtype(h.dtype, np.integer) or (h.size and (h.min() < 1)):
+        raise ValueError("integers: high must hold integers >= 1")
+    return h.astype(np.int64)
 
 
 def _inverse_cdf_choice(probs: np.ndarray, u: float) -> int:
@@ -110,13 +123,17 @@ class SeededNoise:
     def choice(self, probs: np.ndarray) -> int:
         return _inverse_cdf_choice(probs, float(self._rng.random()))
 
+    def integers(self, high: np.ndarray) -> np.ndarray:
+        """numpy's unbiased bounded integers (Lemire's method with rejection)."""
+        return self._rng.integers(0, _check_high(high), dtype=np.int64)
+
 
 class SecureNoise:
     """Unpredictable noise from the OS entropy pool (os.urandom); cannot be seeded.
 
-    Uniforms carry 53 random bits; Gaussians are ndtri(U) (inverse normal CDF) of open-interval
-    uniforms (k + 1/2) / 2^53, Gumbels are -log(-log U). See the module docstring for the
-    floating-point caveat.
+    Integers are exact (rejection from 64-bit words); uniforms carry 53 random bits; continuous
+    Gaussians (federated shares only) are ndtri(U) of open-interval uniforms (k + 1/2) / 2^53,
+    Gumbels are -log(-log U).
     """
 
     mode = "secure"
@@ -148,6 +165,53 @@ class SecureNoise:
 
     def choice(self, probs: np.ndarray) -> int:
         return _inverse_cdf_choice(probs, float(self.uniform(1)[0]))
+
+    def integers(self, high: np.ndarray) -> np.ndarray:
+        """Uniform in [0, high) from OS words (8 to 64 bits, the fewest that hold high - 1),
+        by rejection: with one bound for all entries the top bits of a word are kept if below
+        it; otherwise a word below 2^w mod high is redrawn and the others taken mod high (each
+        residue then has the same number of words)."""
+        h = _check_high(high)
+        flat = h.ravel()
+        if flat.size == 0:
+            return np.zeros(h.shape, dtype=np.int64)
+        top = int(flat.max())
+        if top == int(flat.min()):
+            return self._same_bound(top, flat.size).reshape(h.shape)
+        width = 32 if top <= 2**32 else 64
+        hu = flat.astype(np.uint64)
+        out = np.empty(flat.shape, dtype=np.uint64)
+        todo = np.arange(flat.size)
+        while todo.size:
+            words = _os_words(todo.size, width).astype(np.uint64)
+            hi = hu[todo]
+            # 2^w mod high (for w = 64 in wrapping uint64 arithmetic)
+            low = (np.uint64(0) - hi) % hi if width == 64 else np.uint64(2**32) % hi
+            ok = words >= low
+            out[todo[ok]] = words[ok] % hi[ok]
+            todo = todo[~ok]
+        return out.reshape(h.shape).astype(np.int64)
+
+    @staticmethod
+    def _same_bound(high: int, n: int) -> np.ndarray:
+        """n uniform integers in [0, high): the top bits of OS words, redrawn when >= high."""
+        bits = max((high - 1).bit_length(), 1)
+        width = next(w for w in (8, 16, 32, 64) if bits <= w)
+        out = np.empty(n, dtype=np.int64)
+        filled = 0
+        while filled < n:
+            need = n - filled
+            v = _os_words(need + need // 2 + 8, width).astype(np.uint64) >> np.uint64(width - bits)
+            v = v[v < np.uint64(high)][:need]
+            out[filled:filled + v.size] = v.astype(np.int64)
+            filled += v.size
+        return out
+
+
+def _os_words(n: int, width: int) -> np.ndarray:
+    """n unsigned words of ``width`` bits from os.urandom."""
+    dtype = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[width]
+    return np.frombuffer(os.urandom(n * width // 8), dtype=dtype)
 
 
 def make_noise_source(mode: str = "secure", seed: int | None = None) -> NoiseSource:

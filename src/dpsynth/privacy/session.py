@@ -29,7 +29,8 @@ import numpy as np
 from . import mechanisms as mech
 from .accountant import Accountant
 from .errors import BudgetExceededError, PrivacyConfigError
-from .events import Event, ExponentialEvent, GaussianEvent, ZCDPEvent, as_event_list
+from .events import DiscreteGaussianEvent, Event, ExponentialEvent, ZCDPEvent, as_event_list
+from .lattice import FIXED_POINT_GRID, Lattice, lattice_points
 from .mechanisms import sample_threshold, threshold_log_weights
 from .noise import NoiseSource
 from .store import INLINE_MAX, STORE_FILE, ReleaseStore, StoreLockedError
@@ -72,6 +73,13 @@ class PrivacySession:
         self.noise = noise
         self.store = ReleaseStore(Path(store_dir))
         self.store_dir = self.store.store_dir
+        if self.store.legacy:
+            self.store.close()
+            raise PrivacyConfigError(
+                f"{self.store.path}: this release store was written before dpsynth drew "
+                "discrete Gaussian noise (docs/methods.md §0); its floating-point draws are not "
+                "mixed with discrete ones: finish the run with the dpsynth version that started "
+                "it, or start a new run")
         for rec in self.store.records.values():
             for ev in rec["_events"]:
                 self.accountant.add(ev)
@@ -169,20 +177,37 @@ class PrivacySession:
         *,
         name: str = "gaussian",
         sampling_rate: float = 1.0,
+        lattice: Lattice | None = None,
     ) -> np.ndarray:
-        """Gaussian mechanism: value + N(0, sigma^2 I); the caller guarantees that ``value`` has
-        L2 sensitivity <= ``sensitivity`` (and, with sampling_rate < 1, that it was computed on a
-        Poisson sample of rate ``sampling_rate``). mu = sensitivity / sigma (docs/methods.md §0)."""
-        events: list[Event] = [GaussianEvent(sigma, sensitivity, 1, sampling_rate, name)]
+        """Discrete Gaussian mechanism on a public lattice (docs/methods.md §0): value =
+        grid * n, released as grid * (n + Z) with Z exact discrete Gaussian steps of std
+        sigma / grid. The caller guarantees that ``value`` has L2 sensitivity <=
+        ``sensitivity`` (and, with sampling_rate < 1, that it was computed on a Poisson sample
+        of that rate) and, for an exact ``lattice``, that it lies on it. ``lattice`` None: the
+        value is real and rounded onto the fixed-point grid (:meth:`Lattice.rounded`), charged
+        at sensitivity Delta + grid sqrt(d) with sigma grown alike (same noise multiplier)."""
+        lat = lattice if lattice is not None else Lattice.rounded(sigma)
+        size = int(np.asarray(value).size)
+        sens, sig = mech.charged_parameters(lat, sensitivity, sigma, size)
+        spacing = np.asarray(lat.grid, dtype=np.float64).ravel()
+        grid = float(spacing[0]) if spacing.size == 1 else 1.0  # recorded (used with shifts)
+        events: list[Event] = [
+            DiscreteGaussianEvent(sig, sens, 1, sampling_rate, name, lat.shifts, grid)]
         if not self.store.has(key):
-            mech.as_finite_array("value", value)
-        return self._release(key, events, lambda n: mech.gaussian_mechanism(value, sigma, n))
+            v = mech.as_finite_array("value", value)
+            lattice_points(v, lat.spacing(v.shape), lat.exact, name=f"release {key!r}")
+        return self._release(
+            key, events, lambda n: mech.discrete_gaussian_mechanism(value, sig, lat, n))
 
     def noisy_counts(
-        self, key: str, counts: np.ndarray, sigma: float, *, name: str = "noisy_counts"
+        self, key: str, counts: np.ndarray, sigma: float, *, name: str = "noisy_counts",
+        lattice: Lattice | None = None,
     ) -> np.ndarray:
-        """Counts (each record adds 1 to one cell: L2 sensitivity 1) + N(0, sigma^2 I)."""
-        return self.gaussian(key, counts, 1.0, sigma, name=name)
+        """Counts (each record adds 1 to one cell: L2 sensitivity 1) + discrete Gaussian noise
+        of std sigma; ``lattice`` defaults to integer counts with shift profile (1,) (give
+        ``Lattice.fixed_point()`` for user-level counts truncated onto the 2^-32 grid)."""
+        lat = lattice if lattice is not None else Lattice.counts()
+        return self.gaussian(key, counts, 1.0, sigma, name=name, lattice=lat)
 
     def exponential(
         self,
@@ -347,9 +372,19 @@ class PrivacySession:
             "accountant": self.accountant.kind,
             "noise": noise,
             "noise_note": noise_note(noise),
+            "gaussian_noise": GAUSSIAN_NOISE,
             "releases": len(self.store.records),
             "mechanisms": self.accountant.summary(),
         }
+
+
+#: privacy.json's ``gaussian_noise``: how every Gaussian release is drawn (docs/methods.md §0).
+GAUSSIAN_NOISE = {
+    "sampler": "exact discrete Gaussian (Canonne, Kamath & Steinke 2020), integer arithmetic",
+    "lattices": "counts on the integers; votes on their public weights; real values on the "
+                "fixed-point grid",
+    "fixed_point_grid": FIXED_POINT_GRID,
+}
 
 
 def noise_note(mode: str) -> str:
@@ -357,12 +392,13 @@ def noise_note(mode: str) -> str:
     if mode == "secure":
         return (
             "Noise was drawn from the operating system's cryptographic random source; it cannot "
-            "be recomputed."
+            "be recomputed. Gaussian noise is an exact discrete Gaussian on a public grid."
         )
     if mode == "seeded":
         return (
             "Noise was drawn from a seeded generator (research mode): the guarantee holds only "
-            "while the seed stays secret (it is kept in the run's private folder)."
+            "while the seed stays secret (it is kept in the run's private folder). Gaussian "
+            "noise is an exact discrete Gaussian on a public grid."
         )
     return "No noise was added: this output carries no differential-privacy guarantee."
 

@@ -1,7 +1,9 @@
 """The release store: durable noisy releases of one run, replayed on resume (docs/methods.md §0).
 
 Layout: ``store_dir/releases.jsonl`` (one JSON line per release: key, privacy events, value, noise
-mode, time), ``store_dir/releases/<sha256(key)>.npy`` for arrays of more than 4096 elements, and
+mode, time, and the store ``format``: 2 since Gaussian releases are discrete; a line without it
+was written by the floating-point sampler and marks the store :attr:`ReleaseStore.legacy`),
+``store_dir/releases/<sha256(key)>.npy`` for arrays of more than 4096 elements, and
 ``store_dir/.lock``. A store is written by one process at a time: opening it takes an exclusive
 ``fcntl.flock`` on the lock file, which fails at once with :class:`StoreLockedError` when another
 process holds it, and is released on :meth:`ReleaseStore.close` or when the process exits. Within
@@ -33,6 +35,8 @@ from .events import Event, event_from_dict
 log = logging.getLogger("dpsynth.privacy")
 
 INLINE_MAX = 4096
+#: Format of the records written (2: Gaussian releases are exact discrete Gaussians).
+STORE_FORMAT = 2
 STORE_FILE = "releases.jsonl"
 LOCK_FILE = ".lock"
 
@@ -133,6 +137,8 @@ class ReleaseStore:
         _acquire(self)
         self._writable = True
         self.records: dict[str, dict[str, Any]] = {}
+        #: a record of this store predates the discrete Gaussian sampler (format < 2)
+        self.legacy = False
         self._replay()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -171,6 +177,7 @@ class ReleaseStore:
                 rec = json.loads(line)
                 events = [event_from_dict(d) for d in rec["events"]]
                 key = rec["key"]
+                fmt = int(rec.get("format", 1))
             except (ValueError, KeyError, TypeError) as err:
                 raise PrivacyConfigError(
                     f"{self.path}, line {lineno}: corrupt release record ({type(err).__name__})"
@@ -179,6 +186,8 @@ class ReleaseStore:
                 raise PrivacyConfigError(f"{self.path}, line {lineno}: duplicate key {key!r}")
             rec["_events"] = events
             self.records[key] = rec
+            if fmt < STORE_FORMAT:
+                self.legacy = True
             good_end = pos
         if good_end < len(raw):
             with open(self.path, "r+b") as fh:
@@ -263,6 +272,7 @@ class ReleaseStore:
             "value": self._encode(key, value),
             "noise": noise_mode,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "format": STORE_FORMAT,
         }
         line = json.dumps(rec, allow_nan=True, separators=(",", ":")) + "\n"
         created = not self.path.exists()

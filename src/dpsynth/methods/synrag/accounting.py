@@ -17,8 +17,8 @@ import math
 from ...config import ConfigError
 from ...privacy import (
     Accountant,
+    DiscreteGaussianEvent,
     ExponentialEvent,
-    GaussianEvent,
     ZCDPEvent,
     overlapping,
     zcdp_to_eps_standard,
@@ -42,11 +42,12 @@ def theorem1_epsilon(rho: float, delta: float) -> float:
     return zcdp_to_eps_standard(rho, delta)
 
 
-def histogram_event(cfg: SynRAGConfig) -> GaussianEvent:
-    """The keyword histogram: Gaussian, L2 sensitivity sqrt(K)."""
+def histogram_event(cfg: SynRAGConfig) -> DiscreteGaussianEvent:
+    """The keyword histogram: discrete Gaussian on the integers, L2 sensitivity sqrt(K) (one
+    document adds 1 to at most K distinct terms: shift profile (1,) * K)."""
     k = cfg.keywords_per_doc
-    return GaussianEvent(histogram_sigma(k, cfg.rho_hist), math.sqrt(k), 1, 1.0,
-                         "keyword_histogram")
+    return DiscreteGaussianEvent(histogram_sigma(k, cfg.rho_hist), math.sqrt(k), 1, 1.0,
+                                 "keyword_histogram", shifts=(1,) * k)
 
 
 def cluster_events(cfg: SynRAGConfig, clip: float, overlap: int | None = None,
@@ -61,8 +62,8 @@ def cluster_events(cfg: SynRAGConfig, clip: float, overlap: int | None = None,
                                             "svt"), lcount))
     if retrieval:
         events += [
-            overlapping(GaussianEvent(centre_sigma(cfg.rho_centre), 1.0, 1, 1.0,
-                                      "cluster_centre"), lcount),
+            overlapping(DiscreteGaussianEvent(centre_sigma(cfg.rho_centre), 1.0, 1, 1.0,
+                                              "cluster_centre"), lcount),
             overlapping(ExponentialEvent(cfg.eps_theta, 1, "cluster_threshold"), lcount),
         ]
     events.append(overlapping(token, lcount))

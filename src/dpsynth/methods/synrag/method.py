@@ -14,6 +14,7 @@ from ... import progress
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...io import SHARED_MODE, write_jsonl
+from ...privacy.lattice import Lattice
 from ...runs import RunDir
 from ..base import Job, Method, Outcome, PrivacyPlan
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
@@ -107,7 +108,8 @@ class SynRAG(Method):
                                         job.progress)
         sigma_h = histogram_sigma(k, scfg.rho_hist)
         noisy = np.asarray(main.gaussian("synrag/keyword_histogram", hist, math.sqrt(k),
-                                         sigma_h, name="keyword_histogram"))
+                                         sigma_h, name="keyword_histogram",
+                                         lattice=Lattice.counts(k)))
         floor = (scfg.min_noisy_count if scfg.min_noisy_count is not None
                  else noise_floor(sigma_h, len(vocab)))
         seeds = top_keywords(noisy, scfg.clusters, floor)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ...privacy.lattice import Lattice
+
 SIM_RANGE = np.array([-1.0, 1.0])  # public range of cosine similarity
 # Public grid of candidate thresholds (step 0.01). The grid form of the exponential mechanism
 # gives every candidate the same base weight; the interval form weights by interval length,
@@ -54,7 +56,8 @@ def retrieve_in_cluster(
     releases are keyed under ``key`` in ``session`` (stored: a resumed build reuses them, never
     redraws); the one-process build and the sharded one call this same function."""
     centre = np.asarray(
-        session.gaussian(f"{key}/centre", total, 1.0, sigma_mu, name="cluster_centre")
+        session.gaussian(f"{key}/centre", total, 1.0, sigma_mu, name="cluster_centre",
+                         lattice=Lattice.fixed_point())
     )
     norm = float(np.linalg.norm(centre))
     direction = centre / norm if norm > 0 else centre
