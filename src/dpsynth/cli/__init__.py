@@ -40,6 +40,7 @@ from . import (  # noqa: E402
     evaluate,
     generate,
     llm,
+    plan,
     privacy,
     rag,
 )
@@ -87,7 +88,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,  # locals may hold private text
 )
 
-for _module in (generate, data, privacy, budget, llm, rag, evaluate, audit, bench):
+for _module in (generate, plan, data, privacy, budget, llm, rag, evaluate, audit, bench):
     _module.register(app)
 
 

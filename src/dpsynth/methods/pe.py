@@ -40,6 +40,25 @@ def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
     ))
 
 
+def show_vote_plan(method: PEMethod, config: RunConfig, records: int, labels: int,
+                   sigma: float, run: RunDir) -> None:
+    """What the noise will do to the votes (:mod:`dpsynth.planning`), before anything is
+    spent: on the terminal, a warning when it swamps them, and in private/plan.json (it uses
+    the exact record count: never log.txt or release/)."""
+    from ..io import atomic_write_json
+    from ..planning import plan_run
+    from ..progress import note, warn
+
+    plan = plan_run(config, records, labels, sigma=sigma, method=method)
+    atomic_write_json(run.private / "plan.json", plan.to_dict(), mode=0o600)
+    for line in plan.lines()[:-1] if plan.message else plan.lines():
+        note(line)
+    if plan.verdict in ("noisy", "random"):
+        warn(plan.message)
+    elif plan.message:
+        note(plan.message)
+
+
 class PEMethod(Method):
     """A method of the PE family: its strategy runs in the shared evolution loop."""
 
@@ -132,6 +151,10 @@ class PEMethod(Method):
             sigma = self.noise_multiplier(config, dataset)
             if sigma is None:
                 sigma = calibrate_sigma(config, self, n_labels)
+        else:
+            n_labels = None
+        if sigma is not None and n_labels is not None and sigma > 0:
+            show_vote_plan(self, config, len(dataset), n_labels, sigma, run)
         delta_used = config.data.label_domain_delta if discover else 0.0
         target = None
         if guarantee == "dp":

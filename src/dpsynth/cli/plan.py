@@ -1,0 +1,82 @@
+"""CLI command: ``dpsynth plan CONFIG`` (what the noise will do to the votes, before a run;
+:mod:`dpsynth.planning`). It reads the private data only to count its records and label
+classes (or takes ``--records`` without the data), spends nothing and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import ConfigError
+
+
+def plan(
+    config: Annotated[Path, typer.Argument(help="run configuration (YAML)")],
+    records: Annotated[int | None, typer.Option(
+        "--records", help="the number of private records (with --no-data)")] = None,
+    no_data: Annotated[bool, typer.Option(
+        "--no-data", help="plan from --records without reading the data")] = False,
+    labels: Annotated[int | None, typer.Option(
+        "--labels", help="label classes, for a domain the run discovers")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Show every planned release's noise and whether it will swamp the votes (spends
+    nothing; for the operator, who may see the record count)."""
+    from ..config import load_config
+    from ..planning import declared_labels, plan_run
+    from .generate import parse_sets
+
+    cfg = load_config(config, parse_sets(set_ or []))
+    sigma = None
+    if no_data or records is not None:
+        if records is None or records < 1:
+            raise ConfigError("--no-data needs --records N (N >= 1), the number of records")
+        n_labels = labels or declared_labels(cfg)
+        if n_labels is None:
+            raise ConfigError("the label domain is discovered from the data: give --labels N "
+                              "(the label classes you expect) with --no-data")
+        if cfg.method == "secpe":
+            raise ConfigError("SecPE's noise follows from the secrets found in the data: run "
+                              "`dpsynth plan` with the data (without --no-data)")
+    else:
+        records, n_labels, sigma = _from_data(cfg, labels)
+    result = plan_run(cfg, records, n_labels, sigma=sigma)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+        return
+    swamped = result.verdict in ("noisy", "random")
+    for line in result.lines()[:-1] if swamped else result.lines():
+        typer.echo(line)
+    if swamped:
+        typer.echo(f"warning: {result.message}", err=True)
+
+
+def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None]:
+    """(records, label classes, SecPE's noise multiplier) of the configured data."""
+    from ..context import label_classes
+    from ..methods import get_method
+    from ..run_data import load_run_data
+    from ..runs import RunDir
+
+    with tempfile.TemporaryDirectory(prefix="dpsynth-plan-") as tmp:
+        run = RunDir(tmp)
+        run.private.mkdir(mode=0o700)
+        dataset = load_run_data(cfg, run)  # type: ignore[arg-type]
+        try:
+            n = labels or len(label_classes(dataset))
+        except ValueError:
+            raise ConfigError("the label domain is discovered from the data: give --labels N "
+                              "(the label classes you expect)") from None
+        method = get_method(cfg.method, "text")  # type: ignore[attr-defined]
+        sigma = method.noise_multiplier(cfg, dataset)
+        return len(dataset), n, sigma
+
+
+def register(root: typer.Typer) -> None:
+    """Add this module's command to the root app."""
+    root.command("plan")(plan)

@@ -1,0 +1,165 @@
+"""What a PE-family run's noise will do to its votes, before it spends anything
+(``dpsynth plan CONFIG``; also shown by every run before the budget is reserved).
+
+A candidate is selected by its noisy vote count. Per label, the M_y private records spread a
+vote mass of m per record over the N_y L candidates of that label, so a candidate gets
+``expected = m M / (N L)`` votes on average (m = sqrt(k) for Aug-PE's k nearest at weight
+1/sqrt(k); sum_{q<Q} 2^-q for WASP's Top-Q near histogram; 1 for SecPE's representatives,
+whose noisy counts carry the records' mass). The noise on each candidate's count has the
+standard deviation ``sigma_vote`` of the vote release. When it is well above the expected
+votes, the candidates kept are chosen by the noise, not by the data.
+
+The plan is for the operator: it uses the exact record count (the operator's own knowledge of
+the data), so it is printed to the terminal and kept in ``private/plan.json`` only, never in
+release/, stats.jsonl or log.txt. ``dpsynth plan --records N`` works from a count the user
+states, without the data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+
+#: noise / expected votes above which the selection is random, and above which it is mostly
+#: noise
+RANDOM_ABOVE = 3.0
+NOISY_ABOVE = 1.0
+
+
+@dataclass
+class PlannedRelease:
+    """One planned release: its name, count, L2 sensitivity and noise standard deviation."""
+
+    name: str
+    count: int
+    sensitivity: float
+    sigma: float
+
+
+@dataclass
+class RunPlan:
+    """The planned releases of a run and what their noise does to the votes."""
+
+    method: str
+    epsilon: float
+    delta: float
+    records: int
+    labels: int
+    candidates: int  # per iteration, all labels
+    noise_multiplier: float | None
+    releases: list[PlannedRelease] = field(default_factory=list)
+    vote_noise: float | None = None  # std of the noise on one candidate's votes
+    expected_votes: float | None = None  # per candidate, on average
+    verdict: str = "ok"  # ok | noisy | random | none
+    message: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """Noise over expected votes per candidate."""
+        if self.vote_noise is None or not self.expected_votes:
+            return None
+        return self.vote_noise / self.expected_votes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": self.ratio}
+
+    def lines(self) -> list[str]:
+        """The plan as the terminal shows it."""
+        out = [f"{self.method}: epsilon {self.epsilon:.3g}, delta {self.delta:.3g}; "
+               f"{self.records} records, {self.labels} label classes, {self.candidates} "
+               "candidates per iteration"]
+        if self.noise_multiplier is not None:
+            out.append(f"  noise multiplier {self.noise_multiplier:.4g}")
+        for r in self.releases:
+            out.append(f"  {r.name}: {r.count} release{'s' if r.count != 1 else ''}, noise "
+                       f"sigma {r.sigma / r.sensitivity:.4g} per unit of sensitivity")
+        if self.vote_noise is not None and self.expected_votes is not None:
+            out.append(f"  votes per candidate: {self.expected_votes:.3g} expected, noise "
+                       f"sigma {self.vote_noise:.3g}")
+        if self.message:
+            out.append(f"  {self.message}")
+        return out
+
+
+def vote_mass(config: RunConfig) -> float:
+    """The vote mass one record spreads over its label's candidates (module docstring)."""
+    if config.method == "aug_pe":
+        return math.sqrt(config.synthesis.k)
+    if config.method == "wasp":
+        return 2.0 * (1.0 - 2.0 ** -config.wasp.top_q)
+    return 1.0
+
+
+def vote_noise(config: RunConfig, sigma: float) -> float:
+    """The standard deviation of the noise on one candidate's vote count."""
+    if config.method == "wasp":
+        from .evolution.voting import topq_sensitivity
+
+        return sigma * topq_sensitivity(config.wasp.top_q)
+    return sigma
+
+
+def verdict(config: RunConfig, noise: float, expected: float) -> tuple[str, str]:
+    """(ok | noisy | random, the sentence the operator reads)."""
+    syn = config.synthesis
+    ratio = noise / expected if expected > 0 else math.inf
+    head = (f"at epsilon {config.privacy.epsilon:.3g} the noise on each candidate's votes "
+            f"(sigma {noise:.3g}) is {ratio:.3g}x the expected votes per candidate "
+            f"({expected:.3g} = records x {vote_mass(config):.3g} / (samples {syn.samples} x "
+            f"pool_multiplier {syn.pool_multiplier}))")
+    fix = ("raise privacy.epsilon, or lower synthesis.samples, synthesis.pool_multiplier or "
+           "synthesis.iterations, or bring more records")
+    if ratio > RANDOM_ABOVE:
+        return "random", f"{head}: the selection will be random; {fix}"
+    if ratio > NOISY_ABOVE:
+        return "noisy", f"{head}: the selection will be mostly noise; {fix}"
+    return "ok", f"{head}: the votes stand out from the noise"
+
+
+def plan_run(config: RunConfig, records: int, labels: int, sigma: float | None = None,
+             method: Any = None) -> RunPlan:
+    """The plan of a PE-family run on ``records`` records in ``labels`` label classes.
+
+    ``sigma``: the run's noise multiplier when already known (SecPE's comes from the secrets in
+    the data); else it is calibrated from the config, as the run does. ``method``: the method
+    object (default: the registry's entry for ``config.method``)."""
+    from .methods import get_method
+    from .methods.pe import PEMethod, calibrate_sigma
+
+    method = method if method is not None else get_method(config.method, "text")
+    syn = config.synthesis
+    candidates = syn.samples * syn.pool_multiplier
+    plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
+                   candidates, None)
+    if not isinstance(method, PEMethod) or method.guarantee(config) not in (
+            "dp", "secret-protection"):
+        plan.verdict = "none"
+        plan.message = ("no private votes: nothing is noised" if not
+                        getattr(method, "private_votes", True) else
+                        "epsilon is infinite: the votes are not noised (no DP guarantee)")
+        return plan
+    if sigma is None:
+        sigma = calibrate_sigma(config, method, labels)
+    plan.noise_multiplier = float(sigma)
+    for event in method.planned_events(config, labels, sigma):
+        plan.releases.append(PlannedRelease(
+            getattr(event, "name", None) or "votes", int(getattr(event, "count", 1)),
+            float(event.sensitivity), float(event.sigma)))
+    if syn.iterations:
+        plan.vote_noise = vote_noise(config, sigma)
+        plan.expected_votes = records * vote_mass(config) / candidates
+        plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes)
+    return plan
+
+
+def declared_labels(config: RunConfig) -> int | None:
+    """The number of joint label classes the config declares (None: some are discovered)."""
+    cols = config.data.labels
+    values = config.data.declared_label_values()
+    if any(c not in values for c in cols):
+        return None
+    return math.prod(len(values[c]) for c in cols) if cols else 1

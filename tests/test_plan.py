@@ -1,0 +1,86 @@
+"""`dpsynth plan` and the plan every PE run shows before it spends anything (issue 24, point
+7): the noise of each planned release, the expected votes per candidate against it, and a
+plain sentence when the noise swamps them; for the operator only (terminal, private/)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import dpsynth.api
+from dpsynth.cli import app
+from dpsynth.privacy import calibrate_steps
+from fakes import FakeEmbedder, FakeGenerator
+from test_release_check import (
+    exact_value_problems,
+    pe_config,
+    private_facts,
+    private_rows,
+    write_csv,
+)
+
+
+def _cfg(tmp_path: Path, rows: int = 61, **over: object) -> Path:
+    data = write_csv(tmp_path / "d.csv", private_rows(rows))
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(pe_config("aug_pe", data, **over)))
+    return path
+
+
+def _plan(*argv: object) -> dict:
+    res = CliRunner().invoke(app, ["plan", *map(str, argv), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_the_plan_matches_the_calibration_and_the_vote_arithmetic(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, **{"privacy.accountant": "rdp"})
+    plan = _plan(cfg)  # with the data: 61 records, 3 declared label classes
+    assert plan["records"] == 61 and plan["labels"] == 3 and plan["candidates"] == 18
+    # label counts + 2 voting rounds, sensitivity 1, the run's accountant
+    sigma = calibrate_steps(4.0, 1e-5, 3, kind="rdp")
+    assert plan["noise_multiplier"] == pytest.approx(sigma, rel=1e-3)
+    assert plan["expected_votes"] == pytest.approx(61 / 18)  # k = 1: one vote per record
+    assert plan["ratio"] == pytest.approx(sigma * 18 / 61, rel=1e-3)
+    # the same from a stated count, without the data
+    assert _plan(cfg, "--no-data", "--records", 61)["noise_multiplier"] == \
+        pytest.approx(plan["noise_multiplier"])
+
+
+def test_noise_that_swamps_the_votes_is_said_plainly(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    res = CliRunner().invoke(app, ["plan", str(cfg), "--set", "privacy.epsilon=0.01"])
+    assert res.exit_code == 0, res.output
+    warning = " ".join(res.stderr.split())
+    assert warning.startswith("warning: at epsilon 0.01 the noise on each candidate's votes")
+    assert "the selection will be random; raise privacy.epsilon" in warning
+    assert "votes per candidate: 3.39 expected" in res.stdout
+    fine = _plan(cfg, "--no-data", "--records", 100000)
+    assert fine["verdict"] == "ok" and "stand out" in fine["message"]
+    wasp = _plan(cfg, "--no-data", "--records", 61, "--set", "method=wasp")
+    assert wasp["vote_noise"] > wasp["noise_multiplier"]  # Top-Q's joint sensitivity
+    res = CliRunner().invoke(app, ["plan", str(cfg), "--no-data"])
+    assert res.exit_code == 2 and "--records" in res.output
+
+
+def test_a_run_shows_its_plan_before_the_budget_and_keeps_it_private(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dpsynth.api, "run_generation", functools.partial(
+        dpsynth.api.run_generation, generators=[FakeGenerator("fake-g0")],
+        embedder=FakeEmbedder()))
+    cfg = _cfg(tmp_path, **{"privacy.epsilon": 0.05, "synthesis.iterations": 1})
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["generate", str(cfg), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "the selection will be random" in " ".join(res.stderr.split())
+    plan = json.loads((out / "private" / "plan.json").read_text())
+    assert plan["records"] == 61 and plan["verdict"] == "random"
+    assert oct((out / "private" / "plan.json").stat().st_mode)[-3:] == "600"
+    counts, texts = private_facts(private_rows(61), "label", None)
+    assert exact_value_problems(out, counts, texts) == []  # not in release/, stats, log
+    assert "selection will be random" not in (out / "log.txt").read_text()
