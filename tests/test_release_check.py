@@ -400,7 +400,8 @@ def check_neighbours(tmp: Path, spy: KeySpy, make_cfg: Callable[[Path], dict[str
         runs[tag] = run(cfg, tmp / f"run-{tag}")
     problems = structure_problems(runs["d"], runs["dp"], strict_keys)
     problems += substitution_problems(runs["d"], runs["dp"], resume, tmp, spy, ignore)
-    problems += fresh_plan_problems(tmp, make_cfg, rows_d, rows_dp, run, strict_keys)
+    problems += fresh_plan_problems(tmp, make_cfg, rows_d, rows_dp, run, strict_keys,
+                                    user=user, allowed=allowed)
     for tag, rows in (("d", rows_d), ("dp", rows_dp)):
         counts, texts = private_facts(rows, "label", "user" if user else None)
         problems += exact_value_problems(runs[tag], counts, texts, allowed)
@@ -468,8 +469,9 @@ def _with_seed(cfg: dict[str, Any], seed: int, ledger: Path) -> dict[str, Any]:
 
 def fresh_plan_problems(tmp: Path, make_cfg: Callable[[Path], dict[str, Any]],
                         rows_d: list[dict[str, str]], rows_dp: list[dict[str, str]],
-                        run: Callable[[dict[str, Any], Path], Path], strict_keys: bool = True
-                        ) -> list[str]:
+                        run: Callable[[dict[str, Any], Path], Path], strict_keys: bool = True,
+                        allowed_shape: frozenset[str] = frozenset(), user: bool = False,
+                        allowed: frozenset[int] = frozenset()) -> list[str]:
     """D twice and D' once, each with a fresh plan and fresh noise (no value replayed), all
     charged to one ledger: whatever is equal in D's two runs is not drawn noise, and must be
     equal in D''s (noise scales and events, the SecAgg+ grid and modulus, clip norms, pool and
@@ -495,12 +497,19 @@ def fresh_plan_problems(tmp: Path, make_cfg: Callable[[Path], dict[str, Any]],
     for tag in runs:
         if (runs[tag] / "release" / "synthetic.jsonl").is_file():
             _evaluate(runs[tag])
+            _report(runs[tag])
+    for tag, rows in (("a", rows_d), ("p", rows_dp)):  # the report and eval.json too
+        counts, texts = private_facts(rows, "label", "user" if user else None)
+        problems += [f"fresh plans: {p}" for p in
+                     exact_value_problems(runs[tag], counts, texts, allowed)]
     if [vars(p) for p in plans["a"]] != [vars(p) for p in plans["p"]]:
         problems.append(f"public plans (grid, modulus) differ: {plans['a']} vs {plans['p']}")
     # keys that differ between D's own two runs (a text's length in tokens) are noise too
     strict = strict_keys and not any("release keys differ" in q for q in
                                      structure_problems(runs["a"], runs["b"]))
-    problems += [f"fresh plans: {p}" for p in structure_problems(runs["a"], runs["p"], strict)]
+    problems += [f"fresh plans: {p}" for p in structure_problems(runs["a"], runs["p"], strict)
+                 if not any(f"key {k!r} released with another shape" in p
+                            for k in allowed_shape)]
     a, b, dp = (_flat(runs[t]) for t in ("a", "b", "p"))
     for where, value in a.items():
         if b.get(where, _MISSING) != value:
@@ -512,6 +521,13 @@ def fresh_plan_problems(tmp: Path, make_cfg: Callable[[Path], dict[str, Any]],
 
 
 _MISSING = object()
+
+
+def _report(run: Path) -> None:
+    """The shareable eval/report.html of a run (rendered, never opened in a browser here)."""
+    from dpsynth.eval.report import write_report
+
+    write_report(run)
 
 
 def _evaluate(run: Path) -> None:
@@ -908,6 +924,9 @@ def discovery_problems(tmp: Path, spy: KeySpy, rows_d: list[dict[str, str]],
         replays[tag] = shared_files(dest)
     problems += [f"not explained by a released value: {d}"
                  for d in file_differences(replays["d"], replays["dp"])]
+    problems += fresh_plan_problems(tmp, _discovery_cfg, rows_d, rows_dp, run_pe, user=True,
+                                    allowed_shape=frozenset({DISCOVERY_KEY}),
+                                    allowed=PE_PUBLIC)
     for tag, rows in (("d", rows_d), ("dp", rows_dp)):
         counts, texts = private_facts(rows, "label", "user")
         counts["values present"] = len(names[tag])

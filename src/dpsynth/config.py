@@ -222,7 +222,10 @@ class PrivacyConfig(_Section):
 
     epsilon: float = Field(4.0, ge=0)
     delta: float = Field(1e-5, gt=0, lt=1)
-    accountant: Literal["pld", "rdp", "zcdp", "gdp"] = "pld"
+    accountant: Literal["pld", "rdp", "zcdp"] = Field(
+        "pld", description="pld, rdp or zcdp; the Gaussian-DP closed form ('gdp' of `dpsynth "
+                           "privacy`) holds for continuous noise only, and every release of a "
+                           "run is a discrete Gaussian (docs/methods.md §0)")
     noise: Literal["seeded", "secure"] = "secure"
     seed: int | None = Field(None, ge=0, description="null: drawn at random, kept in private/")
     unit: Literal["record", "user"] = "record"
