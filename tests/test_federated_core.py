@@ -1,4 +1,5 @@
-"""Flower-free parts of federated WASP voting: quantisation plan, party noise, validation."""
+"""Flower-free parts of federated WASP voting: quantisation plan, the parties' discrete
+Gaussian shares on SecAgg+'s grid, validation."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from dpsynth.federated.core import (
     PartyData,
     clip_probability_bound,
     effective_sigma,
-    grid_round,
-    party_noise,
-    party_noisy_histogram,
+    grid_top_q,
     party_submission,
     plan_quantisation,
     validate_parties,
@@ -33,7 +32,23 @@ def test_plan_picks_power_of_two_clipping_range_covering_votes_and_noise() -> No
     assert plan.clipping_range == 32.0
     assert plan.step == 64.0 / 2**22
     assert math.log2(plan.step).is_integer()  # dyadic grid: 2^-q vote weights are exact
-    assert plan.error_bound(3) == pytest.approx(3 * plan.step)
+    # a finer vote lattice raises R until the votes lie on the grid
+    fine = plan_quantisation(vote_bound=12.0, sigma=3.0, num_parties=4, vote_grid=2.0**-20)
+    assert fine.clipping_range == 32.0 and fine.step == 2.0**-20
+    assert fine.quantization_range == 2**26
+    coarse = plan_quantisation(vote_bound=12.0, sigma=3.0, num_parties=4, vote_grid=2.0**-7)
+    assert coarse.quantization_range == 2**22  # already fine enough
+    with pytest.raises(ValueError, match="power of two"):
+        plan_quantisation(vote_bound=12.0, sigma=3.0, num_parties=4, vote_grid=0.3)
+    # as fine as the modulus allows (P R < 2^32): then the weights below the step are left
+    # out of the votes (Top-Q depth), never rounded
+    capped = plan_quantisation(vote_bound=12.0, sigma=3.0, num_parties=200, vote_grid=2.0**-20)
+    assert capped.quantization_range == 2**24 and 200 * 2**24 < 2**32
+    # C = 16 (12 + 10 * 3 / sqrt(200)), so the step is 32 / 2^24
+    assert capped.step == 2.0**-19 and grid_top_q(21, capped.step) == 20
+    assert grid_top_q(8, capped.step) == 8
+    with pytest.raises(ValueError, match="coarser than a whole vote"):
+        grid_top_q(4, 4.0)
     explicit = plan_quantisation(vote_bound=12.0, sigma=3.0, num_parties=4, clipping_range=100.0)
     assert explicit.clipping_range == 100.0
 
@@ -64,32 +79,46 @@ def test_effective_sigma_accounts_for_missing_noise_shares() -> None:
     assert effective_sigma(3.0, 9, 10) == pytest.approx(3.0 * math.sqrt(0.9))
 
 
-def test_party_noise_is_seeded_per_party_and_secure_mode_is_unseeded() -> None:
-    a0 = party_noise(2000, 1.0, noise_mode="seeded", seed=7, party_index=0)
-    a0_again = party_noise(2000, 1.0, noise_mode="seeded", seed=7, party_index=0)
-    a1 = party_noise(2000, 1.0, noise_mode="seeded", seed=7, party_index=1)
-    b0 = party_noise(2000, 1.0, noise_mode="seeded", seed=8, party_index=0)
-    np.testing.assert_array_equal(a0, a0_again)
-    assert abs(np.corrcoef(a0, a1)[0, 1]) < 0.15  # independent parties
-    assert not np.allclose(a0, b0)
-    s1 = party_noise(2000, 2.0, noise_mode="secure", seed=7, party_index=0)
-    s2 = party_noise(2000, 2.0, noise_mode="secure", seed=7, party_index=0)
-    assert not np.allclose(s1, s2)  # secure mode ignores the seed
-    assert 3.0 < float(np.var(s1)) < 5.0
-    with pytest.raises(ValueError, match="noise_mode"):
-        party_noise(3, 1.0, noise_mode="fast", seed=1, party_index=0)
+def _submit(party: PartyData, cand: np.ndarray, cand_lab: np.ndarray, q: int, *,
+            sigma: float, parties: int, bound: float, seed: int | None = 5, index: int = 0,
+            mode: str = "seeded") -> tuple[np.ndarray, float]:
+    plan = plan_quantisation(vote_bound=bound, sigma=sigma, num_parties=parties,
+                             vote_grid=2.0 ** -(q - 1))
+    sub = party_submission(party, cand, cand_lab, functools.partial(topq_vote, q=q),
+                           sigma=sigma, num_parties=parties, vote_bound=bound,
+                           clipping_range=plan.clipping_range,
+                           quantization_range=plan.quantization_range, noise_mode=mode,
+                           seed=seed, party_index=index)
+    return sub, plan.step
 
 
-def test_party_noisy_histogram_adds_sigma_over_sqrt_p_noise_to_votes() -> None:
+def test_a_submission_is_the_votes_plus_a_discrete_gaussian_share_on_the_grid() -> None:
+    """y_l = clip_B(h_l) + Delta Z_l, Z_l ~ N_Z(0, (sigma / sqrt(P) / Delta)^2): on the grid
+    (SecAgg+'s quantisation then has nothing to round), reproducible when seeded, fresh when
+    secure, and of the share's variance."""
+    from flwr.common.secure_aggregation.quantization import dequantize, quantize
+
     rng = np.random.default_rng(0)
     party = PartyData(_unit(rng, 9, 8), rng.integers(0, 3, 9))
-    cand, cand_lab = _unit(rng, 12, 8), np.arange(12) % 3
-    vote = functools.partial(topq_vote, q=3)
-    y = party_noisy_histogram(party, cand, cand_lab, vote, sigma=2.0, num_parties=4,
-                              vote_bound=9.0, noise_mode="seeded", seed=5, party_index=2)
-    h = vote(party.embeddings, party.labels, cand, cand_lab)
-    noise = party_noise(h.size, 1.0, noise_mode="seeded", seed=5, party_index=2)
-    np.testing.assert_allclose(y, h + noise, atol=1e-12)  # std = 2 / sqrt(4) = 1
+    cand, cand_lab = _unit(rng, 3000, 8), np.arange(3000) % 3
+    h = topq_vote(party.embeddings, party.labels, cand, cand_lab, q=3)
+    sub, step = _submit(party, cand, cand_lab, 3, sigma=2.0, parties=4, bound=9.0)
+    steps = (sub - h) / step
+    np.testing.assert_array_equal(steps, np.round(steps))  # the noise is whole grid steps
+    assert float(np.var(sub - h)) == pytest.approx(1.0, rel=0.1)  # std 2 / sqrt(4) = 1
+    again, _ = _submit(party, cand, cand_lab, 3, sigma=2.0, parties=4, bound=9.0)
+    assert sub.tobytes() == again.tobytes()  # seeded per party: reproducible
+    other, _ = _submit(party, cand, cand_lab, 3, sigma=2.0, parties=4, bound=9.0, index=1)
+    assert abs(np.corrcoef(sub - h, other - h)[0, 1]) < 0.1  # independent parties
+    s1, _ = _submit(party, cand, cand_lab, 3, sigma=2.0, parties=4, bound=9.0, mode="secure")
+    s2, _ = _submit(party, cand, cand_lab, 3, sigma=2.0, parties=4, bound=9.0, mode="secure")
+    assert not np.array_equal(s1, s2)  # secure mode ignores the seed
+    plan = plan_quantisation(vote_bound=9.0, sigma=2.0, num_parties=4, vote_grid=0.25)
+    c, r = plan.clipping_range, plan.quantization_range
+    q1 = quantize([sub], c, r)[0]
+    np.testing.assert_array_equal(dequantize([q1], c, r)[0], sub)  # exact on SecAgg+'s grid
+    with pytest.raises(ValueError, match="noise_mode"):
+        _submit(party, cand, cand_lab, 3, sigma=2.0, parties=4, bound=9.0, mode="fast")
 
 
 def test_votes_over_the_bound_are_clipped_not_refused_and_empty_parties_vote_nothing() -> None:
@@ -98,74 +127,24 @@ def test_votes_over_the_bound_are_clipped_not_refused_and_empty_parties_vote_not
     rng = np.random.default_rng(1)
     party = PartyData(_unit(rng, 9, 8), np.zeros(9, dtype=int))
     cand, cand_lab = _unit(rng, 4, 8), np.zeros(4, dtype=int)
-    vote = functools.partial(topq_vote, q=2)
-    h = vote(party.embeddings, party.labels, cand, cand_lab)
+    h = topq_vote(party.embeddings, party.labels, cand, cand_lab, q=2)
     assert h.max() > 2.0  # 9 records of one label: some candidate gets more than 2
-    y = party_noisy_histogram(party, cand, cand_lab, vote, sigma=1.0, num_parties=3,
-                              vote_bound=2.0, noise_mode="seeded", seed=0, party_index=0)
-    noise = party_noise(h.size, 1.0 / math.sqrt(3), noise_mode="seeded", seed=0, party_index=0)
-    np.testing.assert_allclose(y - noise, np.clip(h, 0.0, 2.0), atol=1e-12)
+    y, _ = _submit(party, cand, cand_lab, 2, sigma=1.0, parties=3, bound=2.0, seed=0)
+    empty = PartyData(np.zeros((0, 8), np.float32), np.zeros(0, dtype=int))
+    noise, _ = _submit(empty, cand, cand_lab, 2, sigma=1.0, parties=3, bound=2.0, seed=0)
+    np.testing.assert_allclose(y - noise, np.clip(h, 0.0, 2.0), atol=1e-12)  # same share
+    assert validate_parties([party, empty]) == 8  # an empty party adds its share only
     # clipping never increases the distance between neighbouring parties' votes
     other = PartyData(party.embeddings[1:], party.labels[1:])
-    h2 = vote(other.embeddings, other.labels, cand, cand_lab)
-    y2 = party_noisy_histogram(other, cand, cand_lab, vote, sigma=1.0, num_parties=3,
-                               vote_bound=2.0, noise_mode="seeded", seed=0, party_index=0)
+    h2 = topq_vote(other.embeddings, other.labels, cand, cand_lab, q=2)
+    y2, _ = _submit(other, cand, cand_lab, 2, sigma=1.0, parties=3, bound=2.0, seed=0)
     assert np.linalg.norm(y - y2) <= np.linalg.norm(h - h2) + 1e-12
-
-    empty = PartyData(np.zeros((0, 8), np.float32), np.zeros(0, dtype=int))
-    assert validate_parties([party, empty]) == 8
-    y0 = party_noisy_histogram(empty, cand, cand_lab, vote, sigma=1.0, num_parties=3,
-                               vote_bound=2.0, noise_mode="seeded", seed=0, party_index=1)
-    np.testing.assert_allclose(
-        y0, party_noise(8, 1.0 / math.sqrt(3), noise_mode="seeded", seed=0, party_index=1))
     with pytest.raises(ValueError, match=">= 2 parties"):
         validate_parties([party])
     with pytest.raises(ValueError, match="labels"):
         PartyData(_unit(rng, 3, 8), np.zeros(4, dtype=int))
     with pytest.raises(ValueError, match="integer"):
         PartyData(_unit(rng, 3, 8), np.zeros(3))
-
-
-def test_grid_round_is_unbiased_within_one_step_and_exact_on_the_grid() -> None:
-    """The party's own stochastic rounding onto SecAgg+'s grid: on the grid, within one step,
-    unbiased, clipped to [-C, C], and what flwr's quantize then maps to integers exactly."""
-    from flwr.common.secure_aggregation.quantization import dequantize, quantize
-
-    c, r = 8.0, 2**10
-    step = 2 * c / r
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-7.9, 7.9, 5000)
-    out = grid_round(x, c, r, rng.random(x.size))
-    k = (out + c) / step
-    np.testing.assert_array_equal(k, np.round(k))  # on the grid
-    assert np.all(np.abs(out - x) < step)
-    many = np.mean([grid_round(np.full(4000, 0.3 * step), c, r, rng.random(4000))
-                    for _ in range(5)])
-    assert many == pytest.approx(0.3 * step, abs=0.02 * step)  # E[round(x)] = x
-    assert grid_round(np.array([-100.0, 100.0]), c, r, np.array([0.5, 0.5])).tolist() == [-c, c]
-    # flwr's own stochastic rounding has nothing left to do: quantize is deterministic
-    q1 = quantize([out], c, r)[0]
-    q2 = quantize([out], c, r)[0]
-    np.testing.assert_array_equal(q1, q2)
-    np.testing.assert_array_equal(dequantize([q1], c, r)[0], out)
-
-
-def test_party_submission_is_the_noisy_votes_rounded_with_the_same_source() -> None:
-    rng = np.random.default_rng(4)
-    party = PartyData(_unit(rng, 7, 8), rng.integers(0, 2, 7))
-    cand, cand_lab = _unit(rng, 6, 8), np.arange(6) % 2
-    vote = functools.partial(topq_vote, q=3)
-    plan = plan_quantisation(vote_bound=100.0, sigma=2.0, num_parties=3)
-    kw = dict(sigma=2.0, num_parties=3, vote_bound=100.0, noise_mode="seeded", seed=9,
-              party_index=1)
-    sub = party_submission(party, cand, cand_lab, vote, clipping_range=plan.clipping_range,
-                           quantization_range=plan.quantization_range, **kw)
-    again = party_submission(party, cand, cand_lab, vote, clipping_range=plan.clipping_range,
-                             quantization_range=plan.quantization_range, **kw)
-    assert sub.tobytes() == again.tobytes()  # seeded: reproducible, rounding included
-    y = party_noisy_histogram(party, cand, cand_lab, vote, **kw)
-    assert np.max(np.abs(sub - y)) < plan.step
-    assert not np.array_equal(sub, y)
 
 
 def test_the_plan_comes_from_public_inputs_only() -> None:
@@ -178,11 +157,12 @@ def test_the_plan_comes_from_public_inputs_only() -> None:
 
     assert set(inspect.signature(plan_quantisation).parameters) == {
         "vote_bound", "sigma", "num_parties", "clipping_range", "quantization_range",
-        "modulus_range", "noise_bound_sds"}
+        "modulus_range", "noise_bound_sds", "vote_grid"}
     bound = inspect.signature(federated_noisy_histogram).parameters["vote_bound"]
     assert bound.default is inspect.Parameter.empty and bound.kind is bound.KEYWORD_ONLY
     plan = deploy_plan({"max-records-per-party": 10_000}, 4.0, 10)
-    assert plan == plan_quantisation(vote_bound=10_000.0, sigma=4.0, num_parties=10)
+    assert plan == plan_quantisation(vote_bound=10_000.0, sigma=4.0, num_parties=10,
+                                     vote_grid=2.0**-7)
     assert plan.clipping_range == 16384.0 and plan.step == 2.0**-7  # Top-8 weights on the grid
     with pytest.raises(ValueError, match="max-records-per-party"):
         deploy_plan({"vote-bound": 100.0}, 4.0, 10)

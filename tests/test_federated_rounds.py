@@ -183,16 +183,28 @@ def test_wasp_round_is_accounted_at_worst_case_sigma(tmp_path, monkeypatch):
     assert out.shape == (12,)
     assert seen == {"charged_first": True, "min_parties": 2}
     (event,) = session.accountant.summary()
-    assert event["sigma"] == pytest.approx(2.0 * sens * math.sqrt(2 / 3))
-    assert event["sensitivity"] == pytest.approx(sens)
+    # each of P = 3 parties adds a share of std sigma / sqrt(3); charged at min_parties = 2
+    # shares, the worst case sqrt(2 / 3) sigma in all
+    assert event["mechanism"] == "distributed_discrete_gaussian"
+    assert event["sigma"] == pytest.approx(2.0 * sens / math.sqrt(3))
+    assert event["parties"] == 2
+    assert event["sigma"] * math.sqrt(event["parties"]) == pytest.approx(
+        2.0 * sens * math.sqrt(2 / 3))
+    assert event["sensitivity"] == pytest.approx(sens) and event["dimension"] == 12
 
 
 def test_federated_calibration_plans_the_worst_case():
     cfg = RunConfig.model_validate({
         "method": "wasp", "synthesis": {"iterations": 3},
         "wasp": {"federated": {"parties": 4, "min_parties": 2}}})
+    from dpsynth.evolution.voting import topq_sensitivity
+
     events = Wasp().planned_events(cfg, 2, 5.0)
-    assert [(e.sigma, e.count) for e in events] == [(5.0, 1), (5.0 * math.sqrt(0.5), 3)]
+    sens = topq_sensitivity(cfg.wasp.top_q)
+    assert [(e.sigma, e.count) for e in events] == [(5.0, 1), (5.0 * sens / 2.0, 3)]
+    assert events[1].parties == 2 and events[1].sensitivity == pytest.approx(sens)
+    # the worst case: 2 of 4 shares, std sqrt(2) * 5 sens / 2 = sqrt(1 / 2) * 5 sens
+    assert events[1].sigma * math.sqrt(2) == pytest.approx(5.0 * sens * math.sqrt(0.5))
     Wasp().validate(cfg, 100, 2)
     bad = RunConfig.model_validate({
         "method": "wasp", "wasp": {"federated": {"parties": 3, "min_parties": 4}}})

@@ -48,10 +48,11 @@ def test_wasp_federated_three_parties_through_secagg(tmp_path, ray_cluster):
     assert privacy["federated_parties"] == 3
     assert 0 < privacy["epsilon"] <= 4.0 + 1e-6
     votes = [m for m in privacy["mechanisms"] if m.get("name") == "topq_votes"]
-    assert len(votes) == 1 and votes[0]["count"] == 1
-    assert votes[0]["sigma"] == pytest.approx(privacy["noise_multiplier"]
-                                              * privacy["topq_sensitivity"] * np.sqrt(2 / 3),
-                                              rel=1e-9)
+    assert len(votes) == 1 and votes[0]["count"] == 1 and votes[0]["parties"] == 2
+    # each of 3 parties adds a discrete Gaussian share of std sigma / sqrt(3); the round is
+    # charged at 2 shares: sqrt(2 / 3) sigma in all
+    assert votes[0]["sigma"] * np.sqrt(2) == pytest.approx(
+        privacy["noise_multiplier"] * privacy["topq_sensitivity"] * np.sqrt(2 / 3), rel=1e-9)
     assert "iter0/topq/started/1" in (run / "private" / "releases" / "releases.jsonl").read_text()
     stats = _jsonl(run / "stats.jsonl")
     assert len(stats) == 1 and stats[0]["vote_mass"] != 0

@@ -20,7 +20,7 @@ from dpsynth.federated.core import (
     FederatedRoundError,
     InsufficientPartiesError,
     PartyData,
-    party_noisy_histogram,
+    party_submission,
     plan_quantisation,
     zero_votes,
 )
@@ -52,21 +52,27 @@ def setup() -> tuple[list[PartyData], np.ndarray, np.ndarray]:
     return parties, cand, cand_lab
 
 
+def _submission(party: PartyData, i: int, cand: np.ndarray, cand_lab: np.ndarray,
+                seed: int, n: int = 3) -> np.ndarray:
+    """Party i's submission (votes + its discrete Gaussian share on the grid), recomputed
+    outside Flower with the same seed and the plan the round uses."""
+    plan = plan_quantisation(vote_bound=BOUND, sigma=SIGMA, num_parties=n)
+    return party_submission(party, cand, cand_lab, VOTE, sigma=SIGMA, num_parties=n,
+                            vote_bound=BOUND, clipping_range=plan.clipping_range,
+                            quantization_range=plan.quantization_range, noise_mode="seeded",
+                            seed=seed, party_index=i)
+
+
 def _noisy_sum(parties: list[PartyData], cand: np.ndarray, cand_lab: np.ndarray, seed: int,
                include: list[int]) -> np.ndarray:
-    """The parties' noisy local histograms, recomputed outside Flower with the same seeds."""
-    return sum(
-        party_noisy_histogram(parties[i], cand, cand_lab, VOTE, sigma=SIGMA,
-                              num_parties=len(parties), vote_bound=BOUND,
-                              noise_mode="seeded", seed=seed, party_index=i)
-        for i in include
-    )
+    """The parties' noisy submissions, recomputed outside Flower with the same seeds."""
+    return sum(_submission(parties[i], i, cand, cand_lab, seed, len(parties)) for i in include)
 
 
 def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -> None:
-    """The aggregate equals the sum of the parties' noisy local histograms (recomputed outside
-    Flower with the same seeds) within the quantisation bound, and nothing else reaches the server.
-    """
+    """The aggregate is exactly the sum of the parties' noisy submissions (recomputed outside
+    Flower with the same seeds: on SecAgg+'s grid, nothing is rounded), and nothing else
+    reaches the server."""
     import ray
 
     if ray.is_initialized():  # left connected to the test cluster by an earlier test: the
@@ -77,7 +83,7 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
     assert params == {"candidate_embeddings", "candidate_labels", "num_parties", "min_parties",
                       "sigma", "plan", "sink", "timeout_s", "wire_observer"}
 
-    plan = plan_quantisation(vote_bound=11.0, sigma=SIGMA, num_parties=3)
+    plan = plan_quantisation(vote_bound=BOUND, sigma=SIGMA, num_parties=3)
     sink = ServerSink()
     replies = []
     server_app = make_server_app(cand, cand_lab, num_parties=3, min_parties=3, sigma=SIGMA,
@@ -89,7 +95,7 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
 
     expected = _noisy_sum(parties, cand, cand_lab, 5, [0, 1, 2])
     assert sink.released is not None and sink.parties_present == 3
-    assert np.max(np.abs(sink.released - expected)) <= plan.error_bound(3) + 1e-9
+    assert np.max(np.abs(sink.released - expected)) <= 1e-9
     # The strategy received 3 results, each carrying only the (averaged) aggregate.
     assert len(sink.observed) == 3
     for arr in sink.observed:
@@ -97,7 +103,7 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
     # The noise is really there: the release is far from the noise-free vote sum, whose total
     # mass (each record spends sum_q 2^-q twice) it keeps up to noise.
     true_votes = sum(VOTE(p.embeddings, p.labels, cand, cand_lab) for p in parties)
-    assert np.max(np.abs(sink.released - true_votes)) > 100 * plan.error_bound(3)
+    assert np.max(np.abs(sink.released - true_votes)) > 100 * plan.step
     mass = 2 * sum(p.size for p in parties) * sum(2.0**-q for q in range(4))
     assert abs(sink.released.sum() - mass) < 6 * SIGMA * math.sqrt(sink.released.size)
 
@@ -106,11 +112,7 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
     from flwr.common import bytes_to_ndarray
 
     assert len(replies) == 12
-    locals_ = [
-        party_noisy_histogram(p, cand, cand_lab, VOTE, sigma=SIGMA, num_parties=3,
-                              vote_bound=11.0, noise_mode="seeded", seed=5, party_index=i)
-        for i, p in enumerate(parties)
-    ]
+    locals_ = [_submission(p, i, cand, cand_lab, 5) for i, p in enumerate(parties)]
     masked = []
     for msg in replies:
         assert not msg.has_error()
@@ -148,7 +150,7 @@ def test_one_dropout_releases_with_reduced_effective_sigma(setup, ray_cluster) -
     assert res.effective_sigma == pytest.approx(SIGMA * math.sqrt(2 / 3))
     # SecAgg+ recovered the dropped party's pairwise masks: the sum of the two survivors.
     expected = _noisy_sum(parties, cand, cand_lab, 21, [0, 2])
-    assert np.max(np.abs(res.histogram - expected)) <= res.quantization_error_bound + 1e-9
+    assert np.max(np.abs(res.histogram - expected)) <= 1e-9
 
 
 def test_one_dropout_below_minimum_halts_before_any_sum(setup, ray_cluster) -> None:
@@ -214,6 +216,6 @@ def test_a_larger_largest_party_releases_the_same_bytes(ray_cluster) -> None:
             ray_address=ray_cluster))
     a, b = results
     assert a.histogram.tobytes() == b.histogram.tobytes()
-    assert (a.clipping_range, a.quantization_error_bound, a.clip_probability_bound) == (
-        b.clipping_range, b.quantization_error_bound, b.clip_probability_bound)
+    assert (a.clipping_range, a.clip_probability_bound) == (b.clipping_range,
+                                                           b.clip_probability_bound)
     assert a.clipping_range == 128.0  # next_pow2(100 + 0.5), from the bound alone

@@ -7,8 +7,8 @@ from the config and sigma, never from party sizes), runs flwr's ``SecAggPlusWork
 takes no party data; the workflow unmasks only the sum of the parties' quantised vectors.
 
 Client side (``make_client_app``): a ``ClientApp`` with ``secaggplus_mod``; on the fit stage the
-party computes y_l = clip_B(h_l) + N(0, sigma^2 / P) with its own noise source and rounds it
-onto the public grid with the same source (core.party_submission); secaggplus_mod then
+party computes y_l = clip_B(h_l) plus its discrete Gaussian share of std sigma / sqrt(P) on the
+public grid, drawn from its own noise source (core.party_submission); secaggplus_mod then
 quantises (exactly, the value is already on its grid) and masks y_l before anything leaves the
 party.
 
@@ -326,7 +326,9 @@ def deploy_plan(run_config: Any, sigma: float, num_parties: int) -> Quantisation
     if isinstance(bound, bool) or not isinstance(bound, int | float) or not bound >= 1:
         raise ValueError(f"run config 'max-records-per-party' must be a number >= 1, got "
                          f"{bound!r}")
-    return plan_quantisation(vote_bound=float(bound), sigma=sigma, num_parties=num_parties)
+    grid = run_config.get("vote-grid", 2.0 ** -7)  # WASP's Top-Q lattice 2^-(Q-1), Q = 8
+    return plan_quantisation(vote_bound=float(bound), sigma=sigma, num_parties=num_parties,
+                             vote_grid=float(grid))
 
 server_app = ServerApp()
 
@@ -352,6 +354,5 @@ def _deploy_server_main(grid: Grid, context: Context) -> None:
         raise sink.error_kind(sink.error or "no release")
     np.savez(out, histogram=sink.released, parties_present=sink.parties_present,
              effective_sigma=effective_sigma(sigma, sink.parties_present, num_parties),
-             quantization_error_bound=plan.error_bound(sink.parties_present),
              clip_probability_bound=clip_probability_bound(
                  plan, sigma, num_parties, int(sink.released.size)))

@@ -17,25 +17,21 @@ the vote function's L2 sensitivity S (Top-Q: sqrt(8/3 (1 - 4^-Q))). Clipping eac
 <= S, and the sum over parties keeps L2 sensitivity S whatever B is; a B below a party's true
 vote mass costs utility (votes are cut), never privacy.
 
-Quantisation. SecAgg+ sums integers: each party's noisy vector y_l is clipped to [-C, C] and
-stochastically rounded to the grid Delta * Z with Delta = 2C / R (R = quantization_range). The
-default C is a power of two >= B + k * sigma / sqrt(P) (k = 10 standard deviations of a
-party's noise share), so Delta is a power of two and dyadic vote weights 2^-q (q <= log2(1/Delta))
-lie exactly on the grid. The party rounds with its own noise source (``grid_round``), so the
-vector SecAgg+ quantises already lies on its grid (Flower's own rounding is then exact) and a
-seeded round is reproducible. Consequences:
-
-* error: |released - sum_l y_l| <= n_present * Delta per coordinate (one quantum per party);
-* clipping: since 0 <= clip_B(h_l) <= B, a party's value is clipped at C only if its noise
-  exceeds k standard deviations; the probability of any clip in a round is at most
-  ``clip_probability_bound`` = 2 * P * dim * Phi(-k) (about 1.5e-23 per coordinate for k = 10),
-  which the accountant may add to delta; outside that event the released value is the exact
-  (rounded) secure sum;
-* rounding: since clip_B(h_l) lies on the grid, round(h_l + n_l) = h_l + round(n_l) (stochastic
-  rounding commutes with grid shifts), so the rounding perturbation is data-independent noise of
-  at most Delta per party; the accounting treats the total noise as N(0, sigma^2). A fully
-  rigorous treatment of summed discretised Gaussians is the distributed discrete Gaussian of
-  Kairouz, Liu and Steinke (ICML 2021); here Delta / (sigma / sqrt(P)) is about 1e-5 or less.
+Quantisation and noise. SecAgg+ sums integers: each party's vector is clipped to [-C, C] and
+mapped to the grid -C + Delta * Z with Delta = 2C / R (R = quantization_range). C is a power of
+two >= B + k * sigma / sqrt(P) (k = 10 standard deviations of a party's noise share), and R a
+power of two large enough that Delta <= 2^-(Q-1), the lattice of WASP's Top-Q votes
+(``plan_quantisation(vote_grid=...)``), so every vote vector lies exactly on the grid. Each party
+adds its share of the *distributed discrete Gaussian* on that grid (Kairouz, Liu and Steinke,
+ICML 2021; :mod:`dpsynth.privacy.distributed`): integer steps Z_l ~ N_Z(0, (sigma / sqrt(P) /
+Delta)^2) drawn exactly from its own noise source (:func:`party_submission`). SecAgg+'s
+quantisation is then exact, the unmasked sum is sum_l (clip_B(h_l) + Delta Z_l), and the round
+is charged by the KLS bound for the fewest parties that can be in the sum
+(``DistributedDiscreteGaussianEvent``). The one event outside it: a party's value clipped at C,
+which needs its noise to exceed k standard deviations; its probability in a round is at most
+``clip_probability_bound`` = 2 * P * dim * Phi(-k) (about 1.5e-23 per coordinate for k = 10;
+the discrete Gaussian's tails are no heavier than the continuous one's), stated beside the
+round and not added to delta.
 """
 
 from __future__ import annotations
@@ -110,9 +106,6 @@ class QuantisationPlan:
         """Grid step Delta = 2C / R."""
         return 2.0 * self.clipping_range / self.quantization_range
 
-    def error_bound(self, n_present: int) -> float:
-        """Max |secure sum - true sum of noisy vectors| per coordinate (one quantum per party)."""
-        return n_present * self.step
 
 
 @dataclass
@@ -124,7 +117,6 @@ class FederatedResult:
     num_parties: int
     sigma: float
     effective_sigma: float
-    quantization_error_bound: float
     clipping_range: float
     clip_probability_bound: float
 
@@ -142,9 +134,13 @@ def plan_quantisation(
     quantization_range: int = DEFAULT_QUANTIZATION_RANGE,
     modulus_range: int = DEFAULT_MODULUS_RANGE,
     noise_bound_sds: float = DEFAULT_NOISE_BOUND_SDS,
+    vote_grid: float | None = None,
 ) -> QuantisationPlan:
     """Pick C = next power of two >= B + k * sigma / sqrt(P) unless given (B = vote_bound).
 
+    ``vote_grid`` (a power of two: WASP's 2^-(Q-1)): the lattice the parties' votes lie on; the
+    quantisation range R is raised to a power of two with Delta = 2C / R <= vote_grid, so the
+    votes lie exactly on SecAgg+'s grid and each party's discrete Gaussian share is drawn on it.
     Every argument is public (config, calibrated sigma): the plan, and with it the grid of the
     released sum, is the same on neighbouring datasets. Callers pass the declared bound B
     (``wasp.federated.max_records_per_party``), never a party's size."""
@@ -156,21 +152,50 @@ def plan_quantisation(
         raise ValueError(f"vote_bound must be finite and > 0, got {vote_bound!r}")
     if not isinstance(quantization_range, int) or quantization_range < 2:
         raise ValueError(f"quantization_range must be an int >= 2, got {quantization_range!r}")
-    if num_parties * quantization_range >= modulus_range:
-        raise ValueError(
-            f"num_parties * quantization_range ({num_parties} * {quantization_range}) must be "
-            f"< modulus_range ({modulus_range}) or the secure sum overflows"
-        )
     if clipping_range is None:
         clipping_range = _next_pow2(vote_bound + noise_bound_sds * sigma / math.sqrt(num_parties))
     elif not (math.isfinite(clipping_range) and clipping_range > 0):
         raise ValueError(f"clipping_range must be finite and > 0, got {clipping_range!r}")
+    if num_parties * quantization_range >= modulus_range:
+        raise ValueError(
+            f"num_parties * quantization_range ({num_parties} * {quantization_range}) must be "
+            f"< modulus_range ({modulus_range}) or the secure sum overflows: lower "
+            "wasp.federated.max_records_per_party or the number of parties"
+        )
+    if vote_grid is not None:
+        if not (vote_grid > 0 and math.log2(vote_grid).is_integer()):
+            raise ValueError(f"vote_grid must be a power of two, got {vote_grid!r}")
+        # as fine as the votes' lattice, as far as the modulus allows (the largest power of
+        # two with P * R < modulus): a coarser step drops the vote weights below it
+        # (:func:`grid_top_q`), never rounds them
+        widest = 2 ** ((modulus_range - 1) // num_parties).bit_length() // 2
+        quantization_range = min(widest, max(quantization_range,
+                                              int(_next_pow2(2.0 * clipping_range / vote_grid))))
+    if num_parties * quantization_range >= modulus_range:
+        raise ValueError(
+            f"num_parties * quantization_range ({num_parties} * {quantization_range}) must be "
+            f"< modulus_range ({modulus_range}) or the secure sum overflows: lower "
+            "wasp.federated.max_records_per_party or the number of parties"
+        )
     return QuantisationPlan(
         clipping_range=float(clipping_range),
         quantization_range=quantization_range,
         modulus_range=modulus_range,
         vote_bound=float(vote_bound),
     )
+
+
+def grid_top_q(top_q: int, step: float) -> int:
+    """The Top-Q depth whose weights 2^-q (q < Q') all lie on SecAgg+'s grid of ``step``: Q
+    itself when the grid is fine enough, else the weights below the step are left out (each
+    record's vote vector only shrinks, so the sensitivity of Q still bounds it). Raises when
+    not even weight 1 is on the grid (noise far beyond any vote)."""
+    depth = min(int(top_q), 1 - int(math.log2(step)))
+    if depth < 1:
+        raise ValueError(f"SecAgg+'s grid step {step:g} is coarser than a whole vote: the noise "
+                         "is too large for the secure sum's modulus; raise privacy.epsilon or "
+                         "lower wasp.federated.max_records_per_party")
+    return depth
 
 
 def clip_probability_bound(plan: QuantisationPlan, sigma: float, num_parties: int,
@@ -186,20 +211,6 @@ def clip_probability_bound(plan: QuantisationPlan, sigma: float, num_parties: in
     return min(1.0, 2.0 * num_parties * dim * tail)
 
 
-def grid_round(values: np.ndarray, clipping_range: float, quantization_range: int,
-               uniforms: np.ndarray) -> np.ndarray:
-    """Clip to [-C, C] and round stochastically to SecAgg+'s grid -C + Delta * Z, Delta = 2C / R
-    (what flwr's ``quantize`` does, but with the party's own uniforms u in [0, 1)): a value at
-    fraction f of a step goes up with probability f, so E[round(x)] = x and |round(x) - x| < Delta.
-    """
-    step = 2.0 * clipping_range / quantization_range
-    x = (np.clip(np.asarray(values, dtype=np.float64), -clipping_range, clipping_range)
-         + clipping_range) / step
-    low = np.floor(x)
-    k = low + (np.asarray(uniforms, dtype=np.float64) < x - low)
-    return k * step - clipping_range
-
-
 def party_seed(seed: int, party_index: int) -> int:
     """Independent per-party noise seed derived from the round seed (research mode only)."""
     state = np.random.SeedSequence([int(seed), 0x5EC466, int(party_index)]).generate_state(2)
@@ -208,7 +219,7 @@ def party_seed(seed: int, party_index: int) -> int:
 
 def party_source(noise_mode: str, seed: int | None, party_index: int) -> NoiseSource:
     """Party l's own noise source: seeded per party (research mode), or the OS
-    CSPRNG. Its first draws are the noise share, the next ones the rounding uniforms."""
+    CSPRNG; it draws the party's discrete Gaussian share."""
     from dpsynth.privacy.noise import make_noise_source
 
     if noise_mode == "seeded":
@@ -217,13 +228,6 @@ def party_source(noise_mode: str, seed: int | None, party_index: int) -> NoiseSo
     if noise_mode == "secure":
         return make_noise_source("secure", None)
     raise ValueError(f"noise_mode must be 'seeded' or 'secure', got {noise_mode!r}")
-
-
-def party_noise(size: int, std: float, *, noise_mode: str, seed: int | None,
-                party_index: int) -> np.ndarray:
-    """Party l's noise share N(0, std^2) from its own source (seeded per party, or OS CSPRNG)."""
-    source = party_source(noise_mode, seed, party_index)
-    return np.asarray(source.normal(size, scale=std), dtype=np.float64)
 
 
 def clip_votes(hist: np.ndarray, vote_bound: float) -> np.ndarray:
@@ -247,35 +251,23 @@ def local_votes(party: PartyData, candidate_embeddings: np.ndarray,
     return clip_votes(hist, vote_bound)
 
 
-def _noisy_votes(party: PartyData, candidate_embeddings: np.ndarray,
-                 candidate_labels: np.ndarray, vote_fn: VoteFn, sigma: float, num_parties: int,
-                 vote_bound: float, source: NoiseSource) -> np.ndarray:
-    hist = local_votes(party, candidate_embeddings, candidate_labels, vote_fn, vote_bound)
-    std = sigma / math.sqrt(num_parties)
-    return hist + np.asarray(source.normal(hist.size, scale=std), dtype=np.float64)
-
-
-def party_noisy_histogram(party: PartyData, candidate_embeddings: np.ndarray,
-                          candidate_labels: np.ndarray, vote_fn: VoteFn, *, sigma: float,
-                          num_parties: int, vote_bound: float, noise_mode: str,
-                          seed: int | None, party_index: int) -> np.ndarray:
-    """y_l = clip_B(h_l) + N(0, sigma^2 / P): party l's noisy votes, before rounding."""
-    source = party_source(noise_mode, seed, party_index)
-    return _noisy_votes(party, candidate_embeddings, candidate_labels, vote_fn, sigma,
-                        num_parties, vote_bound, source)
-
-
 def party_submission(party: PartyData, candidate_embeddings: np.ndarray,
                      candidate_labels: np.ndarray, vote_fn: VoteFn, *, sigma: float,
                      num_parties: int, vote_bound: float, clipping_range: float,
                      quantization_range: int, noise_mode: str, seed: int | None,
                      party_index: int) -> np.ndarray:
-    """What party l hands to SecAgg+ (which masks it): y_l (:func:`party_noisy_histogram`)
-    rounded onto the public grid with the same source's next uniforms (:func:`grid_round`)."""
+    """What party l hands to SecAgg+ (which masks it): clip_B(h_l) plus its discrete Gaussian
+    share of std sigma / sqrt(P) on SecAgg+'s grid Delta Z (Kairouz, Liu & Steinke 2021;
+    :func:`dpsynth.privacy.distributed.party_share`), clipped to [-C, C]. The votes must lie on
+    the grid (``plan_quantisation(vote_grid=...)``); then SecAgg+'s quantisation is exact and
+    the unmasked sum is the parties' integer sum times Delta."""
+    from dpsynth.privacy.distributed import party_share, share_sigma
+
+    step = 2.0 * clipping_range / quantization_range
+    hist = local_votes(party, candidate_embeddings, candidate_labels, vote_fn, vote_bound)
     source = party_source(noise_mode, seed, party_index)
-    noisy = _noisy_votes(party, candidate_embeddings, candidate_labels, vote_fn, sigma,
-                         num_parties, vote_bound, source)
-    return grid_round(noisy, clipping_range, quantization_range, source.uniform(noisy.size))
+    steps = party_share(hist, step, share_sigma(sigma, num_parties), source)
+    return np.clip(steps.astype(np.float64) * step, -clipping_range, clipping_range)
 
 
 def effective_sigma(sigma: float, parties_present: int, num_parties: int) -> float:

@@ -63,6 +63,7 @@ def federated_noisy_histogram(
     min_parties: int | None = None,
     clipping_range: float | None = None,
     quantization_range: int = DEFAULT_QUANTIZATION_RANGE,
+    vote_grid: float | None = None,
     drop_parties: Sequence[int] = (),
     modulus_range: int = DEFAULT_MODULUS_RANGE,
     timeout_s: float | None = 600.0,
@@ -77,6 +78,8 @@ def federated_noisy_histogram(
     to (for Top-Q votes, weights <= 1, the declared ``max_records_per_party``); with sigma and
     the other arguments it fixes C and the grid, so nothing about the parties' sizes shapes the
     round. Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
+    ``vote_grid``: the lattice the votes lie on (WASP: 2^-(Q-1)), so that each party's discrete
+    Gaussian share is drawn on SecAgg+'s grid (:func:`plan_quantisation`).
     ``wire_observer`` (audit/tests) sees every reply message the server receives.
     ``ray_address``: where the simulation runs (:func:`run_flower_simulation`).
     """
@@ -101,7 +104,8 @@ def federated_noisy_histogram(
                          f"{cand_emb.shape} vs {cand_lab.shape}")
     plan = plan_quantisation(vote_bound=vote_bound, sigma=sigma, num_parties=num_parties,
                              clipping_range=clipping_range,
-                             quantization_range=quantization_range, modulus_range=modulus_range)
+                             quantization_range=quantization_range, modulus_range=modulus_range,
+                             vote_grid=vote_grid)
 
     sink = ServerSink()
     server_app = make_server_app(cand_emb, cand_lab, num_parties=num_parties,
@@ -121,7 +125,6 @@ def federated_noisy_histogram(
         num_parties=num_parties,
         sigma=float(sigma),
         effective_sigma=effective_sigma(sigma, n, num_parties),
-        quantization_error_bound=plan.error_bound(n),
         clipping_range=plan.clipping_range,
         clip_probability_bound=clip_probability_bound(plan, sigma, num_parties,
                                                       int(sink.released.size)),

@@ -60,6 +60,38 @@ def generator_weights(near: np.ndarray, sources: np.ndarray, n_generators: int,
     return z / z.sum()
 
 
+def federated_event(config: RunConfig, sigma: float, sens: float, dimension: int,
+                    count: int = 1) -> Any:
+    """The charge of federated voting rounds (docs/methods.md §2): each party adds a discrete
+    Gaussian share of std sigma / sqrt(P) on SecAgg+'s public grid (from B, sigma and P only:
+    :func:`dpsynth.federated.core.plan_quantisation`), and a round is charged at the fewest
+    shares that can be in the unmasked sum, ``min_parties`` (Kairouz, Liu & Steinke 2021)."""
+    from ..privacy import DistributedDiscreteGaussianEvent
+    from ..privacy.distributed import share_sigma
+
+    fed = config.wasp.federated
+    plan = federated_plan(config, sigma)
+    return DistributedDiscreteGaussianEvent(
+        sigma=share_sigma(sigma, fed.parties), sensitivity=sens,
+        parties=fed.min_parties or fed.parties, dimension=dimension, grid=plan.step,
+        count=count, name="topq_votes")
+
+
+def federated_plan(config: RunConfig, sigma: float) -> Any:
+    """SecAgg+'s public plan for a round of noise std ``sigma`` (C, the grid, the modulus):
+    from the config's vote bound, sigma and P only."""
+    from ..federated.core import plan_quantisation
+
+    fed = config.wasp.federated
+    return plan_quantisation(vote_bound=float(fed.max_records_per_party), sigma=sigma,
+                             num_parties=fed.parties, vote_grid=topq_grid(config.wasp.top_q))
+
+
+def topq_grid(q: int) -> float:
+    """The lattice of record-level Top-Q votes: 2^-(Q-1)."""
+    return 2.0 ** -(q - 1)
+
+
 def worst_case_sigma(sigma: float, min_parties: int, parties: int) -> float:
     """Std of a federated round's noise when only min_parties of the P noise shares arrive:
     sigma * sqrt(min_parties / P) (SecAgg+ cannot unmask a sum of fewer)."""
@@ -99,6 +131,7 @@ class WaspStrategy:
 
     def __init__(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs) -> None:
+        self.config = config
         self.syn = config.synthesis
         self.wasp = config.wasp
         self.noise_mode = config.privacy.noise
@@ -128,20 +161,23 @@ class WaspStrategy:
         return self.federated(key, pool, emb, sens)
 
     def federated(self, key: str, pool: Pool, emb: np.ndarray, sens: float) -> np.ndarray:
-        """Parties add N(0, sigma^2 / P) each; only the SecAgg+ sum reaches this process.
+        """Parties add a discrete Gaussian share of std sigma / sqrt(P) each, on SecAgg+'s grid;
+        only the SecAgg+ sum reaches this process.
 
         The round is charged at its worst case (only min_parties noise shares arrive, and
         SecAgg+ cannot unmask with fewer) and that charge is committed before any party is
         contacted (federated.rounds.accounted_round)."""
         from ..diagnostics import append_diagnostic
         from ..federated import PartyData, federated_noisy_histogram
-        from ..privacy import GaussianEvent
+        from ..federated.core import grid_top_q
 
         fed = self.wasp.federated
         min_parties = fed.min_parties or fed.parties
         sigma = self.releaser.sigma * sens
-        event = GaussianEvent(sigma=worst_case_sigma(sigma, min_parties, fed.parties),
-                              sensitivity=sens, name="topq_votes")
+        event = federated_event(self.config, sigma, sens, dimension=2 * len(pool))
+        # the Top-Q depth whose weights lie on the round's grid (all Q unless the noise is so
+        # large that the modulus forces a coarser grid; the sensitivity of Q still bounds it)
+        depth = grid_top_q(self.wasp.top_q, federated_plan(self.config, sigma).step)
         view = self.view
 
         def run_round() -> np.ndarray:
@@ -153,8 +189,9 @@ class WaspStrategy:
                 "federated_round": key, "party_sizes": sizes,
                 "parties_over_max_records": sum(m > fed.max_records_per_party for m in sizes)})
             result = federated_noisy_histogram(
-                parties, emb, pool.labels, partial(topq_vote, q=self.wasp.top_q), sigma,
+                parties, emb, pool.labels, partial(topq_vote, q=depth), sigma,
                 vote_bound=float(fed.max_records_per_party),  # public: Top-Q weights <= 1
+                vote_grid=topq_grid(self.wasp.top_q),
                 seed=None if self.noise_mode == "secure"
                 else self.rngs.seed_for("federated", key),  # the run's private seed
                 noise_mode=self.noise_mode, min_parties=min_parties,
@@ -232,7 +269,7 @@ class Wasp(PEMethod):
         fed = config.wasp.federated
         if not fed.parties:
             return super().planned_events(config, n_labels, sigma)
-        from ..privacy import DiscreteGaussianEvent, GaussianEvent
+        from ..privacy import DiscreteGaussianEvent
         from ..privacy.lattice import count_lattice
 
         shifts = count_lattice(config.privacy.unit == "user").shifts
@@ -240,10 +277,10 @@ class Wasp(PEMethod):
                                                    name="label_counts", shifts=shifts)] \
             if n_labels > 1 else []
         rounds = config.synthesis.iterations
-        if rounds:
-            worst = worst_case_sigma(sigma, fed.min_parties or fed.parties, fed.parties)
-            events.append(GaussianEvent(sigma=worst, sensitivity=1.0, count=rounds,
-                                        name="topq_votes"))
+        if rounds:  # the rounds' own noise and grid; the dimension at its upper bound
+            sens = topq_sensitivity(config.wasp.top_q)
+            events.append(federated_event(config, sigma * sens, sens,
+                                          2 * config.synthesis.max_candidates, rounds))
         return events
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,

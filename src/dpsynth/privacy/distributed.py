@@ -16,11 +16,11 @@ charge (accountants: :func:`dpsynth.privacy.accountant.ddgauss_rdp` / ``ddgauss_
 is charged at its worst case: only the fewest parties whose shares can be in the sum (with
 SecAgg+, its reconstruction threshold ``min_parties``) contribute noise.
 
-Wiring the federated path (dpsynth.federated is not changed here): a party computes its exact
-lattice statistic, ``party_share(local, grid, share_sigma(sigma, parties), noise)`` and submits
-the int64 vector; the server's unmasked integer sum goes through :func:`sum_shares`; the round's
-event is ``DistributedDiscreteGaussianEvent(share_sigma(sigma, parties), sensitivity,
-min_parties, dimension, grid)``, admitted before any party is contacted.
+Federated WASP uses it (``dpsynth.federated.core.party_submission``): a party's clipped votes
+lie on SecAgg+'s grid, it adds ``party_share(local, grid, share_sigma(sigma, parties),
+noise)``, and the round's event is ``DistributedDiscreteGaussianEvent(share_sigma(sigma,
+parties), sensitivity, min_parties, dimension, grid)``, admitted before any party is contacted
+(``dpsynth.methods.wasp.federated_event``).
 """
 
 from __future__ import annotations
