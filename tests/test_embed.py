@@ -326,8 +326,10 @@ def test_uses_encode_uncached_when_present(tmp_path) -> None:
 
 
 def test_private_view_streams_private_embeddings(tmp_path) -> None:
-    """PrivateView.private_embeddings (the production path) writes the resumable memmap."""
+    """PrivateView.private_embeddings of the run's engine (the production path: the PE
+    methods' execution builds both) writes the resumable memmap."""
     from dpsynth.context import PrivateView
+    from dpsynth.run_data import private_embeddings, run_engine
 
     class _Data:
         texts = _texts(9)
@@ -351,7 +353,10 @@ def test_private_view_streams_private_embeddings(tmp_path) -> None:
                         "generators": [{"model": "smollm2"}],
                         "privacy": {"epsilon": 1.0, "noise": "seeded", "seed": 1}})
     _Run.private.mkdir(mode=0o700)
-    view = PrivateView(cfg, _Run(), _Data(), embedder=lambda: FakeEmbedder(dim=8))
+    embeddings = private_embeddings(_Run(), _Data(), lambda: FakeEmbedder(dim=8))
+    engine = run_engine(cfg, _Run(), _Data(), embeddings=embeddings)
+    view = PrivateView(cfg, _Run(), _Data(), engine, embeddings=embeddings)
+    assert engine.shard.emb is embeddings()  # the local engine votes on the same rows
     got = view.private_embeddings
     np.testing.assert_array_equal(np.asarray(got), FakeEmbedder(dim=8).embed(_Data.texts))
     assert isinstance(got, np.memmap)

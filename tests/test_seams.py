@@ -340,10 +340,10 @@ def test_ray_worker_modules_do_not_import_the_accountant() -> None:
     """What a shard actor, a logit worker or a Flower party imports stays clear of
     dp_accounting (with scipy.signal/stats about 0.7 s of CPU per worker process); the
     driver's modules still reach it through ``dpsynth.privacy``'s names."""
-    worker_side = ["dpsynth.compute.ray_engine", "dpsynth.compute.rag",
+    worker_side = ["dpsynth.compute.ray_engine", "dpsynth.methods.synrag.ray_prediction",
                    "dpsynth.federated.core", "dpsynth.federated.app",
-                   "dpsynth.methods.synrag.shard", "dpsynth.privacy.noise",
-                   "dpsynth.privacy.mechanisms"]
+                   "dpsynth.methods.synrag.shard", "dpsynth.methods.secpe.kernels",
+                   "dpsynth.privacy.noise", "dpsynth.privacy.mechanisms"]
     script = ("import importlib, sys\n"
               f"for m in {worker_side!r}:\n"
               "    importlib.import_module(m)\n"

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, RunConfig, parse_config
 from .errors import InputError, MissingFileError
+from .hooks import RunHooks
 from .runner import open_run, run_method
 from .runs import RunDir
 
@@ -63,11 +64,12 @@ def _prepare_output(output_dir: str | Path) -> None:
 def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
                    resume: bool = False, overrides: dict[str, Any] | None = None,
                    progress: bool = True, generators: Sequence[Any] | None = None,
-                   embedder: Any | None = None) -> Path:
+                   embedder: Any | None = None, hooks: RunHooks | None = None) -> Path:
     """Run a text-releasing method end to end, or resume it; returns the run folder.
 
     ``generators`` / ``embedder`` replace the configured models with ready objects (one
-    generator per configured entry), e.g. the deterministic fakes of the fast tests.
+    generator per configured entry), e.g. the deterministic fakes of the fast tests;
+    ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`).
 
     A refusal before any work (bad data, a config the method cannot run, a ledger refusal)
     removes the new run folder again; a stop after work began keeps it for ``--resume``, with a
@@ -83,7 +85,7 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
     with display.session(enabled=progress):
         return run_method(config, output_dir, resume=resume, overrides=overrides,
                           progress=progress, generators=generators, embedder=embedder,
-                          releases="text")
+                          releases="text", hooks=hooks)
 
 
 # -- data given as a DataFrame or records ------------------------------------------------------

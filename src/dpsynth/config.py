@@ -473,6 +473,11 @@ class SecPEConfig(_Section):
                     "little more noise",
     )
 
+    @property
+    def r(self) -> float:
+        """The protection target r = min(1, p * r_over_p) of every secret (r = 1: none)."""
+        return min(1.0, self.p * self.r_over_p)
+
 
 class ComputeConfig(_Section):
     """Where the private statistics are computed (docs/methods.md §0): ``local`` (this process,

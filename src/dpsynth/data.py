@@ -118,7 +118,7 @@ class DataError(InputError):
         super().__init__(head + ":\n" + _format_problems(self.problems))
 
 
-def _no_domain_message(columns: Sequence[str]) -> str:
+def no_domain_message(columns: Sequence[str]) -> str:
     return (
         f"no public label domain for {', '.join(map(repr, columns))}: the label values are "
         "public input, never derived from the records; declare them in the config "
@@ -198,7 +198,7 @@ class Dataset:
         source = domain if domain is not None else (self.label_domain or {})
         missing = [c for c in columns if c not in source]
         if missing:
-            raise ValueError(_no_domain_message(missing))
+            raise ValueError(no_domain_message(missing))
         return check_label_values({c: source[c] for c in columns}, self.label_columns)
 
     def _codes_in(self, column: str, values: list[str]) -> np.ndarray:
@@ -282,9 +282,9 @@ class Dataset:
             idx = np.flatnonzero(idx)
         idx = idx.reshape(-1).astype(np.int64)
         return Dataset(
-            texts=_take(self.texts, idx),
-            labels={c: _take(v, idx) for c, v in self.labels.items()},
-            users=None if self.users is None else _take(self.users, idx),
+            texts=take_rows(self.texts, idx),
+            labels={c: take_rows(v, idx) for c, v in self.labels.items()},
+            users=None if self.users is None else take_rows(self.users, idx),
             source=self.source,
             text_column=self.text_column,
             label_columns=list(self.label_columns),
@@ -308,7 +308,8 @@ def label_classes(columns: Sequence[str], domain: Mapping[str, Sequence[str]]
     return list(itertools.product(*(domain[c] for c in columns)))
 
 
-def _take(column: Sequence[str], idx: np.ndarray) -> Sequence[str]:
+def take_rows(column: Sequence[str], idx: np.ndarray) -> Sequence[str]:
+    """The values of ``column`` at the row numbers ``idx`` (a text column's own ``take``)."""
     take = getattr(column, "take", None)
     if take is not None and not isinstance(column, list | tuple):
         return take(idx)

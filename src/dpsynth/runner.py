@@ -23,6 +23,7 @@ import yaml
 
 from .config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
 from .errors import DpsynthError
+from .hooks import RunHooks
 from .io import SHARED_MODE, atomic_write_json, atomic_write_text
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
@@ -230,7 +231,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                method: Method | None = None, progress: bool = True,
                generators: Sequence[Any] | None = None, embedder: Any | None = None,
                echo: Callable[[str], None] | None = None,
-               options: dict[str, Any] | None = None, releases: str | None = None) -> Path:
+               options: dict[str, Any] | None = None, releases: str | None = None,
+               hooks: RunHooks | None = None) -> Path:
     """Run a registered method end to end, or resume it; returns the run folder.
 
     ``method``: the method object (default: the registry's entry for ``config.method``).
@@ -238,7 +240,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
     deterministic fakes of the fast tests); ``echo`` receives operator messages; ``options``
     are method-specific call options (e.g. test hooks); ``releases`` ("text" or
     "knowledge_base") refuses a method that releases something else, before anything is
-    written."""
+    written; ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`)."""
+    hooks = hooks or RunHooks()
     had_folder = Path(output_dir).is_dir()
     chosen: dict[str, Method] = {}
 
@@ -268,7 +271,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             check_run(cfg, generators=generators, embedder=embedder, warn=operator_warning)
             # compute.engine ray: the shards read the file, this process never opens it
             # (unless the method reads per-record fields here: ``sharded_data`` False)
-            dataset = load_run_data(cfg, run, sharded=m.sharded_data)
+            dataset = load_run_data(cfg, run, sharded=m.sharded_data,
+                                    shard_actor=hooks.shard_actor)
             plan = m.plan(cfg, dataset, run)
             identity = data_identity(cfg, dataset, ledger(cfg))
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
@@ -278,7 +282,7 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             job = Job(cfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
                       resume=resume, progress=progress,
                       generators=generators, embedder=embedder, echo=echo,
-                      options=dict(options or {}))
+                      options=dict(options or {}), hooks=hooks)
             outcome = m.execute(job)
             statement = m.statement(job, outcome)
             atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)

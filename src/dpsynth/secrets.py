@@ -454,6 +454,8 @@ class SecretSplit:
     messages: list[str]
     parts: list[Any] = field(default_factory=list)
     specs: list[Any] = field(default_factory=list)
+    #: the pid of the process that solved the SecretNoise plan (a Ray worker with engine ray)
+    planned_in: int | None = None
 
     def report(self, secrets_per_type: Mapping[str, int]) -> dict[str, Any]:
         """:meth:`SecretIndex.split_report`'s counts, given the distinct secrets per type

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ValidationError
 
 from ..config import ConfigError, RunConfig
+from ..hooks import RunHooks
 from ..runs import RunDir
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class Job:
     embedder: Any | None = None
     echo: Callable[[str], None] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    #: what the caller plugs into the run (tests: fault injection, stops)
+    hooks: RunHooks = field(default_factory=RunHooks)
     #: LLM calls paid by this attempt (set by the method once its models exist)
     paid_calls: Callable[[], int] = lambda: 0
     #: closed by the runner when the attempt ends (compute workers and the like)

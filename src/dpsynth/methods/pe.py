@@ -153,6 +153,7 @@ class PEMethod(Method):
         from ..evolution.loop import evolve
         from ..evolution.operators import Generation
         from ..privacy import run_seed
+        from ..run_data import private_embeddings, run_engine
 
         cfg, run, dataset = job.config, job.run, job.dataset
         sigma, domain = job.plan.sigma, None
@@ -170,13 +171,17 @@ class PEMethod(Method):
         # the run's private seed (private/seed, drawn once when the config gives none): drives
         # post-processing and LLM sampling, so a resumed run makes the same choices
         rngs = Rngs(run_seed(run.private, cfg.privacy.seed))
-        view = PrivateView(cfg, run, dataset, embedder=lambda: gen.embedder,
-                           given_embedder=job.embedder, progress=job.progress)
+        # the engine over the run's private records, built here and handed to the view
+        embeddings = private_embeddings(run, dataset, lambda: gen.embedder)
+        compute = run_engine(cfg, run, dataset, embeddings=embeddings,
+                             given_embedder=job.embedder, shard_actor=job.hooks.shard_actor)
+        view = PrivateView(cfg, run, dataset, compute, embeddings=embeddings,
+                           progress=job.progress)
+        job.cleanup.callback(view.close)
         gen = Generation(
             cfg, view.label_dict, rngs.seed, _llm_cache_path(cfg, run),
             run.private / "embed-cache", rng=rngs, log=run.log, progress=job.progress,
             generators=job.generators, embedder=job.embedder)
-        job.cleanup.callback(view.close)
         job.paid_calls = lambda: gen.counts().get("llm_calls", 0)
         releaser = Releaser(job.session, sigma, private=not math.isinf(cfg.privacy.epsilon))
         # the exact record count is a fact about the private data: diagnostics only

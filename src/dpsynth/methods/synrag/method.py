@@ -187,7 +187,7 @@ def _llm(cfg: RunConfig, scfg: SynRAGConfig, gen: Any, corpus: Corpus) -> Any:
     if scfg.keyword_extractor != "llm":
         return None
     if corpus.sharded:
-        from ...compute.rag import generator_factory
+        from .ray_prediction import generator_factory
 
         return generator_factory(cfg, gen)
     return lambda: gen

@@ -25,7 +25,7 @@ from ...runs import RunDir
 from .config import SynRAGConfig
 from .private_prediction import predict_text, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
-from .shard import DocumentShard, ShardFiles, documents_of, merge_selected
+from .shard import DocumentShard, ShardFiles, documents_of, merge_selected, on_documents
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -124,7 +124,7 @@ class Corpus:
     @classmethod
     def on_shards(cls, engine: Any) -> Corpus:
         """The shard actors of a :class:`dpsynth.compute.ray_engine.RayCompute`."""
-        return cls(engine.synrag, tuple(engine.actors))
+        return cls(lambda op, *args: engine.map(on_documents, op, *args), tuple(engine.actors))
 
     @property
     def sharded(self) -> bool:
@@ -170,7 +170,7 @@ class Corpus:
         """S_r's texts in this process (engine local only)."""
         if self.sharded:
             raise RuntimeError("with compute.engine ray S_r stays on the shards: the logit "
-                               "workers fetch it (dpsynth.compute.rag.OnShards)")
+                               "workers fetch it (methods.synrag.ray_prediction.OnShards)")
         return merge_selected(self._call("selected", key))
 
 
@@ -219,10 +219,10 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
 
     ray_preds: dict[int, Any] = {}
     if corpus.sharded:
-        # every pending cluster's private prediction at once on Ray (dpsynth.compute.rag):
+        # every pending cluster's private prediction at once on Ray (.ray_prediction):
         # the workers fetch S_r from the shards; the tokens are still released here, by
         # this session, in cluster order
-        from ...compute.rag import OnShards, cluster_predictions
+        from .ray_prediction import OnShards, cluster_predictions
 
         jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]))
                 for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]

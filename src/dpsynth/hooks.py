@@ -1,0 +1,21 @@
+"""What a caller plugs into a run without changing what it computes or releases.
+
+A :class:`RunHooks` is passed to the runner (``run_method(..., hooks=...)``) and reaches the
+places it names: the tests inject faults and stops through it (tests/faults.py), so no test
+hook lives in the code a run executes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """Extension points of one run.
+
+    ``shard_actor``: the class of the Ray shard actors (a subclass of
+    :class:`dpsynth.compute.ray_engine.ShardActor`; None: that class)."""
+
+    shard_actor: type[Any] | None = None
