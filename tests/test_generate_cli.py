@@ -102,7 +102,7 @@ def test_device_option_is_checked_before_any_model_loads():
     import pytest
 
     from dpsynth.config import ConfigError, GeneratorConfig, parse_config
-    from dpsynth.llm.local import resolve_device
+    from dpsynth.llm.runtime import resolve_device
 
     assert resolve_device("cpu") == "cpu"
     torch = pytest.importorskip("torch")

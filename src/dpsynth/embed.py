@@ -217,7 +217,7 @@ def export_onnx(model_dir: Path, cache_root: Path | None = None) -> Path:
             mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(mean, p=2, dim=1)
 
-    from .llm.local import quiet_transformers
+    from .llm.models import quiet_transformers
 
     with quiet_transformers():
         hf = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager",
@@ -258,7 +258,7 @@ class _TorchEngine:
     def __init__(self, model_dir: Path, device: str, batch_size: int) -> None:
         from sentence_transformers import SentenceTransformer
 
-        from .llm.local import quiet_transformers
+        from .llm.models import quiet_transformers
 
         self.batch_size = batch_size
         with quiet_transformers():

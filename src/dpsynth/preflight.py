@@ -173,7 +173,7 @@ def check_generators(config: RunConfig, *, given: Sequence[Any] | None = None,
 
 def check_devices(config: RunConfig, *, generators_given: bool = False,
                   embedder_given: bool = False) -> None:
-    """Every ``device`` setting names a device torch sees (:func:`dpsynth.llm.local.
+    """Every ``device`` setting names a device torch sees (:func:`dpsynth.llm.runtime.
     resolve_device`), before a model loads; the CPU needs no check (and no torch import)."""
     from .config import ConfigError
 
@@ -184,7 +184,7 @@ def check_devices(config: RunConfig, *, generators_given: bool = False,
         wanted.append(("embedder.device", config.embedder.device))
     if not wanted:
         return
-    from .llm.local import resolve_device
+    from .llm.runtime import resolve_device
 
     for where, device in wanted:
         try:
@@ -195,7 +195,7 @@ def check_devices(config: RunConfig, *, generators_given: bool = False,
 
 def check_local_model(model: str, field: str) -> None:
     """An embedded generator name (``smollm2``, ``gemma3``) or a transformers directory."""
-    from .llm.local import EMBEDDED_MODELS
+    from .llm.models import EMBEDDED_MODELS
 
     name = model.removeprefix("local:")
     if name in EMBEDDED_MODELS:

@@ -28,7 +28,7 @@ def embedder_device(device: str) -> str:
     one)."""
     if device == "cpu":
         return "cpu"
-    from ..llm.local import resolve_device
+    from ..llm.runtime import resolve_device
 
     return resolve_device(device)
 
