@@ -324,19 +324,38 @@ def test_registry_one_spelling_and_what_each_method_releases() -> None:
 
 
 def test_method_sections_are_validated_by_their_config_model(tmp_path: Path) -> None:
-    from dpsynth.config import ConfigError
-    from dpsynth.methods import get_method
+    """A method section is validated by its own method's model, through the registry: a bad
+    value or a typo fails when the config is read, naming the field, before any folder is
+    written (RunConfig has no method-specific section of its own)."""
+    import yaml
 
-    cfg = parse_config({**_config(tmp_path, "aug_pe"), "method": "synrag",
-                        "synrag": {"clusters": 0}})
-    with pytest.raises(ConfigError, match="synrag.clusters"):
-        get_method("synrag").check(cfg)
+    from dpsynth.config import ConfigError, RunConfig
+    from dpsynth.methods.synrag.config import SynRAGConfig
+    from dpsynth.methods.wasp import WaspConfig
     from dpsynth.rag.build import build_kb
 
-    with pytest.raises(ConfigError, match="synrag.clusters"):
-        build_kb(cfg, tmp_path / "run")  # refused before anything is written
+    assert not {"wasp", "secpe", "synrag"} & set(RunConfig.model_fields)
+    good = _config(tmp_path, "aug_pe")
+    for name, section, field in (("synrag", {"clusters": 0}, "synrag.clusters"),
+                                 ("wasp", {"top_qq": 3}, "wasp.top_qq"),
+                                 ("secpe", {"clip": -1}, "secpe.clip"),
+                                 ("nosuchmethod", {}, "nosuchmethod")):
+        bad = {**good, "method": "synrag" if name == "synrag" else "aug_pe", name: section}
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            parse_config(bad)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(bad), encoding="utf-8")
+        run = build_kb if name == "synrag" else run_generation
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            run(path, tmp_path / "run")  # refused before anything is written
+        assert not (tmp_path / "run").exists()
+    # the run's own method's section is filled with its defaults (dumped, digested)
+    wasp = parse_config({**good, "method": "wasp"})
+    assert isinstance(wasp.wasp, WaspConfig) and wasp.model_dump()["wasp"]["top_q"] == 8
+    rag = parse_config({**good, "method": "synrag"})
+    assert isinstance(rag.synrag, SynRAGConfig) and "wasp" not in rag.model_dump()
     with pytest.raises(ConfigError, match="dpsynth rag build"):
-        run_generation(cfg, tmp_path / "run")
+        run_generation(rag, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 

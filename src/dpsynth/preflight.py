@@ -230,15 +230,14 @@ def check_models(config: RunConfig, *, generators_given: bool = False,
 
 
 def check_extras(config: RunConfig) -> None:
-    """The optional dependency groups the config needs are installed."""
+    """The optional dependency groups the config needs are installed: the compute engine's,
+    and those the run's method declares (``Method.extras``, through the registry)."""
+    from .methods import required_extras
+
     if config.compute.engine == "ray":
         require("ray", "ray", "compute.engine: ray")
-    if config.method == "wasp" and config.wasp.federated.parties > 0:
-        require("flwr", "federated", "wasp.federated")
-        require("ray", "federated", "wasp.federated")
-    if config.method == "secpe" and any(
-            isinstance(s, dict) and s.get("kind") == "pii" for s in config.secpe.secrets):
-        require("presidio_analyzer", "secpe", "secpe secrets of kind 'pii'")
+    for module, extra, what in required_extras(config):
+        require(module, extra, what)
 
 
 def check_run(config: RunConfig, *, generators: Sequence[Any] | None = None,

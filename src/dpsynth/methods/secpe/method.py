@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...config import ConfigError, RunConfig, SecPEConfig
+from ...config import ConfigError, RunConfig
 from ...context import PrivateView, Releaser, Rngs
 from ...diagnostics import append_diagnostic
 from ...evolution.loop import Start, StrategyState, VoteResult
@@ -41,6 +41,7 @@ from ...evolution.selection import allocate, thresholded
 from ..base import Guarantee, Job, Outcome, PrivacyPlan
 from ..pe import PEMethod
 from . import statistics
+from .config import SecPEConfig
 from .plan import SecretPlan
 from .representatives import JOINT_SENSITIVITY
 
@@ -75,7 +76,7 @@ class SecPEStrategy:
     def __init__(self, config: RunConfig, secrets: SecretPlan, view: PrivateView,
                  releaser: Releaser, gen: Generation, rngs: Rngs) -> None:
         self.syn = config.synthesis
-        self.secpe = config.secpe
+        self.secpe: SecPEConfig = SecPE.settings(config)
         self.centre_seed = int(config.privacy.seed or 0)  # public data: any fixed seed
         self.secrets = secrets
         self.view = view
@@ -194,6 +195,14 @@ class SecPE(PEMethod):
     section = "secpe"
     config_model = SecPEConfig
 
+    @classmethod
+    def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
+        """Secrets of kind 'pii' are found by Presidio (``[secpe]``)."""
+        if any(isinstance(s, dict) and s.get("kind") == "pii"
+               for s in cls.settings(config).secrets):
+            return [("presidio_analyzer", "secpe", "secpe secrets of kind 'pii'")]
+        return []
+
     def __init__(self) -> None:
         self.secrets: SecretPlan | None = None
         self._run: RunDir | None = None
@@ -207,7 +216,7 @@ class SecPE(PEMethod):
         return "none" if math.isinf(config.privacy.epsilon) else "secret-protection"
 
     def ledger_details(self, config: RunConfig) -> dict[str, Any]:
-        cfg = config.secpe
+        cfg = self.settings(config)
         if self.guarantee(config) == "none":
             return {"method": self.name}
         return {"method": self.name, "p": cfg.p, "r": cfg.p * cfg.r_over_p}
@@ -244,7 +253,7 @@ class SecPE(PEMethod):
     def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
         plan = self.secrets
         assert plan is not None
-        cfg = job.config.secpe
+        cfg = self.settings(job.config)
         protection = {
             "definition": "(p, r)-secret protection (SecPE): for every secret s_j and every "
                           "reconstruction attack, Pr[attack outputs s_j] <= r_j; p_j is the "

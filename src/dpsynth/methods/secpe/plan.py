@@ -15,7 +15,9 @@ import numpy as np
 from ...compute import dataset_engine
 from ...config import ConfigError, RunConfig
 from ...io import atomic_write_bytes
+from ..base import read_section
 from . import statistics
+from .config import SecPEConfig
 from .representatives import JOINT_SENSITIVITY
 
 if TYPE_CHECKING:
@@ -24,12 +26,17 @@ if TYPE_CHECKING:
     from ...secrets import SecretSplit
 
 
+def secpe_settings(config: RunConfig) -> SecPEConfig:
+    """The run's ``secpe:`` section (its defaults when the config has none)."""
+    return read_section(config, "secpe", SecPEConfig)
+
+
 def plan_digest(config: RunConfig, fingerprint: str) -> str:
     """The key of a saved SecretNoise plan: the secret definitions, p, r, T, the data's
     fingerprint and the calibration's fixed settings."""
     from .theory import DEFAULT_TAIL_MASS
 
-    cfg = config.secpe
+    cfg = secpe_settings(config)
     key = {"secrets": [dict(s) for s in cfg.secrets], "p": cfg.p,
            "r": cfg.r, "T": config.synthesis.iterations,
            "fingerprint": fingerprint, "rule": "paper",
@@ -78,7 +85,7 @@ class SecretPlan:
 
     def __init__(self, config: RunConfig, split: SecretSplit, summary: dict[str, Any],
                  digest: str = "") -> None:
-        cfg = config.secpe
+        cfg = secpe_settings(config)
         self.split = split
         self.public_idx = split.public_idx
         self.digest = digest
@@ -97,7 +104,7 @@ class SecretPlan:
         same :func:`plan_digest`; a bad definition is a ConfigError."""
         from ...secrets import SecretDefinitionError
 
-        cfg = config.secpe
+        cfg = secpe_settings(config)
         engine = dataset_engine(dataset, False, folder)
         digest = plan_digest(config, dataset.fingerprint())
         saved = None if folder is None else _load_plan(folder, digest)

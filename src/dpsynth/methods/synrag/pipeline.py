@@ -22,7 +22,7 @@ from ...compute.kernels import FIXED_POINT_BITS
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...runs import RunDir
-from .config import SynRAGConfig
+from .config import SynRAGConfig, parse_synrag
 from .private_prediction import predict_text, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
 from .shard import DocumentShard, ShardFiles, documents_of, merge_selected, on_documents
@@ -64,10 +64,11 @@ def _resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path,
     """A vocabulary file named in the config is relative to the config file's folder (set in
     place, so the stored config.yaml holds the absolute path); then
     :func:`check_vocabulary_public`."""
-    voc = cfg.synrag.get("vocabulary")
+    scfg = parse_synrag(cfg)
+    voc = scfg.vocabulary
     if (not isinstance(config, RunConfig) and isinstance(voc, str)
             and voc not in ("demo", "tokenizer") and not Path(voc).is_absolute()):
-        cfg.synrag["vocabulary"] = str((Path(config).parent / voc).resolve())
+        scfg.vocabulary = str((Path(config).parent / voc).resolve())
     check_vocabulary_public(cfg, output_dir)
 
 
@@ -75,7 +76,7 @@ def check_vocabulary_public(cfg: RunConfig, output_dir: str | Path | None = None
     """Refuse a vocabulary file that is (or lies inside) the private data or a run's private
     area: the histogram's coordinates must be public input (docs/methods.md §4, step 1), else
     the released key set would reveal words of the private documents."""
-    voc = cfg.synrag.get("vocabulary")
+    voc = parse_synrag(cfg).vocabulary
     if not isinstance(voc, str) or voc in ("demo", "tokenizer"):
         return
     path = Path(voc).resolve()
