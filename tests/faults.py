@@ -1,5 +1,8 @@
-"""Fault injection for the Ray tests, passed into a run (``RunHooks(shard_actor=...)``):
+"""Fault injection and stops for the tests, passed into a run (:class:`dpsynth.hooks.RunHooks`):
 nothing of it lives in the code a run executes.
+
+:class:`StopAt` stops a run after its n-th checkpoint (``RunHooks(on_checkpoint=...)``), as a
+kill would: the run's status is ``interrupted`` and ``--resume`` continues it.
 
 :class:`FaultyShardActor` is the production shard actor plus a fault point before every
 kernel: a file ``fault-<what>-shard<i>`` in the run's private compute folder makes that shard
@@ -47,6 +50,27 @@ class FaultyShardActor(ShardActor):
 
 
 FAULTS = RunHooks(shard_actor=FaultyShardActor)
+
+
+class StopAt:
+    """A checkpoint hook that raises KeyboardInterrupt once the run has saved its ``n``-th
+    checkpoint (counting only those whose name starts with ``prefix``)."""
+
+    def __init__(self, n: int = 1, prefix: str = "") -> None:
+        self.n, self.prefix, self.seen = n, prefix, 0
+
+    def __call__(self, name: str) -> None:
+        if name.startswith(self.prefix):
+            self.seen += 1
+            if self.seen == self.n:
+                raise KeyboardInterrupt(f"test stop after checkpoint {name} ({self.n})")
+
+
+def stop_at(n: int = 1, prefix: str = "", *, faults: bool = False) -> RunHooks:
+    """Hooks that stop the run after its ``n``-th checkpoint (``prefix``: of those names);
+    ``faults``: with the fault-injecting shard actors too."""
+    return RunHooks(shard_actor=FaultyShardActor if faults else None,
+                    on_checkpoint=StopAt(n, prefix))
 
 
 class Arming(FakeGenerator):

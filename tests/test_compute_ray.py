@@ -28,7 +28,7 @@ from dpsynth.llm import GenerationError
 from dpsynth.methods.secpe import kernels as secpe_kernels
 from dpsynth.methods.secpe import statistics as secpe_statistics
 from fakes import FakeEmbedder, FakeGenerator
-from faults import FAULTS, Arming
+from faults import FAULTS, Arming, stop_at
 from shards import InProcessShards, array_shards
 from test_release_check import pe_config, private_rows, shared_files, write_csv
 
@@ -416,10 +416,11 @@ def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path, 
         with driver_never_reads(data) if extra else contextlib.nullcontext():
             with pytest.raises(KeyboardInterrupt) if extra and interrupt else \
                     contextlib.nullcontext():
+                hooks = (stop_at(1, "cluster-", faults=True) if extra and interrupt
+                         else FAULTS if extra else None)  # killed after its first cluster
                 runs.append(Path(build_kb(
                     example, tmp_path / name, generator=gen, embedder=FakeEmbedder(),
-                    stop_after_clusters=1 if extra and interrupt else None,
-                    hooks=FAULTS if extra else None, overrides={
+                    hooks=hooks, overrides={
                         **over, **extra,
                         "privacy.ledger": str(tmp_path / f"{name}-ledger.json")})))
             if extra and interrupt:

@@ -21,7 +21,9 @@ from dpsynth.config import RunConfig, parse_config
 from dpsynth.evolution.loop import VoteResult
 from dpsynth.evolution.pool import Pool
 from dpsynth.evolution.selection import allocate, top_indices
+from dpsynth.hooks import RunHooks
 from fakes import FakeEmbedder, FakeGenerator
+from faults import stop_at
 from test_release_check import pe_config, private_rows, shared_files, write_csv
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -54,11 +56,12 @@ def _config(tmp_path: Path, method: str, ledger: str = "ledger.json") -> dict[st
     return cfg
 
 
-def _run(cfg: dict[str, Any] | Path, out: Path, resume: bool = False) -> Path:
+def _run(cfg: dict[str, Any] | Path, out: Path, resume: bool = False,
+         hooks: RunHooks | None = None) -> Path:
     config: Any = cfg if resume else parse_config(cfg)  # type: ignore[arg-type]
     return Path(run_generation(config, out, resume=resume, progress=False,
                                generators=[FakeGenerator("fake-g0")],
-                               embedder=FakeEmbedder()))
+                               embedder=FakeEmbedder(), hooks=hooks))
 
 
 def _keys(run: Path) -> list[str]:
@@ -181,28 +184,16 @@ def test_release_keys_and_files_of_every_method(tmp_path: Path, method: str) -> 
 
 @pytest.mark.parametrize("method", ["aug_pe", "wasp", "secpe"])
 def test_resumed_at_every_iteration_gives_the_uninterrupted_release(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
-    import dpsynth.evolution.loop as loop
-
+        tmp_path: Path, method: str) -> None:
     whole = _run(_config(tmp_path, method, "whole.json"), tmp_path / "whole")
     expected = shared_files(whole)
     expected.pop("release/summary.json")  # attempts and call counts differ by design
-    save = loop._save
     for stop in range(3):  # after the initial pool, after vote 1, after vote 2
-
-        def stopping(run: Any, iteration: int, pool: Any, strategy: Any,
-                     stop: int = stop) -> None:
-            save(run, iteration, pool, strategy)
-            if iteration == stop:
-                raise KeyboardInterrupt(f"test stop after checkpoint {stop}")
-
         out = tmp_path / f"stop{stop}"
-        monkeypatch.setattr(loop, "_save", stopping)
-        with pytest.raises(KeyboardInterrupt):
-            _run(_config(tmp_path, method, f"l{stop}.json"), out)
+        with pytest.raises(KeyboardInterrupt):  # stopped as a kill would, after a checkpoint
+            _run(_config(tmp_path, method, f"l{stop}.json"), out, hooks=stop_at(stop + 1))
         assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
         before = _keys(out)
-        monkeypatch.setattr(loop, "_save", save)
         done = _run(out, out, resume=True)
         got = shared_files(done)
         got.pop("release/summary.json")

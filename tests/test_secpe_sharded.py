@@ -22,6 +22,7 @@ from dpsynth.methods.secpe import kernels, statistics
 from dpsynth.methods.secpe import theory as secpe_theory
 from dpsynth.secrets import SecretSpec, find_secrets
 from fakes import FakeGenerator
+from faults import stop_at
 from shards import InProcessShards, dataset_shards
 from test_release_check import pe_config, private_rows, shared_files, write_csv
 
@@ -88,8 +89,6 @@ def test_a_resumed_secpe_run_reuses_the_saved_plan(tmp_path, monkeypatch):
     """Stopped after its first checkpoint and resumed: the plan (public rows, sigma, rates) is
     read back from private/ (0600), the LP is not solved again, and the release is the
     uninterrupted run's."""
-    import dpsynth.evolution.loop as loop
-
     calls: list[float] = []  # the accounting grid of each SecretNoise solve
     real = secpe_theory.plan_secret_noise
 
@@ -107,20 +106,12 @@ def test_a_resumed_secpe_run_reuses_the_saved_plan(tmp_path, monkeypatch):
         {**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / "w.json")}},
         tmp_path / "whole")
     assert calls == [3e-3]  # secpe.discretization reaches the calibration
-    save = loop._save
-
-    def stopping(run: Any, iteration: int, pool: Any, strategy: Any) -> None:
-        save(run, iteration, pool, strategy)
-        raise KeyboardInterrupt("test stop after the first checkpoint")
-
     out = tmp_path / "stopped"
-    monkeypatch.setattr(loop, "_save", stopping)
-    with pytest.raises(KeyboardInterrupt):
-        test_compute_ray._run(cfg, out)
+    with pytest.raises(KeyboardInterrupt):  # after the first checkpoint
+        test_compute_ray._run(cfg, out, hooks=stop_at(1))
     assert len(calls) == 2
     for name in ("secpe-plan.npz", "secpe-rates.npz"):
         assert (out / "private" / name).stat().st_mode & 0o777 == 0o600
-    monkeypatch.setattr(loop, "_save", save)
     done = test_compute_ray._run(cfg, out, resume=True)
     assert len(calls) == 2  # not solved again
     a, b = shared_files(whole), shared_files(done)

@@ -57,15 +57,17 @@ def _load(config: RunConfig | str | Path, overrides: dict[str, Any] | None) -> R
 
 def open_run(config: RunConfig | str | Path | None, output_dir: str | Path, *, resume: bool,
              overrides: dict[str, Any] | None = None, method: str | None = None,
-             check: Callable[[RunConfig], Any] | None = None
+             check: Callable[[RunConfig], Any] | None = None,
+             on_checkpoint: Callable[[str], None] | None = None
              ) -> tuple[RunDir, RunConfig, dict[str, Any]]:
     """Create a run folder, or reopen one to resume it (with its stored config).
 
     ``check(config)`` runs before anything is written, so a bad config leaves no folder behind;
     ``method`` names the run in run.json (default: config.method). A resume refuses a stored
     config whose locked fields were edited, a ``config`` that differs from the stored one and
-    a ``--set`` of a locked field (:mod:`dpsynth.resume`). Returns (run, config, meta)."""
-    run = RunDir(output_dir)
+    a ``--set`` of a locked field (:mod:`dpsynth.resume`); ``on_checkpoint``: the run folder's
+    checkpoint hook (:class:`dpsynth.hooks.RunHooks`). Returns (run, config, meta)."""
+    run = RunDir(output_dir, on_checkpoint)
     if resume:
         return _reopen(run, config, overrides)
     assert config is not None
@@ -230,17 +232,16 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                resume: bool = False, overrides: dict[str, Any] | None = None,
                method: Method | None = None, progress: bool = True,
                generators: Sequence[Any] | None = None, embedder: Any | None = None,
-               echo: Callable[[str], None] | None = None,
-               options: dict[str, Any] | None = None, releases: str | None = None,
+               echo: Callable[[str], None] | None = None, releases: str | None = None,
                hooks: RunHooks | None = None) -> Path:
     """Run a registered method end to end, or resume it; returns the run folder.
 
     ``method``: the method object (default: the registry's entry for ``config.method``).
     ``generators`` / ``embedder`` replace the configured models with ready objects (e.g. the
-    deterministic fakes of the fast tests); ``echo`` receives operator messages; ``options``
-    are method-specific call options (e.g. test hooks); ``releases`` ("text" or
-    "knowledge_base") refuses a method that releases something else, before anything is
-    written; ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`)."""
+    deterministic fakes of the fast tests); ``echo`` receives operator messages;
+    ``releases`` ("text" or "knowledge_base") refuses a method that releases something else,
+    before anything is written; ``hooks``: what the caller plugs into the run
+    (:class:`dpsynth.hooks.RunHooks`)."""
     hooks = hooks or RunHooks()
     had_folder = Path(output_dir).is_dir()
     chosen: dict[str, Method] = {}
@@ -255,7 +256,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
         chosen["m"].check(cfg)
 
     run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,
-                              method=method.name if method is not None else None, check=check)
+                              method=method.name if method is not None else None, check=check,
+                              on_checkpoint=hooks.on_checkpoint)
     m = chosen.get("m") or (method if method is not None
                             else get_method(cfg.method, releases))
     if resume and meta.get("status") == "finished":
@@ -281,8 +283,7 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             session = open_session(cfg, run, plan)
             job = Job(cfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
                       resume=resume, progress=progress,
-                      generators=generators, embedder=embedder, echo=echo,
-                      options=dict(options or {}), hooks=hooks)
+                      generators=generators, embedder=embedder, echo=echo, hooks=hooks)
             outcome = m.execute(job)
             statement = m.statement(job, outcome)
             atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)

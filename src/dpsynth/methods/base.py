@@ -68,7 +68,6 @@ class Job:
     generators: Sequence[Any] | None = None
     embedder: Any | None = None
     echo: Callable[[str], None] | None = None
-    options: dict[str, Any] = field(default_factory=dict)
     #: what the caller plugs into the run (tests: fault injection, stops)
     hooks: RunHooks = field(default_factory=RunHooks)
     #: LLM calls paid by this attempt (set by the method once its models exist)

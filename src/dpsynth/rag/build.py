@@ -24,21 +24,17 @@ def build_kb(
     embedder: Any = None,
     progress: bool = False,
     echo: Callable[[str], None] | None = None,
-    stop_after_clusters: int | None = None,
     hooks: RunHooks | None = None,
 ) -> Path:
     """Build (or resume) a DP synthetic knowledge base; returns the run folder.
 
     ``generator`` / ``embedder``: ready objects instead of the configured models (the
     generator must expose next-token logits); ``echo`` receives operator messages;
-    ``stop_after_clusters`` stops (raising KeyboardInterrupt) after that many clusters were
-    generated in this call: a test hook that simulates a killed build; ``hooks``: what the
-    caller plugs into the run (:class:`dpsynth.hooks.RunHooks`)."""
+    ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`: the tests
+    stop a build after a cluster's checkpoint, as a kill would)."""
     from ..runner import run_method
 
-    options = {} if stop_after_clusters is None else {"stop_after_clusters":
-                                                      stop_after_clusters}
     return run_method(config, output_dir, resume=resume, overrides=overrides,
                       method=SynRAG(config, output_dir), progress=progress,
                       generators=None if generator is None else [generator],
-                      embedder=embedder, echo=echo, options=options, hooks=hooks)
+                      embedder=embedder, echo=echo, hooks=hooks)

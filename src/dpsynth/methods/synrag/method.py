@@ -132,7 +132,7 @@ class SynRAG(Method):
         if len(seeds):
             corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus))
         results = generate_clusters(cfg, scfg, run, store, gen, corpus, sizes, seeds, vocab,
-                                    noisy, clip, note, job.options.get("stop_after_clusters"))
+                                    noisy, clip, note)
 
         # 5. self-filtering (post-processing)
         progress.stage("self-filter and release")

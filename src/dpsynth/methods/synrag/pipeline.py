@@ -196,12 +196,10 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
 
 def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any, gen: Any,
                       corpus: Corpus, sizes: np.ndarray, seeds: np.ndarray, vocab: Any,
-                      noisy: np.ndarray, clip: float, note: Notice,
-                      stop_after: int | None) -> list[dict[str, Any]]:
+                      noisy: np.ndarray, clip: float, note: Notice) -> list[dict[str, Any]]:
     """Steps 3-4 for every cluster (``sizes``: the exact |C_r|, for diagnostics only), with a
     checkpoint per cluster."""
     results: list[dict[str, Any]] = []
-    done_now = 0
     sigma_mu = centre_sigma(scfg.rho_centre)
     sums: list[np.ndarray] = []
     retrieved: dict[int, tuple[Retrieved, int]] = {}
@@ -262,11 +260,9 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             append_diagnostic(run, {"cluster": r, "members": int(sizes[r]),
                                     "selected": int(selected),
                                     "truncated": pred.truncated})
-            run.save_checkpoint(name, state)
+            # stats before the checkpoint (as the PE loop): a stop in between repeats the line
             run.append_stats({"iteration": r + 1, "stage": "cluster",
                               **{k: v for k, v in state.items() if k != "text"}})
-            done_now += 1
+            run.save_checkpoint(name, state)
         results.append(state)
-        if stop_after is not None and done_now >= stop_after and r + 1 < len(seeds):
-            raise KeyboardInterrupt(f"stopped after {done_now} clusters (test hook)")
     return results
