@@ -163,7 +163,7 @@ def _run(cfg: dict[str, Any], out: Path, gens: list[FakeGenerator] | None = None
 
 @contextlib.contextmanager
 def driver_never_reads(path: Path) -> Iterator[None]:
-    """Inside: this process (the Ray driver) may not load a data file (``data._read``,
+    """Inside: this process (the Ray driver) may not load a data file (``data.readers.read_chunks``,
     ``pd.read_csv``) nor open ``path`` (``open``, ``io.open``: pathlib's too); the shard
     actors, other processes, are not affected."""
     import builtins
@@ -171,7 +171,7 @@ def driver_never_reads(path: Path) -> Iterator[None]:
 
     import pandas as pd
 
-    import dpsynth.data as data_module
+    import dpsynth.data.readers as readers
 
     opened: list[str] = []
     real_open, real_io_open = builtins.open, io.open
@@ -188,7 +188,7 @@ def driver_never_reads(path: Path) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(builtins, "open", spy(real_open))
         mp.setattr(io, "open", spy(real_io_open))
-        mp.setattr(data_module, "_read", refuse)
+        mp.setattr(readers, "read_chunks", refuse)
         mp.setattr(pd, "read_csv", refuse)
         yield
     assert opened  # the spy saw the run's own files

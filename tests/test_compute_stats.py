@@ -22,7 +22,7 @@ from dpsynth.label_domain import value_counts
 from dpsynth.methods.secpe import statistics as secpe_statistics
 from dpsynth.methods.synrag.keywords import Vocabulary, extract_keywords
 from dpsynth.methods.synrag.shard import on_documents
-from dpsynth.runs import RunDir
+from dpsynth.run_folder import RunDir
 from dpsynth.secrets import SecretSpec, find_secrets
 from shards import InProcessShards, dataset_shards
 
@@ -134,8 +134,8 @@ def _config(tmp_path: Path, address: str, rows: list[dict[str, str]], **data: An
 
 
 def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monkeypatch):
-    import dpsynth.data as data_module
-    from dpsynth.run_data import load_run_data
+    import dpsynth.data.readers as readers
+    from dpsynth.run_dataset import load_run_data
 
     path, cfg = _config(tmp_path, ray_cluster, _rows())
     local = load_dataset(path, "text", ["cat"], "user")
@@ -157,7 +157,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
         raise AssertionError("the driver read the private file")
 
     monkeypatch.setattr(builtins, "open", spy)
-    monkeypatch.setattr(data_module, "_read", refuse)
+    monkeypatch.setattr(readers, "read_chunks", refuse)
     monkeypatch.setattr(pd, "read_csv", refuse)
     run = RunDir(tmp_path / "run")
     ds = load_run_data(cfg, run, sharded=True)
@@ -189,7 +189,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
 
 
 def test_data_problems_found_by_the_shards_are_the_loaders_errors(ray_cluster, tmp_path):
-    from dpsynth.run_data import load_run_data
+    from dpsynth.run_dataset import load_run_data
 
     rows = _rows(20)
     rows[3]["text"] = " "

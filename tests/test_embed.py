@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import dpsynth.embed as embed_mod
+import dpsynth.embed.embedder as embedder_mod
 from dpsynth.embed import Embedder, EngineUnavailable, embed_to_file
 from fakes import FakeEmbedder
 
@@ -104,7 +105,7 @@ def test_fast_engine_agrees_with_torch(engine, model_cache, torch_vectors,
 def test_export_is_cached_and_reused(model_cache) -> None:
     pytest.importorskip("onnxruntime")
     Embedder("minilm", engine="onnx", model_cache=model_cache)
-    folder = embed_mod.export_dir(embed_mod._minilm_dir(), model_cache)
+    folder = embed_mod.export_dir(embed_mod.minilm_dir(), model_cache)
     onnx_file = folder / "model.onnx"
     stamp = onnx_file.stat().st_mtime_ns
     agreement = json.loads((folder / "agreement.json").read_text())
@@ -117,7 +118,7 @@ def test_export_is_cached_and_reused(model_cache) -> None:
 @models
 def test_auto_falls_back_when_an_engine_disagrees(model_cache, monkeypatch) -> None:
     pytest.importorskip("onnxruntime")
-    monkeypatch.setattr(embed_mod, "MIN_AGREEMENT", 1.5)  # no engine can agree this well
+    monkeypatch.setattr(embedder_mod, "MIN_AGREEMENT", 1.5)  # no engine can agree this well
     with pytest.raises(EngineUnavailable, match="agrees with torch only"):
         Embedder("minilm", engine="onnx", model_cache=model_cache)
     auto = Embedder("minilm", engine="auto", model_cache=model_cache)
@@ -135,7 +136,7 @@ def test_auto_skips_a_missing_package(model_cache, monkeypatch) -> None:
 
 @models
 def test_non_mean_pooling_model_stays_on_torch(tmp_path, model_cache) -> None:
-    src = embed_mod._minilm_dir()
+    src = embed_mod.minilm_dir()
     model = tmp_path / "cls-model"
     model.mkdir()
     for item in src.iterdir():  # the same weights (linked), CLS pooling instead of mean
@@ -329,7 +330,7 @@ def test_private_view_streams_private_embeddings(tmp_path) -> None:
     """PrivateView.private_embeddings of the run's engine (the production path: the PE
     methods' execution builds both) writes the resumable memmap."""
     from dpsynth.context import PrivateView
-    from dpsynth.run_data import private_embeddings, run_engine
+    from dpsynth.run_dataset import private_embeddings, run_engine
 
     class _Data:
         texts = _texts(9)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from dpsynth.api import run_generation
 from dpsynth.cli import app
 from dpsynth.config import ConfigError
-from dpsynth.runs import RunDir
+from dpsynth.run_folder import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -111,10 +111,10 @@ def _module_graph() -> dict[str, set[str]]:
 def test_no_import_cycle_hidden_or_not() -> None:
     graph = _module_graph()
     assert "dpsynth.runner" in graph and "dpsynth.methods.synrag" in graph
-    # imports inside functions are edges too (compute's engine is built by run_data, which
+    # imports inside functions are edges too (compute's engine is built by run_dataset, which
     # compute never imports)
-    assert "dpsynth.compute.ray_engine" in graph["dpsynth.run_data"]
-    assert not {d for d in graph["dpsynth.compute.ray_engine"] if "run_data" in d}
+    assert "dpsynth.compute.ray_engine" in graph["dpsynth.run_dataset"]
+    assert not {d for d in graph["dpsynth.compute.ray_engine"] if "run_dataset" in d}
     done: set[str] = set()
     cycles: list[list[str]] = []
 
@@ -142,7 +142,7 @@ def test_each_module_imports_alone() -> None:
             "dpsynth.methods.pe", "dpsynth.methods.aug_pe", "dpsynth.methods.wasp",
             "dpsynth.methods.secpe", "dpsynth.methods.zero_shot", "dpsynth.methods.synrag",
             "dpsynth.methods.synrag.pipeline", "dpsynth.rag.build", "dpsynth.methods.synrag.config",
-            "dpsynth.compute", "dpsynth.compute.ray_engine", "dpsynth.run_data",
+            "dpsynth.compute", "dpsynth.compute.ray_engine", "dpsynth.run_dataset",
             "dpsynth.methods.secpe.kernels", "dpsynth.methods.secpe.method",
             "dpsynth.llm.local", "dpsynth.llm.ct2", "dpsynth.llm.stepper"]
     script = ("import importlib, sys\n"

@@ -4,7 +4,7 @@
 * :class:`PrivateView` - the private data as a method may see it: the public label classes,
   and per-record fields (label codes, users, texts) read lazily, only where a local step needs
   them (with ``compute.engine: ray`` they live on the shards), plus the compute engine the
-  method's execution built for the run (:func:`dpsynth.run_data.run_engine`);
+  method's execution built for the run (:func:`dpsynth.run_dataset.run_engine`);
 * :class:`Releaser` - the only door to the privacy session: every noisy statistic a method
   releases goes through it (docs/methods.md §0).
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import RunConfig
 from .evolution.textgen import stable_seed
-from .runs import RunDir
+from .run_folder import RunDir
 
 if TYPE_CHECKING:
     from .compute.sharded import ShardedDataset
@@ -91,7 +91,7 @@ class PrivateView:
     The label classes (the product of the public label domains, docs/methods.md §0) are always
     available; per-record fields are computed on first use only. ``compute``: the run's
     private-statistics engine; ``embeddings``: the private embeddings, computed on the first
-    call (:func:`dpsynth.run_data.private_embeddings`), for a local step that reads them.
+    call (:func:`dpsynth.run_dataset.private_embeddings`), for a local step that reads them.
     """
 
     def __init__(self, config: RunConfig, run: RunDir, dataset: Dataset | ShardedDataset,

@@ -19,7 +19,7 @@ class RunHooks:
     ``shard_actor``: the class of the Ray shard actors (a subclass of
     :class:`dpsynth.compute.ray_engine.ShardActor`; None: that class). ``on_checkpoint``:
     called with a checkpoint's name (``loop``, ``cluster-0003``) each time the run has saved
-    one (:meth:`dpsynth.runs.RunDir.save_checkpoint`); raising there (e.g.
+    one (:meth:`dpsynth.run_folder.RunDir.save_checkpoint`); raising there (e.g.
     KeyboardInterrupt) stops the run as a kill would, after that checkpoint."""
 
     shard_actor: type[Any] | None = None

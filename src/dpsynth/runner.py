@@ -16,6 +16,7 @@ import copy
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,8 @@ import yaml
 
 from .config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
 from .errors import DpsynthError
+from .files import SHARED_MODE, atomic_write_json, atomic_write_text
 from .hooks import RunHooks
-from .io import SHARED_MODE, atomic_write_json, atomic_write_text
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
 from .preflight import check_output_writable, check_run
@@ -37,8 +38,8 @@ from .resume import (
     refuse_changes,
     resumable,
 )
-from .run_data import load_run_data
-from .runs import RunDir, interruption_reason, stop_signals
+from .run_dataset import load_run_data
+from .run_folder import RunDir, interruption_reason, stop_signals
 
 if TYPE_CHECKING:
     from .identity import DataIdentity
@@ -228,21 +229,32 @@ _CHANGED_DATA = ("{run}: the private data differs from the records this run star
                  "file, or start a new run")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How one call of :func:`run_method` runs (none of it changes what the run computes or
+    releases): ``progress`` shows the progress display; ``echo`` receives operator messages;
+    ``generators`` / ``embedder`` replace the configured models with ready objects (one
+    generator per configured entry; e.g. the deterministic fakes of the fast tests);
+    ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`)."""
+
+    progress: bool = True
+    echo: Callable[[str], None] | None = None
+    generators: Sequence[Any] | None = None
+    embedder: Any | None = None
+    hooks: RunHooks = field(default_factory=RunHooks)
+
+
 def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                resume: bool = False, overrides: dict[str, Any] | None = None,
-               method: Method | None = None, progress: bool = True,
-               generators: Sequence[Any] | None = None, embedder: Any | None = None,
-               echo: Callable[[str], None] | None = None, releases: str | None = None,
-               hooks: RunHooks | None = None) -> Path:
+               method: Method | None = None, releases: str | None = None,
+               options: RunOptions | None = None) -> Path:
     """Run a registered method end to end, or resume it; returns the run folder.
 
-    ``method``: the method object (default: the registry's entry for ``config.method``).
-    ``generators`` / ``embedder`` replace the configured models with ready objects (e.g. the
-    deterministic fakes of the fast tests); ``echo`` receives operator messages;
+    ``method``: the method object (default: the registry's entry for ``config.method``);
     ``releases`` ("text" or "knowledge_base") refuses a method that releases something else,
-    before anything is written; ``hooks``: what the caller plugs into the run
-    (:class:`dpsynth.hooks.RunHooks`)."""
-    hooks = hooks or RunHooks()
+    before anything is written; ``options``: how this call runs (:class:`RunOptions`)."""
+    opts = options or RunOptions()
+    echo, generators, embedder, hooks = opts.echo, opts.generators, opts.embedder, opts.hooks
     had_folder = Path(output_dir).is_dir()
     chosen: dict[str, Method] = {}
 
@@ -282,7 +294,7 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             working = True  # from here on a reservation exists: the folder is kept
             session = open_session(cfg, run, plan)
             job = Job(cfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
-                      resume=resume, progress=progress,
+                      resume=resume, progress=opts.progress,
                       generators=generators, embedder=embedder, echo=echo, hooks=hooks)
             outcome = m.execute(job)
             statement = m.statement(job, outcome)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ComputeError, ConfigError
-from ..io import atomic_write_bytes
+from ..files import atomic_write_bytes
 from .engine import PrivateCompute
 from .shard import Shard, check_kernel, kernel_reads_embeddings, text_shard
 

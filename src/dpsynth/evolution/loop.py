@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import progress
 from ..context import Rngs
-from ..io import SHARED_MODE, write_jsonl
-from ..runs import RunDir
+from ..files import SHARED_MODE, write_jsonl
+from ..run_folder import RunDir
 from .operators import Generation
 from .parts import trim_to_quota
 from .pool import Pool

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..config import ConfigError, RunConfig
 from ..hooks import RunHooks
-from ..runs import RunDir
+from ..run_folder import RunDir
 
 if TYPE_CHECKING:
     from ..data import Dataset

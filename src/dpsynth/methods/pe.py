@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..config import ConfigError, RunConfig
-from ..runs import RunDir
+from ..run_folder import RunDir
 from .base import Guarantee, Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class PEMethod(Method):
         from ..evolution.loop import evolve
         from ..evolution.operators import Generation
         from ..privacy import run_seed
-        from ..run_data import private_embeddings, run_engine
+        from ..run_dataset import private_embeddings, run_engine
 
         cfg, run, dataset = job.config, job.run, job.dataset
         sigma, domain = job.plan.sigma, None

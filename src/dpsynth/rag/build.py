@@ -32,9 +32,10 @@ def build_kb(
     generator must expose next-token logits); ``echo`` receives operator messages;
     ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`: the tests
     stop a build after a cluster's checkpoint, as a kill would)."""
-    from ..runner import run_method
+    from ..runner import RunOptions, run_method
 
     return run_method(config, output_dir, resume=resume, overrides=overrides,
-                      method=SynRAG(config, output_dir), progress=progress,
-                      generators=None if generator is None else [generator],
-                      embedder=embedder, echo=echo, hooks=hooks)
+                      method=SynRAG(config, output_dir), options=RunOptions(
+                          progress=progress, echo=echo,
+                          generators=None if generator is None else [generator],
+                          embedder=embedder, hooks=hooks or RunHooks()))

@@ -27,7 +27,8 @@ import numpy as np
 
 from ...compute.kernels import FIXED_POINT_BITS, clipped_fixed_point
 from ...compute.shard import Shard, shard_kernel, text_chunks
-from ...io import atomic_write_bytes, nearest
+from ...files import atomic_write_bytes
+from ...knn import nearest
 
 #: ``shard.state`` key of SecPE's rates: (the plan's digest, the rates of ``shard.rows``)
 RATES = "secpe.rates"

@@ -48,7 +48,7 @@ from .representatives import JOINT_SENSITIVITY
 if TYPE_CHECKING:
     from ...compute.sharded import ShardedDataset
     from ...data import Dataset
-    from ...runs import RunDir
+    from ...run_folder import RunDir
 
 
 def discretisation_tv(session: Any) -> float:

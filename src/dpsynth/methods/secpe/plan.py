@@ -14,7 +14,7 @@ import numpy as np
 
 from ...compute import dataset_engine
 from ...config import ConfigError, RunConfig
-from ...io import atomic_write_bytes
+from ...files import atomic_write_bytes
 from ..base import read_section
 from . import statistics
 from .config import SecPEConfig

@@ -13,9 +13,9 @@ import numpy as np
 from ... import progress
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
-from ...io import SHARED_MODE, write_jsonl
+from ...files import SHARED_MODE, write_jsonl
 from ...privacy.lattice import Lattice
-from ...runs import RunDir
+from ...run_folder import RunDir
 from ..base import Job, Method, Outcome, PrivacyPlan
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
 from .clusters import (

@@ -21,7 +21,7 @@ import numpy as np
 from ...compute.kernels import FIXED_POINT_BITS
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
-from ...runs import RunDir
+from ...run_folder import RunDir
 from .config import SynRAGConfig, parse_synrag
 from .private_prediction import predict_text, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster

@@ -26,7 +26,7 @@ import numpy as np
 
 from ...compute.kernels import clipped_fixed_point
 from ...compute.shard import Shard, shard_kernel
-from ...io import atomic_write_bytes, atomic_write_json
+from ...files import atomic_write_bytes, atomic_write_json
 from .clusters import soft_clusters
 from .keywords import extract_keywords
 from .retrieval import THRESHOLD_GRID

@@ -10,7 +10,7 @@
       release/         only what is safe to share: synthetic data, privacy.json, summary.json
                        (mode 0755, its files 0644: readable by others, unlike private/)
 
-Every file is written atomically through :mod:`dpsynth.io` (temp file, fsync, rename), so a
+Every file is written atomically through :mod:`dpsynth.files` (temp file, fsync, rename), so a
 crash leaves either the old or the new version, never half of one.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MissingFileError, OutputFolderError
-from .io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from .files import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 
 
 class RunDir:

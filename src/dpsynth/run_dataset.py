@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import ConfigError, RunConfig
-from .runs import RunDir
+from .run_folder import RunDir
 
 if TYPE_CHECKING:
     from .compute import PrivateCompute
@@ -64,7 +64,7 @@ def write_staged_records(config: RunConfig) -> None:
 
     import pyarrow.parquet as pq
 
-    from .io import atomic_write_bytes
+    from .files import atomic_write_bytes
 
     table = config.data._staged_records
     path = Path(config.data.path)
