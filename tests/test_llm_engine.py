@@ -39,6 +39,12 @@ def test_config_engine_and_threads_reach_the_spec() -> None:
     spec = GeneratorConfig(engine="transformers", threads=1).spec()
     assert spec == {"backend": "local", "model": "smollm2", "engine": "transformers",
                     "num_threads": 1}
+    # what loads the model carries the batch size; what a release records of it does not
+    assert GeneratorConfig(batch_size=4).spec() == "smollm2"
+    assert GeneratorConfig(batch_size=4).load_spec() == {"backend": "local", "model": "smollm2",
+                                                         "batch_size": 4}
+    assert GeneratorConfig(threads=1, batch_size=2).load_spec() == {**spec, "batch_size": 2,
+                                                                    "engine": "auto"}
     with pytest.raises(ValueError):
         GeneratorConfig(engine="onnx")
     with pytest.raises(ValueError, match="unknown local keys"):

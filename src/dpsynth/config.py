@@ -295,7 +295,8 @@ class GeneratorConfig(Section):
         return self
 
     def spec(self) -> str | dict[str, Any]:
-        """The spec that dpsynth.llm.load_generator takes."""
+        """The model this entry names, as dpsynth.llm.load_generator takes it (what a release
+        records of its generator: no batch size; loading uses :meth:`load_spec`)."""
         if self.backend == "local":
             if self.engine == "auto" and self.threads is None and self.device == "cpu":
                 return self.model
@@ -316,6 +317,14 @@ class GeneratorConfig(Section):
             "max_attempts": self.max_attempts,
             "outage_patience_s": self.outage_patience_s,
         }
+
+    def load_spec(self) -> str | dict[str, Any]:
+        """:meth:`spec` with everything loading it takes (a local model's batch size)."""
+        spec = self.spec()
+        if self.backend != "local" or self.batch_size is None:
+            return spec
+        base = {"backend": "local", "model": spec} if isinstance(spec, str) else spec
+        return {**base, "batch_size": self.batch_size}
 
     @property
     def short_name(self) -> str:

@@ -1,5 +1,5 @@
 """The one runner: the life of every run, for every registered method (docs/architecture.md,
-"Run lifecycle").
+"The run lifecycle").
 
 open or resume the folder -> load and validate the data -> the method's privacy plan (no model
 loaded yet) -> reserve the ledger (or record a run without an (epsilon, delta) guarantee) ->

@@ -181,9 +181,7 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
     if generator is None:
         from ...llm import load_generator
 
-        g = cfg.generators[0]
-        extra = {"batch_size": g.batch_size} if g.backend == "local" else {}
-        generator = load_generator(g.spec(), **extra)
+        generator = load_generator(cfg.generators[0].load_spec())
     if not hasattr(generator, "open_stepper"):
         raise ConfigError("DP-SynRAG's private prediction needs next-token logits: use a local "
                           "generator (generators[0].backend: local)")

@@ -242,15 +242,15 @@ def logit_workers(generator_factory: Any, count: int) -> list[Any]:
 
 @dataclass(frozen=True)
 class GeneratorSpec:
-    """Loads the configured local generator on a worker (``dpsynth.llm.load_generator``)."""
+    """Loads the configured local generator on a worker (``dpsynth.llm.load_generator`` of
+    ``GeneratorConfig.load_spec``)."""
 
     spec: Any
-    batch_size: int
 
     def __call__(self) -> Any:
         from ...llm import load_generator
 
-        return load_generator(self.spec, batch_size=self.batch_size)
+        return load_generator(self.spec)
 
 
 def generator_factory(config: Any, gen: Any) -> Any:
@@ -259,7 +259,7 @@ def generator_factory(config: Any, gen: Any) -> Any:
     from ...llm.local import LocalGenerator
 
     g = config.generators[0]
-    return (GeneratorSpec(g.spec(), g.batch_size) if isinstance(gen, LocalGenerator)
+    return (GeneratorSpec(g.load_spec()) if isinstance(gen, LocalGenerator)
             else GivenGenerator(gen))
 
 
