@@ -35,16 +35,17 @@ class _Int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         from dpsynth import embed
+        from dpsynth.embed.engines import OnnxEngine
 
-        model_dir = embed._minilm_dir()
+        model_dir = embed.minilm_dir()
         export = embed.export_onnx(model_dir)
         target = export / "model-int8.onnx"
         if not target.is_file():
             quantize_dynamic(export / "model.onnx", target, weight_type=QuantType.QInt8,
                              op_types_to_quantize=["MatMul"], per_channel=True,
                              extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-        self._engine = embed._OnnxEngine(model_dir, export, batch_size, threads,
-                                         model_file="model-int8.onnx")
+        self._engine = OnnxEngine(model_dir, export, batch_size, threads,
+                                  model_file="model-int8.onnx")
 
     def embed(self, texts: list[str]) -> Any:
         return self._engine.encode(list(texts))

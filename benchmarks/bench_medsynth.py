@@ -126,7 +126,7 @@ def main() -> None:
 
     from dpsynth.config import parse_config
     from dpsynth.embed import Embedder
-    from dpsynth.io import write_jsonl
+    from dpsynth.files import write_jsonl
     from dpsynth.llm import load_generator
     from dpsynth.privacy import zcdp_to_eps_cks
     from dpsynth.rag.answer import Answerer

@@ -162,8 +162,7 @@ def main() -> None:
         # the driver's exact sum of the partials, timed alone
         from dpsynth.compute import kernels
 
-        parts = eng._map("knn_partial", eng._shared(cand), cand_labels, args.k,
-                         user_level=False)
+        parts = eng.map(kernels.knn_partial, eng.shared(cand), cand_labels, args.k)
         t0 = time.perf_counter()
         kernels.finish(kernels.sum_partials(parts), n, kernels.knn_weights(cand_labels, args.k))
         sum_s = time.perf_counter() - t0

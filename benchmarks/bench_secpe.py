@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_yelp import load, with_f1
-from dpsynth.methods.secpe_theory import r_to_mu
+from dpsynth.methods.secpe.theory import r_to_mu
 from dpsynth.privacy import gdp_epsilon
 from harness import ROOT, SHARED, markdown, run_arm
 

@@ -1,5 +1,5 @@
 """SecPE's per-secret sigma calibration: the search in effective Gaussian mu (production,
-``secpe_theory._calibrate_one_sigma``) against plain bisection in log sigma over the same
+``methods.secpe.theory._calibrate_one_sigma``) against plain bisection in log sigma over the same
 blow-up (the previous method, kept here as the baseline), side by side in one run.
 
     .venv/bin/python benchmarks/bench_secpe_calibration.py   # -> results/secpe_calibration.md
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.methods import secpe_theory as theory
+from dpsynth.methods.secpe import theory
 from harness import ROOT, machine, markdown
 
 CASES = [  # (name, p, r, T, rates of the records holding the secret)

@@ -55,7 +55,7 @@ def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
             test_path: Path, labels: list[str], fresh: bool = False) -> dict[str, Any]:
     """Run (or resume) one arm and evaluate it; returns one row of the table."""
     from dpsynth.api import run_generation
-    from dpsynth.eval.suite import evaluate_run
+    from dpsynth.eval.suite import EvalOptions, evaluate_run
 
     out = out_root / name
     if fresh and out.exists():
@@ -72,8 +72,9 @@ def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
     if done.is_file() and done.stat().st_mtime > (run_dir / "run.json").stat().st_mtime:
         ev = json.loads(done.read_text())  # evaluated by an earlier invocation
     else:
-        ev, _ = evaluate_run(run_dir, test_path, labels=labels, with_audits=False,
-                             with_mauve=False, embedder=embedder())
+        ev, _ = evaluate_run(run_dir, test_path, EvalOptions(labels=labels, with_audits=False,
+                                                              with_mauve=False),
+                             embedder=embedder())
     # the run's own wall time (run.json, kept across resumes), else this call's
     meta = json.loads((run_dir / "run.json").read_text())
     wall = summary.get("wall_seconds") or meta.get("wall_seconds") or wall

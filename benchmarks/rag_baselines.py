@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.config import ConfigError, RunConfig
-from dpsynth.io import write_jsonl
+from dpsynth.files import write_jsonl
 from dpsynth.methods.base import Job, Method, Outcome, PrivacyPlan
 from dpsynth.methods.synrag.accounting import calibrate_clip, cluster_events
 from dpsynth.methods.synrag.config import SynRAGConfig, max_private_tokens
@@ -45,7 +45,7 @@ from dpsynth.privacy import (
 )
 from dpsynth.rag.answer import SYSTEM, Answerer
 from dpsynth.rag.index import KnowledgeBase, build_index
-from dpsynth.runs import RunDir
+from dpsynth.run_folder import RunDir
 
 
 def rag_without_dp(documents: Sequence[str], generator: Any, embedder: Any,
@@ -150,11 +150,12 @@ def build_dp_synth_kb(config: RunConfig | str | Path, output_dir: str | Path, *,
                       overrides: dict[str, Any] | None = None, resume: bool = False) -> Path:
     """Build (or resume) a DP-Synth KB through the runner (:class:`DPSynth`); generator and
     embedder default to the config's models."""
-    from dpsynth.runner import run_method
+    from dpsynth.runner import RunOptions, run_method
 
     return run_method(config, output_dir, resume=resume, overrides=overrides,
-                      method=DPSynth(documents), progress=False,
-                      generators=None if generator is None else [generator], embedder=embedder)
+                      method=DPSynth(documents), options=RunOptions(
+                          progress=False, generators=None if generator is None else [generator],
+                          embedder=embedder))
 
 
 def aug_pe_kb(config: RunConfig | str | Path, output_dir: str | Path, *, embedder: Any,

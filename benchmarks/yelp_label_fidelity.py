@@ -45,7 +45,7 @@ def short(value: str) -> str:
 
 
 def main() -> None:
-    from dpsynth.eval.rundata import read_columns, read_release_texts
+    from dpsynth.eval.release import read_columns, read_release_texts
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="yelp-n1000")

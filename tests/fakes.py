@@ -57,7 +57,7 @@ def _rng(*parts: object) -> np.random.Generator:
 
 
 class FakeStepper:
-    """Token-by-token logits over several prompts (the shape of ``dpsynth.llm.local.Stepper``)."""
+    """Token-by-token logits over several prompts (the shape of ``dpsynth.llm.stepper.Stepper``)."""
 
     def __init__(self, gen: FakeGenerator, prompts: Sequence[str], shared_prefix: str) -> None:
         if not prompts:

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from dpsynth.llm.base import GenerationRequest
-from dpsynth.loopback import free_port, serve_in_thread
+from loopback import free_port, serve_in_thread
 
 
 def running(app: Any) -> contextlib.AbstractContextManager[str]:

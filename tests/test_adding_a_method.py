@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dpsynth.api import run_generation
-from dpsynth.config import parse_config
+from dpsynth.config import ConfigError, parse_config
 from fakes import FakeEmbedder, FakeGenerator
 from test_release_check import pe_config, private_rows, write_csv
 
@@ -25,7 +26,7 @@ def _skeleton() -> str:
 
 def test_skeleton_is_about_forty_lines() -> None:
     code = [line for line in _skeleton().splitlines() if line.strip()]
-    assert 30 <= len(code) <= 50
+    assert 30 <= len(code) <= 55
 
 
 def test_skeleton_method_runs_through_the_runner(tmp_path: Path,
@@ -37,8 +38,13 @@ def test_skeleton_method_runs_through_the_runner(tmp_path: Path,
     monkeypatch.setitem(methods.REGISTRY, "keep_best", "keep_best_doc:KeepBest")  # one line
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
     cfg = pe_config("keep_best", write_csv(tmp_path / "d.csv", private_rows(40)))
+    with pytest.raises(ConfigError, match=r"keep_best\.neighbors"):  # its section, validated
+        parse_config({**cfg, "keep_best": {"neighbors": 2}})
+    cfg["keep_best"] = {"neighbours": 2}
     run = Path(run_generation(parse_config(cfg), tmp_path / "run", progress=False,
                               generators=[FakeGenerator("fake-g0")], embedder=FakeEmbedder()))
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    assert stored["keep_best"] == {"neighbours": 2}  # kept with the run, locked on resume
     rows = [json.loads(line) for line in
             (run / "release" / "synthetic.jsonl").read_text().splitlines() if line]
     assert len(rows) == 9  # synthesis.samples

@@ -33,8 +33,10 @@ def _one_error(result) -> str:  # type: ignore[no-untyped-def]
     details of it (e.g. one per invalid config field). Returns the whole of stderr."""
     assert result.exit_code == ERROR_EXIT, result.output
     lines = _err_lines(result)
-    assert lines and lines[0].startswith("error: "), lines
-    assert all(line.startswith("  ") for line in lines[1:]), lines
+    # the run's own progress (its plan, shown before the budget is touched) may come first
+    errors = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    assert len(errors) == 1, lines
+    assert all(line.startswith("  ") for line in lines[errors[0] + 1:]), lines
     assert "Traceback" not in result.output
     return result.stderr
 

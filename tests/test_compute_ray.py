@@ -20,11 +20,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpsynth.compute import LocalCompute, kernels
+from dpsynth.compute import LocalCompute
 from dpsynth.config import ConfigError, parse_config
 from dpsynth.evolution.voting import knn_vote, topq_vote
+from dpsynth.hooks import RunHooks
 from dpsynth.llm import GenerationError
+from dpsynth.methods.secpe import kernels as secpe_kernels
+from dpsynth.methods.secpe import statistics as secpe_statistics
 from fakes import FakeEmbedder, FakeGenerator
+from faults import FAULTS, Arming, stop_at
+from shards import InProcessShards, array_shards
 from test_release_check import pe_config, private_rows, shared_files, write_csv
 
 TESTS = Path(__file__).resolve().parent
@@ -53,28 +58,9 @@ def _toy(n: int, users: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 
 def _shards(emb: np.ndarray, labels: np.ndarray, users: list[str] | None,
-            shards: int) -> list[kernels.ShardData]:
-    """The production partition (kernels.buckets_of / shard_of), built in this process."""
-    buckets = kernels.buckets_of(kernels.record_keys(len(emb), users))
-    out = []
-    for s in range(shards):
-        rows = np.flatnonzero(kernels.shard_of(buckets, shards) == s)
-        out.append(kernels.ShardData(
-            emb=emb[rows], labels=labels[rows], rows=rows, buckets=buckets[rows],
-            users=None if users is None else np.asarray([users[i] for i in rows], object)))
-    return out
-
-
-class _InProcessShards(LocalCompute):
-    """The production PrivateCompute sums over shards built in this process (no Ray)."""
-
-    def __init__(self, shards: list[kernels.ShardData], user_level: bool) -> None:
-        super().__init__(lambda: np.zeros(0), np.zeros(0, dtype=np.int64), None)
-        self.user_level = user_level
-        self._parts = shards
-
-    def _map(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [getattr(kernels, kernel)(s, *args, **kwargs) for s in self._parts]
+            shards: int) -> InProcessShards:
+    """The production partition and engine sums over shards built in this process."""
+    return InProcessShards(array_shards(emb, labels, users, shards))
 
 
 @pytest.mark.parametrize("users", [None, 7])
@@ -83,7 +69,7 @@ def test_sharded_sums_are_bitwise_the_one_process_sums(users, shards):
     emb, labels, ids = _toy(300, users)
     cand, cand_labels, _ = _toy(40, None, seed=1)
     one = LocalCompute(lambda: emb, labels, ids)
-    many = _InProcessShards(_shards(emb, labels, ids, shards), users is not None)
+    many = _shards(emb, labels, ids, shards)
     for k in (1, 3):
         a, b = one.knn_histogram(cand, cand_labels, k), many.knn_histogram(cand, cand_labels, k)
         assert a.tobytes() == b.tobytes()
@@ -100,11 +86,10 @@ def test_sharded_sums_are_bitwise_the_one_process_sums(users, shards):
     coins = np.random.default_rng(5).random(len(emb))  # one per record; rate 0.5 for all
     rates = (np.arange(len(emb)), np.full(len(emb), 0.5))
     take = coins < 0.5
-    one.keep_secret_rates(rates, "test")
-    for part in many._parts:
-        part.rates = kernels.rates_for_rows(rates, part.rows)
-    sa, sb = one.centre_sums(centres, coins, 0.8, len(emb)), many.centre_sums(
-        centres, coins, 0.8, len(emb))
+    for engine in (one, many):  # SecPE's kernels run through the generic engine
+        engine.map(secpe_kernels.keep_rates, "test", rates)
+    sa, sb = (secpe_statistics.centre_sums(e, centres, coins, 0.8, len(emb))
+              for e in (one, many))
     for y in centres:
         assert sa[y][0].tobytes() == sb[y][0].tobytes() and np.array_equal(sa[y][1], sb[y][1])
         assert sa[y][1].sum() == (take & (labels == y)).sum()
@@ -120,8 +105,7 @@ def test_approximate_voting_sums_the_same_when_sharded(index):
     cand_labels[:] = 0  # one label, above the index's exact-search cut-off
     one = LocalCompute(lambda: emb, labels, None).knn_histogram(cand, cand_labels, 2,
                                                                 index=index)
-    many = _InProcessShards(_shards(emb, labels, None, 3), False).knn_histogram(
-        cand, cand_labels, 2, index=index)
+    many = _shards(emb, labels, None, 3).knn_histogram(cand, cand_labels, 2, index=index)
     assert one.tobytes() == many.tobytes() and one.sum() > 0
 
 
@@ -136,8 +120,7 @@ def test_a_user_split_by_rows_is_bounded_once_when_sharded_by_user():
     codes = np.unique(ids, return_inverse=True)[1]
     whole = knn_vote(emb, labels, cand, cand_labels, 1, users=codes)
     one = LocalCompute(lambda: emb, labels, ids).knn_histogram(cand, cand_labels, 1)
-    sharded = _InProcessShards(_shards(emb, labels, ids, 2), True).knn_histogram(
-        cand, cand_labels, 1)
+    sharded = _shards(emb, labels, ids, 2).knn_histogram(cand, cand_labels, 1)
     assert one.tobytes() == sharded.tobytes()
     np.testing.assert_allclose(sharded, whole, rtol=1e-12)
     # the naive row split (records 0-2 and 3-5 of u0 apart) bounds u0 twice: more mass
@@ -147,7 +130,7 @@ def test_a_user_split_by_rows_is_bounded_once_when_sharded_by_user():
                              list(range(3, 6)) + list(range(9, 12))))
     assert naive.sum() > whole.sum() + 0.5
     # and the partition really keeps each user on one shard
-    parts = _shards(emb, labels, ids, 2)
+    parts = _shards(emb, labels, ids, 2).shards
     assert sum("u0" in set(p.users) for p in parts) == 1
 
 
@@ -168,36 +151,19 @@ def _ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
 
 
-class Arming(FakeGenerator):
-    """A fake generator that, at its first call once the run's compute folder exists, drops
-    the fault file ``marker`` there, once (``ShardActor._fault_point``: ``fault-<kernel>-
-    shard<i>`` kills that shard in its next such call, ``hang-...`` makes it stop answering).
-    Pickled with the run, it also arms from a shard (DP-SynRAG's keyword extraction)."""
-
-    def __init__(self, name: str, compute: Path, marker: str) -> None:
-        super().__init__(name)
-        self.compute, self.marker = compute, marker
-
-    def generate(self, requests, **kw):  # type: ignore[no-untyped-def]
-        if self.compute.is_dir() and not (self.compute / "armed").exists():
-            (self.compute / "armed").write_text("")
-            (self.compute / self.marker).write_text("")
-        return super().generate(requests, **kw)
-
-
 def _run(cfg: dict[str, Any], out: Path, gens: list[FakeGenerator] | None = None, *,
-         resume: bool = False) -> Path:
+         resume: bool = False, hooks: RunHooks | None = None) -> Path:
     from dpsynth.api import run_generation
 
     gens = gens or [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
     config: Any = out if resume else parse_config(cfg)
     return Path(run_generation(config, out, resume=resume, progress=False, generators=gens,
-                               embedder=FakeEmbedder()))
+                               embedder=FakeEmbedder(), hooks=hooks))
 
 
 @contextlib.contextmanager
 def driver_never_reads(path: Path) -> Iterator[None]:
-    """Inside: this process (the Ray driver) may not load a data file (``data._read``,
+    """Inside: this process (the Ray driver) may not load a data file (``data.readers.read_chunks``,
     ``pd.read_csv``) nor open ``path`` (``open``, ``io.open``: pathlib's too); the shard
     actors, other processes, are not affected."""
     import builtins
@@ -205,7 +171,7 @@ def driver_never_reads(path: Path) -> Iterator[None]:
 
     import pandas as pd
 
-    import dpsynth.data as data_module
+    import dpsynth.data.readers as readers
 
     opened: list[str] = []
     real_open, real_io_open = builtins.open, io.open
@@ -222,7 +188,7 @@ def driver_never_reads(path: Path) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(builtins, "open", spy(real_open))
         mp.setattr(io, "open", spy(real_io_open))
-        mp.setattr(data_module, "_read", refuse)
+        mp.setattr(readers, "read_chunks", refuse)
         mp.setattr(pd, "read_csv", refuse)
         yield
     assert opened  # the spy saw the run's own files
@@ -308,7 +274,8 @@ def test_a_worker_killed_mid_vote_is_retried_to_the_same_release(ray_cluster, tm
     ray_cfg = {**cfg, "compute": {"engine": "ray", "address": ray_cluster, "shards": 2}}
 
     # the kill of shard 1 in the first vote
-    done = _run(ray_cfg, out, [Arming("fake-g0", compute, "fault-knn_partial-shard1")])
+    done = _run(ray_cfg, out, [Arming("fake-g0", compute, "fault-knn_partial-shard1")],
+                hooks=FAULTS)
     assert (compute / "armed").exists() and not (compute / "fault-knn_partial-shard1").exists()
     assert shared_files(local) == shared_files(done)
 
@@ -330,7 +297,8 @@ def test_a_shard_that_stops_answering_fails_the_run_and_resume_finishes_it(ray_c
                                   "timeout_s": 8}}
 
     with pytest.raises(ComputeError, match="compute.timeout_s") as failed:  # shard 1 hangs
-        _run(ray_cfg, out, [Arming("fake-g0", compute, "hang-knn_partial-shard1")])
+        _run(ray_cfg, out, [Arming("fake-g0", compute, "hang-knn_partial-shard1")],
+             hooks=FAULTS)
     assert "knn_partial" in str(failed.value) and "--resume" in str(failed.value)
     assert not (compute / "hang-knn_partial-shard1").exists()  # the shard did hang
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
@@ -375,8 +343,12 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
     cluster after cluster (each release key has its own noise stream)."""
     import ray
 
-    from dpsynth.compute.rag import GivenGenerator, logit_workers, private_predict_clusters
     from dpsynth.methods.synrag.private_prediction import private_predict
+    from dpsynth.methods.synrag.ray_prediction import (
+        GivenGenerator,
+        logit_workers,
+        private_predict_clusters,
+    )
     from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
 
     gen = FakeGenerator("fake-g0")
@@ -444,9 +416,11 @@ def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path, 
         with driver_never_reads(data) if extra else contextlib.nullcontext():
             with pytest.raises(KeyboardInterrupt) if extra and interrupt else \
                     contextlib.nullcontext():
+                hooks = (stop_at(1, "cluster-", faults=True) if extra and interrupt
+                         else FAULTS if extra else None)  # killed after its first cluster
                 runs.append(Path(build_kb(
                     example, tmp_path / name, generator=gen, embedder=FakeEmbedder(),
-                    stop_after_clusters=1 if extra and interrupt else None, overrides={
+                    hooks=hooks, overrides={
                         **over, **extra,
                         "privacy.ledger": str(tmp_path / f"{name}-ledger.json")})))
             if extra and interrupt:

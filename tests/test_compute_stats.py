@@ -1,5 +1,5 @@
-"""Text and label statistics through PrivateCompute (label-domain discovery's value counts,
-SecPE's secret scan, DP-SynRAG's keyword histogram): per-shard partials from the shared kernels
+"""Text and label statistics through PrivateCompute's map of shard kernels (label-domain
+discovery's value counts, SecPE's secret scan, DP-SynRAG's keyword counts): per-shard partials
 sum to exactly the one-shard values; on a real local Ray cluster the driver never opens the
 private file and gets the local engine's values exactly (docs/methods.md §0)."""
 
@@ -13,14 +13,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpsynth.compute import LocalCompute, kernels
+from dpsynth.compute import LocalCompute
+from dpsynth.compute.shard import text_shard
 from dpsynth.compute.sharded import ShardedDataError
 from dpsynth.config import parse_config
 from dpsynth.data import DataError, load_dataset
 from dpsynth.label_domain import value_counts
+from dpsynth.methods.secpe import statistics as secpe_statistics
 from dpsynth.methods.synrag.keywords import Vocabulary, extract_keywords
-from dpsynth.runs import RunDir
+from dpsynth.methods.synrag.shard import on_documents
+from dpsynth.run_folder import RunDir
 from dpsynth.secrets import SecretSpec, find_secrets
+from shards import InProcessShards, dataset_shards
 
 SPECS = [SecretSpec(kind="regex", pattern=r"ACCT-\d{4}"),
          SecretSpec(kind="strings", values=["Dr Brown", "tacos"]),
@@ -45,18 +49,17 @@ def _rows(n: int = 90, seed: int = 0) -> list[dict[str, str]]:
     return rows
 
 
-class _InProcess(LocalCompute):
-    """The kernels over ``shards`` text shards built in this process (the production
-    partition), summed by the production code."""
+def _in_process(dataset: Any, user_level: bool, shards: int) -> InProcessShards:
+    """The kernels over ``shards`` shards built in this process (the production partition),
+    summed by the production code."""
+    return InProcessShards(dataset_shards(dataset, user_level, shards))
 
-    def __init__(self, dataset: Any, user_level: bool, shards: int) -> None:
-        super().__init__(lambda: np.zeros(0), np.zeros(0, dtype=np.int64), None, dataset)
-        self.user_level = user_level
-        users = dataset.users if user_level else None
-        self._texts = [kernels.text_shard(dataset, users, s, shards) for s in range(shards)]
 
-    def _map_text(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [getattr(kernels, kernel)(s, *args, **kwargs) for s in self._texts]
+def engine_keyword_counts(engine: Any, vocab: Any, k: int, fill: str) -> np.ndarray:
+    """DP-SynRAG's keyword counts summed over the engine's document shards (the build's
+    ``Corpus.keyword_histogram``, with the vocabulary extractor)."""
+    parts = engine.map(on_documents, "keyword_counts", vocab, k, fill, "tag")
+    return np.sum(parts, axis=0, dtype=np.int64).astype(np.float64)
 
 
 @pytest.fixture
@@ -71,8 +74,7 @@ def gathered_secret_index(compute: Any, specs: Any, *, strict: bool = False) -> 
     never does: it keeps the membership with the engine), to compare with find_secrets."""
     from dpsynth.secrets import merge_secret_hits, secret_index_from_hits
 
-    parsed, chosen = compute._secret_specs(specs)
-    parts = compute._map_text("secret_partial", parsed, chosen)
+    parsed, parts = secpe_statistics.secret_hits(compute, specs)
     return secret_index_from_hits(merge_secret_hits(parts, len(parsed)), parsed,
                                   compute.n_records(), strict=strict)
 
@@ -81,7 +83,7 @@ def gathered_secret_index(compute: Any, specs: Any, *, strict: bool = False) -> 
 @pytest.mark.parametrize("shards", [2, 5])
 def test_sharded_text_statistics_equal_the_one_shard_values(dataset, user_level, shards):
     one = LocalCompute.for_dataset(dataset, user_level)
-    many = _InProcess(dataset, user_level, shards)
+    many = _in_process(dataset, user_level, shards)
     for k in (1, 2, 3):  # at user level each user counts towards at most k values
         a, b = one.label_value_counts(["cat"], k), many.label_value_counts(["cat"], k)
         assert a["cat"][0] == b["cat"][0]
@@ -95,8 +97,8 @@ def test_sharded_text_statistics_equal_the_one_shard_values(dataset, user_level,
         assert one.label_value_counts(["cat"], 1)["cat"][1].sum() == pytest.approx(12.0)
         assert not np.allclose(one.label_value_counts(["cat"], 2)["cat"][1],
                                one.label_value_counts(["cat"], 3)["cat"][1])
-    h1 = one.keyword_histogram(VOCAB, 2, "first")
-    assert h1.tobytes() == many.keyword_histogram(VOCAB, 2, "first").tobytes()
+    h1 = engine_keyword_counts(one, VOCAB, 2, "appearance")
+    assert h1.tobytes() == engine_keyword_counts(many, VOCAB, 2, "appearance").tobytes()
     if not user_level:
         kw = extract_keywords(list(dataset.texts), VOCAB, 2)
         assert h1.tolist() == np.bincount([j for ids in kw for j in ids],
@@ -132,15 +134,16 @@ def _config(tmp_path: Path, address: str, rows: list[dict[str, str]], **data: An
 
 
 def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monkeypatch):
-    import dpsynth.data as data_module
-    from dpsynth.run_data import load_run_data
+    import dpsynth.data.readers as readers
+    from dpsynth.run_dataset import load_run_data
 
     path, cfg = _config(tmp_path, ray_cluster, _rows())
     local = load_dataset(path, "text", ["cat"], "user")
     expected = {
         "fingerprint": local.fingerprint(),
         "values": LocalCompute.for_dataset(local, True).label_value_counts(["cat"], 2),
-        "keywords": LocalCompute.for_dataset(local, True).keyword_histogram(VOCAB, 2, "first"),
+        "keywords": engine_keyword_counts(LocalCompute.for_dataset(local, True), VOCAB, 2,
+                                          "appearance"),
         "secrets": gathered_secret_index(LocalCompute.for_dataset(local, True), SPECS),
     }
     opened: list[str] = []
@@ -154,7 +157,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
         raise AssertionError("the driver read the private file")
 
     monkeypatch.setattr(builtins, "open", spy)
-    monkeypatch.setattr(data_module, "_read", refuse)
+    monkeypatch.setattr(readers, "read_chunks", refuse)
     monkeypatch.setattr(pd, "read_csv", refuse)
     run = RunDir(tmp_path / "run")
     ds = load_run_data(cfg, run, sharded=True)
@@ -168,7 +171,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
         got = ds.compute.label_value_counts(["cat"], 2)
         assert got["cat"][0] == expected["values"]["cat"][0]
         assert got["cat"][1].tobytes() == expected["values"]["cat"][1].tobytes()
-        assert ds.compute.keyword_histogram(VOCAB, 2, "first").tobytes() == \
+        assert engine_keyword_counts(ds.compute, VOCAB, 2, "appearance").tobytes() == \
             expected["keywords"].tobytes()
         sec = gathered_secret_index(ds.compute, SPECS)
         assert (sec.membership != expected["secrets"].membership).nnz == 0
@@ -186,7 +189,7 @@ def test_the_ray_driver_never_opens_the_private_file(ray_cluster, tmp_path, monk
 
 
 def test_data_problems_found_by_the_shards_are_the_loaders_errors(ray_cluster, tmp_path):
-    from dpsynth.run_data import load_run_data
+    from dpsynth.run_dataset import load_run_data
 
     rows = _rows(20)
     rows[3]["text"] = " "
@@ -219,8 +222,8 @@ def test_shards_that_read_different_files_are_refused():
 
 @pytest.mark.parametrize("unit", ["record", "user"])
 def test_synrag_histogram_from_the_engine_is_the_count_of_its_keywords(dataset, unit):
-    """DP-SynRAG's vocabulary extractor: the engine's histogram is the one the build sums
-    from its document shards, the count of the keywords they keep for the clustering (one
+    """DP-SynRAG's vocabulary extractor: the histogram the build sums from its document
+    shards on any engine is the count of the keywords they keep for the clustering (one
     document per user at user level)."""
     from dpsynth.methods.synrag.clusters import keyword_counts
     from dpsynth.methods.synrag.config import SynRAGConfig
@@ -232,11 +235,11 @@ def test_synrag_histogram_from_the_engine_is_the_count_of_its_keywords(dataset, 
                                         "keywords_per_doc": 2})
     kws = extract_keywords(documents(cfg, dataset), VOCAB, 2, fill=scfg.keyword_fill)
     users = dataset.users if unit == "user" else None
-    shards = [kernels.text_shard(dataset, users, s, 3) for s in range(3)]
+    shards = [text_shard(dataset, users, s, 3) for s in range(3)]
     build = sum(DocumentShard.of_records(t.texts, t.rows, t.users if unit == "user" else None,
                                          ShardFiles())
                 .keyword_counts(VOCAB, 2, scfg.keyword_fill, "tag") for t in shards)
-    engine = _InProcess(dataset, unit == "user", 3).keyword_histogram(VOCAB, 2,
-                                                                      scfg.keyword_fill)
+    engine = engine_keyword_counts(_in_process(dataset, unit == "user", 3), VOCAB, 2,
+                                   scfg.keyword_fill)
     assert engine.tobytes() == keyword_counts(kws, len(VOCAB)).tobytes() and engine.sum() > 0
     assert build.astype(np.float64).tobytes() == engine.tobytes()

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import ERROR_EXIT, app
 from dpsynth.config import ConfigError, RunConfig, apply_overrides, load_config
+from dpsynth.methods import REGISTRY, section_model
 from test_release_check import pe_config, private_rows, write_csv
 
 
@@ -66,15 +67,25 @@ def bad_values(info: Any) -> list[str]:
     return out
 
 
-CASES = [(path, bad) for path, info in leaves(RunConfig) for bad in bad_values(info)]
+def schema_leaves() -> Iterator[tuple[str, Any]]:
+    """The run config's leaves and those of every registered method's own section (each
+    validated by its method's model through the registry)."""
+    yield from leaves(RunConfig)
+    for name in REGISTRY:
+        model = section_model(name)
+        if model is not None:
+            yield from leaves(model, f"{name}.")
+
+
+CASES = [(path, bad) for path, info in schema_leaves() for bad in bad_values(info)]
 
 
 def test_the_walk_reaches_every_section() -> None:
     paths = {p for p, _ in CASES}
     for want in ("privacy.epsilon", "generators.0.temperature", "generators.0.base_url",
                  "generators.0.device", "data.deduplicate", "wasp.federated.parties",
-                 "compute.timeout_s", "synthesis.voting", "secpe.secrets", "synrag",
-                 "embedder.device", "llm_cache"):
+                 "compute.timeout_s", "synthesis.voting", "secpe.secrets", "synrag.clusters",
+                 "synrag.vocabulary", "embedder.device", "llm_cache"):
         assert want in paths, want
     assert len(CASES) > 100
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpsynth.errors import InputError
-from dpsynth.io import iter_jsonl, read_jsonl, write_jsonl
+from dpsynth.files import iter_jsonl, read_jsonl, write_jsonl
 
 
 def test_round_trip_unicode_and_numpy(tmp_path: Path) -> None:

@@ -157,9 +157,9 @@ def test_no_domain_is_refused(tmp_path: Path) -> None:
 
 
 def test_run_uses_the_declared_domain(tmp_path: Path, monkeypatch) -> None:
-    """The production path (run_data.load_run_data) passes the config's domain to the loader."""
-    from dpsynth.run_data import load_run_data
-    from dpsynth.runs import RunDir
+    """The production path (run_dataset.load_run_data) passes the config's domain to the loader."""
+    from dpsynth.run_dataset import load_run_data
+    from dpsynth.run_folder import RunDir
 
     path = _csv(tmp_path / "r.csv", ROWS)
     cfg = parse_config({"data": {"path": str(path), "labels": ["cat"],

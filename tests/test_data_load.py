@@ -199,12 +199,12 @@ def test_csv_with_ragged_row(tmp_path: Path) -> None:
 
 def test_non_utf8_after_chunk_boundary(tmp_path: Path) -> None:
     """A multi-byte character cut by the scanner's 1 MiB chunks is not a false alarm."""
-    from dpsynth.data import _scan_utf8
+    from dpsynth.data.readers import scan_utf8
 
     head = "x" * ((1 << 20) - 1) + "\u00e9"  # 2-byte char straddles the chunk boundary
     path = tmp_path / "big.txt"
     path.write_bytes(head.encode() + b"\nabc\xff\n")
-    found, total = _scan_utf8(path)
+    found, total = scan_utf8(path)
     assert total == 1
     assert found == [(len(head.encode()) + 4, 2)]
 
@@ -447,7 +447,7 @@ def test_utf8_scan_over_many_chunks_matches_a_whole_file_decode(tmp_path: Path) 
     import codecs
     import random
 
-    from dpsynth.data import _scan_utf8
+    from dpsynth.data.readers import scan_utf8
 
     rng = random.Random(3)
     pieces = [b"ab" * 300, b"\n", "é".encode(), "€".encode(), "𝄞".encode(), b"\xff", b"\xc3",
@@ -467,6 +467,6 @@ def test_utf8_scan_over_many_chunks_matches_a_whole_file_decode(tmp_path: Path) 
     newline_at = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
     expected = [(s, int(np.searchsorted(newline_at, s)) + 1) for s in starts]
     assert len(data) > 2 * (1 << 20) and len(expected) > 100
-    found, total = _scan_utf8(path, max_offsets=10**9)
+    found, total = scan_utf8(path, max_offsets=10**9)
     assert (found, total) == (expected, len(expected))
-    assert _scan_utf8(path, max_offsets=5) == (expected[:5], len(expected))
+    assert scan_utf8(path, max_offsets=5) == (expected[:5], len(expected))

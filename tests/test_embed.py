@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import dpsynth.embed as embed_mod
+import dpsynth.embed.embedder as embedder_mod
 from dpsynth.embed import Embedder, EngineUnavailable, embed_to_file
 from fakes import FakeEmbedder
 
@@ -104,7 +105,7 @@ def test_fast_engine_agrees_with_torch(engine, model_cache, torch_vectors,
 def test_export_is_cached_and_reused(model_cache) -> None:
     pytest.importorskip("onnxruntime")
     Embedder("minilm", engine="onnx", model_cache=model_cache)
-    folder = embed_mod.export_dir(embed_mod._minilm_dir(), model_cache)
+    folder = embed_mod.export_dir(embed_mod.minilm_dir(), model_cache)
     onnx_file = folder / "model.onnx"
     stamp = onnx_file.stat().st_mtime_ns
     agreement = json.loads((folder / "agreement.json").read_text())
@@ -117,7 +118,7 @@ def test_export_is_cached_and_reused(model_cache) -> None:
 @models
 def test_auto_falls_back_when_an_engine_disagrees(model_cache, monkeypatch) -> None:
     pytest.importorskip("onnxruntime")
-    monkeypatch.setattr(embed_mod, "MIN_AGREEMENT", 1.5)  # no engine can agree this well
+    monkeypatch.setattr(embedder_mod, "MIN_AGREEMENT", 1.5)  # no engine can agree this well
     with pytest.raises(EngineUnavailable, match="agrees with torch only"):
         Embedder("minilm", engine="onnx", model_cache=model_cache)
     auto = Embedder("minilm", engine="auto", model_cache=model_cache)
@@ -135,7 +136,7 @@ def test_auto_skips_a_missing_package(model_cache, monkeypatch) -> None:
 
 @models
 def test_non_mean_pooling_model_stays_on_torch(tmp_path, model_cache) -> None:
-    src = embed_mod._minilm_dir()
+    src = embed_mod.minilm_dir()
     model = tmp_path / "cls-model"
     model.mkdir()
     for item in src.iterdir():  # the same weights (linked), CLS pooling instead of mean
@@ -326,8 +327,10 @@ def test_uses_encode_uncached_when_present(tmp_path) -> None:
 
 
 def test_private_view_streams_private_embeddings(tmp_path) -> None:
-    """PrivateView.private_embeddings (the production path) writes the resumable memmap."""
+    """PrivateView.private_embeddings of the run's engine (the production path: the PE
+    methods' execution builds both) writes the resumable memmap."""
     from dpsynth.context import PrivateView
+    from dpsynth.run_dataset import private_embeddings, run_engine
 
     class _Data:
         texts = _texts(9)
@@ -351,7 +354,10 @@ def test_private_view_streams_private_embeddings(tmp_path) -> None:
                         "generators": [{"model": "smollm2"}],
                         "privacy": {"epsilon": 1.0, "noise": "seeded", "seed": 1}})
     _Run.private.mkdir(mode=0o700)
-    view = PrivateView(cfg, _Run(), _Data(), embedder=lambda: FakeEmbedder(dim=8))
+    embeddings = private_embeddings(_Run(), _Data(), lambda: FakeEmbedder(dim=8))
+    engine = run_engine(cfg, _Run(), _Data(), embeddings=embeddings)
+    view = PrivateView(cfg, _Run(), _Data(), engine, embeddings=embeddings)
+    assert engine.shard.emb is embeddings()  # the local engine votes on the same rows
     got = view.private_embeddings
     np.testing.assert_array_equal(np.asarray(got), FakeEmbedder(dim=8).embed(_Data.texts))
     assert isinstance(got, np.memmap)

@@ -386,7 +386,7 @@ def _discovery_release_hits(tmp_path: Path, m: int, k: int) -> int:
     most the delta charged for it."""
     import pandas as pd
 
-    from dpsynth.compute import data_compute
+    from dpsynth.compute import dataset_engine
     from dpsynth.data import load_dataset
     from dpsynth.label_domain import discover_from_counts
 
@@ -396,7 +396,7 @@ def _discovery_release_hits(tmp_path: Path, m: int, k: int) -> int:
     path = tmp_path / f"disc-{m}-{k}.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     dataset = load_dataset(path, "text", ["cat"], "user")
-    counts = data_compute(dataset, True).label_value_counts(["cat"], k)
+    counts = dataset_engine(dataset, True).label_value_counts(["cat"], k)
     assert len(counts["cat"][0]) == 1 + min(m, k)  # the user's bounded contribution
     noise = make_noise_source("seeded", 1000 * m + k)
     hits = 0

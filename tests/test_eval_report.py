@@ -19,8 +19,8 @@ import yaml
 from typer.testing import CliRunner
 
 from dpsynth.eval.common import EvalInputError
+from dpsynth.eval.release import load_run
 from dpsynth.eval.report import compare_runs, write_report
-from dpsynth.eval.rundata import load_run
 
 SENTINEL = "PRIVATE-SENTINEL Quorbel Vantastrix swallowed the brass key at the lighthouse"
 
@@ -211,7 +211,7 @@ def test_bad_run_folders_get_clear_messages(tmp_path, fake):
 
 
 def test_test_file_with_other_labels_is_refused(fake, tmp_path):
-    from dpsynth.eval.rundata import load_test_data
+    from dpsynth.eval.release import load_test_data
 
     release = load_run(fake["run"])
     test = pd.read_csv(fake["test"])
@@ -237,7 +237,7 @@ def test_compare_runs_reads_run_meta(fake):
 
 
 def test_too_few_samples_say_unavailable_instead_of_a_number():
-    from dpsynth.eval.rundata import LabeledTexts
+    from dpsynth.eval.release import LabeledTexts
     from dpsynth.eval.suite import fidelity_block, utility_block
 
     rng = np.random.default_rng(0)
@@ -262,7 +262,7 @@ def test_too_few_samples_say_unavailable_instead_of_a_number():
 
 @pytest.mark.models
 def test_unlabeled_corpus_gets_next_token_accuracy(fake, tmp_path, embedder):
-    from dpsynth.eval.suite import evaluate_run
+    from dpsynth.eval.suite import EvalOptions, evaluate_run
 
     rows = [json.loads(line) for line in
             (fake["run"] / "release" / "synthetic.jsonl").read_text().splitlines()]
@@ -273,8 +273,9 @@ def test_unlabeled_corpus_gets_next_token_accuracy(fake, tmp_path, embedder):
     (run / "release" / "zero_shot.jsonl").write_text(
         "".join(json.dumps({"text": t, "labels": {}}) + "\n"
                 for t in ["the weather is nice today", "I like green apples"] * 5))
-    ev, audit = evaluate_run(run, fake["test"], labels=[], embedder=embedder,
-                             with_mauve=False, with_audits=False)
+    ev, audit = evaluate_run(run, fake["test"], EvalOptions(labels=[], with_mauve=False,
+                                                            with_audits=False),
+                             embedder=embedder)
     nt = ev["utility"]["next_token"]
     assert "logreg" not in ev["utility"] and audit is None
     assert nt["synthetic"]["accuracy"] > nt["zero_shot"]["accuracy"]

@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from dpsynth.eval.report import utility_figure, write_report
-from dpsynth.eval.suite import REFERENCE_FILE, evaluate_run
+from dpsynth.eval.suite import REFERENCE_FILE, EvalOptions, evaluate_run
 from dpsynth.eval.view import ScoreRow, UtilityTable, utility_tables, verdict, versus_zero_shot
 from fakes import FakeEmbedder
 
@@ -63,8 +63,10 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def evaluated(runs):
-    ev, _ = evaluate_run(runs["run"], runs["test"], embedder=FakeEmbedder(dim=64),
-                         with_mauve=False, with_audits=False, zero_shot_run=runs["zs"])
+    ev, _ = evaluate_run(runs["run"], runs["test"],
+                         EvalOptions(with_mauve=False, with_audits=False,
+                                     zero_shot_run=runs["zs"]),
+                         embedder=FakeEmbedder(dim=64))
     return ev
 
 
@@ -132,8 +134,9 @@ def test_report_shows_the_table_and_chart_shareable_without_real_trained(runs, e
 
 
 def test_zero_shot_not_given(runs, tmp_path):
-    ev, _ = evaluate_run(runs["run"], runs["test"], embedder=FakeEmbedder(dim=64),
-                         with_mauve=False, with_audits=False, write=False)
+    ev, _ = evaluate_run(runs["run"], runs["test"],
+                         EvalOptions(with_mauve=False, with_audits=False),
+                         embedder=FakeEmbedder(dim=64), write=False)
     cell = ev["utility"]["logreg"][LABEL]["zero_shot"]
     assert cell["unavailable"].startswith("not given") and "--zero-shot" in cell["unavailable"]
     (table,) = utility_tables(ev["utility"], operator=False)
@@ -201,7 +204,7 @@ def test_audit_run_cli_writes_the_operator_audit(runs, monkeypatch, tmp_path):
 def test_old_method_spelling_is_normalised(tmp_path):
     """Run folders written before the rename say `dp_synrag`: read as the registered `synrag`."""
     from dpsynth.eval.common import EvalInputError
-    from dpsynth.eval.rundata import load_run
+    from dpsynth.eval.release import load_run
 
     run = tmp_path / "old"
     (run / "release").mkdir(parents=True)

@@ -111,3 +111,18 @@ def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(err.value) == ("MAUVE needs the Python package 'mauve', which is not installed: "
                               "pip install 'dpsynth[eval]'")
     assert require("json", "eval") is json
+
+
+def test_each_method_declares_the_extras_it_needs() -> None:
+    """preflight.check_extras asks the run's method (through the registry) what it needs."""
+    from dpsynth.config import parse_config
+    from dpsynth.methods import required_extras
+
+    assert required_extras(parse_config({"method": "aug_pe"})) == []
+    assert required_extras(parse_config({"method": "wasp"})) == []
+    assert [x for _, x, _ in required_extras(parse_config(
+        {"method": "wasp", "wasp": {"federated": {"parties": 3}}}))] == ["federated"] * 2
+    assert required_extras(parse_config({"method": "secpe"}))[0][:2] == ("presidio_analyzer",
+                                                                         "secpe")
+    assert required_extras(parse_config(
+        {"method": "secpe", "secpe": {"secrets": [{"kind": "strings", "values": ["x"]}]}})) == []

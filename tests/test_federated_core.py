@@ -177,15 +177,15 @@ def test_party_refuses_a_sigma_below_its_floor_and_bad_round_arguments_are_named
         CFG_QUANTIZATION_RANGE,
         CFG_SIGMA,
         CFG_VOTE_BOUND,
-        _PartyClient,
+        PartyClient,
     )
     from dpsynth.federated.simulation import federated_noisy_histogram
 
     rng = np.random.default_rng(3)
     party = PartyData(_unit(rng, 5, 8), rng.integers(0, 2, 5))
     cand, cand_lab = _unit(rng, 6, 8), np.arange(6) % 2
-    client = _PartyClient(party, 0, functools.partial(topq_vote, q=2), noise_mode="seeded",
-                          seed=1, dropped=False, min_sigma=2.0)
+    client = PartyClient(party, 0, functools.partial(topq_vote, q=2), noise_mode="seeded",
+                         seed=1, min_sigma=2.0)
     cfg = {CFG_NUM_PARTIES: 3, CFG_VOTE_BOUND: 5.0, CFG_CLIPPING_RANGE: 16.0,
            CFG_QUANTIZATION_RANGE: 2**22}
     with pytest.raises(ValueError, match="below this party's minimum"):
@@ -197,9 +197,6 @@ def test_party_refuses_a_sigma_below_its_floor_and_bad_round_arguments_are_named
     with pytest.raises(ValueError, match="min_parties"):
         federated_noisy_histogram(parties, cand, cand_lab, topq_vote, 1.0, vote_bound=5.0,
                                   seed=0, min_parties=3)
-    with pytest.raises(ValueError, match="drop_parties"):
-        federated_noisy_histogram(parties, cand, cand_lab, topq_vote, 1.0, vote_bound=5.0,
-                                  seed=0, drop_parties=[2])
     with pytest.raises(ValueError, match="noise_mode"):
         federated_noisy_histogram(parties, cand, cand_lab, topq_vote, 1.0, vote_bound=5.0,
                                   seed=0, noise_mode="fast")

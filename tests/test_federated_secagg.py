@@ -9,13 +9,15 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from dpsynth.evolution.voting import topq_vote
-from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
+from dpsynth.federated.app import PartyClient, ServerSink, make_client_app, make_server_app
 from dpsynth.federated.core import (
     FederatedRoundError,
     InsufficientPartiesError,
@@ -35,6 +37,26 @@ VOTE = functools.partial(topq_vote, q=4)
 BOUND = 11.0  # the public vote bound B (>= the largest party's 11 records: nothing is clipped)
 
 pytestmark = pytest.mark.cluster  # every test runs Flower's simulation engine (Ray)
+
+
+class DroppedParty(PartyClient):
+    """A party that fails after the SecAgg+ key-sharing stages: neither its votes nor its
+    noise share reach the sum."""
+
+    def fit(self, parameters: Any, config: Any) -> Any:
+        raise RuntimeError("simulated party dropout")
+
+
+def dropping(*indices: int) -> Callable[..., Any]:
+    """A client-app factory (``make_client_app``'s signature) whose parties at ``indices``
+    drop out; the others are the production :class:`PartyClient`."""
+    dropped = frozenset(indices)
+
+    def party(data: PartyData, index: int, vote_fn: Any, **kwargs: Any) -> PartyClient:
+        return (DroppedParty if index in dropped else PartyClient)(data, index, vote_fn,
+                                                                   **kwargs)
+
+    return functools.partial(make_client_app, party=party)
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -144,8 +166,8 @@ def test_a_local_round_refuses_a_process_already_connected_to_a_cluster(setup,
 def test_one_dropout_releases_with_reduced_effective_sigma(setup, ray_cluster) -> None:
     parties, cand, cand_lab = setup
     res = federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, vote_bound=BOUND,
-                                    seed=21,
-                                    min_parties=2, drop_parties=[1], ray_address=ray_cluster)
+                                    seed=21, min_parties=2, client_app=dropping(1),
+                                    ray_address=ray_cluster)
     assert res.parties_present == 2
     assert res.effective_sigma == pytest.approx(SIGMA * math.sqrt(2 / 3))
     # SecAgg+ recovered the dropped party's pairwise masks: the sum of the two survivors.
@@ -161,8 +183,7 @@ def test_one_dropout_below_minimum_halts_before_any_sum(setup, ray_cluster) -> N
     sink = ServerSink()
     server_app = make_server_app(cand, cand_lab, num_parties=3, min_parties=3, sigma=SIGMA,
                                  plan=plan, sink=sink)
-    client_app = make_client_app(_SimulationParties(parties), VOTE, noise_mode="seeded", seed=22,
-                                 drop_parties=[0])
+    client_app = dropping(0)(_SimulationParties(parties), VOTE, noise_mode="seeded", seed=22)
     run_flower_simulation(server_app, client_app, 3, ray_address=ray_cluster)
     assert sink.released is None and sink.observed == []
     assert sink.error_kind is InsufficientPartiesError
@@ -173,8 +194,8 @@ def test_too_many_dropouts_halt_secure_aggregation(setup, ray_cluster) -> None:
     parties, cand, cand_lab = setup
     with pytest.raises(FederatedRoundError, match="SecAgg\\+ halted"):
         federated_noisy_histogram(parties, cand, cand_lab, VOTE, SIGMA, vote_bound=BOUND,
-                                  seed=23,
-                                  min_parties=2, drop_parties=[0, 2], ray_address=ray_cluster)
+                                  seed=23, min_parties=2, client_app=dropping(0, 2),
+                                  ray_address=ray_cluster)
 
 
 def test_zero_votes_aggregate_has_variance_sigma_squared(ray_cluster) -> None:

@@ -140,9 +140,9 @@ def test_aug_pe_killed_after_a_release_resumes_without_redraw_or_repeat(tmp_path
     assert sorted(p.name for p in (run / "release" / "iterations").iterdir()) == \
         ["iter1.jsonl", "iter2.jsonl"]
     from dpsynth.eval.report import write_report
-    from dpsynth.eval.suite import evaluate_run
+    from dpsynth.eval.suite import EvalOptions, evaluate_run
 
-    ev, _ = evaluate_run(run, with_audits=False, with_mauve=False)
+    ev, _ = evaluate_run(run, options=EvalOptions(with_audits=False, with_mauve=False))
     curve = ev["fidelity"]["per_iteration"]
     assert [c["iteration"] for c in curve] == [1, 2]
     assert all(isinstance(c["fid"], float) and c["fid"] > 0 for c in curve)

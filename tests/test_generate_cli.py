@@ -70,7 +70,7 @@ def test_stop_line_names_the_signal_and_compare_refuses_a_missing_folder(tmp_pat
     from dpsynth.statement import format_epsilon, stop_reason
 
     assert stop_reason(KeyboardInterrupt()) == "SIGINT"  # never "stopped ()"
-    from dpsynth.runs import RunInterrupted
+    from dpsynth.run_folder import RunInterrupted
 
     assert stop_reason(RunInterrupted(15)) == "SIGTERM"
     assert [format_epsilon(e) for e in (3.999916556125589, 0.76861, 12.345, float("inf"))] \
@@ -102,7 +102,7 @@ def test_device_option_is_checked_before_any_model_loads():
     import pytest
 
     from dpsynth.config import ConfigError, GeneratorConfig, parse_config
-    from dpsynth.llm.local import resolve_device
+    from dpsynth.llm.runtime import resolve_device
 
     assert resolve_device("cpu") == "cpu"
     torch = pytest.importorskip("torch")

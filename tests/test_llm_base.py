@@ -13,8 +13,8 @@ from dpsynth.llm.base import (
     render_chat_fallback,
     request_key,
 )
+from dpsynth.llm.batching import batch_seed, plan_batches
 from dpsynth.llm.cache import request_keys
-from dpsynth.llm.local import batch_seed, plan_batches
 from dpsynth.llm.openai_compat import _Transient, _Wait, parse_retry_after
 
 

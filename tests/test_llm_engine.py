@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.config import GeneratorConfig
-from dpsynth.llm import GenerationError, GenerationRequest, SamplingParams, load_generator
+from dpsynth.llm import GenerationError, GenerationRequest, SamplingParams, load_generator, runtime
 from dpsynth.llm import ct2 as ct2_mod
 from dpsynth.llm import local as local_mod
 
@@ -23,14 +23,14 @@ CHAT = ({"role": "user", "content": "Write a short message to your clinic."},)
 
 # ------------------------------------------------------------------ fast, no model
 def test_engine_resolution(monkeypatch) -> None:
-    assert local_mod.resolve_engine("transformers") == "transformers"
-    assert local_mod.resolve_engine("ctranslate2") == "ctranslate2"
+    assert runtime.resolve_engine("transformers") == "transformers"
+    assert runtime.resolve_engine("ctranslate2") == "ctranslate2"
     monkeypatch.setattr(ct2_mod, "available", lambda: False)
-    assert local_mod.resolve_engine("auto") == "transformers"
+    assert runtime.resolve_engine("auto") == "transformers"
     monkeypatch.setattr(ct2_mod, "available", lambda: True)
-    assert local_mod.resolve_engine("auto") == "ctranslate2"
+    assert runtime.resolve_engine("auto") == "ctranslate2"
     with pytest.raises(ValueError, match="engine must be one of"):
-        local_mod.resolve_engine("vllm")
+        runtime.resolve_engine("vllm")
 
 
 def test_config_engine_and_threads_reach_the_spec() -> None:
@@ -39,6 +39,12 @@ def test_config_engine_and_threads_reach_the_spec() -> None:
     spec = GeneratorConfig(engine="transformers", threads=1).spec()
     assert spec == {"backend": "local", "model": "smollm2", "engine": "transformers",
                     "num_threads": 1}
+    # what loads the model carries the batch size; what a release records of it does not
+    assert GeneratorConfig(batch_size=4).spec() == "smollm2"
+    assert GeneratorConfig(batch_size=4).load_spec() == {"backend": "local", "model": "smollm2",
+                                                         "batch_size": 4}
+    assert GeneratorConfig(threads=1, batch_size=2).load_spec() == {**spec, "batch_size": 2,
+                                                                    "engine": "auto"}
     with pytest.raises(ValueError):
         GeneratorConfig(engine="onnx")
     with pytest.raises(ValueError, match="unknown local keys"):
@@ -47,14 +53,14 @@ def test_config_engine_and_threads_reach_the_spec() -> None:
 
 def test_threads_never_exceed_idle_cores(monkeypatch) -> None:
     monkeypatch.delenv("DPSYNTH_TORCH_THREADS", raising=False)
-    monkeypatch.setattr(local_mod, "_available_cores", lambda: 4)
+    monkeypatch.setattr(runtime, "available_cores", lambda: 4)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
-    assert local_mod.default_threads() == 1  # busy machine: one thread, no oversubscription
+    assert runtime.default_threads() == 1  # busy machine: one thread, no oversubscription
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert local_mod.default_threads() == 4
+    assert runtime.default_threads() == 4
     monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 2.0, 2.0))
-    assert local_mod.default_threads() == 3
-    assert local_mod._idle_threads() == 3
+    assert runtime.default_threads() == 3
+    assert runtime.idle_threads() == 3
 
 
 def test_conversion_fingerprint_tracks_the_source(tmp_path: Path) -> None:
@@ -83,7 +89,7 @@ def test_shared_prefix_leaves_a_token_per_row() -> None:
 
 
 def test_ct2_batches_are_sorted_by_prompt_length() -> None:
-    from dpsynth.llm.local import plan_batches
+    from dpsynth.llm.batching import plan_batches
 
     p = SamplingParams(temperature=1.0)
     reqs = [GenerationRequest(f"r{i}", p) for i in range(5)]
@@ -98,7 +104,7 @@ models = pytest.mark.models
 @needs_ct2
 @models
 def test_default_engine_is_ctranslate2_and_conversion_is_cached(smollm, monkeypatch) -> None:
-    assert smollm.engine == "ctranslate2" and smollm.batch_size == local_mod.AUTO_BATCH[
+    assert smollm.engine == "ctranslate2" and smollm.batch_size == runtime.AUTO_BATCH[
         "ctranslate2"]
     assert ct2_mod.is_current(smollm.ct2_dir, smollm.model_dir)
 

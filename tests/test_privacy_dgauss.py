@@ -401,8 +401,8 @@ def test_user_level_vectors_are_exact_lattice_sums() -> None:
 def test_secpe_discretisation_bound_is_recovered_from_its_releases(tmp_path: Path) -> None:
     """SecPE's statement adds the total variation of its rounded releases (docs/methods.md
     §3) to private diagnostics; the dimension comes back from the charged sensitivity."""
-    from dpsynth.evolution.representatives import JOINT_SENSITIVITY
     from dpsynth.methods.secpe import discretisation_tv
+    from dpsynth.methods.secpe.representatives import JOINT_SENSITIVITY
 
     sess = PrivacySession(tmp_path / "s", Accountant("pld"), make_noise_source("seeded", 2))
     d = 40 * 16 + 40

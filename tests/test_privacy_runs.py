@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from dpsynth.api import run_generation
 from dpsynth.config import load_config
 from dpsynth.privacy import BudgetLedger, BudgetRefusedError
-from dpsynth.run_data import load_run_data
-from dpsynth.runs import RunDir
+from dpsynth.run_dataset import load_run_data
+from dpsynth.run_folder import RunDir
 from fakes import fake_models  # tests/ is on sys.path (rootdir conftest)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,13 +13,14 @@ import httpx
 import numpy as np
 import pytest
 
-from dpsynth.loopback import serve_in_thread
 from dpsynth.methods.synrag.private_prediction import (
     clipped_sum,
     private_predict,
     prompt_parts,
 )
 from dpsynth.privacy import Accountant, BudgetExceededError, PrivacySession, make_noise_source
+from faults import stop_at
+from loopback import serve_in_thread
 
 DOCS = [
     "I am Ann Lee. I have a red rash on my arms and a mild fever since Monday.",
@@ -106,7 +107,8 @@ def tiny_kb(smollm, embedder, tmp_path_factory, monkeypatch_module) -> Path:
     over = _tiny_overrides(out)
     with pytest.raises(KeyboardInterrupt):
         build_kb(Path(__file__).parents[1] / "examples" / "tiny-synrag.yaml", out,
-                 overrides=over, generator=smollm, embedder=embedder, stop_after_clusters=1)
+                 overrides=over, generator=smollm, embedder=embedder,
+                 hooks=stop_at(1, "cluster-"))  # killed after its first cluster
     ckpt = json.loads((out / "private" / "checkpoints" / "cluster-0000.json").read_text())
     store = (out / "private" / "cluster-releases" / "releases.jsonl").read_text().splitlines()
     (out / "first-cluster.json").write_text(json.dumps({"ckpt": ckpt, "lines": store}))

@@ -122,7 +122,7 @@ def _epsilon(events: list, delta: float) -> float:
 
 
 def test_append_diagnostic_is_private(tmp_path) -> None:
-    from dpsynth.runs import RunDir
+    from dpsynth.run_folder import RunDir
 
     run = RunDir(tmp_path / "r")
     run.create("{}", "dp_synrag")

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from dpsynth.config import ConfigError
-from dpsynth.loopback import serve_in_thread
 from dpsynth.rag.index import build_index
 from dpsynth.rag.service import create_app, kb_app
+from loopback import serve_in_thread
 
 CLIENTS = 50
 CLIENT_TIMEOUT = 10.0

@@ -532,13 +532,13 @@ def _report(run: Path) -> None:
 
 def _evaluate(run: Path) -> None:
     """eval/eval.json of a run, with the fake embedder against a public test file."""
-    from dpsynth.eval.suite import evaluate_run
+    from dpsynth.eval.suite import EvalOptions, evaluate_run
 
     test = write_csv(run / "public-test.csv", [
         {"text": f"public test message {i} about {LABELS[i % 2]}", "label": LABELS[i % 2],
          "user": "t"} for i in range(12)])
-    evaluate_run(run, test, embedder=FakeEmbedder(), with_mauve=False, with_audits=False,
-                 classifier="logreg")
+    evaluate_run(run, test, EvalOptions(with_mauve=False, with_audits=False,
+                                        classifier="logreg"), embedder=FakeEmbedder())
 
 
 # ----------------------------------------------------------------------------- the checker, tested

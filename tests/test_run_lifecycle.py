@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from dpsynth.api import run_generation
 from dpsynth.cli import app
 from dpsynth.config import ConfigError
-from dpsynth.runs import RunDir
+from dpsynth.run_folder import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -183,3 +183,27 @@ def test_set_on_resume_is_refused_not_ignored(tmp_path, ledger):
     with pytest.raises(Exception, match="gone.csv"):
         run_generation(run.config_path, run.root, resume=True, progress=False,
                        overrides={"privacy.epsilon": 4.0})
+
+
+def test_a_method_section_is_locked_on_resume(tmp_path, ledger):
+    """A method's own section (validated by its model through the registry) is part of the
+    config the run stores and digests: a resume refuses a changed wasp.top_q, by --set and in
+    the CONFIG argument, and accepts the stored value repeated."""
+    import yaml
+
+    from dpsynth.config import parse_config
+    from dpsynth.resume import locked_fields
+    from dpsynth.runner import open_run
+
+    raw = {"method": "wasp", "data": {"path": str(tmp_path / "gone.csv")},
+           "wasp": {"top_q": 4}}
+    cfg = parse_config(raw)
+    assert locked_fields(cfg.model_dump(mode="json"))["wasp.top_q"] == 4
+    run, _, _ = open_run(cfg, tmp_path / "r", resume=False)
+    assert yaml.safe_load(run.config_path.read_text())["wasp"]["federated"]["parties"] == 0
+    with pytest.raises(ConfigError, match="changes wasp.top_q"):
+        open_run(None, run.root, resume=True, overrides={"wasp.top_q": 3})
+    with pytest.raises(ConfigError, match="changes wasp.top_q"):
+        open_run(parse_config({**raw, "wasp": {"top_q": 3}}), run.root, resume=True)
+    _, again, _ = open_run(parse_config(raw), run.root, resume=True)
+    assert again.wasp.top_q == 4

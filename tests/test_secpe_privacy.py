@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpsynth.methods.secpe_theory import (
+from dpsynth.methods.secpe.theory import (
     blowup,
     calibrate_one_sigma,
     calibrate_secret_sigma,
@@ -156,7 +156,7 @@ def test_calibration_is_verified_at_the_fine_grid_in_few_probes(monkeypatch):
     does not (so it is the smallest to tol), and the search in mu_eff ~ 1 / sigma spends far
     fewer PLD constructions than bisection from the Gaussian bracket (16 here; see
     benchmarks/results/secpe_calibration.md)."""
-    import dpsynth.methods.secpe_theory as theory
+    import dpsynth.methods.secpe.theory as theory
 
     probes: list[float] = []
     real = theory.blowup
@@ -178,7 +178,7 @@ def test_calibration_is_verified_at_the_fine_grid_in_few_probes(monkeypatch):
 def test_narrow_falls_back_to_bisection_on_a_flat_gap():
     """A gap that is flat (capped) over most of the bracket still ends with gap(lo) > 0 >=
     gap(hi) and hi / lo <= ratio."""
-    from dpsynth.methods.secpe_theory import _narrow
+    from dpsynth.methods.secpe.theory import _narrow
 
     root = 3.7
 
@@ -211,7 +211,7 @@ def test_calibrate_secret_sigma_many_secrets_and_lp():
 
 
 def test_domination_shortcut_and_monotonicity():
-    from dpsynth.methods.secpe_theory import _dominated
+    from dpsynth.methods.secpe.theory import _dominated
 
     assert _dominated(np.array([0.3, 0.1]), np.array([0.5, 0.2, 0.1]))
     assert not _dominated(np.array([0.6]), np.array([0.5, 0.5]))
@@ -240,7 +240,7 @@ def test_calibrate_many_secrets_from_lp():
 
 
 def test_plan_secret_noise_end_to_end():
-    from dpsynth.methods.secpe_theory import plan_secret_noise
+    from dpsynth.methods.secpe.theory import plan_secret_noise
 
     m = sp.csr_matrix(np.array([[1, 0], [1, 1], [0, 1], [0, 1]], dtype=np.int8))
     plan = plan_secret_noise(m, 1e-4, 2e-3, T=2, discretization=1e-2)

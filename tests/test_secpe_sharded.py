@@ -15,28 +15,20 @@ import numpy as np
 import pytest
 
 import test_compute_ray
-from dpsynth.compute import LocalCompute, kernels
+from dpsynth.compute import Shard
 from dpsynth.data import Dataset
 from dpsynth.llm import GenerationError
-from dpsynth.methods import secpe_theory
+from dpsynth.methods.secpe import kernels, statistics
+from dpsynth.methods.secpe import theory as secpe_theory
 from dpsynth.secrets import SecretSpec, find_secrets
 from fakes import FakeGenerator
+from faults import stop_at
+from shards import InProcessShards, dataset_shards
 from test_release_check import pe_config, private_rows, shared_files, write_csv
 
 SPECS = [SecretSpec(kind="regex", pattern=r"ACCT-\d{4}"),
          SecretSpec(kind="strings", values=["Dr Brown"])]
 SECPE = test_compute_ray.SECPE
-
-
-class _InProcess(LocalCompute):
-    """The production SecPE calls over ``shards`` text shards built in this process."""
-
-    def __init__(self, dataset: Any, shards: int) -> None:
-        super().__init__(lambda: np.zeros(0), np.zeros(0, dtype=np.int64), None, dataset)
-        self._texts = [kernels.text_shard(dataset, None, s, shards) for s in range(shards)]
-
-    def _map_text(self, kernel: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [getattr(kernels, kernel)(s, *args, **kwargs) for s in self._texts]
 
 
 def _dataset(n: int = 80) -> Dataset:
@@ -69,10 +61,10 @@ def test_the_split_and_plan_without_the_membership_equal_the_gathered_ones(shard
     monkeypatch.setattr(secpe_theory, "plan_secret_noise", lp_only)
     data = _dataset()
     ref = find_secrets(list(data.texts), SPECS)
-    engine = _InProcess(data, shards)
-    split = engine.secret_split(SPECS)
+    engine = InProcessShards(dataset_shards(data, False, shards))
+    split = statistics.secret_split(engine, SPECS)
     assert not hasattr(split, "membership")
-    summary = engine.plan_secret_rates(split, 1e-3, 1e-2, 2, "d")
+    summary = statistics.plan_secret_rates(engine, split, 1e-3, 1e-2, 2, "d")
     priv, pub = ref.split()
     assert split.public_idx.tolist() == pub.tolist()
     assert split.report(summary["secrets_per_type"]) == ref.split_report()
@@ -85,7 +77,11 @@ def test_the_split_and_plan_without_the_membership_equal_the_gathered_ones(shard
     assert got.shape == (len(priv), 5) and columns(got) == columns(ref.private_membership())
     expected = lp_only(got, 1e-3, 1e-2, 2)
     assert summary["sigma_star"] == 0.5 and summary["max_rate"] == expected.rates.max()
-    rates = kernels.rates_for_rows(engine._secret_rates, np.arange(len(data)))
+    rates = np.zeros(len(data))
+    for shard in engine.shards:  # each shard keeps its own rows' rates
+        digest, mine = shard.state[kernels.RATES]
+        assert digest == "d"
+        rates[shard.rows] = mine
     assert rates[priv].tobytes() == expected.rates.tobytes() and not rates[pub].any()
 
 
@@ -93,8 +89,6 @@ def test_a_resumed_secpe_run_reuses_the_saved_plan(tmp_path, monkeypatch):
     """Stopped after its first checkpoint and resumed: the plan (public rows, sigma, rates) is
     read back from private/ (0600), the LP is not solved again, and the release is the
     uninterrupted run's."""
-    import dpsynth.evolution.loop as loop
-
     calls: list[float] = []  # the accounting grid of each SecretNoise solve
     real = secpe_theory.plan_secret_noise
 
@@ -112,20 +106,12 @@ def test_a_resumed_secpe_run_reuses_the_saved_plan(tmp_path, monkeypatch):
         {**cfg, "privacy": {**cfg["privacy"], "ledger": str(tmp_path / "w.json")}},
         tmp_path / "whole")
     assert calls == [3e-3]  # secpe.discretization reaches the calibration
-    save = loop._save
-
-    def stopping(run: Any, iteration: int, pool: Any, strategy: Any) -> None:
-        save(run, iteration, pool, strategy)
-        raise KeyboardInterrupt("test stop after the first checkpoint")
-
     out = tmp_path / "stopped"
-    monkeypatch.setattr(loop, "_save", stopping)
-    with pytest.raises(KeyboardInterrupt):
-        test_compute_ray._run(cfg, out)
+    with pytest.raises(KeyboardInterrupt):  # after the first checkpoint
+        test_compute_ray._run(cfg, out, hooks=stop_at(1))
     assert len(calls) == 2
     for name in ("secpe-plan.npz", "secpe-rates.npz"):
         assert (out / "private" / name).stat().st_mode & 0o777 == 0o600
-    monkeypatch.setattr(loop, "_save", save)
     done = test_compute_ray._run(cfg, out, resume=True)
     assert len(calls) == 2  # not solved again
     a, b = shared_files(whole), shared_files(done)
@@ -162,31 +148,29 @@ def test_on_ray_the_membership_and_the_lp_stay_off_the_driver(ray_cluster, tmp_p
                          (secpe_theory, "plan_from_hits"),
                          (secpe_theory, "plan_secret_noise")):
         monkeypatch.setattr(module, name, refuse)
-    pids: list[int] = []
     parts: list[Any] = []
     plans: list[SecretPlan] = []
-    real_plan, real_build = RayCompute._secret_plan, SecretPlan.build.__func__
+    real_off, real_build = RayCompute.off_driver, SecretPlan.build.__func__
 
-    def spy_plan(self: RayCompute, *args: Any) -> Any:
-        parts.extend(args[0])  # the shards' membership, as object refs
-        out = real_plan(self, *args)
-        pids.append(self.secret_plan_pid)
-        return out
+    def spy_off(self: RayCompute, fn: Any, *args: Any, returns: int = 1) -> Any:
+        assert fn is kernels.secret_plan_task
+        parts.extend(args[6:])  # the shards' membership, as object refs
+        return real_off(self, fn, *args, returns=returns)
 
     def spy_build(cls: Any, *args: Any, **kwargs: Any) -> Any:
         plans.append(real_build(cls, *args, **kwargs))
         return plans[-1]
 
-    monkeypatch.setattr(RayCompute, "_secret_plan", spy_plan)
+    monkeypatch.setattr(RayCompute, "off_driver", spy_off)
     monkeypatch.setattr(SecretPlan, "build", classmethod(spy_build))
     ray_cfg = {**cfg, "compute": {"engine": "ray", "address": ray_cluster, "shards": 2}}
     out = tmp_path / "ray"
     with pytest.raises(GenerationError):
         test_compute_ray._run(ray_cfg, out, [FakeGenerator("fake-g0", raise_after=4)])
-    assert len(pids) == 1 and pids[0] != os.getpid()
     split = plans[0].split
+    assert len(parts) == 2 and split.planned_in not in (None, os.getpid())
     assert not hasattr(split, "membership") and not hasattr(plans[0], "index")
-    assert len(parts) == 2 and all(isinstance(p, ray.ObjectRef) for p in parts)
+    assert all(isinstance(p, ray.ObjectRef) for p in parts)
     assert split.parts == []  # let go once planned
     compute = out / "private" / "compute"
     slices = sorted(compute.glob("secpe-rates-shard-*.npz"))
@@ -196,7 +180,7 @@ def test_on_ray_the_membership_and_the_lp_stay_off_the_driver(ray_cluster, tmp_p
     assert not (out / "private" / "secpe-rates.npz").exists()  # the driver saved no rates
     stamps = [p.stat().st_mtime_ns for p in slices]
     done = test_compute_ray._run(ray_cfg, out, resume=True)
-    assert len(pids) == 1 and len(plans) == 2  # the saved plan, no second plan task
+    assert len(parts) == 2 and len(plans) == 2  # the saved plan, no second plan task
     assert [p.stat().st_mtime_ns for p in slices] == stamps
     a, b = shared_files(local), shared_files(done)
     a.pop("release/summary.json")
@@ -208,11 +192,13 @@ def test_on_ray_the_membership_and_the_lp_stay_off_the_driver(ray_cluster, tmp_p
 
 def test_no_rates_no_sample(tmp_path):
     """A shard without SecPE's rates refuses to sample (never a silent all-public vote)."""
-    shard = kernels.ShardData(emb=np.zeros((2, 3), np.float32), labels=np.zeros(2, np.int64),
-                              rows=np.arange(2), buckets=np.zeros(2, np.int64))
+    shard = Shard.of_arrays(np.zeros((2, 3), np.float32), np.zeros(2, np.int64),
+                            np.arange(2), np.zeros(2, np.int64), index=0, shards=2)
     with pytest.raises(RuntimeError, match="rates"):
         kernels.centre_partial(shard, np.zeros(2), {0: np.zeros((1, 3))}, 1.0)
-    path = kernels.rates_file(tmp_path, 0, 2)
+    shard.folder = tmp_path
+    path = kernels.rates_file(shard)
+    assert path == tmp_path / "secpe-rates-shard-0-of-2.npz"
     kernels.save_rates(path, "d1", np.arange(2), np.array([0.5, 0.0]))
     assert kernels.load_rates(path, "d2") is None
     rows, rates = kernels.load_rates(path, "d1")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpsynth.compute import kernels
+from dpsynth.compute import partition
 from dpsynth.methods.synrag.keywords import Vocabulary
 from dpsynth.methods.synrag.pipeline import Corpus
 from dpsynth.methods.synrag.retrieval import THRESHOLD_GRID, retrieve_in_cluster
@@ -40,11 +40,11 @@ def _records(n: int = 120, seed: int = 3) -> tuple[list[str], list[str]]:
 
 
 def _shards(texts: list[str], users: list[str] | None, n: int) -> list[DocumentShard]:
-    """The production partition (kernels.buckets_of) into ``n`` document shards."""
-    buckets = kernels.buckets_of(kernels.record_keys(len(texts), users))
+    """The production partition (partition.buckets_of) into ``n`` document shards."""
+    buckets = partition.buckets_of(partition.record_keys(len(texts), users))
     out = []
     for s in range(n):
-        rows = np.flatnonzero(kernels.shard_of(buckets, n) == s)
+        rows = np.flatnonzero(partition.shard_of(buckets, n) == s)
         out.append(DocumentShard.of_records([texts[i] for i in rows], rows,
                                             None if users is None else
                                             [users[i] for i in rows], ShardFiles()))

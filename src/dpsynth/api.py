@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, RunConfig, parse_config
 from .errors import InputError, MissingFileError
-from .runner import open_run, run_method
-from .runs import RunDir
+from .hooks import RunHooks
+from .run_folder import RunDir
+from .runner import RunOptions, open_run, run_method
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -63,11 +64,12 @@ def _prepare_output(output_dir: str | Path) -> None:
 def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
                    resume: bool = False, overrides: dict[str, Any] | None = None,
                    progress: bool = True, generators: Sequence[Any] | None = None,
-                   embedder: Any | None = None) -> Path:
+                   embedder: Any | None = None, hooks: RunHooks | None = None) -> Path:
     """Run a text-releasing method end to end, or resume it; returns the run folder.
 
     ``generators`` / ``embedder`` replace the configured models with ready objects (one
-    generator per configured entry), e.g. the deterministic fakes of the fast tests.
+    generator per configured entry), e.g. the deterministic fakes of the fast tests;
+    ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`).
 
     A refusal before any work (bad data, a config the method cannot run, a ledger refusal)
     removes the new run folder again; a stop after work began keeps it for ``--resume``, with a
@@ -82,8 +84,9 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
     _prepare_output(output_dir)
     with display.session(enabled=progress):
         return run_method(config, output_dir, resume=resume, overrides=overrides,
-                          progress=progress, generators=generators, embedder=embedder,
-                          releases="text")
+                          releases="text", options=RunOptions(
+                              progress=progress, generators=generators, embedder=embedder,
+                              hooks=hooks or RunHooks()))
 
 
 # -- data given as a DataFrame or records ------------------------------------------------------
@@ -149,7 +152,7 @@ def _jsonl_frame(path: Path, labels: Sequence[str]) -> pd.DataFrame:
     """release/*.jsonl as a DataFrame: ``text`` and one column per label."""
     import pandas as pd
 
-    from .io import iter_jsonl
+    from .files import iter_jsonl
 
     rows = []
     for row in iter_jsonl(path):
@@ -219,7 +222,7 @@ class RagResult:
     def knowledge_base(self) -> pd.DataFrame:
         import pandas as pd
 
-        from .io import read_jsonl
+        from .files import read_jsonl
 
         return pd.DataFrame(read_jsonl(self.run_dir / "release" / "kb.jsonl"))
 
@@ -264,11 +267,12 @@ def evaluate(run: str | Path | Result, test: str | Path, *, text: str | None = N
     """``dpsynth eval``: fidelity and utility of the synthetic data against the real test
     file ``test`` (and the operator's audits); writes eval/eval.json (and, with ``report``,
     the HTML report) and returns the shareable evaluation (what eval/eval.json holds)."""
-    from .eval.suite import evaluate_run
+    from .eval.suite import EvalOptions, evaluate_run
 
     run_dir = run.run_dir if isinstance(run, Result) else Path(run)
-    evaluate_run(run_dir, test, text=text, labels=labels, classifier=classifier,  # type: ignore[arg-type]
-                 embedder=embedder, with_mauve=mauve, with_audits=audits)
+    options = EvalOptions(text=text, labels=labels, classifier=classifier,  # type: ignore[arg-type]
+                          with_mauve=mauve, with_audits=audits)
+    evaluate_run(run_dir, test, options, embedder=embedder)
     if report:
         from .eval.report import write_report
 
@@ -338,7 +342,7 @@ def build_config(data: Any, output: Path, *, method: str, text: str,
         staged = records_table(data, [str(c) for c in wanted])
         section["path"] = str(Path(output).resolve() / STAGED_INPUT)
     cfg = parse_config(raw, "generate()").resolve_paths(Path.cwd())
-    cfg.data._staged_records = staged  # written into the run by run_data.load_run_data
+    cfg.data._staged_records = staged  # written into the run by run_dataset.load_run_data
     return cfg
 
 

@@ -22,11 +22,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails
 
 from .errors import ConfigError as ConfigError  # re-exported; the class lives in dpsynth.errors
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A config section: every key is a declared field (a typo is an error naming it)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -63,7 +66,7 @@ def _how_to_declare(missing: list[str], labels: list[str]) -> str:
     )
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """Where the private records are and which columns hold text, labels and users.
 
     ``path: demo`` uses the built-in demo corpus (written into the run's private area).
@@ -211,7 +214,7 @@ def read_label_values_file(path: Path, column: str) -> list[str]:
     return values
 
 
-class PrivacyConfig(_Section):
+class PrivacyConfig(Section):
     """The privacy target and how noise is drawn (docs/methods.md §0).
 
     ``noise: secure`` (the default) draws from the OS CSPRNG. ``noise: seeded`` is a research
@@ -234,7 +237,7 @@ class PrivacyConfig(_Section):
     ledger: str | None = None
 
 
-class GeneratorConfig(_Section):
+class GeneratorConfig(Section):
     """One generator: an offline model, a local directory or an OpenAI-compatible server."""
 
     model: str = "smollm2"
@@ -295,7 +298,8 @@ class GeneratorConfig(_Section):
         return self
 
     def spec(self) -> str | dict[str, Any]:
-        """The spec that dpsynth.llm.load_generator takes."""
+        """The model this entry names, as dpsynth.llm.load_generator takes it (what a release
+        records of its generator: no batch size; loading uses :meth:`load_spec`)."""
         if self.backend == "local":
             if self.engine == "auto" and self.threads is None and self.device == "cpu":
                 return self.model
@@ -317,12 +321,20 @@ class GeneratorConfig(_Section):
             "outage_patience_s": self.outage_patience_s,
         }
 
+    def load_spec(self) -> str | dict[str, Any]:
+        """:meth:`spec` with everything loading it takes (a local model's batch size)."""
+        spec = self.spec()
+        if self.backend != "local" or self.batch_size is None:
+            return spec
+        base = {"backend": "local", "model": spec} if isinstance(spec, str) else spec
+        return {**base, "batch_size": self.batch_size}
+
     @property
     def short_name(self) -> str:
         return Path(self.model).name if self.backend == "local" else self.model
 
 
-class EmbedderConfig(_Section):
+class EmbedderConfig(Section):
     """Sentence embedder; fast engines must match torch to cosine 0.999 (see dpsynth.embed)."""
 
     model: str = "minilm"
@@ -344,7 +356,7 @@ class EmbedderConfig(_Section):
         return self
 
 
-class PromptConfig(_Section):
+class PromptConfig(Section):
     """What the synthetic texts are; `{column}` fields are filled with each label's value."""
 
     task: str = "a short text"
@@ -367,7 +379,7 @@ class PromptConfig(_Section):
     )
 
 
-class SynthesisConfig(_Section):
+class SynthesisConfig(Section):
     """Sizes and switches of the shared evolution loop (docs/methods.md §1)."""
 
     samples: int = Field(60, gt=0, description="N: synthetic samples kept")
@@ -400,84 +412,14 @@ class SynthesisConfig(_Section):
     voting_ef_search: int = Field(64, ge=1, description="HNSW efSearch")
 
 
-def _ray_address(value: str, field: str) -> str:
+def ray_address_form(value: str, field: str) -> str:
     """A Ray address setting: 'local', 'auto', 'ray://HOST:PORT' or 'HOST:PORT'."""
     if value in {"auto", "local"} or value.startswith("ray://") or ":" in value:
         return value
     raise ValueError(f"{field} {value!r}: use local, auto, ray://HOST:PORT or HOST:PORT")
 
 
-class FederatedConfig(_Section):
-    """Federated WASP (docs/methods.md §2): votes summed by Flower SecAgg+ across parties."""
-
-    parties: int = Field(0, ge=0, description="0 = not federated")
-    dirichlet_alpha: float = Field(1.0, gt=0)
-    max_records_per_party: int = Field(
-        10_000, ge=1,
-        description="public bound B on the records of one party: each party clips every "
-                    "coordinate of its Top-Q votes to [0, B], and B with sigma and P sets the "
-                    "SecAgg+ clipping range and grid (never the parties' real sizes). A party "
-                    "with more records loses votes (utility), never privacy",
-    )
-    min_parties: int | None = Field(
-        None, ge=2,
-        description="fewest parties whose sum may be released (default: all); also the SecAgg+ "
-                    "reconstruction threshold, and each round is charged at the noise of this "
-                    "many parties",
-    )
-    ray_address: str = Field(
-        "local", description="where Flower's simulation engine runs the parties: 'local' "
-                             "(start a one-machine Ray for each round and stop it after), or "
-                             "the address of a running Ray cluster ('auto', HOST:PORT, "
-                             "'ray://HOST:PORT') that every round joins, with one CPU per party "
-                             "actor; the simulated parties' records travel to that cluster's "
-                             "nodes, as shards do with compute.engine: ray",
-    )
-
-    @field_validator("ray_address")
-    @classmethod
-    def _ray_address_form(cls, value: str) -> str:
-        return _ray_address(value, "wasp.federated.ray_address")
-
-
-class WaspConfig(_Section):
-    """WASP (docs/methods.md §2)."""
-
-    top_q: int = Field(8, ge=1)
-    demonstrations: int = Field(8, ge=2)
-    prompts_per_label: int = Field(4, ge=1)
-    contrastive: bool = True
-    weighting: bool = True
-    weight_temperature: float = Field(1.0, gt=0)
-    federated: FederatedConfig = Field(default_factory=FederatedConfig)
-
-
-class SecPEConfig(_Section):
-    """SecPE (docs/methods.md §3)."""
-
-    secrets: list[dict[str, Any]] = Field(
-        default_factory=lambda: [{"kind": "pii",
-                                  "entities": ["PERSON", "PHONE_NUMBER", "EMAIL_ADDRESS"]}],
-        description="secret definitions (dpsynth.secrets.SecretSpec)",
-    )
-    p: float = Field(1e-4, gt=0, lt=1)
-    r_over_p: float = Field(10.0, gt=1)
-    clusters: int = Field(50, gt=0)
-    clip: float = Field(
-        1.0, gt=0,
-        description="R: private embeddings are clipped to norm R; a centre's noise scale is "
-                    "(R + max(1, R)) / n_k, so R < 1 still pays (1 + R) / n_k",
-    )
-    discretization: float = Field(
-        3e-3, gt=0, le=0.05,
-        description="the privacy-loss grid of SecretNoise's accountant (dp_accounting's "
-                    "value_discretization_interval): pessimistic at any grid, so the (p, r) "
-                    "bound holds either way; a coarser grid calibrates faster and asks for a "
-                    "little more noise",
-    )
-
-
-class ComputeConfig(_Section):
+class ComputeConfig(Section):
     """Where the private statistics are computed (docs/methods.md §0): ``local`` (this process,
     the default) or ``ray`` (sharded by user over Ray workers; the driver sees only summed
     partial statistics and adds the noise once)."""
@@ -500,10 +442,19 @@ class ComputeConfig(_Section):
     @field_validator("address")
     @classmethod
     def _address_form(cls, value: str) -> str:
-        return _ray_address(value, "compute.address")
+        return ray_address_form(value, "compute.address")
 
 
-class RunConfig(_Section):
+class RunConfig(BaseModel):
+    """A run: the sections every method reads, plus method sections (``wasp:``, ``secpe:``,
+    ``synrag:``): each owned by its method (a registered method's name), validated by that
+    method's config model through the registry (:func:`dpsynth.methods.section_model`) and
+    kept as that model, so it is dumped (config.yaml, the resume digest) like the rest. The
+    run's own method's section is filled with its defaults when absent. Any other key is an
+    error naming it. A method reads its section with ``Method.settings(config)``."""
+
+    model_config = ConfigDict(extra="allow")
+
     method: str = "aug_pe"
     data: DataConfig = Field(default_factory=DataConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
@@ -511,9 +462,6 @@ class RunConfig(_Section):
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     prompts: PromptConfig = Field(default_factory=PromptConfig)
     synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
-    wasp: WaspConfig = Field(default_factory=WaspConfig)
-    secpe: SecPEConfig = Field(default_factory=SecPEConfig)
-    synrag: dict[str, Any] = Field(default_factory=dict)
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     llm_cache: str | None = Field(
         None, description="request cache shared across runs (default: the run's private area)"
@@ -525,6 +473,33 @@ class RunConfig(_Section):
         if not value:
             raise ValueError("generators: give at least one generator")
         return value
+
+    @model_validator(mode="after")
+    def _method_sections(self) -> RunConfig:
+        from .methods import canonical_name, section_model
+
+        extra = self.__pydantic_extra__
+        if extra is None:  # built without validation (model_construct)
+            return self
+        errors: list[InitErrorDetails] = []
+        for key, value in list(extra.items()):
+            model = section_model(key)
+            if model is None:
+                errors.append(InitErrorDetails(type="extra_forbidden", loc=(key,), input=value))
+            elif not isinstance(value, model):
+                try:
+                    extra[key] = model.model_validate({} if value is None else value)
+                except ValidationError as err:
+                    errors.extend(InitErrorDetails(type=e["type"], loc=(key, *e["loc"]),
+                                                   input=e["input"], ctx=e.get("ctx", {}))
+                                  for e in err.errors())
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        own = canonical_name(self.method, warn=False)
+        model = section_model(own)
+        if model is not None and own not in extra:
+            extra[own] = model()
+        return self
 
     @model_validator(mode="after")
     def _discovery_fits_delta(self) -> RunConfig:
@@ -612,7 +587,14 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
     works on a config without ``generators``). A key that cannot be followed (into a number,
     a list index that is not one, past the end of a list) is a :class:`ConfigError` naming
     the key, never a traceback."""
+    from .methods import section_model
+
     defaults = RunConfig().model_dump(mode="json")
+    for dotted in overrides:  # a method section starts from its model's defaults too
+        head = str(dotted).split(".", 1)[0]
+        model = None if head in defaults else section_model(head)
+        if model is not None:
+            defaults[head] = model().model_dump(mode="json")
     for dotted, value in overrides.items():
         _set_dotted(raw, str(dotted), value, defaults)
 

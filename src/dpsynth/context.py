@@ -3,7 +3,8 @@
 * :class:`Rngs` - post-processing randomness derived from the run seed and a tag;
 * :class:`PrivateView` - the private data as a method may see it: the public label classes,
   and per-record fields (label codes, users, texts) read lazily, only where a local step needs
-  them (with ``compute.engine: ray`` they live on the shards), plus the compute engine;
+  them (with ``compute.engine: ray`` they live on the shards), plus the compute engine the
+  method's execution built for the run (:func:`dpsynth.run_dataset.run_engine`);
 * :class:`Releaser` - the only door to the privacy session: every noisy statistic a method
   releases goes through it (docs/methods.md §0).
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from .config import RunConfig
 from .evolution.textgen import stable_seed
-from .runs import RunDir
+from .run_folder import RunDir
 
 if TYPE_CHECKING:
     from .compute.sharded import ShardedDataset
@@ -31,8 +32,25 @@ if TYPE_CHECKING:
 
 
 class PrivateStatistics(Protocol):
-    """Exact private statistics without noise (the releaser adds it): what the methods ask of
-    the compute engine (implemented by :class:`dpsynth.compute.PrivateCompute`)."""
+    """Exact private statistics without noise (the releaser adds it): what a method asks of
+    the compute engine (implemented by :class:`dpsynth.compute.PrivateCompute`). It names no
+    method: a method runs its own shard kernels through ``map`` (and ``map_keeping`` /
+    ``off_driver`` / ``fetch`` for results that must stay off the driver)."""
+
+    user_level: bool
+
+    def map(self, kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def map_keeping(self, kernel: Callable[..., Any], *args: Any, **kwargs: Any
+                    ) -> tuple[list[Any], list[Any]]: ...
+
+    def off_driver(self, fn: Callable[..., Any], *args: Any, returns: int = 1) -> Any: ...
+
+    def fetch(self, handle: Any) -> Any: ...
+
+    def shared(self, array: np.ndarray) -> Any: ...
+
+    def n_records(self) -> int: ...
 
     def label_counts(self, n_labels: int) -> np.ndarray: ...
 
@@ -41,17 +59,6 @@ class PrivateStatistics(Protocol):
 
     def topq_histograms(self, cand_emb: np.ndarray, cand_labels: np.ndarray, q: int,
                         **vote_options: Any) -> np.ndarray: ...
-
-    def centre_sums(self, centres: dict[int, np.ndarray], coins: np.ndarray, clip_R: float,
-                    n_records: int) -> dict[int, tuple[np.ndarray, np.ndarray]]: ...
-
-    def load_secret_rates(self, digest: str, folder: Any = None) -> bool: ...
-
-    def public_embeddings(self, rows: np.ndarray) -> np.ndarray: ...
-
-    def public_labels(self, rows: np.ndarray) -> np.ndarray: ...
-
-    def masked_label_counts(self, take: np.ndarray, n_labels: int) -> np.ndarray: ...
 
     def close(self) -> None: ...
 
@@ -82,23 +89,19 @@ class PrivateView:
     """A run's private data as the methods see it.
 
     The label classes (the product of the public label domains, docs/methods.md §0) are always
-    available; per-record fields are computed on first use only. The attributes ``config``,
-    ``run``, ``dataset``, ``private_embeddings``, ``label_codes``, ``given_embedder`` and
-    ``log`` are what :func:`dpsynth.compute.make_compute` reads to build the engine.
-
-    ``embedder``: a factory of the run's embedder (loaded on first use); ``given_embedder``:
-    a ready embedder object handed to the run (a test fake), which the Ray engine ships to its
-    workers.
+    available; per-record fields are computed on first use only. ``compute``: the run's
+    private-statistics engine; ``embeddings``: the private embeddings, computed on the first
+    call (:func:`dpsynth.run_dataset.private_embeddings`), for a local step that reads them.
     """
 
-    def __init__(self, config: RunConfig, run: RunDir, dataset: Dataset | ShardedDataset, *,
-                 embedder: Callable[[], Any], given_embedder: Any | None = None,
+    def __init__(self, config: RunConfig, run: RunDir, dataset: Dataset | ShardedDataset,
+                 compute: PrivateStatistics, *, embeddings: Callable[[], np.ndarray],
                  progress: bool = True) -> None:
         self.config = config
         self.run = run
         self.dataset = dataset
-        self._embedder = embedder
-        self.given_embedder = given_embedder
+        self.compute = compute
+        self._embeddings = embeddings
         self.progress = progress
 
     # -- public facts -----------------------------------------------------------------------
@@ -141,30 +144,17 @@ class PrivateView:
     def texts(self) -> list[str]:
         return self.dataset.texts
 
-    @cached_property
+    @property
     def private_embeddings(self) -> np.ndarray:
-        """Embeddings of the private texts: streamed in chunks into a memory-mapped .npy in the
-        private area (mode 0600), resumed where a stopped run left it (``embed.embed_to_file``)."""
-        from .embed import embed_to_file
-
-        return embed_to_file(self._embedder(), self.dataset.texts, len(self.dataset),
-                             self.run.private / "private-embeddings.npy", log=self.log)
-
-    @cached_property
-    def compute(self) -> PrivateStatistics:
-        """The private-statistics engine (``compute.engine``): the methods' one access to
-        private embeddings (dpsynth.compute; docs/methods.md §0)."""
-        from .compute import make_compute
-
-        return make_compute(self)
+        """Embeddings of the private texts (local steps only; computed on first use)."""
+        return self._embeddings()
 
     def close(self) -> None:
-        """Release the compute engine's workers, if it was started."""
-        if "compute" in self.__dict__:
-            try:
-                self.__dict__.pop("compute").close()
-            except Exception as err:  # the run's outcome stands; note it for the operator
-                self.log(f"compute engine did not close cleanly: {type(err).__name__}")
+        """Release the compute engine's workers."""
+        try:
+            self.compute.close()
+        except Exception as err:  # the run's outcome stands; note it for the operator
+            self.log(f"compute engine did not close cleanly: {type(err).__name__}")
 
     def log(self, message: str) -> None:
         """Progress note to log.txt (counts and names only; never private text)."""
@@ -173,7 +163,8 @@ class PrivateView:
 
 class Releaser:
     """The only door from a method to the privacy session: Gaussian releases at the run's noise
-    multiplier, keyed noise streams, pre-charged events and externally noised rounds.
+    multiplier, noisy counts at an explicit scale, keyed noise streams and externally noised
+    rounds (charged before they run).
 
     ``sigma`` is the noise multiplier; with epsilon = inf (``private`` False) the true value
     is returned and nothing is stored."""

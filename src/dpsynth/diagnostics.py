@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .io import read_jsonl
+from .files import read_jsonl
 
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
 

@@ -301,18 +301,18 @@ def apply_discovery(
     discover``) and return the records whose values were kept, carrying the full domain.
 
     ``noisy`` as in :func:`discover_label_domain` with sigma ``data.label_domain_sigma``.
-    The exact counts come from the dataset's engine (``compute.data_compute``: this process,
+    The exact counts come from the dataset's engine (``compute.dataset_engine``: this process,
     or the Ray shards of a sharded dataset, which the driver never reads).
     Dropping the records whose value was not kept is post-processing of the released domain;
     how many were dropped is private (never log it). With ``user_level`` each user counts
     towards at most ``data.label_domain_max_values_per_user`` values per column and the
     threshold takes the union bound over them (module docstring); record level, k = 1.
     """
-    from .compute import data_compute
+    from .compute import dataset_engine
 
     k = data.label_domain_max_values_per_user if user_level else 1
     cols = undeclared_columns(dataset)
-    counts = data_compute(dataset, user_level).label_value_counts(cols, k) if cols else {}
+    counts = dataset_engine(dataset, user_level).label_value_counts(cols, k) if cols else {}
     found = discover_from_counts(counts, noisy, sigma=data.label_domain_sigma,
                                  delta_discover=data.label_domain_delta,
                                  max_values_per_user=k, user_level=user_level)

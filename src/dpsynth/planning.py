@@ -85,31 +85,14 @@ class RunPlan:
         return out
 
 
-def vote_mass(config: RunConfig) -> float:
-    """The vote mass one record spreads over its label's candidates (module docstring)."""
-    if config.method == "aug_pe":
-        return math.sqrt(config.synthesis.k)
-    if config.method == "wasp":
-        return 2.0 * (1.0 - 2.0 ** -config.wasp.top_q)
-    return 1.0
-
-
-def vote_noise(config: RunConfig, sigma: float) -> float:
-    """The standard deviation of the noise on one candidate's vote count."""
-    if config.method == "wasp":
-        from .evolution.voting import topq_sensitivity
-
-        return sigma * topq_sensitivity(config.wasp.top_q)
-    return sigma
-
-
-def verdict(config: RunConfig, noise: float, expected: float) -> tuple[str, str]:
+def verdict(config: RunConfig, noise: float, expected: float, mass: float
+            ) -> tuple[str, str]:
     """(ok | noisy | random, the sentence the operator reads)."""
     syn = config.synthesis
     ratio = noise / expected if expected > 0 else math.inf
     head = (f"at epsilon {config.privacy.epsilon:.3g} the noise on each candidate's votes "
             f"(sigma {noise:.3g}) is {ratio:.3g}x the expected votes per candidate "
-            f"({expected:.3g} = records x {vote_mass(config):.3g} / (samples {syn.samples} x "
+            f"({expected:.3g} = records x {mass:.3g} / (samples {syn.samples} x "
             f"pool_multiplier {syn.pool_multiplier}))")
     fix = ("raise privacy.epsilon, or lower synthesis.samples, synthesis.pool_multiplier or "
            "synthesis.iterations, or bring more records")
@@ -120,39 +103,33 @@ def verdict(config: RunConfig, noise: float, expected: float) -> tuple[str, str]
     return "ok", f"{head}: the votes stand out from the noise"
 
 
-def plan_run(config: RunConfig, records: int, labels: int, sigma: float | None = None,
-             method: Any = None) -> RunPlan:
-    """The plan of a PE-family run on ``records`` records in ``labels`` label classes.
-
-    ``sigma``: the run's noise multiplier when already known (SecPE's comes from the secrets in
-    the data); else it is calibrated from the config, as the run does. ``method``: the method
-    object (default: the registry's entry for ``config.method``)."""
-    from .methods import get_method
-    from .methods.pe import PEMethod, calibrate_sigma
-
-    method = method if method is not None else get_method(config.method, "text")
+def plan_run(config: RunConfig, method: Any, records: int, labels: int,
+             sigma: float | None) -> RunPlan:
+    """The plan of a PE-family ``method``'s run on ``records`` records in ``labels`` label
+    classes at noise multiplier ``sigma`` (the run's: calibrated from the config, or SecPE's
+    from its secrets; None when nothing is noised). The method says what its releases are
+    (``planned_events``) and what one record's vote does (``vote_mass``, ``vote_noise``)."""
     syn = config.synthesis
     candidates = syn.samples * syn.pool_multiplier
     plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
                    candidates, None)
-    if not isinstance(method, PEMethod) or method.guarantee(config) not in (
-            "dp", "secret-protection"):
+    if not sigma or not getattr(method, "private_votes", False) or method.guarantee(
+            config) not in ("dp", "secret-protection"):
         plan.verdict = "none"
         plan.message = ("no private votes: nothing is noised" if not
-                        getattr(method, "private_votes", True) else
+                        getattr(method, "private_votes", False) else
                         "epsilon is infinite: the votes are not noised (no DP guarantee)")
         return plan
-    if sigma is None:
-        sigma = calibrate_sigma(config, method, labels)
     plan.noise_multiplier = float(sigma)
     for event in method.planned_events(config, labels, sigma):
         plan.releases.append(PlannedRelease(
             getattr(event, "name", None) or "votes", int(getattr(event, "count", 1)),
             float(event.sensitivity), float(event.sigma)))
     if syn.iterations:
-        plan.vote_noise = vote_noise(config, sigma)
-        plan.expected_votes = records * vote_mass(config) / candidates
-        plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes)
+        mass = float(method.vote_mass(config))
+        plan.vote_noise = float(method.vote_noise(config, sigma))
+        plan.expected_votes = records * mass / candidates
+        plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes, mass)
     return plan
 
 

@@ -173,7 +173,7 @@ def check_generators(config: RunConfig, *, given: Sequence[Any] | None = None,
 
 def check_devices(config: RunConfig, *, generators_given: bool = False,
                   embedder_given: bool = False) -> None:
-    """Every ``device`` setting names a device torch sees (:func:`dpsynth.llm.local.
+    """Every ``device`` setting names a device torch sees (:func:`dpsynth.llm.runtime.
     resolve_device`), before a model loads; the CPU needs no check (and no torch import)."""
     from .config import ConfigError
 
@@ -184,7 +184,7 @@ def check_devices(config: RunConfig, *, generators_given: bool = False,
         wanted.append(("embedder.device", config.embedder.device))
     if not wanted:
         return
-    from .llm.local import resolve_device
+    from .llm.runtime import resolve_device
 
     for where, device in wanted:
         try:
@@ -195,7 +195,7 @@ def check_devices(config: RunConfig, *, generators_given: bool = False,
 
 def check_local_model(model: str, field: str) -> None:
     """An embedded generator name (``smollm2``, ``gemma3``) or a transformers directory."""
-    from .llm.local import EMBEDDED_MODELS
+    from .llm.models import EMBEDDED_MODELS
 
     name = model.removeprefix("local:")
     if name in EMBEDDED_MODELS:
@@ -230,15 +230,14 @@ def check_models(config: RunConfig, *, generators_given: bool = False,
 
 
 def check_extras(config: RunConfig) -> None:
-    """The optional dependency groups the config needs are installed."""
+    """The optional dependency groups the config needs are installed: the compute engine's,
+    and those the run's method declares (``Method.extras``, through the registry)."""
+    from .methods import required_extras
+
     if config.compute.engine == "ray":
         require("ray", "ray", "compute.engine: ray")
-    if config.method == "wasp" and config.wasp.federated.parties > 0:
-        require("flwr", "federated", "wasp.federated")
-        require("ray", "federated", "wasp.federated")
-    if config.method == "secpe" and any(
-            isinstance(s, dict) and s.get("kind") == "pii" for s in config.secpe.secrets):
-        require("presidio_analyzer", "secpe", "secpe secrets of kind 'pii'")
+    for module, extra, what in required_extras(config):
+        require(module, extra, what)
 
 
 def check_run(config: RunConfig, *, generators: Sequence[Any] | None = None,

@@ -1,5 +1,5 @@
 """The one runner: the life of every run, for every registered method (docs/architecture.md,
-"Run lifecycle").
+"The run lifecycle").
 
 open or resume the folder -> load and validate the data -> the method's privacy plan (no model
 loaded yet) -> reserve the ledger (or record a run without an (epsilon, delta) guarantee) ->
@@ -16,6 +16,7 @@ import copy
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,8 @@ import yaml
 
 from .config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, parse_config
 from .errors import DpsynthError
-from .io import SHARED_MODE, atomic_write_json, atomic_write_text
+from .files import SHARED_MODE, atomic_write_json, atomic_write_text
+from .hooks import RunHooks
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
 from .preflight import check_output_writable, check_run
@@ -36,8 +38,8 @@ from .resume import (
     refuse_changes,
     resumable,
 )
-from .run_data import load_run_data
-from .runs import RunDir, interruption_reason, stop_signals
+from .run_dataset import load_run_data
+from .run_folder import RunDir, interruption_reason, stop_signals
 
 if TYPE_CHECKING:
     from .identity import DataIdentity
@@ -56,15 +58,17 @@ def _load(config: RunConfig | str | Path, overrides: dict[str, Any] | None) -> R
 
 def open_run(config: RunConfig | str | Path | None, output_dir: str | Path, *, resume: bool,
              overrides: dict[str, Any] | None = None, method: str | None = None,
-             check: Callable[[RunConfig], Any] | None = None
+             check: Callable[[RunConfig], Any] | None = None,
+             on_checkpoint: Callable[[str], None] | None = None
              ) -> tuple[RunDir, RunConfig, dict[str, Any]]:
     """Create a run folder, or reopen one to resume it (with its stored config).
 
     ``check(config)`` runs before anything is written, so a bad config leaves no folder behind;
     ``method`` names the run in run.json (default: config.method). A resume refuses a stored
     config whose locked fields were edited, a ``config`` that differs from the stored one and
-    a ``--set`` of a locked field (:mod:`dpsynth.resume`). Returns (run, config, meta)."""
-    run = RunDir(output_dir)
+    a ``--set`` of a locked field (:mod:`dpsynth.resume`); ``on_checkpoint``: the run folder's
+    checkpoint hook (:class:`dpsynth.hooks.RunHooks`). Returns (run, config, meta)."""
+    run = RunDir(output_dir, on_checkpoint)
     if resume:
         return _reopen(run, config, overrides)
     assert config is not None
@@ -225,20 +229,32 @@ _CHANGED_DATA = ("{run}: the private data differs from the records this run star
                  "file, or start a new run")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How one call of :func:`run_method` runs (none of it changes what the run computes or
+    releases): ``progress`` shows the progress display; ``echo`` receives operator messages;
+    ``generators`` / ``embedder`` replace the configured models with ready objects (one
+    generator per configured entry; e.g. the deterministic fakes of the fast tests);
+    ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`)."""
+
+    progress: bool = True
+    echo: Callable[[str], None] | None = None
+    generators: Sequence[Any] | None = None
+    embedder: Any | None = None
+    hooks: RunHooks = field(default_factory=RunHooks)
+
+
 def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                resume: bool = False, overrides: dict[str, Any] | None = None,
-               method: Method | None = None, progress: bool = True,
-               generators: Sequence[Any] | None = None, embedder: Any | None = None,
-               echo: Callable[[str], None] | None = None,
-               options: dict[str, Any] | None = None, releases: str | None = None) -> Path:
+               method: Method | None = None, releases: str | None = None,
+               options: RunOptions | None = None) -> Path:
     """Run a registered method end to end, or resume it; returns the run folder.
 
-    ``method``: the method object (default: the registry's entry for ``config.method``).
-    ``generators`` / ``embedder`` replace the configured models with ready objects (e.g. the
-    deterministic fakes of the fast tests); ``echo`` receives operator messages; ``options``
-    are method-specific call options (e.g. test hooks); ``releases`` ("text" or
-    "knowledge_base") refuses a method that releases something else, before anything is
-    written."""
+    ``method``: the method object (default: the registry's entry for ``config.method``);
+    ``releases`` ("text" or "knowledge_base") refuses a method that releases something else,
+    before anything is written; ``options``: how this call runs (:class:`RunOptions`)."""
+    opts = options or RunOptions()
+    echo, generators, embedder, hooks = opts.echo, opts.generators, opts.embedder, opts.hooks
     had_folder = Path(output_dir).is_dir()
     chosen: dict[str, Method] = {}
 
@@ -252,7 +268,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
         chosen["m"].check(cfg)
 
     run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,
-                              method=method.name if method is not None else None, check=check)
+                              method=method.name if method is not None else None, check=check,
+                              on_checkpoint=hooks.on_checkpoint)
     m = chosen.get("m") or (method if method is not None
                             else get_method(cfg.method, releases))
     if resume and meta.get("status") == "finished":
@@ -268,7 +285,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             check_run(cfg, generators=generators, embedder=embedder, warn=operator_warning)
             # compute.engine ray: the shards read the file, this process never opens it
             # (unless the method reads per-record fields here: ``sharded_data`` False)
-            dataset = load_run_data(cfg, run, sharded=m.sharded_data)
+            dataset = load_run_data(cfg, run, sharded=m.sharded_data,
+                                    shard_actor=hooks.shard_actor)
             plan = m.plan(cfg, dataset, run)
             identity = data_identity(cfg, dataset, ledger(cfg))
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
@@ -276,9 +294,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             working = True  # from here on a reservation exists: the folder is kept
             session = open_session(cfg, run, plan)
             job = Job(cfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
-                      resume=resume, progress=progress,
-                      generators=generators, embedder=embedder, echo=echo,
-                      options=dict(options or {}))
+                      resume=resume, progress=opts.progress,
+                      generators=generators, embedder=embedder, echo=echo, hooks=hooks)
             outcome = m.execute(job)
             statement = m.statement(job, outcome)
             atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)

@@ -314,7 +314,7 @@ def find_secrets(
 
 
 # ------------------------------------------------------------------------------------------
-# Sharded scans (dpsynth.compute: secret_partial on each shard, then secret_index_from_hits)
+# Sharded scans (methods.secpe.kernels.secret_hits on each shard, then secret_index_from_hits)
 # ------------------------------------------------------------------------------------------
 
 
@@ -408,7 +408,7 @@ def secret_index_from_hits(hits: Sequence[dict[tuple[str, str], np.ndarray]],
 
 def merge_secret_hits(parts: Sequence[Sequence[dict[tuple[str, str], np.ndarray]]],
                       n_specs: int) -> list[dict[tuple[str, str], np.ndarray]]:
-    """The shards' hits (``compute.kernels.secret_partial``) merged per definition: rows of
+    """The shards' hits (``methods.secpe.kernels.secret_hits``) merged per definition: rows of
     every (type, secret id) over all shards, sorted."""
     hits = []
     for j in range(n_specs):
@@ -454,6 +454,8 @@ class SecretSplit:
     messages: list[str]
     parts: list[Any] = field(default_factory=list)
     specs: list[Any] = field(default_factory=list)
+    #: the pid of the process that solved the SecretNoise plan (a Ray worker with engine ray)
+    planned_in: int | None = None
 
     def report(self, secrets_per_type: Mapping[str, int]) -> dict[str, Any]:
         """:meth:`SecretIndex.split_report`'s counts, given the distinct secrets per type

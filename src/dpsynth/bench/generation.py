@@ -66,7 +66,8 @@ def bench_generation(
     samples: int = 3,
 ) -> dict[str, Any]:
     """Throughput of both paths on the same requests; see the module docstring."""
-    from ..llm.local import LocalGenerator, default_threads
+    from ..llm.local import LocalGenerator
+    from ..llm.runtime import default_threads
 
     if n_prompts < 1 or max_new_tokens < 1 or rounds < 1:
         raise ValueError("prompts, tokens and rounds must be >= 1")

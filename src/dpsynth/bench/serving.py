@@ -11,18 +11,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import statistics
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from ..loopback import serve_in_thread
+from ..errors import ComputeError, require
 
 TOPICS = ("a bakery", "a train station", "a library", "a football match", "a hospital",
           "a mountain hike", "a job interview", "a rainy day")
 
 
-def _serve(app: Any) -> contextlib.AbstractContextManager[str]:
-    return serve_in_thread(app, "/v1")
+@contextlib.contextmanager
+def _serve(app: Any, start_timeout_s: float = 60.0) -> Iterator[str]:
+    """``app`` on a free 127.0.0.1 port (uvicorn, a background thread) until the block ends;
+    yields its ``/v1`` URL."""
+    uvicorn = require("uvicorn", "serve", "`dpsynth bench serving`")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise ComputeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 async def _burst(url: str, bodies: list[dict[str, Any]], clients: int,

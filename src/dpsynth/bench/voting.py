@@ -104,7 +104,7 @@ class PeakRSS:
 def _per_point_job(m: int, n: int, d: int, seed: int, threads: int, q) -> None:
     import faiss
 
-    from dpsynth.evolution.representatives import nearest_count_vote
+    from dpsynth.methods.secpe.representatives import nearest_count_vote
 
     faiss.omp_set_num_threads(threads)
     cand = embeddings(n, d, seed, CANDIDATES)
@@ -123,7 +123,7 @@ def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, 
 
     import faiss
 
-    from dpsynth.evolution.representatives import (
+    from dpsynth.methods.secpe.representatives import (
         RepresentativeGroup,
         RepresentativeNoise,
         accumulate_private,
@@ -356,7 +356,7 @@ def _knn_secpe_job(data: KnnData, clusters: int, sigma: float, threads: int, q) 
 
     import faiss
 
-    from dpsynth.evolution.representatives import (
+    from dpsynth.methods.secpe.representatives import (
         RepresentativeGroup,
         RepresentativeNoise,
         accumulate_private,

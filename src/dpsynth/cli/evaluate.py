@@ -36,15 +36,15 @@ def evaluate(
     """Fidelity, utility and audits of a run against real test data; writes RUN_DIR/eval/."""
     from rich.console import Console
 
-    from ..eval.suite import evaluate_run
+    from ..eval.suite import EvalOptions, evaluate_run
 
     err = Console(stderr=True)
-    result, audit = evaluate_run(
-        run_dir, test, text=text, labels=label or None, classifier=classifier,  # type: ignore[arg-type]
+    options = EvalOptions(
+        text=text, labels=label or None, classifier=classifier,  # type: ignore[arg-type]
         k=k, finetune_epochs=epochs, with_mauve=mauve, with_audits=audits,
-        pii_columns=pii_column or None, zero_shot_run=zero_shot,
-        log=None if as_json else (lambda m: err.print(f"[dim]{m}[/dim]")),
-    )
+        pii_columns=pii_column or None, zero_shot_run=zero_shot)
+    result, audit = evaluate_run(
+        run_dir, test, options, log=None if as_json else (lambda m: err.print(f"[dim]{m}[/dim]")))
     if as_json:
         typer.echo(json.dumps({"eval": result, "audit": audit}, default=str))
         return

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError
-from ..io import read_jsonl
+from ..files import read_jsonl
 from ..statement import format_delta, format_epsilon, stop_reason
 
 err_console = Console(stderr=True)
@@ -49,7 +49,7 @@ def generate(
 ) -> None:
     """Run a PE-family method (aug_pe, wasp, secpe, zero_shot) and write release/."""
     from ..api import run_generation
-    from ..runs import RunDir
+    from ..run_folder import RunDir
 
     output = output or Path("runs") / config.stem
     if resume and RunDir(output).exists() and RunDir(output).meta().get("status") == "finished":

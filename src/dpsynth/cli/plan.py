@@ -28,6 +28,8 @@ def plan(
     """Show every planned release's noise and whether it will swamp the votes (spends
     nothing; for the operator, who may see the record count)."""
     from ..config import load_config
+    from ..methods import get_method
+    from ..methods.pe import PEMethod, calibrate_sigma
     from ..planning import declared_labels, plan_run
     from .generate import parse_sets
 
@@ -45,7 +47,10 @@ def plan(
                               "`dpsynth plan` with the data (without --no-data)")
     else:
         records, n_labels, sigma = _from_data(cfg, labels)
-    result = plan_run(cfg, records, n_labels, sigma=sigma)
+    method = get_method(cfg.method, "text")
+    if sigma is None and isinstance(method, PEMethod) and method.guarantee(cfg) == "dp":
+        sigma = calibrate_sigma(cfg, method, n_labels)
+    result = plan_run(cfg, method, records, n_labels, sigma)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return
@@ -60,8 +65,8 @@ def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None]
     """(records, label classes, SecPE's noise multiplier) of the configured data."""
     from ..context import label_classes
     from ..methods import get_method
-    from ..run_data import load_run_data
-    from ..runs import RunDir
+    from ..run_dataset import load_run_data
+    from ..run_folder import RunDir
 
     with tempfile.TemporaryDirectory(prefix="dpsynth-plan-") as tmp:
         run = RunDir(tmp)

@@ -28,7 +28,7 @@ def _refuse(what: str) -> NoReturn:
     raise ShardedDataError(
         f"{what} is per-record private data, held by the Ray shards (compute.engine: ray); "
         "the driver only receives partial statistics: use ShardedDataset.compute "
-        "(label_value_counts, secret_split, keyword_histogram, the vote histograms)")
+        "(its map of shard kernels, label_value_counts, the vote histograms)")
 
 
 class ShardedDataset:
@@ -77,12 +77,12 @@ class ShardedDataset:
     def label_classes(self, domain: Mapping[str, Sequence[str]] | None = None
                       ) -> list[tuple[str, ...]]:
         """The joint classes (public: the product of the label domain's values)."""
-        from ..data import _no_domain_message, label_classes
+        from ..data import label_classes, no_domain_message
 
         dom = domain if domain is not None else (self.label_domain or {})
         missing = [c for c in self.label_columns if c not in dom]
         if missing:
-            raise ValueError(_no_domain_message(missing))
+            raise ValueError(no_domain_message(missing))
         return label_classes(self.label_columns, dom)
 
     def label_value_counts(self, columns: Sequence[str], max_values_per_user: int = 1

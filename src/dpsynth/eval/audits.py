@@ -38,7 +38,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def max_similarity(queries: np.ndarray, refs: np.ndarray) -> np.ndarray:
     """Cosine similarity of each query row to its nearest row of ``refs`` (exact faiss)."""
-    from ..io import nearest
+    from ..knn import nearest
 
     q, r = _unit(queries), _unit(refs)
     if len(r) == 0:

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write_json
+from ..files import atomic_write_json
 from .audits import DEFAULT_CANARY, count_canary_hits, insert_canaries
 from .common import EvalInputError
 
@@ -71,7 +71,7 @@ def canary_report(
     run_dir: Path, canary: str, copies: int, threshold: float = 0.8
 ) -> dict[str, Any]:
     """Count canary hits in a finished run's release (and in its zero-shot control)."""
-    from .rundata import load_run
+    from .release import load_run
 
     release = load_run(run_dir)
     out: dict[str, Any] = {

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..io import SHARED_MODE, atomic_write_text
+from ..files import SHARED_MODE, atomic_write_text
 from ..statement import format_delta, format_epsilon, guarantee_sentence
 from .common import EvalInputError, fmt_metric, is_unavailable
-from .rundata import RunRelease, load_run
+from .release import RunRelease, load_run
 from .view import UtilityTable, utility_tables
 
 # -- plots ----------------------------------------------------------------------------------

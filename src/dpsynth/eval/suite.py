@@ -47,17 +47,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from ..io import atomic_write_json, read_jsonl
+from ..files import atomic_write_json, read_jsonl
 from . import audits as au
 from . import fidelity as fi
 from . import utility as ut
 from .common import EvalInputError, guarded, unavailable
-from .rundata import LabeledTexts, load_private_data, load_run, load_test_data
+from .release import LabeledTexts, load_private_data, load_run, load_test_data
 from .view import NOT_GIVEN, verdict, versus_zero_shot
 
 Classifier = Literal["logreg", "finetune", "both"]
@@ -211,33 +212,48 @@ def _embed(embedder: Any, texts: list[str]) -> np.ndarray:
     return np.asarray(embedder.embed(texts), dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class EvalOptions:
+    """What ``dpsynth eval`` computes (its options): ``text`` / ``labels``, the columns
+    (default: the run config's data section); ``classifier`` (logreg, finetune or both) and
+    its ``finetune_epochs``; ``k`` of the kNN precision / recall; ``with_mauve`` and
+    ``with_audits``; ``pii_columns`` of the private file whose values the PII audit looks for;
+    ``zero_shot_run``, a zero-shot run folder as the reference (wins over the run's own
+    release/zero_shot.jsonl); ``seed`` of the classifiers and audits."""
+
+    text: str | None = None
+    labels: list[str] | None = None
+    classifier: Classifier = "logreg"
+    k: int = 3
+    finetune_epochs: int = 3
+    with_mauve: bool = True
+    with_audits: bool = True
+    pii_columns: list[str] | None = None
+    zero_shot_run: str | Path | None = None
+    seed: int = 0
+
+
 def evaluate_run(
     run_dir: str | Path,
     test_path: str | Path | None = None,
+    options: EvalOptions | None = None,
     *,
-    text: str | None = None,
-    labels: list[str] | None = None,
-    classifier: Classifier = "logreg",
     embedder: Any = None,
-    k: int = 3,
-    finetune_epochs: int = 3,
-    with_mauve: bool = True,
-    with_audits: bool = True,
-    pii_columns: list[str] | None = None,
-    zero_shot_run: str | Path | None = None,
-    seed: int = 0,
     write: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Evaluate a run folder against a real test file; returns (eval, audit) dicts.
 
-    Column names default to the run config's data section. The zero-shot reference is the
-    run's release/zero_shot.jsonl, or the zero-shot run folder ``zero_shot_run`` (which wins
-    when given). The returned eval dict is the operator's view; ``eval/eval.json`` gets its
+    ``options``: what to compute (:class:`EvalOptions`); ``embedder``: a ready embedder (default
+    the run config's); ``write``: write the results into the run folder; ``log``: progress
+    notes. The returned eval dict is the operator's view; ``eval/eval.json`` gets its
     shareable part and ``private/eval/reference.json`` (mode 0600) the real-trained reference
     (:func:`split_private`); ``private/eval/audit.json`` the audits when the private data is
     reachable and audits are on.
     """
+    o = options or EvalOptions()
+    text, labels, classifier, k, seed = o.text, o.labels, o.classifier, o.k, o.seed
+    with_mauve, with_audits, pii_columns = o.with_mauve, o.with_audits, o.pii_columns
     say = log or (lambda _msg: None)
     if classifier not in ("logreg", "finetune", "both"):
         raise EvalInputError(
@@ -273,8 +289,8 @@ def evaluate_run(
     test, test_notes = load_test_data(test_path, text_col, label_cols, release.synthetic)
     notes += test_notes
     zero_shot, zs_source = release.zero_shot, "release/zero_shot.jsonl"
-    if zero_shot_run is not None:
-        zero_shot, zs_source = load_zero_shot_run(zero_shot_run), str(zero_shot_run)
+    if o.zero_shot_run is not None:
+        zero_shot, zs_source = load_zero_shot_run(o.zero_shot_run), str(o.zero_shot_run)
         notes.append(f"zero-shot reference: {zs_source}")
     if zero_shot is not None and len(zero_shot) != len(release.synthetic):
         notes.append(f"the zero-shot reference has {len(zero_shot)} samples, the synthetic "
@@ -312,7 +328,7 @@ def evaluate_run(
         if zero_shot is not None and zs_emb is not None else zs_missing,
     }
     utility = utility_block(train_sets, test_emb, test, classifier=classifier,
-                            finetune_epochs=finetune_epochs, seed=seed)
+                            finetune_epochs=o.finetune_epochs, seed=seed)
 
     privacy = release.privacy or {}
     result: dict[str, Any] = {

@@ -3,5 +3,5 @@
 :mod:`.loop` (the loop and the three-verb strategy interface), :mod:`.pool` (candidates),
 :mod:`.parts` (noisy quota, reference set, selection with variation, trim to quota, lookahead),
 :mod:`.operators` (generators, embedder and the PE operators), :mod:`.selection`,
-:mod:`.textgen`, :mod:`.prompts`, :mod:`.voting` and :mod:`.representatives`.
+:mod:`.textgen`, :mod:`.prompts` and :mod:`.voting` (the kNN and Top-Q vote kernels).
 """

@@ -1,7 +1,7 @@
 """The one Private Evolution loop: generate -> [embed -> vote -> noise -> select -> vary] x T.
 
 Methods differ in their parts, not in the loop. A strategy has three verbs (docs/architecture.md,
-"Strategies"): ``initial`` makes the first pool, ``vote`` scores a pool from private data (every
+"Seams"): ``initial`` makes the first pool, ``vote`` scores a pool from private data (every
 noisy statistic through its :class:`~dpsynth.context.Releaser`) and returns a
 :class:`VoteResult`, ``next`` makes the following pool from the vote. Its state is a dataclass
 (:class:`StrategyState`), checkpointed by the loop. The loop owns checkpoints, per-iteration
@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import progress
 from ..context import Rngs
-from ..io import SHARED_MODE, write_jsonl
-from ..runs import RunDir
+from ..files import SHARED_MODE, write_jsonl
+from ..run_folder import RunDir
 from .operators import Generation
 from .parts import trim_to_quota
 from .pool import Pool

@@ -28,7 +28,7 @@ def embedder_device(device: str) -> str:
     one)."""
     if device == "cpu":
         return "cpu"
-    from ..llm.local import resolve_device
+    from ..llm.runtime import resolve_device
 
     return resolve_device(device)
 
@@ -94,10 +94,8 @@ class Generation:
                                                  RequestCache(self.cache_path))
             else:
                 self.log(f"loading generator {i}: {gen_cfg.short_name}")
-                extra = {"batch_size": gen_cfg.batch_size} if gen_cfg.backend == "local" else {}
                 with step(f"loading generator {gen_cfg.short_name}"):
-                    generator = load_generator(gen_cfg.spec(), cache_path=self.cache_path,
-                                               **extra)
+                    generator = load_generator(gen_cfg.load_spec(), cache_path=self.cache_path)
             out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed))
         return out
 

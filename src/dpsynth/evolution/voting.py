@@ -38,7 +38,7 @@ import faiss
 import numpy as np
 import scipy.sparse as sp
 
-from dpsynth.io import flat_index
+from dpsynth.knn import flat_index
 from dpsynth.privacy.lattice import truncate_to_grid
 
 if TYPE_CHECKING:

@@ -67,10 +67,6 @@ CFG_CLIPPING_RANGE = "dpsynth-clipping-range"
 CFG_QUANTIZATION_RANGE = "dpsynth-quantization-range"
 
 
-class SimulatedDropout(RuntimeError):
-    """Raised by a party's client to simulate a dropout after the SecAgg+ key-sharing stages."""
-
-
 @dataclass
 class ServerSink:
     """What the server side ends up with: the released aggregate or an error, never per-party data.
@@ -227,24 +223,20 @@ def make_server_app(candidate_embeddings: np.ndarray, candidate_labels: np.ndarr
     return app
 
 
-class _PartyClient(NumPyClient):
+class PartyClient(NumPyClient):
     """One party: computes its noisy local histogram from the broadcast candidates."""
 
     def __init__(self, party: PartyData, party_index: int, vote_fn: VoteFn, *,
-                 noise_mode: str, seed: int | None, dropped: bool,
-                 min_sigma: float = 0.0) -> None:
+                 noise_mode: str, seed: int | None, min_sigma: float = 0.0) -> None:
         self.min_sigma = min_sigma
         self.party = party
         self.party_index = party_index
         self.vote_fn = vote_fn
         self.noise_mode = noise_mode
         self.seed = seed
-        self.dropped = dropped
 
     def fit(self, parameters: list[np.ndarray],
             config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
-        if self.dropped:
-            raise SimulatedDropout("simulated party dropout")
         cand_emb, cand_lab = parameters
         sigma = float(config[CFG_SIGMA])
         if sigma < self.min_sigma:
@@ -262,17 +254,21 @@ class _PartyClient(NumPyClient):
 
 
 PartyLoader = Callable[[Context], tuple[PartyData, int]]
+#: Builds a party's client: ``(party data, party index, vote_fn, noise_mode=, seed=)``
+PartyFactory = Callable[..., NumPyClient]
+#: Builds a round's ClientApp: :func:`make_client_app`'s signature (a test passes one whose
+#: parties drop out)
+ClientAppFactory = Callable[..., ClientApp]
 
 
 def make_client_app(load_party: PartyLoader, vote_fn: VoteFn, *, noise_mode: str = "secure",
-                    seed: int | None = None, drop_parties: Iterable[int] = ()) -> ClientApp:
-    """ClientApp with secaggplus_mod; ``load_party(context) -> (PartyData, party_index)``."""
-    dropped = frozenset(int(i) for i in drop_parties)
+                    seed: int | None = None, party: PartyFactory = PartyClient) -> ClientApp:
+    """ClientApp with secaggplus_mod; ``load_party(context) -> (PartyData, party_index)``;
+    ``party`` builds each party's client (default :class:`PartyClient`)."""
 
     def client_fn(context: Context) -> Client:
-        party, index = load_party(context)
-        return _PartyClient(party, index, vote_fn, noise_mode=noise_mode, seed=seed,
-                            dropped=index in dropped).to_client()
+        data, index = load_party(context)
+        return party(data, index, vote_fn, noise_mode=noise_mode, seed=seed).to_client()
 
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
 
@@ -307,8 +303,8 @@ def _deploy_client_fn(context: Context) -> Client:
     ref = context.node_config.get("vote-fn") or context.run_config["vote-fn"]
     vote_fn = _import_vote_fn(str(ref))
     min_sigma = float(context.node_config.get("min-sigma", 0.0))
-    return _PartyClient(party, index, vote_fn, noise_mode="secure", seed=None,
-                        dropped=False, min_sigma=min_sigma).to_client()
+    return PartyClient(party, index, vote_fn, noise_mode="secure", seed=None,
+                       min_sigma=min_sigma).to_client()
 
 
 client_app = ClientApp(client_fn=_deploy_client_fn, mods=[secaggplus_mod])

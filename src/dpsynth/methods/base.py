@@ -1,5 +1,6 @@
-"""What a method is (docs/architecture.md, "Methods"): its name, what it releases, its own
-config model, its privacy plan, its work and its own privacy statement.
+"""What a method is (docs/architecture.md, "The run lifecycle"): its name, what it releases,
+its own config section, the extras it needs, its privacy plan, its work and its own privacy
+statement.
 
 The runner (:mod:`dpsynth.runner`) owns the run's life and calls a method at four points:
 ``check`` (before anything is written), ``plan`` (after the data is loaded, before the ledger
@@ -15,12 +16,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from ..config import ConfigError, RunConfig
-from ..runs import RunDir
+from ..hooks import RunHooks
+from ..run_folder import RunDir
 
 if TYPE_CHECKING:
     from ..data import Dataset
@@ -66,7 +68,8 @@ class Job:
     generators: Sequence[Any] | None = None
     embedder: Any | None = None
     echo: Callable[[str], None] | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    #: what the caller plugs into the run (tests: fault injection, stops)
+    hooks: RunHooks = field(default_factory=RunHooks)
     #: LLM calls paid by this attempt (set by the method once its models exist)
     paid_calls: Callable[[], int] = lambda: 0
     #: closed by the runner when the attempt ends (compute workers and the like)
@@ -83,6 +86,27 @@ class Outcome:
     facts: dict[str, Any] = field(default_factory=dict)
     #: a public one-line result for log.txt
     message: str = ""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_section(config: RunConfig, section: str, model: type[M]) -> M:
+    """The section ``section`` of ``config`` as ``model`` (its defaults when the config has
+    none; the run config validated it already through the registry); a section that does not
+    validate is a ConfigError naming the field."""
+    raw = getattr(config, section, None)
+    if isinstance(raw, model):
+        return raw
+    data = raw.model_dump() if isinstance(raw, BaseModel) else raw
+    try:
+        return model.model_validate(data or {})
+    except ValidationError as err:
+        lines = [f"invalid {section} section"]
+        for item in err.errors():
+            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+            lines.append(f"  {section}.{where}: {item['msg']}")
+        raise ConfigError("\n".join(lines)) from None
 
 
 def check_prompt_fields(config: RunConfig) -> None:
@@ -125,31 +149,27 @@ class Method(ABC):
     name: ClassVar[str] = ""
     #: what release/ holds: synthetic text rows, or a knowledge base (kb.jsonl + index)
     releases: ClassVar[Literal["text", "knowledge_base"]] = "text"
-    #: the method's own config section of the run config (None: none) and its model
+    #: the method's own section of the run config (a registered method's is named after it;
+    #: None: none) and its pydantic model, which validates the section through the registry
     section: ClassVar[str | None] = None
     config_model: ClassVar[type[BaseModel] | None] = None
-    #: other spellings accepted on read (old run folders), each with a deprecation note
-    aliases: ClassVar[tuple[str, ...]] = ()
     #: False: the method reads per-record fields in this process, so the runner loads the
-    #: private file here even with compute.engine ray (DP-SynRAG's build)
+    #: private file here even with compute.engine ray
     sharded_data: ClassVar[bool] = True
 
-    def settings(self, config: RunConfig) -> Any:
-        """The method's section of ``config`` validated by its config model (ConfigError)."""
-        if self.section is None or self.config_model is None:
+    @classmethod
+    def settings(cls, config: RunConfig) -> Any:
+        """The method's section of ``config`` as its config model (:func:`read_section`;
+        None for a method without a section)."""
+        if cls.section is None or cls.config_model is None:
             return None
-        raw = getattr(config, self.section)
-        if isinstance(raw, self.config_model):
-            return raw
-        data = raw.model_dump() if isinstance(raw, BaseModel) else raw
-        try:
-            return self.config_model.model_validate(data or {})
-        except ValidationError as err:
-            lines = [f"invalid {self.section} section"]
-            for item in err.errors():
-                where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-                lines.append(f"  {self.section}.{where}: {item['msg']}")
-            raise ConfigError("\n".join(lines)) from None
+        return read_section(config, cls.section, cls.config_model)
+
+    @classmethod
+    def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
+        """The optional dependencies this config of the method needs, as (module, extra,
+        what needs it), checked before any budget is spent (``preflight.check_extras``)."""
+        return []
 
     def check(self, config: RunConfig) -> None:
         """Refuse a config that cannot work, before any folder is written."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..config import ConfigError, RunConfig
-from ..runs import RunDir
+from ..run_folder import RunDir
 from .base import Guarantee, Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 
 if TYPE_CHECKING:
@@ -45,11 +45,11 @@ def show_vote_plan(method: PEMethod, config: RunConfig, records: int, labels: in
     """What the noise will do to the votes (:mod:`dpsynth.planning`), before anything is
     spent: on the terminal, a warning when it swamps them, and in private/plan.json (it uses
     the exact record count: never log.txt or release/)."""
-    from ..io import atomic_write_json
+    from ..files import atomic_write_json
     from ..planning import plan_run
     from ..progress import note, warn
 
-    plan = plan_run(config, records, labels, sigma=sigma, method=method)
+    plan = plan_run(config, method, records, labels, sigma)
     atomic_write_json(run.private / "plan.json", plan.to_dict(), mode=0o600)
     for line in plan.lines()[:-1] if plan.message else plan.lines():
         note(line)
@@ -125,6 +125,15 @@ class PEMethod(Method):
         its L2 bound is known (zCDP accounting; docs/methods.md §0)."""
         return ()
 
+    def vote_mass(self, config: RunConfig) -> float:
+        """The vote mass one record spreads over its label's candidates (Aug-PE: k votes of
+        1/sqrt(k); :mod:`dpsynth.planning`)."""
+        return math.sqrt(config.synthesis.k)
+
+    def vote_noise(self, config: RunConfig, sigma: float) -> float:
+        """The standard deviation of the noise on one candidate's vote count."""
+        return sigma
+
     def noise_multiplier(self, config: RunConfig, dataset: Dataset) -> float | None:
         """A noise multiplier the method fixes itself (SecPE); None: calibrate it from the
         (epsilon, delta) target over ``planned_events``."""
@@ -176,6 +185,7 @@ class PEMethod(Method):
         from ..evolution.loop import evolve
         from ..evolution.operators import Generation
         from ..privacy import run_seed
+        from ..run_dataset import private_embeddings, run_engine
 
         cfg, run, dataset = job.config, job.run, job.dataset
         sigma, domain = job.plan.sigma, None
@@ -193,13 +203,17 @@ class PEMethod(Method):
         # the run's private seed (private/seed, drawn once when the config gives none): drives
         # post-processing and LLM sampling, so a resumed run makes the same choices
         rngs = Rngs(run_seed(run.private, cfg.privacy.seed))
-        view = PrivateView(cfg, run, dataset, embedder=lambda: gen.embedder,
-                           given_embedder=job.embedder, progress=job.progress)
+        # the engine over the run's private records, built here and handed to the view
+        embeddings = private_embeddings(run, dataset, lambda: gen.embedder)
+        compute = run_engine(cfg, run, dataset, embeddings=embeddings,
+                             given_embedder=job.embedder, shard_actor=job.hooks.shard_actor)
+        view = PrivateView(cfg, run, dataset, compute, embeddings=embeddings,
+                           progress=job.progress)
+        job.cleanup.callback(view.close)
         gen = Generation(
             cfg, view.label_dict, rngs.seed, _llm_cache_path(cfg, run),
             run.private / "embed-cache", rng=rngs, log=run.log, progress=job.progress,
             generators=job.generators, embedder=job.embedder)
-        job.cleanup.callback(view.close)
         job.paid_calls = lambda: gen.counts().get("llm_calls", 0)
         releaser = Releaser(job.session, sigma, private=not math.isinf(cfg.privacy.epsilon))
         # the exact record count is a fact about the private data: diagnostics only

@@ -24,8 +24,9 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from pydantic import Field, field_validator
 
-from ..config import ConfigError, FederatedConfig, RunConfig, WaspConfig
+from ..config import ConfigError, RunConfig, Section, ray_address_form
 from ..context import PrivateView, Releaser, Rngs
 from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
@@ -36,6 +37,50 @@ from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
 from ..privacy.lattice import Lattice
 from .base import Job, Outcome
 from .pe import PEMethod
+
+
+class FederatedConfig(Section):
+    """Federated WASP (docs/methods.md §2): votes summed by Flower SecAgg+ across parties."""
+
+    parties: int = Field(0, ge=0, description="0 = not federated")
+    dirichlet_alpha: float = Field(1.0, gt=0)
+    max_records_per_party: int = Field(
+        10_000, ge=1,
+        description="public bound B on the records of one party: each party clips every "
+                    "coordinate of its Top-Q votes to [0, B], and B with sigma and P sets the "
+                    "SecAgg+ clipping range and grid (never the parties' real sizes). A party "
+                    "with more records loses votes (utility), never privacy",
+    )
+    min_parties: int | None = Field(
+        None, ge=2,
+        description="fewest parties whose sum may be released (default: all); also the SecAgg+ "
+                    "reconstruction threshold, and each round is charged at the noise of this "
+                    "many parties",
+    )
+    ray_address: str = Field(
+        "local", description="where Flower's simulation engine runs the parties: 'local' "
+                             "(start a one-machine Ray for each round and stop it after), or "
+                             "the address of a running Ray cluster ('auto', HOST:PORT, "
+                             "'ray://HOST:PORT') that every round joins, with one CPU per party "
+                             "actor; the simulated parties' records travel to that cluster's "
+                             "nodes, as shards do with compute.engine: ray",
+    )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address_form(cls, value: str) -> str:
+        return ray_address_form(value, "wasp.federated.ray_address")
+
+
+class WaspConfig(Section):
+    """WASP (docs/methods.md §2)."""
+
+    top_q: int = Field(8, ge=1)
+    demonstrations: int = Field(8, ge=2)
+    contrastive: bool = True
+    weighting: bool = True
+    weight_temperature: float = Field(1.0, gt=0)
+    federated: FederatedConfig = Field(default_factory=FederatedConfig)
 
 
 def topq_lattice(q: int, unit: str) -> Lattice:
@@ -69,7 +114,7 @@ def federated_event(config: RunConfig, sigma: float, sens: float, dimension: int
     from ..privacy import DistributedDiscreteGaussianEvent
     from ..privacy.distributed import share_sigma
 
-    fed = config.wasp.federated
+    fed = Wasp.settings(config).federated
     plan = federated_plan(config, sigma)
     return DistributedDiscreteGaussianEvent(
         sigma=share_sigma(sigma, fed.parties), sensitivity=sens,
@@ -82,9 +127,10 @@ def federated_plan(config: RunConfig, sigma: float) -> Any:
     from the config's vote bound, sigma and P only."""
     from ..federated.core import plan_quantisation
 
-    fed = config.wasp.federated
+    wasp = Wasp.settings(config)
+    fed = wasp.federated
     return plan_quantisation(vote_bound=float(fed.max_records_per_party), sigma=sigma,
-                             num_parties=fed.parties, vote_grid=topq_grid(config.wasp.top_q))
+                             num_parties=fed.parties, vote_grid=topq_grid(wasp.top_q))
 
 
 def topq_grid(q: int) -> float:
@@ -133,7 +179,7 @@ class WaspStrategy:
                  gen: Generation, rngs: Rngs) -> None:
         self.config = config
         self.syn = config.synthesis
-        self.wasp = config.wasp
+        self.wasp: WaspConfig = Wasp.settings(config)
         self.noise_mode = config.privacy.noise
         self.view = view
         self.releaser = releaser
@@ -246,9 +292,17 @@ class Wasp(PEMethod):
     section = "wasp"
     config_model = WaspConfig
 
+    @classmethod
+    def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
+        """Federated voting needs Flower and Ray (``[federated]``)."""
+        if cls.settings(config).federated.parties > 0:
+            return [("flwr", "federated", "wasp.federated"),
+                    ("ray", "federated", "wasp.federated")]
+        return []
+
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
         super().validate(config, n_records, n_labels)
-        fed = config.wasp.federated
+        fed = self.settings(config).federated
         if fed.parties and config.privacy.unit == "user":
             raise ConfigError("wasp.federated: user-level privacy is not supported in "
                               "federated mode; set privacy.unit to 'record'")
@@ -263,10 +317,18 @@ class Wasp(PEMethod):
             raise ConfigError(f"wasp.federated.min_parties = {fed.min_parties} must lie in "
                               f"[2, parties = {fed.parties}]")
 
+    def vote_mass(self, config: RunConfig) -> float:
+        """A record's Top-Q near votes: sum_{q<Q} 2^-q (:mod:`dpsynth.planning`)."""
+        return 2.0 * (1.0 - 2.0 ** -self.settings(config).top_q)
+
+    def vote_noise(self, config: RunConfig, sigma: float) -> float:
+        """Top-Q's joint sensitivity times the noise multiplier."""
+        return sigma * topq_sensitivity(self.settings(config).top_q)
+
     def planned_events(self, config: RunConfig, n_labels: int, sigma: float) -> list[Any]:
         """Federated votes are planned at their worst-case noise, sigma sqrt(min_parties / P),
         the noise each round is charged with before it runs."""
-        fed = config.wasp.federated
+        fed = self.settings(config).federated
         if not fed.parties:
             return super().planned_events(config, n_labels, sigma)
         from ..privacy import DiscreteGaussianEvent
@@ -278,7 +340,7 @@ class Wasp(PEMethod):
             if n_labels > 1 else []
         rounds = config.synthesis.iterations
         if rounds:  # the rounds' own noise and grid; the dimension at its upper bound
-            sens = topq_sensitivity(config.wasp.top_q)
+            sens = topq_sensitivity(self.settings(config).top_q)
             events.append(federated_event(config, sigma * sens, sens,
                                           2 * config.synthesis.max_candidates, rounds))
         return events
@@ -288,6 +350,6 @@ class Wasp(PEMethod):
         return WaspStrategy(config, view, releaser, gen, rngs)
 
     def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
-        wasp = job.config.wasp
+        wasp = self.settings(job.config)
         return {"top_q": wasp.top_q, "topq_sensitivity": topq_sensitivity(wasp.top_q),
                 "federated_parties": wasp.federated.parties}

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_write_text
 from ..identity import DataIdentity, merge_sketches, sketch_matches
-from ..io import atomic_write_text
 from .errors import BudgetRefusedError, PrivacyConfigError
 
 LEDGER_ENV = "DPSYNTH_LEDGER"

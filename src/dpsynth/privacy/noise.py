@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from scipy.special import ndtri
 
-from ..io import atomic_write_text
+from ..files import atomic_write_text
 from .errors import PrivacyConfigError
 
 Size = int | tuple[int, ...]

@@ -31,17 +31,13 @@ from .accountant import Accountant
 from .errors import BudgetExceededError, PrivacyConfigError
 from .events import DiscreteGaussianEvent, Event, ExponentialEvent, ZCDPEvent, as_event_list
 from .lattice import FIXED_POINT_GRID, Lattice, lattice_points
-from .mechanisms import sample_threshold, threshold_log_weights
+from .mechanisms import threshold_log_weights
 from .noise import NoiseSource
-from .store import INLINE_MAX, STORE_FILE, ReleaseStore, StoreLockedError
+from .store import ReleaseStore
 
 log = logging.getLogger("dpsynth.privacy")
 
 UNITS = ("record", "user")
-
-# Kept for callers of the old module layout.
-_gumbel_argmax = mech.gumbel_argmax
-_as_finite_array = mech.as_finite_array
 
 
 class PrivacySession:
@@ -403,13 +399,4 @@ def noise_note(mode: str) -> str:
     return "No noise was added: this output carries no differential-privacy guarantee."
 
 
-__all__ = [
-    "INLINE_MAX",
-    "STORE_FILE",
-    "PrivacySession",
-    "ReleaseStore",
-    "StoreLockedError",
-    "noise_note",
-    "sample_threshold",
-    "threshold_log_weights",
-]
+__all__ = ["PrivacySession", "noise_note"]

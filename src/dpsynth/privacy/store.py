@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import atomic_write_bytes
+from ..files import atomic_write_bytes
 from .errors import PrivacyConfigError
 from .events import Event, event_from_dict
 

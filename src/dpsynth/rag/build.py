@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
+from ..hooks import RunHooks
 from ..methods.synrag.method import SynRAG
 
 __all__ = ["build_kb"]
@@ -23,19 +24,18 @@ def build_kb(
     embedder: Any = None,
     progress: bool = False,
     echo: Callable[[str], None] | None = None,
-    stop_after_clusters: int | None = None,
+    hooks: RunHooks | None = None,
 ) -> Path:
     """Build (or resume) a DP synthetic knowledge base; returns the run folder.
 
     ``generator`` / ``embedder``: ready objects instead of the configured models (the
     generator must expose next-token logits); ``echo`` receives operator messages;
-    ``stop_after_clusters`` stops (raising KeyboardInterrupt) after that many clusters were
-    generated in this call: a test hook that simulates a killed build."""
-    from ..runner import run_method
+    ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`: the tests
+    stop a build after a cluster's checkpoint, as a kill would)."""
+    from ..runner import RunOptions, run_method
 
-    options = {} if stop_after_clusters is None else {"stop_after_clusters":
-                                                      stop_after_clusters}
     return run_method(config, output_dir, resume=resume, overrides=overrides,
-                      method=SynRAG(config, output_dir), progress=progress,
-                      generators=None if generator is None else [generator],
-                      embedder=embedder, echo=echo, options=options)
+                      method=SynRAG(config, output_dir), options=RunOptions(
+                          progress=progress, echo=echo,
+                          generators=None if generator is None else [generator],
+                          embedder=embedder, hooks=hooks or RunHooks()))

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, MissingFileError
-from ..io import SHARED_MODE, atomic_write_bytes, atomic_write_json, flat_index, read_jsonl
+from ..files import SHARED_MODE, atomic_write_bytes, atomic_write_json, read_jsonl
+from ..knn import flat_index
 
 
 def _faiss() -> Any:

@@ -1,4 +1,5 @@
-"""The ``synrag:`` section of a run config (DP-SynRAG, docs/methods.md §4).
+"""The ``synrag:`` section of a run config (DP-SynRAG, docs/methods.md §4); validated through
+the method registry (``dpsynth.methods.section_model``).
 
 Defaults follow the paper (K = 10, R = 500, L = 5, k = 80, T = 70, tau = 1, rho_hist = 0.1,
 eps_theta = 0.4). The clip ``c`` is calibrated so that Theorem 1's total meets the run's
@@ -89,11 +90,11 @@ def max_private_tokens(cfg: SynRAGConfig) -> int:
 
 
 def parse_synrag(config: RunConfig) -> SynRAGConfig:
-    """Validate ``config.synrag`` through the method registry (one parser for the section);
-    errors name the field (``synrag.<field>``)."""
-    from .. import get_method
+    """The run's ``synrag:`` section (its defaults when the config has none); errors name the
+    field (``synrag.<field>``)."""
+    from ..base import read_section
 
-    return get_method("synrag").settings(config)
+    return read_section(config, "synrag", SynRAGConfig)
 
 
 def synrag_dict(cfg: SynRAGConfig) -> dict[str, Any]:

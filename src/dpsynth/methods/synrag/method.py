@@ -13,9 +13,9 @@ import numpy as np
 from ... import progress
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
-from ...io import SHARED_MODE, write_jsonl
+from ...files import SHARED_MODE, write_jsonl
 from ...privacy.lattice import Lattice
-from ...runs import RunDir
+from ...run_folder import RunDir
 from ..base import Job, Method, Outcome, PrivacyPlan
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
 from .clusters import (
@@ -132,7 +132,7 @@ class SynRAG(Method):
         if len(seeds):
             corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus))
         results = generate_clusters(cfg, scfg, run, store, gen, corpus, sizes, seeds, vocab,
-                                    noisy, clip, note, job.options.get("stop_after_clusters"))
+                                    noisy, clip, note)
 
         # 5. self-filtering (post-processing)
         progress.stage("self-filter and release")
@@ -187,7 +187,7 @@ def _llm(cfg: RunConfig, scfg: SynRAGConfig, gen: Any, corpus: Corpus) -> Any:
     if scfg.keyword_extractor != "llm":
         return None
     if corpus.sharded:
-        from ...compute.rag import generator_factory
+        from .ray_prediction import generator_factory
 
         return generator_factory(cfg, gen)
     return lambda: gen

@@ -21,11 +21,11 @@ import numpy as np
 from ...compute.kernels import FIXED_POINT_BITS
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
-from ...runs import RunDir
-from .config import SynRAGConfig
+from ...run_folder import RunDir
+from .config import SynRAGConfig, parse_synrag
 from .private_prediction import predict_text, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
-from .shard import DocumentShard, ShardFiles, documents_of, merge_selected
+from .shard import DocumentShard, ShardFiles, documents_of, merge_selected, on_documents
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -64,10 +64,11 @@ def _resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path,
     """A vocabulary file named in the config is relative to the config file's folder (set in
     place, so the stored config.yaml holds the absolute path); then
     :func:`check_vocabulary_public`."""
-    voc = cfg.synrag.get("vocabulary")
+    scfg = parse_synrag(cfg)
+    voc = scfg.vocabulary
     if (not isinstance(config, RunConfig) and isinstance(voc, str)
             and voc not in ("demo", "tokenizer") and not Path(voc).is_absolute()):
-        cfg.synrag["vocabulary"] = str((Path(config).parent / voc).resolve())
+        scfg.vocabulary = str((Path(config).parent / voc).resolve())
     check_vocabulary_public(cfg, output_dir)
 
 
@@ -75,7 +76,7 @@ def check_vocabulary_public(cfg: RunConfig, output_dir: str | Path | None = None
     """Refuse a vocabulary file that is (or lies inside) the private data or a run's private
     area: the histogram's coordinates must be public input (docs/methods.md §4, step 1), else
     the released key set would reveal words of the private documents."""
-    voc = cfg.synrag.get("vocabulary")
+    voc = parse_synrag(cfg).vocabulary
     if not isinstance(voc, str) or voc in ("demo", "tokenizer"):
         return
     path = Path(voc).resolve()
@@ -124,7 +125,7 @@ class Corpus:
     @classmethod
     def on_shards(cls, engine: Any) -> Corpus:
         """The shard actors of a :class:`dpsynth.compute.ray_engine.RayCompute`."""
-        return cls(engine.synrag, tuple(engine.actors))
+        return cls(lambda op, *args: engine.map(on_documents, op, *args), tuple(engine.actors))
 
     @property
     def sharded(self) -> bool:
@@ -170,7 +171,7 @@ class Corpus:
         """S_r's texts in this process (engine local only)."""
         if self.sharded:
             raise RuntimeError("with compute.engine ray S_r stays on the shards: the logit "
-                               "workers fetch it (dpsynth.compute.rag.OnShards)")
+                               "workers fetch it (methods.synrag.ray_prediction.OnShards)")
         return merge_selected(self._call("selected", key))
 
 
@@ -180,9 +181,7 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
     if generator is None:
         from ...llm import load_generator
 
-        g = cfg.generators[0]
-        extra = {"batch_size": g.batch_size} if g.backend == "local" else {}
-        generator = load_generator(g.spec(), **extra)
+        generator = load_generator(cfg.generators[0].load_spec())
     if not hasattr(generator, "open_stepper"):
         raise ConfigError("DP-SynRAG's private prediction needs next-token logits: use a local "
                           "generator (generators[0].backend: local)")
@@ -195,12 +194,10 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
 
 def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any, gen: Any,
                       corpus: Corpus, sizes: np.ndarray, seeds: np.ndarray, vocab: Any,
-                      noisy: np.ndarray, clip: float, note: Notice,
-                      stop_after: int | None) -> list[dict[str, Any]]:
+                      noisy: np.ndarray, clip: float, note: Notice) -> list[dict[str, Any]]:
     """Steps 3-4 for every cluster (``sizes``: the exact |C_r|, for diagnostics only), with a
     checkpoint per cluster."""
     results: list[dict[str, Any]] = []
-    done_now = 0
     sigma_mu = centre_sigma(scfg.rho_centre)
     sums: list[np.ndarray] = []
     retrieved: dict[int, tuple[Retrieved, int]] = {}
@@ -219,10 +216,10 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
 
     ray_preds: dict[int, Any] = {}
     if corpus.sharded:
-        # every pending cluster's private prediction at once on Ray (dpsynth.compute.rag):
+        # every pending cluster's private prediction at once on Ray (.ray_prediction):
         # the workers fetch S_r from the shards; the tokens are still released here, by
         # this session, in cluster order
-        from ...compute.rag import OnShards, cluster_predictions
+        from .ray_prediction import OnShards, cluster_predictions
 
         jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]))
                 for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
@@ -261,11 +258,9 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             append_diagnostic(run, {"cluster": r, "members": int(sizes[r]),
                                     "selected": int(selected),
                                     "truncated": pred.truncated})
-            run.save_checkpoint(name, state)
+            # stats before the checkpoint (as the PE loop): a stop in between repeats the line
             run.append_stats({"iteration": r + 1, "stage": "cluster",
                               **{k: v for k, v in state.items() if k != "text"}})
-            done_now += 1
+            run.save_checkpoint(name, state)
         results.append(state)
-        if stop_after is not None and done_now >= stop_after and r + 1 < len(seeds):
-            raise KeyboardInterrupt(f"stopped after {done_now} clusters (test hook)")
     return results

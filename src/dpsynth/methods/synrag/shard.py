@@ -8,9 +8,9 @@ learns about them: their keyword ids (step 1), their membership of the public cl
 with exact partial statistics, which the driver adds before its session draws any noise:
 keyword counts, fixed-point sums of the member embeddings, and counts of members above each
 grid threshold. The local engine runs one shard in the driver; with ``compute.engine: ray``
-each :class:`dpsynth.compute.ray_engine.ShardActor` holds one, saves its state in its node's
-private compute folder (a restarted actor extracts and embeds nothing again) and hands S_r's
-texts only to the logit workers (:mod:`dpsynth.compute.rag`).
+each Ray shard actor holds one (:func:`on_documents`, a shard kernel), saves its state in its
+node's private compute folder (a restarted actor extracts and embeds nothing again) and hands
+S_r's texts only to the logit workers (:mod:`dpsynth.methods.synrag.ray_prediction`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,17 @@ from typing import Any
 import numpy as np
 
 from ...compute.kernels import clipped_fixed_point
-from ...io import atomic_write_bytes, atomic_write_json
+from ...compute.shard import Shard, shard_kernel
+from ...files import atomic_write_bytes, atomic_write_json
 from .clusters import soft_clusters
 from .keywords import extract_keywords
 from .retrieval import THRESHOLD_GRID
 
-#: The operations a driver may call on a shard (``ShardActor.synrag``).
+#: The operations a driver may call on a shard (:func:`on_documents`).
 SHARD_OPS = frozenset({"size", "keyword_counts", "cluster", "embed", "centre_sums",
                        "threshold_counts", "select", "selected"})
+#: ``shard.state`` key of a shard's :class:`DocumentShard`
+DOCUMENTS = "synrag.documents"
 
 
 def documents_of(texts: Any, rows: np.ndarray, users: Sequence[Any] | None
@@ -260,3 +263,21 @@ def merge_selected(parts: Sequence[tuple[np.ndarray, list[str]]]) -> list[str]:
     ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in parts] or [np.zeros(0)])
     texts = [t for _, ts in parts for t in ts]
     return [texts[i] for i in np.argsort(ids, kind="stable").tolist()]
+
+
+@shard_kernel
+def on_documents(shard: Shard, op: str, *args: Any) -> Any:
+    """``DocumentShard.<op>(*args)`` on the documents of an engine's shard (made from its
+    records on first use and kept in ``shard.state``; its files in the shard's private
+    folder, so a restarted actor picks them up)."""
+    if op not in SHARD_OPS:
+        raise ValueError(f"unknown DP-SynRAG shard operation {op!r}")
+    docs = shard.state.get(DOCUMENTS)
+    if docs is None:
+        text = shard.text
+        docs = DocumentShard.of_records(
+            text.texts, text.rows, text.users if shard.user_level else None,
+            shard_files(shard.folder, shard.index, shard.shards) if shard.folder is not None
+            else ShardFiles())
+        shard.state[DOCUMENTS] = docs
+    return getattr(docs, op)(*args)

@@ -10,7 +10,7 @@
       release/         only what is safe to share: synthetic data, privacy.json, summary.json
                        (mode 0755, its files 0644: readable by others, unlike private/)
 
-Every file is written atomically through :mod:`dpsynth.io` (temp file, fsync, rename), so a
+Every file is written atomically through :mod:`dpsynth.files` (temp file, fsync, rename), so a
 crash leaves either the old or the new version, never half of one.
 """
 
@@ -24,19 +24,22 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import MissingFileError, OutputFolderError
-from .io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from .files import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 
 
 class RunDir:
-    """Paths and small persistent pieces of one run."""
+    """Paths and small persistent pieces of one run. ``on_checkpoint``: called with the name
+    of each checkpoint once it is saved (a caller's hook, e.g. a test's stop)."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path,
+                 on_checkpoint: Callable[[str], None] | None = None) -> None:
         self.root = Path(root)
+        self.on_checkpoint = on_checkpoint
 
     @property
     def private(self) -> Path:
@@ -150,6 +153,8 @@ class RunDir:
         path = self.checkpoint_path(name)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write_json(path, state, mode=0o600)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(name)
 
     def load_checkpoint(self, name: str) -> dict[str, Any] | None:
         path = self.checkpoint_path(name)

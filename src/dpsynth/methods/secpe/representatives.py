@@ -29,7 +29,7 @@ import faiss
 import numpy as np
 import scipy.sparse as sp
 
-from dpsynth.io import nearest
+from dpsynth.knn import nearest
 from dpsynth.privacy.noise import NoiseSource
 
 #: Joint sensitivity of one sampled record on the pair (e~, n~), in units of the noise:

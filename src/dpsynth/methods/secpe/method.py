@@ -25,40 +25,38 @@ sigma = sqrt(2) sigma*. The release itself is representatives.release_representa
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import ConfigError, RunConfig, SecPEConfig
-from ..context import PrivateView, Releaser, Rngs
-from ..diagnostics import append_diagnostic
-from ..evolution.loop import Start, StrategyState, VoteResult
-from ..evolution.operators import Generation
-from ..evolution.parts import reference_set, select_and_vary
-from ..evolution.pool import Pool
-from ..evolution.representatives import JOINT_SENSITIVITY
-from ..evolution.selection import allocate, thresholded
-from .base import Guarantee, Job, Outcome, PrivacyPlan
-from .pe import PEMethod
+from ...config import ConfigError, RunConfig
+from ...context import PrivateView, Releaser, Rngs
+from ...diagnostics import append_diagnostic
+from ...evolution.loop import Start, StrategyState, VoteResult
+from ...evolution.operators import Generation
+from ...evolution.parts import reference_set, select_and_vary
+from ...evolution.pool import Pool
+from ...evolution.selection import allocate, thresholded
+from ..base import Guarantee, Job, Outcome, PrivacyPlan
+from ..pe import PEMethod
+from . import statistics
+from .config import SecPEConfig
+from .plan import SecretPlan
+from .representatives import JOINT_SENSITIVITY
 
 if TYPE_CHECKING:
-    from ..compute.sharded import ShardedDataset
-    from ..data import Dataset
-    from ..runs import RunDir
-    from ..secrets import SecretSplit
+    from ...compute.sharded import ShardedDataset
+    from ...data import Dataset
+    from ...run_folder import RunDir
 
 
 def discretisation_tv(session: Any) -> float:
     """Sum over the run's representative releases of the total variation bound between the
     discrete release and the continuous one it was calibrated for (docs/methods.md §3): each
     release's rounded sensitivity sqrt(2) + g sqrt(d) gives back its d."""
-    from ..privacy import DiscreteGaussianEvent
-    from ..privacy.lattice import rounding_tv_bound
+    from ...privacy import DiscreteGaussianEvent
+    from ...privacy.lattice import rounding_tv_bound
 
     total = 0.0
     for key in session.store.records:
@@ -71,126 +69,6 @@ def discretisation_tv(session: Any) -> float:
     return total
 
 
-def plan_digest(config: RunConfig, fingerprint: str) -> str:
-    """The key of a saved SecretNoise plan: the secret definitions, p, r, T, the data's
-    fingerprint and the calibration's fixed settings."""
-    from .secpe_theory import DEFAULT_TAIL_MASS
-
-    cfg = config.secpe
-    key = {"secrets": [dict(s) for s in cfg.secrets], "p": cfg.p,
-           "r": min(1.0, cfg.p * cfg.r_over_p), "T": config.synthesis.iterations,
-           "fingerprint": fingerprint, "rule": "paper",
-           "discretization": cfg.discretization, "tail_mass": DEFAULT_TAIL_MASS}
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _plan_file(folder: Path) -> Path:
-    return folder / "secpe-plan.npz"
-
-
-def _save_plan(folder: Path, digest: str, split: SecretSplit, summary: dict[str, Any]) -> None:
-    """The driver's part of a plan (public rows, counts, summary), 0600 in the run's private
-    area; the rates are saved by the engine (the shards' own folders on Ray)."""
-    from ..io import atomic_write_bytes
-
-    facts = {"digest": digest, "n_records": split.n_records, "no_secrets": split.no_secrets,
-             "records_with": split.records_with, "messages": split.messages,
-             "summary": summary}
-    buf = io.BytesIO()
-    np.savez(buf, public=split.public_idx, facts=np.array(json.dumps(facts)))
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    atomic_write_bytes(_plan_file(folder), buf.getvalue(), mode=0o600)
-
-
-def _load_plan(folder: Path, digest: str) -> tuple[SecretSplit, dict[str, Any]] | None:
-    from ..secrets import SecretSplit
-
-    path = _plan_file(folder)
-    if not path.is_file():
-        return None
-    with np.load(path) as saved:
-        facts = json.loads(str(saved["facts"]))
-        if facts["digest"] != digest:
-            return None
-        split = SecretSplit(int(facts["n_records"]), saved["public"].copy(),
-                            bool(facts["no_secrets"]), dict(facts["records_with"]),
-                            list(facts["messages"]))
-    return split, dict(facts["summary"])
-
-
-class SecretPlan:
-    """The secret split and its calibrated noise, computed once before any model loads (and
-    reused on resume): the engine scans the records (``PrivateCompute.secret_split``; on Ray
-    each shard scans and keeps its own records' secret membership), SecretNoise runs where the
-    membership is (a Ray task with engine ray) and the shards keep their rows' Poisson rates.
-    This object holds only the public rows, counts and the noise scale (docs/methods.md §3)."""
-
-    def __init__(self, config: RunConfig, split: SecretSplit, summary: dict[str, Any],
-                 digest: str = "", folder: Path | None = None) -> None:
-        cfg = config.secpe
-        self.split = split
-        self.public_idx = split.public_idx
-        self.digest, self.folder = digest, folder
-        self.p = cfg.p
-        self.r = min(1.0, cfg.p * cfg.r_over_p)
-        self.sigma_star = float(summary["sigma_star"])
-        self.max_rate = float(summary["max_rate"])
-        self.secrets_per_type = dict(summary["secrets_per_type"])
-        self.sigma = JOINT_SENSITIVITY * self.sigma_star
-
-    @classmethod
-    def build(cls, config: RunConfig, dataset: Dataset | ShardedDataset,
-              folder: Path | None = None) -> SecretPlan:
-        """Scan and calibrate through the dataset's engine, or reuse the plan saved in
-        ``folder`` (the run's private area) under the same :func:`plan_digest`; a bad
-        definition is a ConfigError."""
-        from ..compute import data_compute
-        from ..secrets import SecretDefinitionError
-
-        cfg = config.secpe
-        compute = data_compute(dataset, False)
-        digest = plan_digest(config, dataset.fingerprint())
-        saved = None if folder is None else _load_plan(folder, digest)
-        if saved is not None and compute.load_secret_rates(digest, folder):
-            return cls(config, *saved, digest, folder)
-        try:
-            split = compute.secret_split(cfg.secrets)
-        except (SecretDefinitionError, ValueError) as err:
-            raise ConfigError(f"secpe.secrets: {err}") from None
-        if len(split.public_idx) == 0:
-            raise ConfigError("secpe.secrets match every record: no public records remain for "
-                              "the public clustering; narrow the secret definitions")
-        r = min(1.0, cfg.p * cfg.r_over_p)
-        summary = compute.plan_secret_rates(split, cfg.p, r, config.synthesis.iterations,
-                                            digest, folder, cfg.discretization)
-        if folder is not None:
-            _save_plan(folder, digest, split, summary)
-        return cls(config, split, summary, digest, folder)
-
-    @property
-    def protects(self) -> bool:
-        return self.sigma > 0
-
-    def report(self) -> dict[str, Any]:
-        """Exact counts of the split: derived from the private data, so for
-        private/diagnostics.jsonl only (never release/ or the log)."""
-        return self.split.report(self.secrets_per_type)
-
-    def summary(self) -> str:
-        """What protection the run gives, for privacy.json: from public parameters only (that
-        no record holds a secret is a fact about the private data: diagnostics only)."""
-        if self.r < 1:
-            return f"(p={self.p:g}, r={self.r:g}) per secret"
-        return (f"no protection asked (r = min(1, p * r_over_p) = {self.r:g}): records holding "
-                "secrets enter the representatives without noise")
-
-    def noise_report(self) -> dict[str, Any]:
-        """The calibrated noise, for private/diagnostics.jsonl only: SecretNoise calibrates it
-        from the secrets found in the private data, so it is not released."""
-        return {"noise_sigma": self.sigma, "calibrated_sigma_per_unit_shift": self.sigma_star,
-                "no_secret_found": bool(self.split.no_secrets)}
-
-
 class SecPEStrategy:
     """SecPE's parts for the shared loop: quotas from the public records, representative
     voting, and the shared selection with variation."""
@@ -198,7 +76,7 @@ class SecPEStrategy:
     def __init__(self, config: RunConfig, secrets: SecretPlan, view: PrivateView,
                  releaser: Releaser, gen: Generation, rngs: Rngs) -> None:
         self.syn = config.synthesis
-        self.secpe = config.secpe
+        self.secpe: SecPEConfig = SecPE.settings(config)
         self.centre_seed = int(config.privacy.seed or 0)  # public data: any fixed seed
         self.secrets = secrets
         self.view = view
@@ -217,7 +95,8 @@ class SecPEStrategy:
         public), from the engine; the labels of records holding a secret are never fetched."""
         if self._public_labels is None:
             self._public_labels = np.asarray(
-                self.view.compute.public_labels(self.secrets.public_idx), dtype=np.int64)
+                statistics.public_labels(self.view.compute, self.secrets.public_idx),
+                dtype=np.int64)
         return self._public_labels
 
     def initial(self) -> Start:
@@ -236,11 +115,11 @@ class SecPEStrategy:
         """Public KMeans centres per label, K split over labels by public counts (free); a
         deterministic function of public rows, computed once per process."""
         if self._centres is None:
-            from ..evolution.representatives import public_centres
+            from .representatives import public_centres
 
             view = self.view
             pub = self.secrets.public_idx
-            emb = view.compute.public_embeddings(pub)  # public rows (no secret)
+            emb = statistics.public_embeddings(view.compute, pub)  # public rows (no secret)
             labels = self.public_labels()
             # public rows: their largest norm bounds the centres (1 for unit embeddings)
             self._public_norm = max(1.0, float(np.linalg.norm(emb, axis=1).max()))
@@ -255,7 +134,7 @@ class SecPEStrategy:
         return self._centres
 
     def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult:
-        from ..evolution.representatives import (
+        from .representatives import (
             PrivateAccumulation,
             RepresentativeGroup,
             RepresentativeNoise,
@@ -267,7 +146,7 @@ class SecPEStrategy:
         centres = self.centres()
         R = self.secpe.clip
         if not self._rates_ready:  # the shards hold their rows' rates (or reload them)
-            if not view.compute.load_secret_rates(plan.digest, plan.folder):
+            if not statistics.rates_ready(view.compute, plan.digest):
                 raise RuntimeError("SecPE's sampling rates are not on this compute engine: "
                                    "plan with the engine that votes, or in the run's folder")
             self._rates_ready = True
@@ -276,12 +155,13 @@ class SecPEStrategy:
         # object; the engine (this process or the Ray shards) takes row i iff coins[i] < its
         # rate and sums the clipped sampled rows per centre, exactly
         coins = np.asarray(self.releaser.noise_for(f"iter{t}/poisson").uniform(len(view)))
-        sums = view.compute.centre_sums({y: c for y, (c, _) in centres.items()}, coins, R,
-                                        len(view))
+        sums = statistics.centre_sums(view.compute, {y: c for y, (c, _) in centres.items()},
+                                      coins, R, len(view))
         if self._private_per_label is None:  # private rows per label (fixed): exact, private
             mask = np.ones(len(view), dtype=bool)
             mask[plan.public_idx] = False  # records holding a secret
-            self._private_per_label = view.compute.masked_label_counts(mask, view.n_labels)
+            self._private_per_label = statistics.masked_label_counts(view.compute, mask,
+                                                                     view.n_labels)
         labels, groups = [], []
         for y, (cent, sizes) in sorted(centres.items()):
             acc = PrivateAccumulation(sums=sums[y][0], counts=sums[y][1],
@@ -315,6 +195,19 @@ class SecPE(PEMethod):
     section = "secpe"
     config_model = SecPEConfig
 
+    def vote_mass(self, config: RunConfig) -> float:
+        """A record's mass in its cluster's noisy count, which goes to the nearest candidate
+        (:mod:`dpsynth.planning`)."""
+        return 1.0
+
+    @classmethod
+    def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
+        """Secrets of kind 'pii' are found by Presidio (``[secpe]``)."""
+        if any(isinstance(s, dict) and s.get("kind") == "pii"
+               for s in cls.settings(config).secrets):
+            return [("presidio_analyzer", "secpe", "secpe secrets of kind 'pii'")]
+        return []
+
     def __init__(self) -> None:
         self.secrets: SecretPlan | None = None
         self._run: RunDir | None = None
@@ -328,7 +221,7 @@ class SecPE(PEMethod):
         return "none" if math.isinf(config.privacy.epsilon) else "secret-protection"
 
     def ledger_details(self, config: RunConfig) -> dict[str, Any]:
-        cfg = config.secpe
+        cfg = self.settings(config)
         if self.guarantee(config) == "none":
             return {"method": self.name}
         return {"method": self.name, "p": cfg.p, "r": cfg.p * cfg.r_over_p}
@@ -365,7 +258,7 @@ class SecPE(PEMethod):
     def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
         plan = self.secrets
         assert plan is not None
-        cfg = job.config.secpe
+        cfg = self.settings(job.config)
         protection = {
             "definition": "(p, r)-secret protection (SecPE): for every secret s_j and every "
                           "reconstruction attack, Pr[attack outputs s_j] <= r_j; p_j is the "

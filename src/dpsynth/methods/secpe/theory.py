@@ -526,7 +526,8 @@ class SecretNoisePlan:
     """Everything the SecPE mechanism needs from the SecretNoise calibration (no secret values).
 
     sigma is for a unit-sensitivity release per sampled record (see
-    dpsynth.evolution.representatives.JOINT_SENSITIVITY for releasing centres and counts together).
+    dpsynth.methods.secpe.representatives.JOINT_SENSITIVITY for releasing centres and counts
+    together).
     """
 
     sigma: float
@@ -577,13 +578,13 @@ def plan_from_hits(
     discretization: float = DEFAULT_DISCRETIZATION,
 ) -> tuple[tuple[np.ndarray, np.ndarray], dict[str, object]]:
     """SecretNoise over a sharded secret scan: merges the shards' hits (``parts``, from
-    ``compute.kernels.secret_partial``) into the private membership and runs
+    ``methods.secpe.kernels.secret_hits``) into the private membership and runs
     :func:`plan_secret_noise` (r >= 1: no protection asked, every private record sampled).
 
     Returns ((private rows, their rates): for the shards only; a summary: ``sigma_star``
     (per unit shift), ``max_rate`` and the distinct secrets per type, for the driver). With
     ``compute.engine: ray`` this runs in a Ray task (docs/architecture.md)."""
-    from ..secrets import merge_secret_hits, secret_index_from_hits
+    from ...secrets import merge_secret_hits, secret_index_from_hits
 
     index = secret_index_from_hits(merge_secret_hits(parts, len(specs)), specs, n_records)
     private = index.split()[0].astype(np.int64)

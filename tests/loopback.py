@@ -1,7 +1,6 @@
-"""Serve an ASGI app with uvicorn in a background thread on a free 127.0.0.1 port.
-
-For the benchmarks and tests that talk to our own servers over real HTTP on loopback (and never
-to any other address)."""
+"""Test helper: serve an ASGI app with uvicorn in a background thread on a free 127.0.0.1
+port, for the tests that talk to our own servers over real HTTP on loopback (and never to any
+other address)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import ComputeError, require
+from dpsynth.errors import ComputeError, require
 
 
 def free_port() -> int:

@@ -7,8 +7,8 @@ over the cluster's documents; given the released prefix it returns the clipped l
 (documents and logits never leave the worker, only z does); the driver releases token n of
 every unfinished cluster through the session, in cluster order, then asks for step n + 1.
 With sharded documents (:class:`OnShards`) the worker fetches S_r's texts itself from the
-shard actors that keep them (``ShardActor.synrag("selected", key)``), in global id order, and
-truncates them there: the texts go from shard to worker, never through the driver.
+shard actors that keep them (:func:`dpsynth.methods.synrag.shard.on_documents`), in global id
+order, and truncates them there: the texts go from shard to worker, never through the driver.
 Each release key has its own noise stream (``PrivacySession.noise_for``), so the tokens are
 those of :func:`dpsynth.methods.synrag.private_prediction.private_predict` run cluster after
 cluster.
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.synrag.private_prediction import (
+from ...compute.ray_engine import ray_get
+from .private_prediction import (
     Prediction,
     Shortcut,
     ShortcutText,
@@ -38,8 +39,7 @@ from ..methods.synrag.private_prediction import (
     shortcut_stats,
     truncate_documents,
 )
-from ..methods.synrag.shard import merge_selected
-from .ray_engine import ray_get
+from .shard import merge_selected, on_documents
 
 MAX_RESTARTS = 4
 
@@ -67,7 +67,8 @@ def fetch_selected(key: str, source: OnShards) -> list[str]:
     """S_r's texts from the shard actors, in global id order (on a worker)."""
     import ray
 
-    return merge_selected(ray.get([s.synrag.remote("selected", key) for s in source.shards]))
+    answers = ray.get([s.run.remote(on_documents, "selected", key) for s in source.shards])
+    return merge_selected([part for part, _ in answers])
 
 
 class LogitWorker:
@@ -241,24 +242,24 @@ def logit_workers(generator_factory: Any, count: int) -> list[Any]:
 
 @dataclass(frozen=True)
 class GeneratorSpec:
-    """Loads the configured local generator on a worker (``dpsynth.llm.load_generator``)."""
+    """Loads the configured local generator on a worker (``dpsynth.llm.load_generator`` of
+    ``GeneratorConfig.load_spec``)."""
 
     spec: Any
-    batch_size: int
 
     def __call__(self) -> Any:
-        from ..llm import load_generator
+        from ...llm import load_generator
 
-        return load_generator(self.spec, batch_size=self.batch_size)
+        return load_generator(self.spec)
 
 
 def generator_factory(config: Any, gen: Any) -> Any:
     """How a Ray worker gets the run's generator: the configured local model loads itself
     there; any other generator object (e.g. a test fake) is shipped as is."""
-    from ..llm.local import LocalGenerator
+    from ...llm.local import LocalGenerator
 
     g = config.generators[0]
-    return (GeneratorSpec(g.spec(), g.batch_size) if isinstance(gen, LocalGenerator)
+    return (GeneratorSpec(g.load_spec()) if isinstance(gen, LocalGenerator)
             else GivenGenerator(gen))
 
 

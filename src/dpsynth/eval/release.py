@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ..io import read_jsonl
+from ..files import read_jsonl
 from ..methods import canonical_name
 from .common import EvalInputError
 
