@@ -243,6 +243,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label-fractions", default="noisy", choices=["noisy", "public"],
                     help="pe's label split (see pe_arm.py)")
+    ap.add_argument("--pe-threads", type=int, default=1,
+                    help="OMP_NUM_THREADS of pe's process (0: torch's default, every core). "
+                         "dpsynth's engines take the idle cores; on a loaded 2-core machine "
+                         "torch's two threads made pe's calls 6x slower than one thread")
     ap.add_argument("--out", default="vs-pe")
     ap.add_argument("--tag", default="")
     ap.add_argument("--results", default="vs_pe.md")
@@ -283,6 +287,8 @@ def main() -> None:
                    "--model", str(model), "--embedder", str(minilm), "--pe-source",
                    str(args.pe_source), "--label-fractions", args.label_fractions, *common]
             pe_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+            if args.pe_threads:
+                pe_env["OMP_NUM_THREADS"] = str(args.pe_threads)
         else:
             engine = ENGINES[arm]
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(folder),
@@ -334,7 +340,8 @@ def evaluate(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace) ->
              f"max new tokens {args.max_new_tokens}, temperature {args.temperature}, top-p "
              f"{args.top_p if args.top_p is not None else 'each default'}, top-k "
              f"{args.top_k if args.top_k is not None else 'each default'}, epsilon "
-             f"{args.epsilon}, delta {args.delta}; pe label fractions: {args.label_fractions}. "
+             f"{args.epsilon}, delta {args.delta}; pe label fractions: {args.label_fractions}; pe "
+             f"threads: {args.pe_threads or 'torch default'}. "
              f"Machine: {machine()}.")
     text = "\n".join([f"### dpsynth vs pe{args.tag}", "", intro, "", table(ok, args), "",
                       "Sample texts (first three released of each arm):", ""] +
