@@ -122,7 +122,7 @@ def worker(args: argparse.Namespace) -> None:
                  "synthesis.iterations": args.iterations,
                  "synthesis.pool_multiplier": args.pool_multiplier,
                  "prompts.label_descriptions": descriptions,
-                 "llm_cache": str(out.parent / f"{out.name}-llm-cache.sqlite"),
+                 "llm_cache": str(out / "llm-cache.sqlite"),  # fresh per arm: all calls paid
                  "generators": [gen]}
     run = run_generation(ROOT.parent / "examples" / "yelp-augpe.yaml", out / "run",
                          overrides=overrides, progress=False)

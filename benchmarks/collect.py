@@ -36,8 +36,8 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 | Serving: `llm serve` micro-batching | `bench_serving.py` (`dpsynth bench serving`) |
 | Ray compute engine: vote step, 100M plan | `bench_ray.py` |
 | Kill anywhere: SIGKILL and resume, 20 times | `bench_kill_anywhere.py` |
-| Readable defaults: candidate sampling on Yelp validation, WASP on Banking77 | `bench_sampling.py`, `bench_wasp.py` |
-| dpsynth vs Microsoft's `pe` on the same Yelp job | `bench_vs_pe.py` (+ `pe_arm.py` under pe's own Python) |
+| Readable defaults: sampling on Yelp validation, WASP | `bench_sampling.py`, `bench_wasp.py` |
+| dpsynth vs Microsoft's `pe` on the same Yelp job | `bench_vs_pe.py` (+ `pe_arm.py`) |
 
 """
 
