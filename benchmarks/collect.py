@@ -13,7 +13,7 @@ ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "ye
          "yelp_levers", "yelp_n1000_best", "wasp",
          "wasp_small_m", "wasp_offtask", "secpe", "secpe_yelp5000", "secpe_calibration",
          "private_prediction", "medsynth", "medsynth_run3", "serving", "ray", "ray-1label",
-         "kill_anywhere", "noise"]
+         "kill_anywhere", "noise", "readable_defaults", "vs_pe_section"]
 HEADER = """# Benchmarks
 
 Every number here was measured by a script in `benchmarks/` on the machine it names, with the
@@ -37,6 +37,8 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 | Ray compute engine: vote step, 100M plan | `bench_ray.py` |
 | Kill anywhere: SIGKILL and resume, 20 times | `bench_kill_anywhere.py` |
 | Noise: exact discrete Gaussian vs floating-point Gaussian | `bench_noise.py` |
+| Readable defaults: sampling on Yelp validation, WASP | `bench_sampling.py`, `bench_wasp.py` |
+| dpsynth vs Microsoft's `pe` on the same Yelp job | `bench_vs_pe.py` (+ `pe_arm.py`) |
 
 """
 
@@ -116,7 +118,8 @@ def _demote(text: str) -> str:
 
 
 def _raw_table(name: str) -> bool:
-    return name.endswith("_table") or name.startswith("yelp_val_")
+    return name.endswith("_table") or name.startswith(
+        ("yelp_val_", "sampling_val", "vs_pe", "wasp_readable_")) and name != "vs_pe_section"
 
 
 def main() -> None:

@@ -237,6 +237,14 @@ class PrivacyConfig(Section):
     ledger: str | None = None
 
 
+#: Candidate sampling of the PE methods, chosen on the Yelp validation split with SmolLM2
+#: (BENCHMARKS.md, "Readable defaults"): a truncated support is post-processing here (the
+#: candidates are public outputs), unlike DP-SynRAG's private tokens, which never use these.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_TOP_K = 50
+
+
 class GeneratorConfig(Section):
     """One generator: an offline model, a local directory or an OpenAI-compatible server."""
 
@@ -268,8 +276,16 @@ class GeneratorConfig(Section):
         description="local: where the model runs: cpu, cuda, cuda:N, or auto (a GPU when torch "
                     "sees one); on a GPU the transformers engine runs there (docs/gpu.md)")
     max_concurrency: int = Field(4, gt=0, description="openai: requests in flight per endpoint")
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(
+        DEFAULT_TEMPERATURE, ge=0,
+        description="candidate sampling (PE methods only; DP-SynRAG's private tokens never "
+                    "read it); the default was measured on Yelp validation (BENCHMARKS.md)")
+    top_p: float = Field(DEFAULT_TOP_P, gt=0, le=1)
+    top_k: int | None = Field(
+        None, ge=0,
+        description="sample among the k most likely tokens (0 = the whole vocabulary); None "
+                    f"= {DEFAULT_TOP_K} on the local engines, and nothing sent to an openai "
+                    "server (its own default; top_k is not an OpenAI field)")
     max_new_tokens: int = Field(64, gt=0)
     timeout_s: float = Field(120.0, gt=0, description="openai: seconds per HTTP attempt")
     retry_budget_s: float = Field(
@@ -332,6 +348,14 @@ class GeneratorConfig(Section):
     @property
     def short_name(self) -> str:
         return Path(self.model).name if self.backend == "local" else self.model
+
+    @property
+    def sampling_top_k(self) -> int:
+        """The top-k the requests carry: ``top_k`` when set; unset, the local default
+        (:data:`DEFAULT_TOP_K`) or 0 for an openai server (then no ``top_k`` is sent)."""
+        if self.top_k is not None:
+            return self.top_k
+        return DEFAULT_TOP_K if self.backend == "local" else 0
 
 
 class EmbedderConfig(Section):

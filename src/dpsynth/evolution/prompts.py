@@ -18,14 +18,35 @@ from ..config import PromptConfig
 ANSWER_CUE = "\n\nText:"
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z0-9]+(?:[_\-.][A-Za-z0-9]+)+|[a-z]+(?:[A-Z][a-z0-9]+)+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def readable_label(value: str) -> str:
+    """A label value as the generator reads it when it has no description: an identifier-like
+    code (``card_arrival``, ``lost-or-stolen-card``, ``topUpFailed``, ``sci.med``) is spelled
+    out in words ('card arrival', 'lost or stolen card', 'top up failed', 'sci med'); any other
+    value (already words, a number or version such as ``v1.2``, an all-capitals code such as
+    ``ENTY``) is kept as it is.
+    A public rule on the public label domain: it reads no record."""
+    text = str(value).strip()
+    if not _IDENTIFIER.fullmatch(text) or re.search(r"\d\.|\.\d|^[\d\-_]+$", text):
+        return text
+    spaced = _CAMEL.sub(" ", text) if "_" not in text and "-" not in text else text
+    words = re.split(r"[_\-.]+|\s+", spaced)
+    return " ".join(w if w.isupper() and len(w) > 1 else w.lower() for w in words if w)
+
+
 def describe_labels(labels: Mapping[str, str], prompts: PromptConfig) -> str:
     """A sentence naming the label values, from the config's template or a default. A value
     with a description in ``prompts.label_descriptions`` (public config) is shown as that
-    description: every prompt of every method goes through here."""
+    description, any other one in its :func:`readable_label` form: every prompt of every
+    method goes through here."""
     if not labels:
         return ""
     descriptions = prompts.descriptions()
-    described = {col: descriptions.get(col, {}).get(val, val) for col, val in labels.items()}
+    described = {col: descriptions.get(col, {}).get(val, readable_label(val))
+                 for col, val in labels.items()}
     if prompts.label_template:
         return prompts.label_template.format(**described)
     return " ".join(f"Its {col.replace('_', ' ')} is {val}." for col, val in described.items())

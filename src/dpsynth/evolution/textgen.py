@@ -74,6 +74,7 @@ class Synthesizer:
                     params=SamplingParams(
                         temperature=self.config.temperature,
                         top_p=self.config.top_p,
+                        top_k=self.config.sampling_top_k,
                         max_new_tokens=self.config.max_new_tokens,
                         seed=stable_seed(self.seed, self.name, tags[i], attempt),
                         stop=() if self.chat else ("\n\n",),
