@@ -21,7 +21,7 @@ from .clusters import (
     noise_floor,
     top_keywords,
 )
-from .config import SynRAGConfig, max_private_tokens, synrag_dict
+from .config import SynRAGConfig, max_private_tokens, resolve_logits_dtype, synrag_dict
 from .pipeline import (
     Corpus,
     Notice,
@@ -88,6 +88,8 @@ class SynRAG(Method):
                   else Corpus.in_process(cfg, job.dataset, run))
         gen, emb_model = load_models(cfg, run, job.generators[0] if job.generators else None,
                                      job.embedder)
+        if hasattr(gen, "set_logits_dtype"):
+            gen.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)
         note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
