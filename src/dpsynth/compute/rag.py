@@ -292,9 +292,9 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
                         max_doc_tokens: int, shortcut: Shortcut | None = None
                         ) -> dict[int, tuple[Prediction, int]]:
     """DP-SynRAG's private prediction of every pending cluster (index, key, documents or
-    :class:`OnShards`, public candidate set or None) on ``config.compute`` (engine ray): ``compute.shards`` LogitWorker
-    actors, releases through ``session`` here, with the public-token ``shortcut`` if given.
-    Returns (prediction, private tokens drawn) per cluster index."""
+    :class:`OnShards`, public candidate set or None) on ``config.compute`` (engine ray):
+    ``compute.shards`` LogitWorker actors, releases through ``session`` here, with the
+    public-token ``shortcut`` if given. Returns (prediction, private tokens drawn) per cluster index."""
     import ray
 
     if not jobs:
