@@ -294,7 +294,8 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
     """DP-SynRAG's private prediction of every pending cluster (index, key, documents or
     :class:`OnShards`, public candidate set or None) on ``config.compute`` (engine ray):
     ``compute.shards`` LogitWorker actors, releases through ``session`` here, with the
-    public-token ``shortcut`` if given. Returns (prediction, private tokens drawn) per cluster index."""
+    public-token ``shortcut`` if given. Returns (prediction, private tokens drawn) per
+    cluster index."""
     import ray
 
     if not jobs:
