@@ -631,6 +631,12 @@ class LocalGenerator:
         return Stepper(self, prompts, shared_prefix)
 
 
+def _cache_keyword(module: Any) -> str:
+    """The KV-cache keyword of a decoder's forward (``cache`` in newer transformers)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else \
+        "past_key_values"
+
+
 class Stepper:
     """Decode one shared token at a time over many prompts, reusing the KV cache.
 
@@ -691,9 +697,12 @@ class Stepper:
         base = model.get_decoder()
         kw: dict[str, Any] = dict(inputs, use_cache=True)
         if cache is not None:
-            kw["past_key_values"] = cache
+            kw[_cache_keyword(base)] = cache
         out = base(**kw)
-        return out.last_hidden_state[:, -1, :], out.past_key_values
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = out.past_key_values
+        return out.last_hidden_state[:, -1, :], new_cache
 
     def _head(self, ids: np.ndarray | None) -> np.ndarray:
         import torch
