@@ -132,3 +132,33 @@ def test_private_prediction_over_the_candidates(tmp_path) -> None:
         row = gen.next_token_logits_ids([public + pred.token_ids[:n]])[0]
         assert tok in set(sup.at(row).tolist())
     assert pred.steps == len(pred.token_ids) or pred.steps == len(pred.token_ids) + 1
+
+
+@pytest.mark.parametrize("require", [False, True])
+def test_an_empty_knowledge_base_warns_and_fails_only_when_asked(tmp_path, monkeypatch,
+                                                                 require) -> None:
+    """`rag build` whose KB comes out empty: a warning saying what to change, exit 0; exit 3
+    with --require-passages (the real build, with the fake models passed in)."""
+    from pathlib import Path
+
+    from fakes import FakeEmbedder
+    from typer.testing import CliRunner
+
+    import dpsynth.rag.build as build
+    from dpsynth.cli import app
+    from dpsynth.demo_corpus import write_demo_corpus
+
+    real = build.build_kb
+    monkeypatch.setattr(build, "build_kb", lambda *a, **k: real(
+        *a, generator=FakeGenerator(), embedder=FakeEmbedder(), **k))
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+    data = write_demo_corpus(tmp_path / "data", n=30, seed=0)["private"]
+    example = Path(__file__).parents[1] / "examples" / "tiny-synrag.yaml"
+    args = ["rag", "build", str(example), "-o", str(tmp_path / "kb"), "--set",
+            f"data.path={data}", "--set", "privacy.noise=seeded", "--set", "privacy.seed=1",
+            "--set", "synrag.min_noisy_count=1000000"]
+    res = CliRunner().invoke(app, args + (["--require-passages"] if require else []))
+    assert res.exit_code == (3 if require else 0), res.output
+    assert "knowledge base is empty" in res.output
+    summary = (tmp_path / "kb" / "release" / "summary.json").read_text()
+    assert "synrag.clusters" in summary or "nothing above noise" in summary

@@ -22,8 +22,11 @@ def build(
     resume: Annotated[bool, typer.Option("--resume", help="continue a stopped build")] = False,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    require_passages: Annotated[bool, typer.Option(
+        "--require-passages", help="exit 3 when the knowledge base comes out empty")] = False,
 ) -> None:
-    """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json."""
+    """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json. An empty
+    knowledge base is a warning (exit 0) unless --require-passages."""
     from ..rag.build import build_kb
 
     echo = None if as_json else (lambda m: typer.echo(m, err=True))
@@ -35,13 +38,21 @@ def build(
                    f"dpsynth rag build {config} -o {output} --resume", err=True)
         raise typer.Exit(130) from None
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
+    empty = not summary.get("kb_passages")
     if as_json:
         typer.echo(json.dumps({"run_dir": str(run_dir), **summary}))
-        return
-    typer.echo(f"knowledge base: {run_dir / 'release' / 'kb.jsonl'} "
-               f"({summary['kb_passages']} passages from {summary['clusters']} clusters)")
-    typer.echo(f"privacy: ({summary['epsilon']:.4g}, {summary['delta']:g})-DP, "
-               f"statement in {run_dir / 'release' / 'privacy.json'}")
+    else:
+        typer.echo(f"knowledge base: {run_dir / 'release' / 'kb.jsonl'} "
+                   f"({summary['kb_passages']} passages from {summary['clusters']} clusters)")
+        typer.echo(f"privacy: ({summary['epsilon']:.4g}, {summary['delta']:g})-DP, "
+                   f"statement in {run_dir / 'release' / 'privacy.json'}")
+        if empty:
+            typer.echo("warning: the knowledge base is empty (see the warnings in "
+                       f"{run_dir / 'release' / 'summary.json'})", err=True)
+    if empty and require_passages:
+        typer.echo("error: the knowledge base is empty and --require-passages was given",
+                   err=True)
+        raise typer.Exit(3)
 
 
 @group.command("ask")

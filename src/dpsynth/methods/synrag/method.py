@@ -145,7 +145,15 @@ class SynRAG(Method):
                            "answer_max_new_tokens": scfg.answer_max_new_tokens,
                            "retrieve": scfg.retrieve})
         if results and not rows:
-            note("self-filtering kept no synthetic document: the KB is empty", warn=True)
+            note("the knowledge base is EMPTY: "
+                 + ("self-filtering kept none of the " if scfg.self_filter else "none of the ")
+                 + f"{len(results)} synthetic texts. To change: "
+                 + ("synrag.self_filter: false (the filter is unreliable on small models), "
+                    if scfg.self_filter else "")
+                 + "more documents per cluster (a larger synrag.target_size or fewer "
+                 "synrag.clusters), fewer private tokens (synrag.tokens, or "
+                 "synrag.public_shortcut) or a larger privacy.epsilon, so that the clip c "
+                 "grows; `rag build --require-passages` makes this an error", warn=True)
         # wall time depends on the private data (document count, cluster sizes): operator only
         append_diagnostic(run, {"wall_seconds": round(time.time() - started, 1)})
         summary = {"clusters": len(results), "kb_passages": len(rows), "epsilon": None,
