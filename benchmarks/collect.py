@@ -12,8 +12,8 @@ ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "ye
          "yelp_n1000_label_fidelity", "yelp_label_descriptions", "yelp_echo_cleaning",
          "yelp_levers", "yelp_n1000_best", "wasp",
          "wasp_small_m", "wasp_offtask", "secpe", "secpe_yelp5000", "secpe_calibration",
-         "private_prediction", "medsynth", "medsynth_run3", "serving", "ray", "ray-1label",
-         "kill_anywhere"]
+         "private_prediction", "tiny_synrag", "medsynth", "medsynth_run3", "serving", "ray",
+         "ray-1label", "kill_anywhere"]
 HEADER = """# Benchmarks
 
 Every number here was measured by a script in `benchmarks/` on the machine it names, with the
@@ -31,7 +31,8 @@ mean more than absolute times). Re-run a script, then `python benchmarks/collect
 | WASP: Banking77 (and WASP vs Aug-PE at small M) | `bench_wasp.py` |
 | SecPE vs Aug-PE on Yelp (1000 records; 5000 with PII / random-word secrets) | `bench_secpe.py` |
 | SecPE sigma calibration: mu search vs bisection | `bench_secpe_calibration.py` |
-| DP-SynRAG private prediction | `bench_private_prediction.py` |
+| DP-SynRAG private prediction | `bench_private_prediction.py` (`bench private-prediction`) |
+| DP-SynRAG tiny example, arm by arm | `bench_tiny_synrag.py` |
 | DP-SynRAG on Medical Synth (400 / 2000 documents; run 3: LLM keywords) | `bench_medsynth.py` |
 | Serving: `llm serve` micro-batching | `bench_serving.py` (`dpsynth bench serving`) |
 | Ray compute engine: vote step, 100M plan | `bench_ray.py` |

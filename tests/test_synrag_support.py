@@ -141,12 +141,12 @@ def test_an_empty_knowledge_base_warns_and_fails_only_when_asked(tmp_path, monke
     with --require-passages (the real build, with the fake models passed in)."""
     from pathlib import Path
 
-    from fakes import FakeEmbedder
     from typer.testing import CliRunner
 
     import dpsynth.rag.build as build
     from dpsynth.cli import app
     from dpsynth.demo_corpus import write_demo_corpus
+    from fakes import FakeEmbedder
 
     real = build.build_kb
     monkeypatch.setattr(build, "build_kb", lambda *a, **k: real(
