@@ -204,6 +204,7 @@ def main() -> None:
                    "keywords_per_doc": args.keywords, "clusters": args.clusters,
                    "overlap": args.overlap, "target_size": args.k, "tokens": args.tokens,
                    "max_doc_tokens": 160, "keyword_max_new_tokens": 40,
+                   "self_filter": True,  # its rows: with the filter, and without (the default)
                    "keyword_fill": args.fill,
                    **{k: yaml.safe_load(v) for k, v in
                       (x.split("=", 1) for x in args.synrag_set)}},

@@ -39,6 +39,16 @@ ARMS: dict[str, dict[str, Any]] = {
     "support": {"synrag.self_filter": True},
     "tuned": {**TUNED, "synrag.self_filter": True},
     "tuned-shortcut": {**TUNED, "synrag.self_filter": True, "synrag.public_shortcut": True},
+    # the candidate set without the vocabulary's name fragments (public top tokens, the
+    # cluster's keyword, EOS), more documents, keywords by vocabulary match in its order
+    "small-set": {**TUNED, "data.demo_rows": 120, "synrag.support_vocabulary": False,
+                  "synrag.keyword_extractor": "vocabulary", "synrag.keywords_per_doc": 2,
+                  "synrag.keyword_fill": "vocabulary_order", "synrag.self_filter": True},
+    "small-set-shortcut": {**TUNED, "data.demo_rows": 120, "synrag.support_vocabulary": False,
+                           "synrag.keyword_extractor": "vocabulary",
+                           "synrag.keywords_per_doc": 2,
+                           "synrag.keyword_fill": "vocabulary_order",
+                           "synrag.self_filter": True, "synrag.public_shortcut": True},
     "current": {},
 }
 

@@ -88,7 +88,11 @@ class SynRAGConfig(BaseModel):
         None, description="AboveThreshold threshold on q (sum of clipped-logit differences); "
         "default k c (about half of k documents disagreeing with the public token)")
     # 5. self-filtering
-    self_filter: bool = True
+    self_filter: bool = Field(
+        False, description="ask the LLM the filter question about each synthetic text and keep "
+        "the YES (post-processing). Off by default: measured unreliable at 135M parameters "
+        "(BENCHMARKS.md: on Medical Synth run 3 it dropped all 5 texts naming a disease and "
+        "kept 7 noise texts; on the tiny example it kept 6 of 16 texts, none naming one)")
     filter_question: str = DEFAULT_FILTER
     # RAG over the KB
     retrieve: int = Field(3, ge=1, le=50, description="passages retrieved per question")

@@ -148,8 +148,8 @@ class SynRAG(Method):
             note("the knowledge base is EMPTY: "
                  + ("self-filtering kept none of the " if scfg.self_filter else "none of the ")
                  + f"{len(results)} synthetic texts. To change: "
-                 + ("synrag.self_filter: false (the filter is unreliable on small models), "
-                    if scfg.self_filter else "")
+                 + ("synrag.self_filter: false (the default; the filter is unreliable on "
+                    "small models), " if scfg.self_filter else "")
                  + "more documents per cluster (a larger synrag.target_size or fewer "
                  "synrag.clusters), fewer private tokens (synrag.tokens, or "
                  "synrag.public_shortcut) or a larger privacy.epsilon, so that the clip c "
