@@ -49,6 +49,13 @@ ARMS: dict[str, dict[str, Any]] = {
                            "synrag.keywords_per_doc": 2,
                            "synrag.keyword_fill": "vocabulary_order",
                            "synrag.self_filter": True, "synrag.public_shortcut": True},
+    # clusters seeded by disease names: the public vocabulary is the knowledge table's disease
+    # names only, K = 1, so a cluster holds documents that name its disease, and the
+    # candidate set has the disease name's tokens (the released keyword)
+    "disease-seeded": {**TUNED, "data.demo_rows": 300, "synrag.vocabulary": "DISEASES",
+                       "synrag.support_vocabulary": False,
+                       "synrag.keyword_extractor": "vocabulary", "synrag.keywords_per_doc": 1,
+                       "synrag.self_filter": True},
     "current": {},
 }
 
@@ -116,8 +123,9 @@ def main() -> None:
     no_rag = accuracy(Answerer(None, gen, emb), k=0)
     for arm in [a for a in args.arms.split(",") if a]:
         t0 = time.time()
+        over = {k: (diseases if v == "DISEASES" else v) for k, v in ARMS[arm].items()}
         run = build_kb(args.config, work / arm, generator=gen, embedder=emb,
-                       overrides=ARMS[arm], echo=lambda m: print(m, flush=True))
+                       overrides=over, echo=lambda m: print(m, flush=True))
         build_s = time.time() - t0
         released = [json.loads(x) for x in (run / "release" / "synthetic_all.jsonl")
                     .read_text().splitlines() if x]
