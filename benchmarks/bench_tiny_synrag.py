@@ -56,6 +56,15 @@ ARMS: dict[str, dict[str, Any]] = {
                        "synrag.support_vocabulary": False,
                        "synrag.keyword_extractor": "vocabulary", "synrag.keywords_per_doc": 1,
                        "synrag.self_filter": True},
+    "disease-seeded-t48": {**TUNED, "data.demo_rows": 300, "synrag.vocabulary": "DISEASES",
+                           "synrag.support_vocabulary": False, "synrag.tokens": 48,
+                           "synrag.keyword_extractor": "vocabulary",
+                           "synrag.keywords_per_doc": 1, "synrag.self_filter": True},
+    "disease-seeded-t48-shortcut": {
+        **TUNED, "data.demo_rows": 300, "synrag.vocabulary": "DISEASES",
+        "synrag.support_vocabulary": False, "synrag.tokens": 48,
+        "synrag.keyword_extractor": "vocabulary", "synrag.keywords_per_doc": 1,
+        "synrag.self_filter": True, "synrag.public_shortcut": True},
     "current": {},
 }
 
