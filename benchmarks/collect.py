@@ -12,7 +12,8 @@ ORDER = ["generation", "embedding", "augpe_voting", "voting", "knn", "yelp", "ye
          "yelp_n1000_label_fidelity", "yelp_label_descriptions", "yelp_echo_cleaning",
          "yelp_levers", "yelp_n1000_best", "wasp",
          "wasp_small_m", "wasp_offtask", "secpe", "secpe_yelp5000", "secpe_calibration",
-         "private_prediction", "private_prediction_batching", "tiny_synrag", "medsynth", "medsynth_run3", "serving", "ray",
+         "private_prediction", "private_prediction_batching", "tiny_synrag", "medsynth",
+         "medsynth_run3", "serving", "ray",
          "ray-1label", "kill_anywhere"]
 HEADER = """# Benchmarks
 
