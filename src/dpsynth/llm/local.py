@@ -725,6 +725,8 @@ class Stepper:
 
     def logits(self) -> np.ndarray:
         """Next-token logits ``[B, V]`` (float32) of every row."""
+        if self._cache is None:
+            raise GenerationError("stepper is closed")
         if self._logits is None:
             self._logits = self._head(None)
         return self._logits
