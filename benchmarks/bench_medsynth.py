@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -116,6 +117,10 @@ def main() -> None:
     ap.add_argument("--skip-dpsynth", action="store_true")
     ap.add_argument("--no-filter-row", action="store_true",
                     help="also answer from all released DP-SynRAG texts (self-filter ablation)")
+    ap.add_argument("--split", default="test", choices=["validation", "test"],
+                    help="questions from the validation split (to choose settings) or test")
+    ap.add_argument("--synrag-set", action="append", default=[],
+                    help="extra synrag KEY=VALUE (YAML value), e.g. support=full")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--heading", default="# Medical Synth (DP-SynRAG benchmark), reduced to the "
@@ -148,7 +153,7 @@ def main() -> None:
     os.environ.setdefault("DPSYNTH_LEDGER", str(work / "ledger.json"))
     data = load_medsynth()
     private = data["private"][: args.private]
-    test = data["test"][: args.questions]
+    test = data[args.split][: args.questions]
     docs = [r["document"] for r in private]
     names = [r["name"] for r in private]
     gold = [r["disease"] for r in test]
@@ -199,7 +204,10 @@ def main() -> None:
                    "keywords_per_doc": args.keywords, "clusters": args.clusters,
                    "overlap": args.overlap, "target_size": args.k, "tokens": args.tokens,
                    "max_doc_tokens": 160, "keyword_max_new_tokens": 40,
-                   "keyword_fill": args.fill},
+                   "self_filter": True,  # its rows: with the filter, and without (the default)
+                   "keyword_fill": args.fill,
+                   **{k: yaml.safe_load(v) for k, v in
+                      (x.split("=", 1) for x in args.synrag_set)}},
     }
     cfg = parse_config(raw)
     if "DP-SynRAG" not in results:

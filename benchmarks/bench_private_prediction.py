@@ -1,27 +1,18 @@
-"""Private prediction at speed (DP-SynRAG step 4), one run side by side on the same cluster.
+"""Private prediction at speed (DP-SynRAG step 4): today's path (float32, whole vocabulary)
+against the default (bf16 where native, public candidate set), side by side, for a few cluster
+sizes; writes benchmarks/results/private_prediction.md. Each size is one call of
+``dpsynth bench private-prediction`` (:mod:`dpsynth.bench.private_prediction`).
 
-A. batched: one forward pass per token for ALL the cluster's documents (KV cache), the shared
-   instruction prefix computed once (``LocalGenerator.open_stepper(..., shared_prefix)``);
-B. separate: each document's prompt run on its own (one KV-cached stepper per document, one
-   forward pass per document per token), the way a per-document loop would do it.
-
-Both follow the same token sequence (drawn by A through the private mechanism), so both compute
-the same z_n = sum_d clip_c(logits_d); the largest difference is reported. Writes
-benchmarks/results/private_prediction.md.
-
-    .venv/bin/python benchmarks/bench_private_prediction.py [--docs 16] [--tokens 16]
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_private_prediction.py --docs 16,48
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
-import tempfile
-import time
 from pathlib import Path
-
-import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -31,77 +22,56 @@ OUT = Path(__file__).parent / "results" / "private_prediction.md"
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--docs", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--clip", type=float, default=0.3)
+    ap.add_argument("--docs", default="16,48")
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--top", type=int, default=64)
+    ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
 
-    from dpsynth.demo_corpus import make_demo_corpus
-    from dpsynth.llm import load_generator
-    from dpsynth.methods.synrag.config import DEFAULT_REPHRASE
-    from dpsynth.methods.synrag.private_prediction import clipped_sum, prompt_parts
-    from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
+    from dpsynth.bench.private_prediction import bench_private_prediction
 
-    gen = load_generator("smollm2")
-    docs = list(make_demo_corpus(args.docs, seed=0)["text"])[: args.docs]
-    prefix, suffix = prompt_parts(gen, DEFAULT_REPHRASE)
-    rows = [d + suffix for d in docs]
-    session = PrivacySession(Path(tempfile.mkdtemp()), Accountant("zcdp"),
-                             make_noise_source("seeded", 0))
-
-    # A: batched, shared prefix once, KV cache
-    t0 = time.perf_counter()
-    z_a: list[np.ndarray] = []
-    tokens: list[int] = []
-    with gen.open_stepper(rows, shared_prefix=prefix) as st:
-        for n in range(args.tokens):
-            z = clipped_sum(st.logits(), args.clip)
-            z_a.append(z)
-            tok = session.private_token(f"t{n}", z, args.clip, 1.0)
-            tokens.append(tok)
-            if n + 1 < args.tokens:
-                st.advance(tok)
-    t_a = time.perf_counter() - t0
-
-    # B: every document separately (own prompt, own KV cache), same token sequence
-    t0 = time.perf_counter()
-    steppers = [gen.open_stepper([prefix + r]) for r in rows]
-    max_diff = 0.0
-    for n in range(args.tokens):
-        logits = np.concatenate([s.logits() for s in steppers])
-        z = clipped_sum(logits, args.clip)
-        max_diff = max(max_diff, float(np.abs(z - z_a[n]).max()))
-        if n + 1 < args.tokens:
-            for s in steppers:
-                s.advance(tokens[n])
-    for s in steppers:
-        s.close()
-    t_b = time.perf_counter() - t0
-
-    prompt_tokens = [len(gen.encode(prefix + r)) for r in rows]
+    results = [bench_private_prediction("smollm2", int(d), args.tokens, 0.3, args.rounds,
+                                        args.top) for d in args.docs.split(",")]
+    for r in results:
+        print(json.dumps(r), flush=True)
+    r0 = results[0]
     lines = [
-        "# Private prediction: batched cluster vs separate documents",
+        "# Private prediction: float32 over the whole vocabulary vs the default", "",
+        f"SmolLM2-135M-Instruct on CPU ({os.cpu_count()} cores visible, "
+        f"{platform.processor() or platform.machine()}, shared with other jobs: ratios "
+        f"matter, absolute times do not); one cluster of demo documents, T = {args.tokens} "
+        f"private tokens, c = 0.3, the same token sequence for both paths; {args.rounds} "
+        "rounds alternating which path runs first, the fastest of each kept. Baseline: "
+        "today's path (float32 stepper, z over all "
+        f"{r0['vocab_size']} tokens). Default: the stepper in {r0['dtype']}, z over the public "
+        f"candidate set (the public model's top {args.top} from a one-row stepper without "
+        "documents + the demo vocabulary's tokens + end-of-text; output rows for those only).",
         "",
-        f"SmolLM2-135M-Instruct (float32, CPU, {os.cpu_count()} cores visible, "
-        f"{platform.processor() or platform.machine()}); one cluster of {len(docs)} demo "
-        f"documents (prompt {min(prompt_tokens)}-{max(prompt_tokens)} tokens, shared prefix "
-        f"{len(gen.encode_prompt(prefix))} tokens); T = {args.tokens} private tokens, c = "
-        f"{args.clip}; one run, side by side, the machine shared with other jobs (ratios "
-        "matter, absolute times do not).",
-        "",
-        "| mode | forward passes | wall s | private tokens / s | speed-up |",
-        "|---|---|---|---|---|",
-        f"| A. batched, KV cache, shared prefix once | {args.tokens} + 2 | {t_a:.2f} | "
-        f"{args.tokens / t_a:.2f} | {t_b / t_a:.1f}x |",
-        f"| B. each document separately (own KV cache) | {len(docs)} x {args.tokens} | "
-        f"{t_b:.2f} | {args.tokens / t_b:.2f} | 1.0x |",
-        "",
-        f"Largest difference between the two z_n (sum of clipped logits, all steps): "
-        f"{max_diff:.2e} (float32 batching noise; the clip bounds each row by c = {args.clip}).",
-        "",
+        "| documents | baseline tokens/s | default tokens/s | speed-up | prefill s (base / "
+        "default) | decode s (base / default) | KL mean / max per token | candidates |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text("\n".join(lines))
+    for r in results:
+        lines.append(
+            f"| {r['documents']} | {r['baseline_tokens_per_second']:.2f} | "
+            f"{r['tokens_per_second']:.2f} | {r['speedup']:.2f}x | "
+            f"{r['baseline_prefill_s']:.2f} / {r['prefill_s']:.2f} | "
+            f"{r['baseline_decode_s']:.2f} / {r['decode_s']:.2f} | "
+            f"{r['kl']:.4f} / {r['kl_max']:.4f} | {r['support_size_mean']:.0f} |")
+    lines += [
+        "",
+        f"Disease-name tokens (demo messages that name their disease, tokenised in the text) "
+        f"in the candidate set's fixed part: {100 * r0['disease_token_share']:.0f} %; among "
+        f"the public model's top {args.top} at their position alone (the message so far as "
+        f"the released prefix): {100 * r0['disease_token_share_top_only']:.0f} % -- why the "
+        "public vocabulary's tokens are in the set.", "",
+        "    dpsynth bench private-prediction --json --docs N --tokens "
+        f"{args.tokens} --rounds {args.rounds}", "",
+    ]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -312,7 +312,6 @@ def main() -> None:
 
 def evaluate(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace) -> None:
     import pandas as pd
-
     from dpsynth.eval.rundata import LabeledTexts
 
     test_df = pd.read_csv(SHARED / "yelp" / "test.csv", dtype=str, keep_default_na=False)

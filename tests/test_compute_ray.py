@@ -336,11 +336,14 @@ def test_a_crashed_ray_driver_resumes_to_the_same_release(ray_cluster, tmp_path)
     assert json.loads((done / "run.json").read_text())["status"] == "finished"
 
 
+@pytest.mark.parametrize("public_support", [False, True])
 def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_cluster,
-                                                                           tmp_path):
+                                                                           tmp_path,
+                                                                           public_support):
     """DP-SynRAG (docs/methods.md §4): logit sums on two LogitWorker actors, every token
     released by the driver's session in cluster order; the same tokens as private_predict run
-    cluster after cluster (each release key has its own noise stream)."""
+    cluster after cluster (each release key has its own noise stream), over the whole
+    vocabulary or over the public candidate set the driver computes and sends."""
     import ray
 
     from dpsynth.methods.synrag.private_prediction import private_predict
@@ -349,13 +352,16 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
         logit_workers,
         private_predict_clusters,
     )
+    from dpsynth.methods.synrag.support import make_support, term_token_ids
     from dpsynth.privacy import Accountant, PrivacySession, make_noise_source
 
     gen = FakeGenerator("fake-g0")
     rows = private_rows(12)
-    clusters = [("cluster/0000", [r["text"] for r in rows[:5]]),
-                ("cluster/0001", []),  # an empty cluster: pure-noise tokens, still released
-                ("cluster/0002", [r["text"] for r in rows[5:]])]
+    support = (make_support(gen, term_token_ids(gen, ["fever", "cough"]), "rash", 6)
+               if public_support else None)
+    clusters = [("cluster/0000", [r["text"] for r in rows[:5]], support),
+                ("cluster/0001", [], support),  # an empty cluster: noise tokens, still released
+                ("cluster/0002", [r["text"] for r in rows[5:]], support)]
     opts = {"instruction": "Rephrase the document.", "tokens": 8, "clip": 1.0,
             "temperature": 1.0, "max_doc_tokens": 64}
 
@@ -364,7 +370,8 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
                               make_noise_source("seeded", 7))
 
     with session("seq") as s:
-        sequential = [private_predict(s, key, gen, docs, **opts) for key, docs in clusters]
+        sequential = [private_predict(s, key, gen, docs, support=sup, **opts)
+                      for key, docs, sup in clusters]
     assert ray.is_initialized()  # the ray_cluster fixture connected this process
     workers = logit_workers(GivenGenerator(FakeGenerator("fake-g0")), 2)
     try:

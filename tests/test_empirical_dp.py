@@ -247,6 +247,63 @@ def test_private_token_audit_detects_unclipped_logits() -> None:
     assert lb > _token_stated(), lb
 
 
+#: a candidate set fixed from public inputs (here: 10 of the 50 tokens, token 0 among them)
+TOK_SUPPORT = np.array([0, 3, 7, 11, 19, 23, 31, 37, 41, 47])
+
+
+def _support_eps_lb(support_of: Callable[[np.ndarray], np.ndarray], mode: str) -> float:
+    """The private token over a candidate set, through the session's production path
+    (``private_token(..., support=...)``): D, D' as above, E = {token 0}. ``support_of`` maps
+    the clipped sum z (full vocabulary) to the candidate set."""
+    from dpsynth.methods.synrag.private_prediction import clipped_sum
+
+    d, d2 = _token_logits()
+    hits = []
+    for logits, seed in ((d, 9), (d2, 10)):
+        z = clipped_sum(logits, TOK_CLIP)
+        ids = support_of(z)
+        noise = _noise(mode, seed)
+        hits.append(sum(int(ids[private_token_mechanism(z[ids], TOK_TEMP, noise)]) == 0
+                        for _ in range(TOK_N)))
+    return eps_lower_bound(hits[1], hits[0], TOK_N)
+
+
+def test_private_token_over_a_public_support_audit() -> None:
+    """Over a support fixed before the data is seen (docs/methods.md §4): the same
+    exponential mechanism on fewer outcomes, within the same stated epsilon."""
+    lb = _support_eps_lb(lambda z: TOK_SUPPORT, "secure")
+    assert lb <= _token_stated()
+    assert 0.2 < lb <= 2 * TOK_CLIP / TOK_TEMP, lb
+
+
+def test_support_read_from_the_private_logits_is_detected() -> None:
+    """The pitfall: a candidate set taken from the documents' own top tokens (here the top 1
+    of z: the tokens above its mean, else two fixed ones) is not post-processing; the audit
+    sees it break the bound."""
+    def from_private(z: np.ndarray) -> np.ndarray:
+        above = np.flatnonzero(z > z.mean() + 1e-9)
+        return above if above.size else np.array([5, 6])
+
+    lb = _support_eps_lb(from_private, "seeded")
+    assert lb > _token_stated(), lb
+
+
+def test_session_releases_over_a_support_are_this_mechanism(tmp_path: Path) -> None:
+    """The audited draw is the session's: with seeded noise, private_token with a support
+    returns support[private_token_mechanism(z, tau, that key's stream)]."""
+    from dpsynth.methods.synrag.private_prediction import clipped_sum
+
+    noise = make_noise_source("seeded", 12)
+    sess = PrivacySession(tmp_path / "s", Accountant("zcdp"), make_noise_source("seeded", 12))
+    _, d2 = _token_logits()
+    z = clipped_sum(d2, TOK_CLIP)[TOK_SUPPORT]
+    for i in range(20):
+        k = f"tok{i}"
+        assert sess.private_token(k, z, TOK_CLIP, TOK_TEMP, support=TOK_SUPPORT) == int(
+            TOK_SUPPORT[private_token_mechanism(z, TOK_TEMP, noise.spawn(k))])
+    sess.close()
+
+
 def test_session_releases_are_these_mechanisms(tmp_path: Path) -> None:
     """The audited functions are what the session runs: with seeded noise, each session
     release equals the mechanism applied with that key's noise stream."""
@@ -336,8 +393,10 @@ class _StubSession:
     def release_external(self, key: str, event: object, compute: Callable[[], object]) -> object:
         return compute()
 
-    def private_token(self, key: str, z: np.ndarray, clip: float, temperature: float) -> int:
-        return private_token_mechanism(z, temperature, self.noise)
+    def private_token(self, key: str, z: np.ndarray, clip: float, temperature: float,
+                      support: np.ndarray | None = None) -> int:
+        i = private_token_mechanism(z, temperature, self.noise)
+        return i if support is None else int(support[i])
 
 
 def _svt_eps_lb(eps_used: float, threshold: float) -> float:

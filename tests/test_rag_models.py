@@ -57,6 +57,31 @@ def test_stepper_sum_equals_per_document_computation(smollm) -> None:
     assert not np.allclose(z1, z2)
 
 
+def test_candidate_logits_and_bf16_stepper(smollm) -> None:
+    """logits_at(ids) computes exactly the ids' columns of the full logits; the bf16 stepper
+    (synrag.logits_dtype) stays close to float32 (KL per token, cf. BENCHMARKS.md)."""
+    from dpsynth.bench.private_prediction import _kl
+
+    prefix, suffix = prompt_parts(smollm, INSTR)
+    ids = np.array([5, 17, 300, 4096, int(smollm.vocab_size) - 1])
+    rows = [d + suffix for d in DOCS]
+    try:
+        smollm.set_logits_dtype("float32")
+        with smollm.open_stepper(rows, shared_prefix=prefix) as st:
+            st.advance(int(smollm.encode(" The")[0]))
+            full32 = st.logits()
+            np.testing.assert_allclose(st.logits_at(ids), full32[:, ids], atol=1e-4)
+            with pytest.raises(ValueError):
+                st.logits_at(np.array([int(smollm.vocab_size)]))
+        smollm.set_logits_dtype("bfloat16")
+        with smollm.open_stepper(rows, shared_prefix=prefix) as st:
+            st.advance(int(smollm.encode(" The")[0]))
+            kl = _kl(full32, st.logits())
+        assert 0 < kl.max() < 0.05, kl
+    finally:
+        smollm.set_logits_dtype("float32")
+
+
 def test_private_predict_charges_each_token(smollm, tmp_path) -> None:
     s = PrivacySession(tmp_path / "s", Accountant("zcdp"), make_noise_source("seeded", 0))
     pred = private_predict(s, "c0", smollm, DOCS, instruction=INSTR, tokens=6, clip=1.0,

@@ -161,6 +161,28 @@ def embedding(
     _emit(res, as_json)
 
 
+@bench_app.command("private-prediction")
+def private_prediction(
+    model: str = typer.Option("smollm2", "--model", help="Offline model name or HF directory."),
+    docs: int = typer.Option(16, "--docs", help="Documents of the cluster (demo corpus)."),
+    tokens: int = typer.Option(24, "--tokens", help="Private tokens T."),
+    clip: float = typer.Option(0.3, "--clip", help="Clip c."),
+    top: int = typer.Option(64, "--top", help="Public top tokens in the candidate set."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32 or bfloat16."),
+    rounds: int = typer.Option(2, "--rounds", help="Rounds, alternating which path runs first."),
+    as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
+) -> None:
+    """DP-SynRAG private prediction: float32 over the whole vocabulary (today's path) vs the
+    default (bf16 where native, public candidate set), side by side; KL to float32."""
+    from dpsynth.bench.private_prediction import bench_private_prediction
+
+    try:
+        res = bench_private_prediction(model, docs, tokens, clip, rounds, top, dtype)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _emit(res, as_json)
+
+
 def register(root: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     root.add_typer(bench_app, name="bench")

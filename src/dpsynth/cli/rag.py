@@ -25,8 +25,11 @@ def build(
         "--set", help="override KEY=VALUE, e.g. privacy.epsilon=2 (repeat; a list entry by "
         "its index: generators.0.top_p=0.9)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    require_passages: Annotated[bool, typer.Option(
+        "--require-passages", help="exit 3 when the knowledge base comes out empty")] = False,
 ) -> None:
-    """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json."""
+    """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json. An empty
+    knowledge base is a warning (exit 0) unless --require-passages."""
     from .. import progress
     from ..preflight import check_output_writable
     from ..rag.build import build_kb
@@ -46,14 +49,22 @@ def build(
                    f"dpsynth rag build {config} -o {output} --resume", err=True)
         raise typer.Exit(130) from None
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
+    empty = not summary.get("kb_passages")
     if as_json:
         typer.echo(json.dumps({"run_dir": str(run_dir), **summary}))
-        return
-    typer.echo(f"knowledge base: {run_dir / 'release' / 'kb.jsonl'} "
-               f"({summary['kb_passages']} passages from {summary['clusters']} clusters)")
-    typer.echo(f"privacy: ({format_epsilon(summary['epsilon'])}, "
-               f"{format_delta(summary['delta'])})-DP, "
-               f"statement in {run_dir / 'release' / 'privacy.json'}")
+    else:
+        typer.echo(f"knowledge base: {run_dir / 'release' / 'kb.jsonl'} "
+                   f"({summary['kb_passages']} passages from {summary['clusters']} clusters)")
+        typer.echo(f"privacy: ({format_epsilon(summary['epsilon'])}, "
+                   f"{format_delta(summary['delta'])})-DP, "
+                   f"statement in {run_dir / 'release' / 'privacy.json'}")
+        if empty:
+            typer.echo("warning: the knowledge base is empty (see the warnings in "
+                       f"{run_dir / 'release' / 'summary.json'})", err=True)
+    if empty and require_passages:
+        typer.echo("error: the knowledge base is empty and --require-passages was given",
+                   err=True)
+        raise typer.Exit(3)
 
 
 @group.command("ask")

@@ -57,6 +57,20 @@ __all__ = ["LocalGenerator", "Stepper"]
 
 log = logging.getLogger(__name__)
 
+#: dtypes of the Stepper's model (:meth:`LocalGenerator.set_logits_dtype`)
+LOGITS_DTYPES = ("float32", "bfloat16")
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX), where bf16
+    weights run faster than float32; elsewhere bf16 is emulated and slower."""
+    try:
+        import torch
+
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
 
 class LocalGenerator:
     """A local causal LM (on the CPU, or a GPU with ``device``) behind the
@@ -438,6 +452,29 @@ class LocalGenerator:
                 input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False
             )
         return logits.float().cpu().numpy().astype(np.float32, copy=False)
+
+    def set_logits_dtype(self, dtype: str) -> None:
+        """Run the :class:`Stepper` (DP-SynRAG's private prediction) in ``dtype``:
+        ``"float32"`` (the float weights as loaded) or ``"bfloat16"`` (a converted copy, made
+        on first use; :meth:`next_token_logits` keeps float32). The bf16 copy is measured
+        against float32 in ``dpsynth bench private-prediction`` (KL per token)."""
+        if dtype not in LOGITS_DTYPES:
+            raise ConfigError(f"logits dtype must be one of {LOGITS_DTYPES}, got {dtype!r}")
+        self.logits_dtype = dtype
+
+    def stepper_model(self) -> Any:
+        """The model the :class:`Stepper` runs: float32, or its bf16 copy (see
+        :meth:`set_logits_dtype`)."""
+        dtype = getattr(self, "logits_dtype", "float32")
+        if dtype == "float32":
+            return self.model
+        if getattr(self, "_bf16_model", None) is None:
+            import copy
+
+            import torch
+
+            self._bf16_model = copy.deepcopy(self.model).to(torch.bfloat16).eval()
+        return self._bf16_model
 
     def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Stepper:
         """A KV-cached stepper over ``prompts`` (see :class:`Stepper`).

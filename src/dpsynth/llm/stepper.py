@@ -3,6 +3,7 @@ private prediction, docs/methods.md §4)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,12 +12,22 @@ import numpy as np
 from .base import GenerationError
 
 
+def _cache_keyword(module: Any) -> str:
+    """The KV-cache keyword of a decoder's forward (``cache`` in newer transformers)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else \
+        "past_key_values"
+
+
 class Stepper:
     """Decode one shared token at a time over many prompts, reusing the KV cache.
 
     Private prediction in DP-SynRAG: every row (a private document) proposes next-token
     logits, a DP mechanism picks one token, and :meth:`advance` appends that same token to
-    all rows -- one forward pass of the whole batch per token, over ``past_key_values``.
+    all rows -- one forward pass of the whole batch per token, over ``past_key_values``. The
+    model is :meth:`LocalGenerator.stepper_model` (float32 or bf16). The last hidden state is
+    kept and the output layer applied on demand: :meth:`logits` over the whole vocabulary, or
+    :meth:`logits_at` over a given set of token ids only (DP-SynRAG's public candidate set;
+    the other rows of the output layer are never computed).
     """
 
     def __init__(self, gen: Any, prompts: Sequence[str], shared_prefix: str) -> None:
@@ -26,6 +37,8 @@ class Stepper:
         if not prompts:
             raise ValueError("open_stepper: prompts must not be empty")
         self._gen = gen
+        self._model = gen.stepper_model()
+        self._device = next(self._model.parameters()).device
         self.batch_size = len(prompts)
         self.tokens: list[int] = []
         with torch.inference_mode():
@@ -34,42 +47,80 @@ class Stepper:
                 rows = [gen.encode(p) for p in prompts]
                 if any(not r for r in rows):
                     raise ValueError("open_stepper: each prompt needs at least one token")
-                _, cache = gen.forward_last(
+                _, cache = self._forward(
+                    None,
                     input_ids=torch.tensor([prefix]),
                     position_ids=torch.arange(len(prefix)).unsqueeze(0),
-                    use_cache=True,
                 )
                 cache.batch_repeat_interleave(self.batch_size)
                 ids, smask = gen._pad_left(rows)
                 pmask = torch.ones((self.batch_size, len(prefix)), dtype=torch.long)
                 mask = torch.cat([pmask, smask], dim=1)
                 pos = len(prefix) + (smask.cumsum(-1) - 1).clamp(min=0)
-                logits, cache = gen.forward_last(
-                    cache,
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=pos,
-                    use_cache=True,
-                )
+                hidden, cache = self._forward(cache, input_ids=ids, attention_mask=mask,
+                                              position_ids=pos)
                 self._length = len(prefix) + max(len(r) for r in rows)
             else:
                 rows = [gen.encode_prompt(p) for p in prompts]
                 ids, mask = gen._pad_left(rows)
                 pos = (mask.cumsum(-1) - 1).clamp(min=0)
-                logits, cache = gen.forward_last(
-                    input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True
-                )
+                hidden, cache = self._forward(None, input_ids=ids, attention_mask=mask,
+                                              position_ids=pos)
                 self._length = ids.shape[1]
         self._cache: Any = cache
         self._mask = mask
         self._next_pos = pos[:, -1:] + 1
-        self._logits = logits.float().cpu().numpy().astype(np.float32, copy=False)
+        self._hidden = hidden
+        self._logits: np.ndarray | None = None
+
+    def _forward(self, cache: Any, **inputs: Any) -> tuple[Any, Any]:
+        """One forward pass of the decoder (no output layer): (last hidden state [B, H],
+        new KV cache)."""
+        base = self._model.get_decoder()
+        kw: dict[str, Any] = {k: v.to(self._device) for k, v in inputs.items()}
+        kw["use_cache"] = True
+        if cache is not None:
+            kw[_cache_keyword(base)] = cache
+        out = base(**kw)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = out.past_key_values
+        return out.last_hidden_state[:, -1, :], new_cache
+
+    def _head(self, ids: np.ndarray | None) -> np.ndarray:
+        import torch
+        import torch.nn.functional as F
+
+        if self._cache is None:
+            raise GenerationError("stepper is closed")
+        head = self._model.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+        with torch.inference_mode():
+            if ids is not None:
+                index = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=weight.device)
+                weight = weight.index_select(0, index)
+                bias = bias.index_select(0, index) if bias is not None else None
+            out = F.linear(self._hidden, weight, bias).float()
+            cap = getattr(self._model.config, "final_logit_softcapping", None)
+            if cap:
+                out = torch.tanh(out / cap) * cap
+        return out.cpu().numpy().astype(np.float32, copy=False)
 
     def logits(self) -> np.ndarray:
         """Next-token logits ``[B, V]`` (float32) of every row."""
         if self._cache is None:
             raise GenerationError("stepper is closed")
+        if self._logits is None:
+            self._logits = self._head(None)
         return self._logits
+
+    def logits_at(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Next-token logits ``[B, len(ids)]`` (float32) of every row at the token ``ids``
+        only: the output layer's rows for ``ids``, nothing else computed."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= self._gen.vocab_size:
+            raise ValueError("logits_at: ids must be a non-empty list of vocabulary ids")
+        return self._head(ids)
 
     def advance(self, token_id: int) -> None:
         """Append the same token to every row: one batched forward pass over the KV cache."""
@@ -84,21 +135,21 @@ class Stepper:
         b = self.batch_size
         self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
         with torch.inference_mode():
-            logits, self._cache = self._gen.forward_last(
+            self._hidden, self._cache = self._forward(
                 self._cache,
                 input_ids=torch.full((b, 1), int(token_id), dtype=torch.long),
                 attention_mask=self._mask,
                 position_ids=self._next_pos,
-                use_cache=True,
             )
         self._next_pos = self._next_pos + 1
         self._length += 1
         self.tokens.append(int(token_id))
-        self._logits = logits.float().cpu().numpy().astype(np.float32, copy=False)
+        self._logits = None
 
     def close(self) -> None:
         """Free the KV cache."""
         self._cache = None
+        self._hidden = None
 
     def __enter__(self) -> Stepper:
         return self

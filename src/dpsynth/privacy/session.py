@@ -287,19 +287,32 @@ class PrivacySession:
         clip: float,
         temperature: float,
         *,
+        support: np.ndarray | None = None,
         name: str = "private_prediction",
     ) -> int:
-        """One private token of DP-SynRAG (docs/methods.md §4): y ~ softmax(z / tau) over the
-        FULL vocabulary (no top-k / top-p), z = sum of clipped logit rows. An exponential
-        mechanism with per-coordinate sensitivity c: rho = (1/2) (c / tau)^2 per token."""
+        """One private token of DP-SynRAG (docs/methods.md §4): y ~ softmax(z / tau) (no top-k
+        / top-p), z = sum of clipped logit rows. An exponential mechanism with per-coordinate
+        sensitivity c: rho = (1/2) (c / tau)^2 per token. Over the FULL vocabulary (z indexed
+        by token id), or with ``support`` (distinct token ids fixed from public inputs and
+        earlier releases only, z[i] the sum for ``support[i]``) over that outcome set: the
+        same mechanism on fewer outcomes, same charge. Returns the token id."""
         events: list[Event] = [ZCDPEvent(mech.private_token_rho(clip, temperature), 1, name)]
+        ids = None
+        if support is not None:
+            ids = np.asarray(support, dtype=np.int64).ravel()
+            if not self.store.has(key) and (
+                    ids.size != np.asarray(clipped_logit_sum).size
+                    or np.unique(ids).size != ids.size):
+                raise PrivacyConfigError("private_token: support must hold distinct token ids, "
+                                         "one per entry of the clipped logit sum")
         if not self.store.has(key):
             mech.check_logit_sum(clipped_logit_sum)
-        return self._release(
-            key,
-            events,
-            lambda n: mech.private_token_mechanism(clipped_logit_sum, temperature, n),
-        )
+
+        def draw(n: NoiseSource) -> int:
+            i = mech.private_token_mechanism(clipped_logit_sum, temperature, n)
+            return int(ids[i]) if ids is not None else i
+
+        return self._release(key, events, draw)
 
     def record(self, key: str, event: Event | Iterable[Event], value: Any = None) -> Any:
         """Account a release whose value is already computed elsewhere. Prefer

@@ -65,6 +65,20 @@ class SynRAGConfig(BaseModel):
     clip: float | None = Field(None, gt=0, description="c; None = calibrate to the target")
     max_doc_tokens: int = Field(384, ge=8, description="longer documents are truncated")
     rephrase_instruction: str = DEFAULT_REPHRASE
+    support: Literal["public", "full"] = Field(
+        "public", description="where each private token is drawn: 'public' = a candidate set "
+        "built from public inputs and released values only (the public model's top tokens "
+        "given the instruction and the released prefix, the public vocabulary's tokens, the "
+        "cluster's released keyword, end-of-text; docs/methods.md §4), 'full' = the whole "
+        "vocabulary. Same charge either way")
+    support_top: int = Field(64, ge=0, le=4096, description="top tokens of the public model "
+                             "(no private document) in the candidate set")
+    support_vocabulary: bool = Field(True, description="the public vocabulary's tokens in the "
+                                     "candidate set (they carry names no public model knows)")
+    logits_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="dtype of the private prediction's model: 'auto' = bfloat16 on a "
+        "CPU with native bf16 (KL to float32 measured by `dpsynth bench private-prediction`), "
+        "else float32")
     public_shortcut: bool = Field(
         False, description="sparse-vector public-token shortcut (Amin et al. 2024): public "
         "tokens when the documents agree with the public model; only private tokens charged")
@@ -75,7 +89,11 @@ class SynRAGConfig(BaseModel):
         None, description="AboveThreshold threshold on q (sum of clipped-logit differences); "
         "default k c (about half of k documents disagreeing with the public token)")
     # 5. self-filtering
-    self_filter: bool = True
+    self_filter: bool = Field(
+        False, description="ask the LLM the filter question about each synthetic text and keep "
+        "the YES (post-processing). Off by default: measured unreliable at 135M parameters "
+        "(BENCHMARKS.md: on Medical Synth run 3 it dropped all 5 texts naming a disease and "
+        "kept 7 noise texts; on the tiny example it kept 6 of 16 texts, none naming one)")
     filter_question: str = DEFAULT_FILTER
     # RAG over the KB
     retrieve: int = Field(3, ge=1, le=50, description="passages retrieved per question")
@@ -87,6 +105,16 @@ def max_private_tokens(cfg: SynRAGConfig) -> int:
     if not cfg.public_shortcut:
         return cfg.tokens
     return min(cfg.tokens, cfg.svt_max_private or max(1, cfg.tokens // 4))
+
+
+def resolve_logits_dtype(setting: str) -> str:
+    """``synrag.logits_dtype`` made concrete on the driver: 'auto' is bfloat16 where the CPU
+    has native bf16 instructions, else float32."""
+    if setting != "auto":
+        return setting
+    from ...llm.local import bf16_supported
+
+    return "bfloat16" if bf16_supported() else "float32"
 
 
 def parse_synrag(config: RunConfig) -> SynRAGConfig:

@@ -23,7 +23,7 @@ from .clusters import (
     noise_floor,
     top_keywords,
 )
-from .config import SynRAGConfig, max_private_tokens, synrag_dict
+from .config import SynRAGConfig, max_private_tokens, resolve_logits_dtype, synrag_dict
 from .pipeline import (
     Corpus,
     Notice,
@@ -90,6 +90,8 @@ class SynRAG(Method):
                   else Corpus.in_process(cfg, job.dataset, run))
         gen, emb_model = load_models(cfg, run, job.generators[0] if job.generators else None,
                                      job.embedder)
+        if hasattr(gen, "set_logits_dtype"):
+            gen.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)
         note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
@@ -150,7 +152,15 @@ class SynRAG(Method):
                            "answer_max_new_tokens": scfg.answer_max_new_tokens,
                            "retrieve": scfg.retrieve})
         if results and not rows:
-            note("self-filtering kept no synthetic document: the KB is empty", warn=True)
+            note("the knowledge base is EMPTY: "
+                 + ("self-filtering kept none of the " if scfg.self_filter else "none of the ")
+                 + f"{len(results)} synthetic texts. To change: "
+                 + ("synrag.self_filter: false (the default; the filter is unreliable on "
+                    "small models), " if scfg.self_filter else "")
+                 + "more documents per cluster (a larger synrag.target_size or fewer "
+                 "synrag.clusters), fewer private tokens (synrag.tokens, or "
+                 "synrag.public_shortcut) or a larger privacy.epsilon, so that the clip c "
+                 "grows; `rag build --require-passages` makes this an error", warn=True)
         # wall time depends on the private data (document count, cluster sizes): operator only
         append_diagnostic(run, {"wall_seconds": round(time.time() - started, 1)})
         summary = {"clusters": len(results), "kb_passages": len(rows), "epsilon": None,

@@ -26,6 +26,7 @@ from .config import SynRAGConfig, parse_synrag
 from .private_prediction import predict_text, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
 from .shard import DocumentShard, ShardFiles, documents_of, merge_selected, on_documents
+from .support import Support, make_support, term_token_ids
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -192,6 +193,18 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
     return generator, embedder
 
 
+def supports(scfg: SynRAGConfig, gen: Any, vocab: Any) -> Callable[[str], Support | None]:
+    """keyword -> the public candidate set of that cluster's text (``synrag.support``; None:
+    the whole vocabulary): the public vocabulary's tokens (computed once), the cluster's
+    released keyword, end-of-text and the public model's top tokens at each step
+    (docs/methods.md §4)."""
+    if scfg.support == "full":
+        return lambda keyword: None
+    ids = (term_token_ids(gen, vocab.terms) if scfg.support_vocabulary
+           else np.zeros(0, dtype=np.int64))
+    return lambda keyword: make_support(gen, ids, keyword, scfg.support_top)
+
+
 def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any, gen: Any,
                       corpus: Corpus, sizes: np.ndarray, seeds: np.ndarray, vocab: Any,
                       noisy: np.ndarray, clip: float, note: Notice) -> list[dict[str, Any]]:
@@ -214,6 +227,7 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             retrieved[r] = got, corpus.select(key, r, got.direction, got.theta)
         return retrieved[r]
 
+    support_of = supports(scfg, gen, vocab)
     ray_preds: dict[int, Any] = {}
     if corpus.sharded:
         # every pending cluster's private prediction at once on Ray (.ray_prediction):
@@ -221,7 +235,8 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
         # this session, in cluster order
         from .ray_prediction import OnShards, cluster_predictions
 
-        jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]))
+        jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]),
+                 support_of(vocab.terms[int(seeds[r])]))
                 for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
         note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
              "workers)")  # the cluster count follows the released histogram
@@ -247,7 +262,8 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             if r in ray_preds:
                 pred, n_private = ray_preds[r]
             else:
-                pred, n_private = predict_text(store, key, gen, corpus.texts(key), scfg, clip)
+                pred, n_private = predict_text(store, key, gen, corpus.texts(key), scfg, clip,
+                                               support_of(keyword))
             if pred.truncated:
                 note.private(f"cluster {r}: {pred.truncated} document(s) longer than "
                              f"{scfg.max_doc_tokens} tokens were truncated (not dropped)",

@@ -1,10 +1,13 @@
 """Step 4 of DP-SynRAG: private prediction of one synthetic document per cluster.
 
 Each d in S_r gets the prompt p_d = "<instruction> Document: d". For token n,
-z_n = sum_{d in S_r} clip_c(logits(p_d, y_<n)) and y_n ~ softmax(z_n / tau) over the FULL
-vocabulary (no top-k / top-p): an exponential mechanism with per-coordinate sensitivity c,
-rho = (1/2) (c / tau)^2 per token (docs/methods.md §4; the sampling and its accounting are
-:meth:`dpsynth.privacy.PrivacySession.private_token`).
+z_n = sum_{d in S_r} clip_c(logits(p_d, y_<n)) and y_n ~ softmax(z_n / tau) over a candidate
+set S_n built from public inputs and released values only (:mod:`.support`; or the whole
+vocabulary with ``synrag.support: full``), never top-k / top-p of the private logits: an
+exponential mechanism with per-coordinate sensitivity c, rho = (1/2) (c / tau)^2 per token
+(docs/methods.md §4; the sampling and its accounting are
+:meth:`dpsynth.privacy.PrivacySession.private_token`). clip_c is applied to each document's
+logits over S_n (a row over S_n with sup-norm <= c).
 
 Speed: one forward pass per token for ALL documents of the cluster (a KV-cached
 :class:`~dpsynth.llm.local.Stepper`), the shared instruction prefix computed once.
@@ -23,6 +26,7 @@ import numpy as np
 
 from .clipping import clip_logits
 from .config import SynRAGConfig, max_private_tokens
+from .support import Support, support_logits
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -89,6 +93,38 @@ class Prediction:
     truncated: int  # documents truncated to max_doc_tokens
 
 
+class PublicSide:
+    """The public model's side of one text: a stepper over the rephrase prompt with NO
+    document (batch of its own), advanced by the released tokens; its next-token logits give
+    the public top tokens of the candidate set (and the shortcut's public row)."""
+
+    def __init__(self, gen: Any, instruction: str, support: Support | None,
+                 need_logits: bool = False) -> None:
+        self.support = support
+        self.stepper = None
+        if need_logits or (support is not None and support.top > 0):
+            prefix, suffix = prompt_parts(gen, instruction)
+            self.stepper = gen.open_stepper([prefix + suffix])
+
+    def logits(self) -> np.ndarray | None:
+        """The public next-token logit row (None without a public stepper)."""
+        return None if self.stepper is None else np.asarray(self.stepper.logits())[0]
+
+    def ids(self) -> np.ndarray | None:
+        """S_n for the next token (None: the whole vocabulary)."""
+        if self.support is None:
+            return None
+        return self.support.at(self.logits())
+
+    def advance(self, tok: int) -> None:
+        if self.stepper is not None:
+            self.stepper.advance(int(tok))
+
+    def close(self) -> None:
+        if self.stepper is not None:
+            self.stepper.close()
+
+
 def private_predict(
     session: Any,
     key: str,
@@ -101,37 +137,46 @@ def private_predict(
     temperature: float,
     max_doc_tokens: int,
     parts: tuple[str, str] | None = None,
+    support: Support | None = None,
 ) -> Prediction:
     """Private prediction over ``documents`` (one cluster's S_r). Every token is a keyed
-    release ``{key}/tok{n}`` in ``session`` (a resumed build replays stored tokens).
+    release ``{key}/tok{n}`` in ``session`` (a resumed build replays stored tokens), drawn
+    over the public candidate set of ``support`` (:mod:`.support`; None: the whole
+    vocabulary).
 
-    With no documents z = 0: the tokens are uniform over the vocabulary (the same mechanism
+    With no documents z = 0: the tokens are uniform over the candidates (the same mechanism
     run on an empty set; its release is still made and charged). ``parts`` = (prefix, suffix)
     overrides the rephrase prompt (document i reads prefix + d_i + suffix)."""
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     out: list[int] = []
-    if not documents:
-        z = np.zeros(int(gen.vocab_size))
-        for n in range(tokens):
-            tok = session.private_token(f"{key}/tok{n:04d}", z, clip, temperature)
-            if tok in eos:
-                return Prediction(gen.decode(out), out, n + 1, 0)
-            out.append(int(tok))
-        return Prediction(gen.decode(out), out, tokens, 0)
     docs, cut = truncate_documents(gen, documents, max_doc_tokens)  # callers log ``cut``
     prefix, suffix = parts if parts is not None else prompt_parts(gen, instruction)
+    public = PublicSide(gen, instruction, support)
+    stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
     steps = 0
-    with gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) as stepper:
+    try:
         for n in range(tokens):
-            z = clipped_sum(stepper.logits(), clip)
-            tok = session.private_token(f"{key}/tok{n:04d}", z, clip, temperature)
+            ids = public.ids()
+            if stepper is not None:
+                z = clipped_sum(support_logits(stepper, ids), clip)
+            else:
+                z = np.zeros(int(gen.vocab_size) if ids is None else ids.size)
+            tok = session.private_token(f"{key}/tok{n:04d}", z, clip, temperature,
+                                        **({"support": ids} if ids is not None else {}))
             steps = n + 1
             if tok in eos:
                 break
             out.append(int(tok))
             if n + 1 < tokens:
-                stepper.advance(int(tok))
-    return Prediction(clean_text(gen.decode(out)), out, steps, cut)
+                if stepper is not None:
+                    stepper.advance(int(tok))
+                public.advance(int(tok))
+    finally:
+        public.close()
+        if stepper is not None:
+            stepper.close()
+    text = gen.decode(out)
+    return Prediction(clean_text(text) if docs else text, out, steps, cut)
 
 
 # ----------------------------------------------------------------------- public shortcut
@@ -182,7 +227,8 @@ class ShortcutText:
     (:func:`shortcut_stats`, computed wherever the documents are) and releases one token."""
 
     def __init__(self, session: Any, key: str, gen: Any, *, instruction: str, tokens: int,
-                 clip: float, temperature: float, shortcut: Shortcut) -> None:
+                 clip: float, temperature: float, shortcut: Shortcut,
+                 support: Support | None = None) -> None:
         from ...privacy import ZCDPEvent
 
         self.session, self.key, self.gen = session, key, gen
@@ -202,8 +248,8 @@ class ShortcutText:
                                                      2 * self.delta_q / sc.epsilon))
         self.rng = np.random.default_rng(
             int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
-        prefix, suffix = prompt_parts(gen, instruction)
-        self.public = gen.open_stepper([prefix + suffix])
+        self.public = PublicSide(gen, instruction, support, need_logits=True)
+        self.ids: np.ndarray | None = None  # S_n of the next token (None: whole vocabulary)
         self.out: list[int] = []
         self.private = 0  # private tokens drawn
         self.steps = 0
@@ -211,9 +257,14 @@ class ShortcutText:
         self._p_row: np.ndarray | None = None
 
     def public_clip(self) -> np.ndarray:
-        """clip_c of the public next-token logits (what the documents' side compares with)."""
-        self._p_row = np.asarray(self.public.logits(), dtype=np.float64)
-        return np.asarray(clip_logits(self._p_row, self.clip))[0]
+        """clip_c of the public next-token logits over S_n (what the documents' side compares
+        with; :attr:`ids` is S_n, None for the whole vocabulary)."""
+        row = self.public.logits()
+        assert row is not None
+        self._p_row = np.asarray(row, dtype=np.float64)
+        self.ids = self.public.ids()
+        sub = self._p_row if self.ids is None else self._p_row[self.ids]
+        return np.asarray(clip_logits(sub, self.clip))
 
     def release(self, z: np.ndarray, q: float) -> int:
         """Token n (after :meth:`public_clip`): a private token drawn from softmax(z / tau) when
@@ -223,14 +274,15 @@ class ShortcutText:
         above = self.private < sc.max_private and (
             q + float(_laplace(self.q_u[n], 4 * self.delta_q / sc.epsilon)) >= self.rho_hat)
         if above:
+            extra = {"support": self.ids} if self.ids is not None else {}
             tok = int(self.session.private_token(f"{self.key}/tok{n:04d}", z, self.clip,
-                                                 self.temperature))
+                                                 self.temperature, **extra))
             self.private += 1
             if self.private < len(self.thr_u):
                 self.rho_hat = sc.threshold + float(
                     _laplace(self.thr_u[self.private], 2 * self.delta_q / sc.epsilon))
         else:  # public token: softmax of the public logits, public randomness
-            w = self._p_row[0] / self.temperature
+            w = self._p_row / self.temperature
             w = np.exp(w - w.max())
             tok = int(self.rng.choice(w.size, p=w / w.sum()))
         self.steps = n + 1
@@ -261,11 +313,13 @@ def private_predict_shortcut(
     temperature: float,
     max_doc_tokens: int,
     shortcut: Shortcut,
+    support: Support | None = None,
 ) -> tuple[Prediction, int]:
     """Private prediction with the public-token shortcut (:class:`ShortcutText`) over
-    ``documents``; returns (prediction, private tokens drawn)."""
+    ``documents``, private tokens over ``support``'s candidates; returns (prediction,
+    private tokens drawn)."""
     text = ShortcutText(session, key, gen, instruction=instruction, tokens=tokens, clip=clip,
-                        temperature=temperature, shortcut=shortcut)
+                        temperature=temperature, shortcut=shortcut, support=support)
     docs, cut = truncate_documents(gen, documents, max_doc_tokens)
     prefix, suffix = prompt_parts(gen, instruction)
     stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
@@ -273,7 +327,7 @@ def private_predict_shortcut(
         while not text.done:
             pub_clip = text.public_clip()
             if stepper is not None:
-                z, q = shortcut_stats(stepper.logits(), pub_clip, clip)
+                z, q = shortcut_stats(support_logits(stepper, text.ids), pub_clip, clip)
             else:
                 z, q = np.zeros_like(pub_clip), 0.0
             tok = text.release(z, q)
@@ -295,13 +349,15 @@ def shortcut_of(cfg: SynRAGConfig, clip: float) -> Shortcut | None:
 
 
 def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
-                 cfg: SynRAGConfig, clip: float) -> tuple[Prediction, int]:
+                 cfg: SynRAGConfig, clip: float,
+                 support: Support | None = None) -> tuple[Prediction, int]:
     """One synthetic text over ``documents`` as the synrag section ``cfg`` says: private
-    prediction, with the public-token :class:`Shortcut` when ``cfg.public_shortcut``. Returns
-    (prediction, private tokens drawn)."""
+    prediction over ``support``'s public candidates (None: the whole vocabulary), with the
+    public-token :class:`Shortcut` when ``cfg.public_shortcut``. Returns (prediction,
+    private tokens drawn)."""
     opts: dict[str, Any] = {"instruction": cfg.rephrase_instruction, "tokens": cfg.tokens,
                             "clip": clip, "temperature": cfg.temperature,
-                            "max_doc_tokens": cfg.max_doc_tokens}
+                            "max_doc_tokens": cfg.max_doc_tokens, "support": support}
     shortcut = shortcut_of(cfg, clip)
     if shortcut is None:
         pred = private_predict(session, key, gen, documents, **opts)

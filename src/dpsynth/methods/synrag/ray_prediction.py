@@ -31,6 +31,7 @@ import numpy as np
 from ...compute.ray_engine import ray_get
 from .private_prediction import (
     Prediction,
+    PublicSide,
     Shortcut,
     ShortcutText,
     clean_text,
@@ -40,6 +41,7 @@ from .private_prediction import (
     truncate_documents,
 )
 from .shard import merge_selected, on_documents
+from .support import Support, support_logits
 
 MAX_RESTARTS = 4
 
@@ -80,20 +82,23 @@ class LogitWorker:
         self.steppers: dict[str, tuple[Any, int, int]] = {}
 
     def step(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
-             max_doc_tokens: int, released: list[int], clip: float) -> tuple[np.ndarray, int]:
-        """(z for the next token of cluster ``key`` after the ``released`` tokens, how many of
-        its documents were truncated to ``max_doc_tokens``). ``docs``: the documents, or
-        where the shards keep them."""
+             max_doc_tokens: int, released: list[int], clip: float,
+             ids: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """(z for the next token of cluster ``key`` after the ``released`` tokens, over the
+        public candidate ``ids`` (None: the whole vocabulary), how many of its documents were
+        truncated to ``max_doc_tokens``). ``docs``: the documents, or where the shards keep
+        them."""
         stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released)
-        return clipped_sum(stepper.logits(), clip), cut
+        return clipped_sum(support_logits(stepper, ids), clip), cut
 
     def step_shortcut(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
                       max_doc_tokens: int, released: list[int], clip: float,
-                      pub_clip: np.ndarray) -> tuple[np.ndarray, float, int]:
+                      pub_clip: np.ndarray, ids: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, float, int]:
         """As :meth:`step` for the public-token shortcut: (z, the SVT query q against the
         clipped public row ``pub_clip``, documents truncated)."""
         stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released)
-        z, q = shortcut_stats(stepper.logits(), pub_clip, clip)
+        z, q = shortcut_stats(support_logits(stepper, ids), pub_clip, clip)
         return z, q, cut
 
     def _stepper(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
@@ -139,52 +144,66 @@ def _source(documents: list[str] | OnShards) -> Any:
 
 
 def private_predict_clusters(session: Any, gen: Any,
-                             clusters: Sequence[tuple[str, list[str] | OnShards]],
+                             clusters: Sequence[tuple[str, list[str] | OnShards,
+                                                      Support | None]],
                              workers: Sequence[Any], *, instruction: str, tokens: int,
                              clip: float, temperature: float,
                              max_doc_tokens: int, timeout_s: float | None = None
                              ) -> list[Prediction]:
-    """``private_predict`` for every (key, documents) in ``clusters`` (the documents, or
-    :class:`OnShards`: where the shard actors keep them), the logit sums computed by the
-    ``workers`` (Ray actor handles of :class:`LogitWorker`), every token released by
-    ``session`` on this process. Returns the predictions in the order of ``clusters``."""
+    """``private_predict`` for every (key, documents, support) in ``clusters`` (the
+    documents, or :class:`OnShards`: where the shard actors keep them; the public candidate
+    set, None for the whole vocabulary), the logit sums computed by the ``workers`` (Ray actor
+    handles of :class:`LogitWorker`) over the candidates this process sends (computed here
+    from public inputs and released tokens), every token released by ``session`` on this
+    process. Returns the predictions in the order of ``clusters``."""
 
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     prefix, suffix = prompt_parts(gen, instruction)
-    jobs = [_Job(key, _source(documents), []) for key, documents in clusters]
-    zero = np.zeros(int(gen.vocab_size))
-    for n in range(tokens):
-        active = [i for i, job in enumerate(jobs) if not job.done]
-        if not active:
-            break
-        refs = {i: workers[i % len(workers)].step.remote(
-                    jobs[i].key, jobs[i].docs, prefix, suffix, max_doc_tokens,
-                    list(jobs[i].out), clip)
-                for i in active if jobs[i].docs is not None}
-        zs = {}
-        answers = ray_get(list(refs.values()), timeout_s, f"token step {n}")
-        for i, (z, cut) in zip(refs, answers, strict=True):
-            zs[i], jobs[i].cut = z, cut
-        for i in active:  # releases in cluster order, through the one session
-            job = jobs[i]
-            tok = int(session.private_token(f"{job.key}/tok{n:04d}", zs.get(i, zero), clip,
-                                            temperature))
-            job.steps = n + 1
-            if tok in eos:
-                job.done = True
-                continue
-            job.out.append(tok)
-            if n + 1 == tokens:
-                job.done = True
-    for i, job in enumerate(jobs):
-        if job.docs is not None:
-            workers[i % len(workers)].close.remote(job.key)
+    jobs = [_Job(key, _source(documents), []) for key, documents, _ in clusters]
+    publics = [PublicSide(gen, instruction, support) for _, _, support in clusters]
+    try:
+        for n in range(tokens):
+            active = [i for i, job in enumerate(jobs) if not job.done]
+            if not active:
+                break
+            ids = {i: publics[i].ids() for i in active}
+            refs = {i: workers[i % len(workers)].step.remote(
+                        jobs[i].key, jobs[i].docs, prefix, suffix, max_doc_tokens,
+                        list(jobs[i].out), clip, ids[i])
+                    for i in active if jobs[i].docs is not None}
+            zs = {}
+            answers = ray_get(list(refs.values()), timeout_s, f"token step {n}")
+            for i, (z, cut) in zip(refs, answers, strict=True):
+                zs[i], jobs[i].cut = z, cut
+            for i in active:  # releases in cluster order, through the one session
+                job = jobs[i]
+                size = int(gen.vocab_size) if ids[i] is None else ids[i].size
+                extra = {"support": ids[i]} if ids[i] is not None else {}
+                tok = int(session.private_token(f"{job.key}/tok{n:04d}",
+                                                zs.get(i, np.zeros(size)), clip, temperature,
+                                                **extra))
+                job.steps = n + 1
+                if tok in eos:
+                    job.done = True
+                    continue
+                job.out.append(tok)
+                if n + 1 == tokens:
+                    job.done = True
+                else:
+                    publics[i].advance(tok)
+    finally:
+        for p in publics:
+            p.close()
+        for i, job in enumerate(jobs):
+            if job.docs is not None:
+                workers[i % len(workers)].close.remote(job.key)
     return [Prediction(clean_text(gen.decode(job.out)) if job.docs is not None
                        else gen.decode(job.out), job.out, job.steps, job.cut) for job in jobs]
 
 
 def shortcut_predict_clusters(session: Any, gen: Any,
-                              clusters: Sequence[tuple[str, list[str] | OnShards]],
+                              clusters: Sequence[tuple[str, list[str] | OnShards,
+                                                       Support | None]],
                               workers: Sequence[Any], *, instruction: str, tokens: int,
                               clip: float, temperature: float, max_doc_tokens: int,
                               shortcut: Shortcut, timeout_s: float | None = None
@@ -198,11 +217,11 @@ def shortcut_predict_clusters(session: Any, gen: Any,
     jobs: list[_Job] = []
     texts: list[ShortcutText] = []
     try:
-        for key, documents in clusters:
+        for key, documents, support in clusters:
             jobs.append(_Job(key, _source(documents), []))
             texts.append(ShortcutText(session, key, gen, instruction=instruction,
                                       tokens=tokens, clip=clip, temperature=temperature,
-                                      shortcut=shortcut))
+                                      shortcut=shortcut, support=support))
         while True:
             active = [i for i, t in enumerate(texts) if not t.done]
             if not active:
@@ -210,7 +229,7 @@ def shortcut_predict_clusters(session: Any, gen: Any,
             pubs = {i: texts[i].public_clip() for i in active}
             refs = {i: workers[i % len(workers)].step_shortcut.remote(
                         jobs[i].key, jobs[i].docs, prefix, suffix, max_doc_tokens,
-                        list(texts[i].out), clip, pubs[i])
+                        list(texts[i].out), clip, pubs[i], texts[i].ids)
                     for i in active if jobs[i].docs is not None}
             stats = {}
             answers = ray_get(list(refs.values()), timeout_s, "a shortcut token step")
@@ -246,11 +265,14 @@ class GeneratorSpec:
     ``GeneratorConfig.load_spec``)."""
 
     spec: Any
+    logits_dtype: str = "float32"  # resolved on the driver, so every worker steps alike
 
     def __call__(self) -> Any:
         from ...llm import load_generator
 
-        return load_generator(self.spec)
+        gen = load_generator(self.spec)
+        gen.set_logits_dtype(self.logits_dtype)
+        return gen
 
 
 def generator_factory(config: Any, gen: Any) -> Any:
@@ -259,19 +281,22 @@ def generator_factory(config: Any, gen: Any) -> Any:
     from ...llm.local import LocalGenerator
 
     g = config.generators[0]
-    return (GeneratorSpec(g.load_spec()) if isinstance(gen, LocalGenerator)
+    return (GeneratorSpec(g.load_spec(), getattr(gen, "logits_dtype", "float32"))
+            if isinstance(gen, LocalGenerator)
             else GivenGenerator(gen))
 
 
 def cluster_predictions(config: Any, session: Any, gen: Any,
-                        jobs: Sequence[tuple[int, str, list[str] | OnShards]], *,
+                        jobs: Sequence[tuple[int, str, list[str] | OnShards, Support | None]],
+                        *,
                         instruction: str, tokens: int, clip: float, temperature: float,
                         max_doc_tokens: int, shortcut: Shortcut | None = None
                         ) -> dict[int, tuple[Prediction, int]]:
     """DP-SynRAG's private prediction of every pending cluster (index, key, documents or
-    :class:`OnShards`) on ``config.compute`` (engine ray): ``compute.shards`` LogitWorker
-    actors, releases through ``session`` here, with the public-token ``shortcut`` if given.
-    Returns (prediction, private tokens drawn) per cluster index."""
+    :class:`OnShards`, public candidate set or None) on ``config.compute`` (engine ray):
+    ``compute.shards`` LogitWorker actors, releases through ``session`` here, with the
+    public-token ``shortcut`` if given. Returns (prediction, private tokens drawn) per
+    cluster index."""
     import ray
 
     if not jobs:
@@ -290,7 +315,7 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
         opts: dict[str, Any] = {"instruction": instruction, "tokens": tokens, "clip": clip,
                                 "temperature": temperature, "max_doc_tokens": max_doc_tokens,
                                 "timeout_s": config.compute.timeout_s}
-        todo = [(key, docs) for _, key, docs in jobs]
+        todo = [(key, docs, support) for _, key, docs, support in jobs]
         preds = (shortcut_predict_clusters(session, gen, todo, workers, shortcut=shortcut,
                                            **opts) if shortcut is not None else
                  [(p, p.steps) for p in private_predict_clusters(session, gen, todo, workers,
@@ -300,4 +325,4 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
             ray.kill(w)
         if owned:
             ray.shutdown()
-    return {r: p for (r, _, _), p in zip(jobs, preds, strict=True)}
+    return {r: p for (r, _, _, _), p in zip(jobs, preds, strict=True)}

@@ -1,0 +1,196 @@
+"""The tiny DP-SynRAG example (examples/tiny-synrag.yaml) arm by arm, side by side in one run.
+
+Each arm is the example with some overrides, built with the same models on the same demo
+corpus. Measured per arm, from the released texts and PUBLIC facts only (the demo's knowledge
+table): how many texts name one of its diseases, how well they read (mean log-probability per
+token under the public model, no document in the prompt), what the LLM self-filter keeps
+(against "names a disease"), and, on held-out patients (the demo's test split: other patients,
+same diseases), how often RAG over the kept passages / over all released texts answers the
+right disease, against the model without RAG.
+
+    PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/bench_tiny_synrag.py \
+        --arms before,support,tuned --questions 24 --out benchmarks/results/tiny_synrag.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "tiny-synrag.yaml"
+
+#: tuned: every document in one cluster (L = 1), a cheap threshold (eps_theta 0.5), k = 16
+#: documents per cluster: a larger clip c, more documents voting on each token
+TUNED = {"synrag.overlap": 1, "synrag.eps_theta": 0.5, "synrag.target_size": 16}
+ARMS: dict[str, dict[str, Any]] = {
+    "before": {"synrag.support": "full", "synrag.logits_dtype": "float32",
+               "synrag.self_filter": True},
+    "support": {"synrag.self_filter": True},
+    "tuned": {**TUNED, "synrag.self_filter": True},
+    "tuned-shortcut": {**TUNED, "synrag.self_filter": True, "synrag.public_shortcut": True},
+    # the candidate set without the vocabulary's name fragments (public top tokens, the
+    # cluster's keyword, EOS), more documents, keywords by vocabulary match in its order
+    "small-set": {**TUNED, "data.demo_rows": 120, "synrag.support_vocabulary": False,
+                  "synrag.keyword_extractor": "vocabulary", "synrag.keywords_per_doc": 2,
+                  "synrag.keyword_fill": "vocabulary_order", "synrag.self_filter": True},
+    "small-set-shortcut": {**TUNED, "data.demo_rows": 120, "synrag.support_vocabulary": False,
+                           "synrag.keyword_extractor": "vocabulary",
+                           "synrag.keywords_per_doc": 2,
+                           "synrag.keyword_fill": "vocabulary_order",
+                           "synrag.self_filter": True, "synrag.public_shortcut": True},
+    # clusters seeded by disease names: the public vocabulary is the knowledge table's disease
+    # names only, K = 1, so a cluster holds documents that name its disease, and the
+    # candidate set has the disease name's tokens (the released keyword)
+    "disease-seeded": {**TUNED, "data.demo_rows": 300, "synrag.vocabulary": "DISEASES",
+                       "synrag.support_vocabulary": False,
+                       "synrag.keyword_extractor": "vocabulary", "synrag.keywords_per_doc": 1,
+                       "synrag.self_filter": True},
+    "disease-seeded-t48": {**TUNED, "data.demo_rows": 300, "synrag.vocabulary": "DISEASES",
+                           "synrag.support_vocabulary": False, "synrag.tokens": 48,
+                           "synrag.keyword_extractor": "vocabulary",
+                           "synrag.keywords_per_doc": 1, "synrag.self_filter": True},
+    "disease-seeded-t48-shortcut": {
+        **TUNED, "data.demo_rows": 300, "synrag.vocabulary": "DISEASES",
+        "synrag.support_vocabulary": False, "synrag.tokens": 48,
+        "synrag.keyword_extractor": "vocabulary", "synrag.keywords_per_doc": 1,
+        "synrag.self_filter": True, "synrag.public_shortcut": True},
+    "current": {},
+}
+
+
+def log_prob_per_token(gen: Any, text: str) -> float:
+    """Mean log-probability of ``text``'s tokens under the public model (prompt: BOS only)."""
+    ids = gen.encode(text)
+    if not ids:
+        return float("nan")
+    total = 0.0
+    with gen.open_stepper([gen.tokenizer.bos_token or " "]) as st:
+        for tok in ids:
+            row = np.asarray(st.logits()[0], dtype=np.float64)
+            row -= row.max()
+            total += row[tok] - np.log(np.exp(row).sum())
+            st.advance(tok)
+    return total / len(ids)
+
+
+def names_disease(text: str, diseases: list[str]) -> bool:
+    low = text.lower()
+    return any(d.lower() in low for d in diseases)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arms", default="before,support,tuned")
+    ap.add_argument("--questions", type=int, default=24)
+    ap.add_argument("--config", default=str(EXAMPLE))
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "tiny_synrag.md"))
+    args = ap.parse_args()
+
+    from dpsynth.io import write_jsonl
+
+    from dpsynth.demo_corpus import demo_knowledge, write_demo_corpus
+    from dpsynth.embed import Embedder
+    from dpsynth.llm import load_generator
+    from dpsynth.rag.answer import Answerer
+    from dpsynth.rag.build import build_kb
+    from dpsynth.rag.index import KnowledgeBase, build_index
+
+    t_start = time.time()
+    work = Path(args.work or tempfile.mkdtemp(prefix="tiny-synrag-"))
+    os.environ.setdefault("DPSYNTH_LEDGER", str(work / "ledger.json"))
+    diseases = [k["disease"] for k in demo_knowledge(0)]
+    held_out = write_demo_corpus(work / "demo", n=60, seed=0, test_n=200)["test"]
+    import pandas as pd
+
+    test = pd.read_csv(held_out)
+    test = test[[d.lower() not in t.lower() for d, t in zip(test.disease, test.text,
+                                                             strict=True)]]
+    test = test.head(args.questions)
+    questions = [f"{t} Which disease do I most likely have?" for t in test.text]
+    gold = list(test.disease)
+
+    gen = load_generator("smollm2", batch_size=16)
+    emb = Embedder("minilm")
+
+    def accuracy(answerer: Any, k: int = 3) -> float:
+        out = answerer.ask_many(questions, k)
+        return 100.0 * float(np.mean([g.lower() in a["answer"].lower()
+                                      for a, g in zip(out, gold, strict=True)]))
+
+    rows: list[dict[str, Any]] = []
+    no_rag = accuracy(Answerer(None, gen, emb), k=0)
+    for arm in [a for a in args.arms.split(",") if a]:
+        t0 = time.time()
+        over = {k: (diseases if v == "DISEASES" else v) for k, v in ARMS[arm].items()}
+        run = build_kb(args.config, work / arm, generator=gen, embedder=emb,
+                       overrides=over, echo=lambda m: print(m, flush=True))
+        build_s = time.time() - t0
+        released = [json.loads(x) for x in (run / "release" / "synthetic_all.jsonl")
+                    .read_text().splitlines() if x]
+        privacy = json.loads((run / "release" / "privacy.json").read_text())
+        texts = [r["text"] for r in released]
+        named = [names_disease(t, diseases) for t in texts]
+        kept = [bool(r["kept"]) for r in released]
+        lp = [log_prob_per_token(gen, t) for t in texts if t.strip()]
+        kb = KnowledgeBase.open(run / "release")
+        acc_kb = accuracy(Answerer(kb, gen, emb)) if len(kb) else no_rag
+        folder = work / f"{arm}-all"
+        write_jsonl(folder / "kb.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+        build_index(folder, texts, emb, "minilm")
+        acc_all = accuracy(Answerer(KnowledgeBase.open(folder), gen, emb))
+        rows.append({
+            "arm": arm, "overrides": ARMS[arm], "epsilon": privacy["epsilon"],
+            "clip": privacy.get("clip"), "texts": len(texts), "named": int(sum(named)),
+            "kept": int(sum(kept)),
+            "kept_named": int(sum(k and n for k, n in zip(kept, named, strict=True))),
+            "logprob": float(np.mean(lp)) if lp else float("nan"),
+            "acc_kb": acc_kb, "acc_all": acc_all, "build_s": build_s,
+            "examples": [t[:140] for t in texts],
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    reference = float(np.mean([log_prob_per_token(gen, t) for t in test.text[:8]]))
+    write_report(args, rows, no_rag, reference, len(questions), time.time() - t_start)
+
+
+def write_report(args: Any, rows: list[dict[str, Any]], no_rag: float, reference: float,
+                 n_q: int, wall: float) -> None:
+    lines = [
+        "# Tiny DP-SynRAG example, arm by arm (one run)", "",
+        f"`{Path(args.config).name}` with the overrides of each arm; SmolLM2-135M-Instruct, "
+        f"all-MiniLM-L6-v2; {n_q} held-out patients of the demo's test split whose message does "
+        "not name their disease (question: the message + 'Which disease do I most likely "
+        "have?'; right when the answer names the disease). 'reads': mean log-probability per "
+        "token under the public model (real demo messages: "
+        f"{reference:.2f}). Wall time {wall / 60:.1f} min on a shared 2-core CPU.", "",
+        f"No RAG: {no_rag:.1f} % right.", "",
+        "| arm | c | texts naming a demo disease | kept by the self-filter (of them naming one) "
+        "| reads | RAG on kept % | RAG on all texts % | build s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['arm']} | {r['clip']:.3g} | {r['named']}/{r['texts']} | "
+                     f"{r['kept']} ({r['kept_named']}) | {r['logprob']:.2f} | "
+                     f"{r['acc_kb']:.1f} | {r['acc_all']:.1f} | {r['build_s']:.0f} |")
+    lines += ["", "Overrides: " + "; ".join(f"{r['arm']}: {r['overrides']}" for r in rows), ""]
+    for r in rows:
+        lines += [f"Texts of '{r['arm']}':", ""] + [f"* {t!r}" for t in r["examples"]] + [""]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

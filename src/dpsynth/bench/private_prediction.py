@@ -1,0 +1,175 @@
+"""DP-SynRAG's private prediction (step 4) at speed: today's path against the default one, side
+by side on the same cluster and the same token sequence.
+
+* baseline: the stepper in float32, each token's z over the whole vocabulary (the output layer
+  computed for all 49k tokens of every document row);
+* default: the stepper in ``logits_dtype`` (bf16 where the CPU has native bf16), z over the
+  public candidate set (:mod:`dpsynth.methods.synrag.support`: the public model's top tokens
+  from a one-row stepper without documents, plus the public vocabulary's tokens), the output
+  layer computed for those rows only.
+
+Both follow one token sequence (drawn once by the baseline through the private mechanism, with
+seeded noise), so they do the same forward passes; the rounds alternate which path runs first
+and the fastest round of each is kept (the machine is shared). ``kl``: the mean over tokens
+and documents of KL(p_float32 || p_default) of the model's next-token distribution on the
+same prompts (``kl_max`` the largest), in a separate untimed pass.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    """KL(softmax(p) || softmax(q)) per row, in float64."""
+    p = np.asarray(p_logits, dtype=np.float64)
+    q = np.asarray(q_logits, dtype=np.float64)
+    lp = p - p.max(axis=1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+    lq = q - q.max(axis=1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(axis=1, keepdims=True))
+    return (np.exp(lp) * (lp - lq)).sum(axis=1)
+
+
+def public_top_share(gen: Any, prompt: str, texts: list[str], names: list[str],
+                     top: int) -> float:
+    """The pitfall measured: share of the tokens spelling ``names[i]`` in ``texts[i]`` that are
+    among the public model's top ``top`` tokens at their position, the text so far taken as
+    the released prefix after the rephrase prompt without document."""
+    from ..methods.synrag.support import top_tokens
+
+    inside = total = 0
+    for text, name in zip(texts, names, strict=True):
+        pos = text.lower().find(name.lower())
+        before = gen.encode(text[:pos].rstrip())
+        span = gen.encode(text[:pos + len(name)])[len(before):]
+        with gen.open_stepper([prompt]) as pub:
+            for tok in before:
+                pub.advance(tok)
+            for tok in span:
+                total += 1
+                inside += int(tok in set(top_tokens(pub.logits()[0], top).tolist()))
+                pub.advance(tok)
+    return inside / total if total else float("nan")
+
+
+def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int = 24,
+                             clip: float = 0.3, rounds: int = 2, top: int = 64,
+                             dtype: str = "auto") -> dict[str, Any]:
+    """Tokens per second of one cluster's private prediction, baseline vs default (see the
+    module docstring)."""
+    if docs < 1 or tokens < 1 or rounds < 1:
+        raise ValueError("docs, tokens and rounds must be >= 1")
+    from ..demo_corpus import demo_knowledge, make_demo_corpus
+    from ..llm import load_generator
+    from ..methods.synrag.config import DEFAULT_REPHRASE, resolve_logits_dtype
+    from ..methods.synrag.keywords import demo_terms
+    from ..methods.synrag.private_prediction import clipped_sum, prompt_parts
+    from ..methods.synrag.support import (
+        disease_token_share,
+        make_support,
+        support_logits,
+        term_token_ids,
+    )
+    from ..privacy import Accountant, PrivacySession, make_noise_source
+
+    gen = load_generator(model, engine="transformers")
+    dtype = resolve_logits_dtype(dtype)
+    corpus = make_demo_corpus(max(docs, 60), seed=0)
+    texts = list(corpus["text"])[:docs]
+    prefix, suffix = prompt_parts(gen, DEFAULT_REPHRASE)
+    rows = [d + suffix for d in texts]
+    vocab_ids = term_token_ids(gen, demo_terms(0))
+    support = make_support(gen, vocab_ids, None, top)
+    session = PrivacySession(Path(tempfile.mkdtemp()), Accountant("zcdp"),
+                             make_noise_source("seeded", 0))
+
+    gen.set_logits_dtype("float32")
+    seq: list[int] = []
+    with gen.open_stepper(rows, shared_prefix=prefix) as st:  # the token sequence (untimed)
+        for n in range(tokens):
+            seq.append(int(session.private_token(f"seq{n}", clipped_sum(st.logits(), clip),
+                                                 clip, 1.0)))
+            if n + 1 < tokens:
+                st.advance(seq[-1])
+
+    def baseline(r: int) -> tuple[float, float]:
+        gen.set_logits_dtype("float32")
+        t0 = time.perf_counter()
+        with gen.open_stepper(rows, shared_prefix=prefix) as st:
+            t1 = time.perf_counter()
+            for n in range(tokens):
+                session.private_token(f"a{r}/{n}", clipped_sum(st.logits(), clip), clip, 1.0)
+                if n + 1 < tokens:
+                    st.advance(seq[n])
+        return t1 - t0, time.perf_counter() - t1
+
+    def default(r: int) -> tuple[float, float]:
+        gen.set_logits_dtype(dtype)
+        t0 = time.perf_counter()
+        with gen.open_stepper(rows, shared_prefix=prefix) as st, \
+                gen.open_stepper([prefix + suffix]) as pub:
+            t1 = time.perf_counter()
+            for n in range(tokens):
+                ids = support.at(pub.logits()[0])
+                session.private_token(f"b{r}/{n}", clipped_sum(support_logits(st, ids), clip),
+                                      clip, 1.0, support=ids)
+                if n + 1 < tokens:
+                    st.advance(seq[n])
+                    pub.advance(seq[n])
+        return t1 - t0, time.perf_counter() - t1
+
+    gen.set_logits_dtype(dtype)
+    with gen.open_stepper(rows[:1], shared_prefix=prefix):  # converts the model (untimed)
+        pass
+    times: dict[str, list[tuple[float, float]]] = {"baseline": [], "default": []}
+    for r in range(rounds):
+        order = [("baseline", baseline), ("default", default)]
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            times[name].append(fn(r))
+
+    # KL of the default dtype's next-token distribution to float32's, same prompts (untimed)
+    kls: list[np.ndarray] = []
+    sizes: list[int] = []
+    steppers = {}
+    for d in ("float32", dtype):
+        gen.set_logits_dtype(d)
+        steppers[d] = gen.open_stepper(rows, shared_prefix=prefix)
+    gen.set_logits_dtype(dtype)
+    with gen.open_stepper([prefix + suffix]) as pub:
+        for n in range(tokens):
+            kls.append(_kl(steppers["float32"].logits(), steppers[dtype].logits()))
+            sizes.append(int(support.at(pub.logits()[0]).size))
+            if n + 1 < tokens:
+                for st in steppers.values():
+                    st.advance(seq[n])
+                pub.advance(seq[n])
+    for st in steppers.values():
+        st.close()
+    kl = np.concatenate(kls)
+
+    know = demo_knowledge(0)
+    with_name = corpus[[d.lower() in t.lower() for d, t in zip(corpus["disease"],
+                                                               corpus["text"], strict=True)]]
+    share = disease_token_share(gen, list(with_name["text"]), list(with_name["disease"]),
+                                support.fixed)
+    top_share = public_top_share(gen, prefix + suffix, list(with_name["text"])[:12],
+                                 list(with_name["disease"])[:12], top)
+    best = {k: min(v, key=sum) for k, v in times.items()}
+    tps = {k: tokens / sum(v) for k, v in best.items()}
+    return {
+        "model": model, "documents": docs, "tokens": tokens, "rounds": rounds,
+        "dtype": dtype, "support_top": top, "vocab_size": int(gen.vocab_size),
+        "support_size_mean": float(np.mean(sizes)), "diseases": len(know),
+        "tokens_per_second": tps["default"], "baseline_tokens_per_second": tps["baseline"],
+        "speedup": tps["default"] / tps["baseline"],
+        "prefill_s": best["default"][0], "baseline_prefill_s": best["baseline"][0],
+        "decode_s": best["default"][1], "baseline_decode_s": best["baseline"][1],
+        "kl": float(kl.mean()), "kl_max": float(kl.max()),
+        "disease_token_share": share, "disease_token_share_top_only": top_share,
+    }
