@@ -5,8 +5,8 @@ alternating rounds, so the shared machine's load falls on each alike; rates are 
 rounds and agreement is the per-text cosine to the torch vectors. Rows: torch
 (sentence-transformers, batch 64), the default ``auto`` engine, ONNX Runtime fp32, and, for the
 record, ONNX Runtime with dynamic int8 weights (per-channel; not offered by dpsynth because it
-does not keep 0.999 cosine). Prints JSON and writes benchmarks/results/embedding.md (its headline figure is indexed in
-BENCHMARKS.md).
+does not keep 0.999 cosine). Prints JSON and writes benchmarks/results/embedding.md (its
+headline figure is indexed in BENCHMARKS.md).
 
     .venv/bin/python benchmarks/bench_embedding.py --limit 600 --rounds 3
 """

@@ -238,7 +238,7 @@ class PrivacyConfig(Section):
 
 
 #: Candidate sampling of the PE methods, chosen on the Yelp validation split with SmolLM2
-#: (BENCHMARKS.md, "Readable defaults"): a truncated support is post-processing here (the
+#: (benchmarks/results/sampling_val.md): a truncated support is post-processing here (the
 #: candidates are public outputs), unlike DP-SynRAG's private tokens, which never use these.
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0

@@ -15,7 +15,7 @@ weights on first use and cached under the model cache (``$DPSYNTH_MODEL_CACHE`` 
 path on a fixed set of public probe sentences (cosine >= ``MIN_AGREEMENT``) before it is used:
 ``auto`` takes the first of openvino, onnx, torch that is installed and agrees. Texts are sorted
 by length before batching, so little compute goes to padding. Dynamic int8 quantisation was
-measured and is not offered: it keeps only ~0.99 cosine on MiniLM (BENCHMARKS.md).
+measured and is not offered: it keeps only ~0.99 cosine on MiniLM (benchmarks/results/embedding.md).
 
 ``embed_to_file`` streams texts chunk by chunk into a memory-mapped ``.npy`` (mode 0600) and
 resumes a partly written file where it stopped.

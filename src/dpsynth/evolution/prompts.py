@@ -119,7 +119,7 @@ _REFUSAL = re.compile(
 
 #: A generation that talks about the prompt (its examples, the rephrasing asked for) instead of
 #: being a sample: SmolLM2-135M answers WASP's contrastive prompt so about a fifth of the time
-#: by this pattern (BENCHMARKS.md, WASP lever: dropping generations that comment on the prompt).
+#: by this pattern (benchmarks/results/wasp_offtask.md).
 _OFF_TASK = re.compile(
     r"\b(?:good|bad) (?:examples?|ones)\b|\bexamples? (?:above|below|provided|given)\b|"
     r"\b(?:the|these|those|your|my) examples\b|\brephras\w*|"

@@ -1,8 +1,8 @@
 """CTranslate2 int8 engine for :class:`~dpsynth.llm.local.LocalGenerator` (sampling only).
 
 On this project's 2-core CPU machines CTranslate2 with int8 weights generates about 2.5x as
-many tokens per second as transformers in float32, at half the memory (BENCHMARKS.md,
-"Generation"). It installs from PyPI as a wheel with no build step.
+many tokens per second as transformers in float32, at half the memory (benchmarks/results/
+generation.md). It installs from PyPI as a wheel with no build step.
 
 What it keeps and what it does not (docs/methods.md §1, §4):
 
