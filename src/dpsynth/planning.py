@@ -93,7 +93,9 @@ def verdict(config: RunConfig, noise: float, expected: float, mass: float
     head = (f"at epsilon {config.privacy.epsilon:.3g} the noise on each candidate's votes "
             f"(sigma {noise:.3g}) is {ratio:.3g}x the expected votes per candidate "
             f"({expected:.3g} = records x {mass:.3g} / (samples {syn.samples} x "
-            f"pool_multiplier {syn.pool_multiplier}))")
+            f"pool_multiplier {syn.pool_multiplier})"
+            + ("; at user level each user's votes are scaled to norm 1, so fewer" if
+               config.privacy.unit == "user" else "") + ")")
     fix = ("raise privacy.epsilon, or lower synthesis.samples, synthesis.pool_multiplier or "
            "synthesis.iterations, or bring more records")
     if ratio > RANDOM_ABOVE:
