@@ -24,14 +24,20 @@ TOPICS = ("a bakery", "a train station", "a library", "a football match", "a hos
           "a mountain hike", "a job interview", "a rainy day")
 
 
-@contextlib.contextmanager
-def _serve(app: Any, start_timeout_s: float = 60.0) -> Iterator[str]:
-    """``app`` on a free 127.0.0.1 port (uvicorn, a background thread) until the block ends;
-    yields its ``/v1`` URL."""
-    uvicorn = require("uvicorn", "serve", "`dpsynth bench serving`")
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_on_loopback(app: Any, path: str = "", start_timeout_s: float = 60.0
+                      ) -> Iterator[str]:
+    """``app`` on a free 127.0.0.1 port (uvicorn, a background thread) until the block ends;
+    yields ``http://127.0.0.1:PORT`` + ``path`` (also the tests' loopback server)."""
+    uvicorn = require("uvicorn", "serve", "serving on loopback")
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -42,7 +48,7 @@ def _serve(app: Any, start_timeout_s: float = 60.0) -> Iterator[str]:
             raise ComputeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}{path}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -108,7 +114,7 @@ def bench_serving(model: str = "smollm2", clients: int = 32, requests: int = 64,
     for label, size in (("one_at_a_time", 1), ("micro_batched", max_batch)):
         app = create_app(gen, max_batch_requests=size, max_pending=max(256, requests),
                          queue_timeout_s=timeout_s)
-        with _serve(app) as url:
+        with serve_on_loopback(app, "/v1") as url:
             t0 = time.perf_counter()
             lat, texts, codes = asyncio.run(_burst(url, bodies, clients, timeout_s))
             wall = time.perf_counter() - t0
