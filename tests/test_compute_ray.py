@@ -346,7 +346,7 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
     vocabulary or over the public candidate set the driver computes and sends."""
     import ray
 
-    from dpsynth.methods.synrag.private_prediction import private_predict
+    from dpsynth.methods.synrag.private_prediction import Rephrase, private_predict
     from dpsynth.methods.synrag.ray_prediction import (
         GivenGenerator,
         logit_workers,
@@ -359,19 +359,22 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
     rows = private_rows(12)
     support = (make_support(gen, term_token_ids(gen, ["fever", "cough"]), "rash", 6)
                if public_support else None)
-    clusters = [("cluster/0000", [r["text"] for r in rows[:5]], support),
-                ("cluster/0001", [], support),  # an empty cluster: noise tokens, still released
-                ("cluster/0002", [r["text"] for r in rows[5:]], support)]
-    opts = {"instruction": "Rephrase the document.", "tokens": 8, "clip": 1.0,
-            "temperature": 1.0, "max_doc_tokens": 64}
+    prompt = Rephrase("Rephrase the document on {keyword}.", "About {keyword}:")
+    clusters = [("cluster/0000", [r["text"] for r in rows[:5]], support,
+                 prompt.for_keyword("fever")),
+                # an empty cluster: noise tokens, still released
+                ("cluster/0001", [], support, prompt.for_keyword("cough")),
+                ("cluster/0002", [r["text"] for r in rows[5:]], support,
+                 prompt.for_keyword("rash"))]
+    opts = {"tokens": 8, "clip": 1.0, "temperature": 1.0, "max_doc_tokens": 64}
 
     def session(name: str) -> PrivacySession:
         return PrivacySession(tmp_path / name, Accountant("zcdp"),
                               make_noise_source("seeded", 7))
 
     with session("seq") as s:
-        sequential = [private_predict(s, key, gen, docs, support=sup, **opts)
-                      for key, docs, sup in clusters]
+        sequential = [private_predict(s, key, gen, docs, support=sup, instruction=pr, **opts)
+                      for key, docs, sup, pr in clusters]
     assert ray.is_initialized()  # the ray_cluster fixture connected this process
     workers = logit_workers(GivenGenerator(FakeGenerator("fake-g0")), 2)
     try:
@@ -383,6 +386,8 @@ def test_private_prediction_of_clusters_on_ray_gives_the_sequential_tokens(ray_c
             ray.kill(w)
     assert parallel == sequential
     assert any(p.token_ids for p in parallel)
+    assert [p.text.split(":")[0] for p in parallel] == ["About fever", "About cough",
+                                                         "About rash"]
     with session("seq") as s:
         assert s.epsilon(1e-6) == pytest.approx(spent)  # the same releases, charged the same
 

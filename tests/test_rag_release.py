@@ -219,3 +219,34 @@ def test_synrag_shortcut_clusters_within_theorem1(tmp_path) -> None:
     actual = [_epsilon(v, 1e-3) for v in per_cluster.values()]
     assert all(a <= share * (1 + 1e-9) for a in actual)
     assert max(actual) == pytest.approx(share, rel=1e-6)
+
+
+def test_cluster_prompts_name_their_released_keyword(tmp_path) -> None:
+    """``{keyword}`` in ``synrag.rephrase_instruction`` and ``synrag.lead`` is each cluster's
+    released seed keyword: every released text opens with its cluster's lead."""
+    from dpsynth.rag.build import build_kb
+
+    over = _overrides(rephrase_instruction="Rephrase this note about {keyword}.",
+                      lead="About {keyword}:")
+    out = build_kb(EXAMPLE, tmp_path / "run", overrides=over, generator=FakeGen(),
+                   embedder=FakeEmbedder())
+    rows = [json.loads(x) for x in (out / "release" / "synthetic_all.jsonl")
+            .read_text().splitlines() if x]
+    stats = [json.loads(x) for x in (out / "stats.jsonl").read_text().splitlines() if x]
+    keywords = [s["keyword"] for s in stats if s.get("stage") == "cluster"]
+    assert len(rows) == len(keywords) == 3 and len(set(keywords)) == 3
+    assert [r["text"].split(":")[0].lower() for r in rows] == [f"about {k}" for k in keywords]
+
+
+@pytest.mark.parametrize("retrieve", [1, 2])
+def test_ask_retrieves_what_the_build_says(tmp_path, retrieve: int) -> None:
+    """``synrag.retrieve`` is stored with the index: `rag ask` without -k (and the service
+    and Python API, which share the answerer) retrieve that many passages; -k overrides."""
+    from dpsynth.rag.answer import answer
+    from dpsynth.rag.build import build_kb
+
+    out = build_kb(EXAMPLE, tmp_path / "run", overrides=_overrides(retrieve=retrieve),
+                   generator=FakeGen(), embedder=FakeEmbedder())
+    models = {"generator": FakeGen(), "embedder": FakeEmbedder()}
+    assert len(answer("fever?", out, **models)["passages"]) == retrieve
+    assert len(answer("fever?", out, 3, **models)["passages"]) == 3

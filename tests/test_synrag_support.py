@@ -116,22 +116,33 @@ def test_a_support_that_does_not_match_z_is_refused(tmp_path, support) -> None:
     assert session.accountant.rho() == 0.0
 
 
-def test_private_prediction_over_the_candidates(tmp_path) -> None:
+@pytest.mark.parametrize("lead", [False, True])
+def test_private_prediction_over_the_candidates(tmp_path, lead: bool) -> None:
     """Every released token is a candidate of its step: the fixed ids or the public model's
-    top tokens given the released prefix (recomputed here from the public prompt)."""
-    from dpsynth.methods.synrag.private_prediction import prompt_parts
+    top tokens given the released prefix (recomputed here from the public prompt). With a
+    cluster prompt (the released keyword in the instruction, a public lead): the public
+    model's prompt ends with the same lead as the documents', and the text starts with it."""
+    from dpsynth.methods.synrag.private_prediction import Rephrase, prompt_parts
 
     gen = FakeGenerator()
     sup = _support(gen, top=4)
     docs = [r["text"] for r in private_rows(8)]
+    prompt = (Rephrase("Rephrase the note on {keyword}.", "Symptoms of {keyword} are")
+              .for_keyword("skin rash") if lead else Rephrase(OPTS["instruction"]))
     with PrivacySession(tmp_path, Accountant("zcdp"), make_noise_source("seeded", 2)) as s:
-        pred = private_predict(s, "c", gen, docs, support=sup, **{**OPTS, "tokens": 12})
-    prefix, suffix = prompt_parts(gen, OPTS["instruction"])
-    public = gen.encode_prompt(prefix) + gen.encode(suffix)
+        pred = private_predict(s, "c", gen, docs, support=sup,
+                               **{**OPTS, "tokens": 12, "instruction": prompt})
+    prefix, suffix = prompt_parts(gen, prompt.instruction)
+    public = gen.encode_prompt(prefix) + gen.encode(suffix + prompt.lead)
     for n, tok in enumerate(pred.token_ids):
         row = gen.next_token_logits_ids([public + pred.token_ids[:n]])[0]
         assert tok in set(sup.at(row).tolist())
     assert pred.steps == len(pred.token_ids) or pred.steps == len(pred.token_ids) + 1
+    if lead:
+        assert prompt == Rephrase("Rephrase the note on skin rash.",
+                                  "Symptoms of skin rash are")
+        assert pred.text.startswith("Symptoms of skin rash are")
+        assert prompt.parts(gen) == (prefix, suffix + "Symptoms of skin rash are")
 
 
 @pytest.mark.parametrize("require", [False, True])

@@ -226,9 +226,10 @@ class RagResult:
 
         return pd.DataFrame(read_jsonl(self.run_dir / "release" / "kb.jsonl"))
 
-    def ask(self, question: str, k: int = 3, *, generator: Any = None,
+    def ask(self, question: str, k: int | None = None, *, generator: Any = None,
             embedder: Any = None) -> dict[str, Any]:
-        """The answer and the retrieved passages (post-processing of the release)."""
+        """The answer and the ``k`` retrieved passages (default: the build's
+        ``synrag.retrieve``); post-processing of the release."""
         if not str(question).strip():
             raise ConfigError("the question is blank (empty or whitespace only)")
         if self._answerer is None or generator is not None or embedder is not None:

@@ -71,7 +71,8 @@ def build(
 def ask(
     question: Annotated[str, typer.Argument(help="the question")],
     kb: Annotated[Path, typer.Option("--kb", help="run folder of a built KB")],
-    k: Annotated[int, typer.Option("-k", help="passages to retrieve")] = 3,
+    k: Annotated[int | None, typer.Option(
+        "-k", help="passages to retrieve (default: the build's synrag.retrieve)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
 ) -> None:
     """Answer a question from the synthetic KB (no privacy cost: post-processing)."""

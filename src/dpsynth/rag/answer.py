@@ -40,17 +40,20 @@ def answer_prompt(question: str, passages: Sequence[str]) -> tuple[dict[str, str
 
 
 class Answerer:
-    """Question answering over one knowledge base (or none: k = 0)."""
+    """Question answering over one knowledge base (or none: k = 0); ``k`` passages per
+    question, ``default_k`` (the build's ``synrag.retrieve``) unless a call says."""
 
     def __init__(self, kb: KnowledgeBase | None, generator: Any, embedder: Any, *,
-                 max_new_tokens: int = 48) -> None:
+                 max_new_tokens: int = 48, default_k: int = 3) -> None:
         self.kb = kb
         self.generator = generator
         self.embedder = embedder
         self.max_new_tokens = max_new_tokens
+        self.default_k = default_k
 
-    def ask_many(self, questions: Sequence[str], k: int = 3) -> list[dict[str, Any]]:
+    def ask_many(self, questions: Sequence[str], k: int | None = None) -> list[dict[str, Any]]:
         """Answers and retrieved passages for several questions (greedy decoding)."""
+        k = self.default_k if k is None else k
         hits: list[list[tuple[int, float]]] = [[] for _ in questions]
         if self.kb is not None and k > 0 and len(self.kb):
             hits = self.kb.search(self.embedder.embed(list(questions)), k)
@@ -66,7 +69,7 @@ class Answerer:
             for q, t, ps, h in zip(questions, texts, passages, hits, strict=True)
         ]
 
-    def ask(self, question: str, k: int = 3) -> dict[str, Any]:
+    def ask(self, question: str, k: int | None = None) -> dict[str, Any]:
         return self.ask_many([question], k)[0]
 
 
@@ -87,12 +90,14 @@ def open_answerer(kb_dir: str | Path, *, generator: Any = None, embedder: Any = 
         from ..embed import Embedder
 
         embedder = Embedder(kb.embedder_name)
-    return Answerer(kb, generator, embedder, max_new_tokens=max_new_tokens or tokens)
+    return Answerer(kb, generator, embedder, max_new_tokens=max_new_tokens or tokens,
+                    default_k=int(meta.get("retrieve", 3)))
 
 
-def answer(question: str, kb_dir: str | Path, k: int = 3, *, generator: Any = None,
+def answer(question: str, kb_dir: str | Path, k: int | None = None, *, generator: Any = None,
            embedder: Any = None) -> dict[str, Any]:
-    """Answer ``question`` from the synthetic KB of run ``kb_dir``: answer + passages."""
+    """Answer ``question`` from the synthetic KB of run ``kb_dir``: answer + passages (``k``
+    passages; None: the build's ``synrag.retrieve``)."""
     return open_answerer(kb_dir, generator=generator, embedder=embedder).ask(question, k)
 
 

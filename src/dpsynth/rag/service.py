@@ -40,7 +40,7 @@ RETRY_AFTER_S = 2
 class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
-    k: int = Field(3, ge=0, le=MAX_K)
+    k: int | None = Field(None, ge=0, le=MAX_K)  # None: the build's synrag.retrieve
 
     @field_validator("question")
     @classmethod
@@ -91,7 +91,7 @@ def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
         with count_lock:
             pending[0] -= 1
 
-    def _ask(question: str, k: int, request: Request) -> dict[str, Any]:
+    def _ask(question: str, k: int | None, request: Request) -> dict[str, Any]:
         if not model_lock.acquire(timeout=queue_timeout):
             raise _Busy(f"no answer slot within {queue_timeout:g} s")
         try:

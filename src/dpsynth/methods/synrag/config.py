@@ -32,7 +32,8 @@ class SynRAGConfig(BaseModel):
         "tokenizer",
         description=(
             "PUBLIC keyword vocabulary: a list of terms, a file path (one term a line, or a "
-            "JSON list), 'demo' (terms of dpsynth.demo_corpus.demo_knowledge) or 'tokenizer' "
+            "JSON list), 'demo' (terms of dpsynth.demo_corpus.demo_knowledge), 'demo-diseases' "
+            "(its disease names only) or 'tokenizer' "
             "(whole-word tokens of the generator's tokenizer, minus stop words)"
         ),
     )
@@ -64,7 +65,13 @@ class SynRAGConfig(BaseModel):
     temperature: float = Field(1.0, gt=0, description="tau")
     clip: float | None = Field(None, gt=0, description="c; None = calibrate to the target")
     max_doc_tokens: int = Field(384, ge=8, description="longer documents are truncated")
-    rephrase_instruction: str = DEFAULT_REPHRASE
+    rephrase_instruction: str = Field(
+        DEFAULT_REPHRASE, description="the public instruction before each document; "
+        "'{keyword}' in it is the cluster's released keyword (post-processing of a release)")
+    lead: str = Field(
+        "", description="public opening of every released text, which the private tokens "
+        "continue (e.g. 'Typical symptoms of {keyword} are'); '{keyword}' is the cluster's "
+        "released keyword. Every document's prompt and the public model's end with it")
     support: Literal["public", "full"] = Field(
         "public", description="where each private token is drawn: 'public' = a candidate set "
         "built from public inputs and released values only (the public model's top tokens "

@@ -7,7 +7,8 @@ that some document contains it. So the vocabulary comes from outside the data:
 
 * a list given in the config or a file (e.g. a public medical term list);
 * ``"demo"``: the terms of :func:`dpsynth.demo_corpus.demo_knowledge` (the demo's public
-  knowledge table, a function of the seed only, shipped with the package);
+  knowledge table, a function of the seed only, shipped with the package); ``"demo-diseases"``:
+  its disease names only;
 * ``"tokenizer"`` (default): whole-word tokens of the generator's tokenizer (alphabetic, at
   least 4 letters, not an English stop word). The tokenizer was trained long before and
   independently of the private data.
@@ -50,11 +51,13 @@ def _stop_words() -> frozenset[str]:
 
 
 class Vocabulary:
-    """An ordered set of public terms (single or multi-word) with a normalised index."""
+    """An ordered set of public terms (single or multi-word) with a normalised index; each
+    term's first spelling in the public list is kept for prompts (``spellings``)."""
 
     def __init__(self, terms: Iterable[str], source: str) -> None:
         self.source = source
         self.terms: list[str] = []
+        self.spellings: list[str] = []
         self.index: dict[str, int] = {}
         stops = _stop_words()
         for t in terms:
@@ -63,6 +66,7 @@ class Vocabulary:
                 continue
             self.index[n] = len(self.terms)
             self.terms.append(n)
+            self.spellings.append(" ".join(str(t).split()))
         if not self.terms:
             raise ConfigError(f"synrag.vocabulary ({source}): no usable term")
         self.max_words = max(len(t.split()) for t in self.terms)
@@ -111,6 +115,10 @@ def demo_terms(seed: int = 0) -> list[str]:
     return terms
 
 
+#: ``synrag.vocabulary`` values that name a built-in public vocabulary, not a file.
+BUILT_IN_VOCABULARIES = ("demo", "demo-diseases", "tokenizer")
+
+
 def load_vocabulary(spec: str | list[str], *, tokenizer: Any = None, demo_seed: int = 0,
                     base: Path | None = None) -> Vocabulary:
     """Build the public vocabulary from ``synrag.vocabulary`` (see the module docstring)."""
@@ -118,6 +126,10 @@ def load_vocabulary(spec: str | list[str], *, tokenizer: Any = None, demo_seed: 
         return Vocabulary(spec, "config list")
     if spec == "demo":
         return Vocabulary(demo_terms(demo_seed), "demo knowledge")
+    if spec == "demo-diseases":
+        from ...demo_corpus import demo_knowledge
+
+        return Vocabulary([k["disease"] for k in demo_knowledge(demo_seed)], "demo diseases")
     if spec == "tokenizer":
         if tokenizer is None:
             raise ConfigError("synrag.vocabulary 'tokenizer' needs a local generator")
@@ -126,7 +138,8 @@ def load_vocabulary(spec: str | list[str], *, tokenizer: Any = None, demo_seed: 
     if not path.is_absolute() and base is not None:
         path = base / path
     if not path.is_file():
-        raise ConfigError(f"synrag.vocabulary: {spec!r} is not 'demo', 'tokenizer' or a file")
+        raise ConfigError(f"synrag.vocabulary: {spec!r} is not 'demo', 'demo-diseases', "
+                          "'tokenizer' or a file")
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
         try:

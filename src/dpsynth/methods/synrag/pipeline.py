@@ -23,7 +23,8 @@ from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...run_folder import RunDir
 from .config import SynRAGConfig, parse_synrag
-from .private_prediction import predict_text, shortcut_of
+from .keywords import BUILT_IN_VOCABULARIES
+from .private_prediction import predict_text, rephrase_of, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
 from .shard import DocumentShard, ShardFiles, documents_of, merge_selected, on_documents
 from .support import Support, make_support, term_token_ids
@@ -68,7 +69,7 @@ def _resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path,
     scfg = parse_synrag(cfg)
     voc = scfg.vocabulary
     if (not isinstance(config, RunConfig) and isinstance(voc, str)
-            and voc not in ("demo", "tokenizer") and not Path(voc).is_absolute()):
+            and voc not in BUILT_IN_VOCABULARIES and not Path(voc).is_absolute()):
         scfg.vocabulary = str((Path(config).parent / voc).resolve())
     check_vocabulary_public(cfg, output_dir)
 
@@ -78,7 +79,7 @@ def check_vocabulary_public(cfg: RunConfig, output_dir: str | Path | None = None
     area: the histogram's coordinates must be public input (docs/methods.md §4, step 1), else
     the released key set would reveal words of the private documents."""
     voc = parse_synrag(cfg).vocabulary
-    if not isinstance(voc, str) or voc in ("demo", "tokenizer"):
+    if not isinstance(voc, str) or voc in BUILT_IN_VOCABULARIES:
         return
     path = Path(voc).resolve()
     private: list[Path] = []
@@ -200,7 +201,7 @@ def supports(scfg: SynRAGConfig, gen: Any, vocab: Any) -> Callable[[str], Suppor
     (docs/methods.md §4)."""
     if scfg.support == "full":
         return lambda keyword: None
-    ids = (term_token_ids(gen, vocab.terms) if scfg.support_vocabulary
+    ids = (term_token_ids(gen, [*vocab.terms, *vocab.spellings]) if scfg.support_vocabulary
            else np.zeros(0, dtype=np.int64))
     return lambda keyword: make_support(gen, ids, keyword, scfg.support_top)
 
@@ -236,12 +237,13 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
         from .ray_prediction import OnShards, cluster_predictions
 
         jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]),
-                 support_of(vocab.terms[int(seeds[r])]))
+                 support_of(vocab.spellings[int(seeds[r])]),
+                 rephrase_of(scfg, vocab.spellings[int(seeds[r])]))
                 for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
         note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
              "workers)")  # the cluster count follows the released histogram
         ray_preds = cluster_predictions(
-            cfg, store, gen, jobs, instruction=scfg.rephrase_instruction, tokens=scfg.tokens,
+            cfg, store, gen, jobs, tokens=scfg.tokens,
             clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens,
             shortcut=shortcut_of(scfg, clip))
     for r, seed in enumerate(seeds):
@@ -262,8 +264,9 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             if r in ray_preds:
                 pred, n_private = ray_preds[r]
             else:
+                spelling = vocab.spellings[int(seed)]  # the public list's form, for prompts
                 pred, n_private = predict_text(store, key, gen, corpus.texts(key), scfg, clip,
-                                               support_of(keyword))
+                                               support_of(spelling), spelling)
             if pred.truncated:
                 note.private(f"cluster {r}: {pred.truncated} document(s) longer than "
                              f"{scfg.max_doc_tokens} tokens were truncated (not dropped)",

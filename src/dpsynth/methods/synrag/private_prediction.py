@@ -50,10 +50,47 @@ def split_prompt(gen: Any, user: str, plain_tail: str,
     return prefix, suffix
 
 
-def prompt_parts(gen: Any, instruction: str) -> tuple[str, str]:
+def prompt_parts(gen: Any, instruction: str, lead: str = "") -> tuple[str, str]:
     """(shared prefix, per-document suffix) of the rephrase prompt: the prompt of document d
-    is prefix + d + suffix. The prefix ends with a newline (a token boundary)."""
-    return split_prompt(gen, f"{instruction}\nDocument:\n{DOC_MARK}", "\n\nRephrased document:\n")
+    is prefix + d + suffix, and the suffix ends with ``lead``, the opening of the rephrased
+    text. The prefix ends with a newline (a token boundary)."""
+    prefix, suffix = split_prompt(gen, f"{instruction}\nDocument:\n{DOC_MARK}",
+                                  "\n\nRephrased document:\n")
+    return prefix, suffix + lead
+
+
+#: Where a rephrase prompt names its cluster's released keyword.
+KEYWORD_MARK = "{keyword}"
+
+
+@dataclass(frozen=True)
+class Rephrase:
+    """The public rephrase prompt of one text (docs/methods.md §4, step 4): ``instruction``
+    goes before the document, ``lead`` opens the rephrased text (the released text starts with
+    it; the private tokens continue it). Both are public; :data:`KEYWORD_MARK` in either stands
+    for the cluster's released keyword, so the prompt is post-processing of a release."""
+
+    instruction: str
+    lead: str = ""
+
+    @classmethod
+    def of(cls, prompt: str | Rephrase) -> Rephrase:
+        return prompt if isinstance(prompt, Rephrase) else cls(prompt)
+
+    def for_keyword(self, keyword: str | None) -> Rephrase:
+        """The prompt of the cluster seeded by ``keyword`` (its released seed term)."""
+        kw = "" if keyword is None else str(keyword)
+        return Rephrase(self.instruction.replace(KEYWORD_MARK, kw),
+                        self.lead.replace(KEYWORD_MARK, kw))
+
+    def parts(self, gen: Any) -> tuple[str, str]:
+        """(prefix, suffix) as :func:`prompt_parts`, the lead at the end of the suffix."""
+        return prompt_parts(gen, self.instruction, self.lead)
+
+    def text(self, gen: Any, token_ids: Sequence[int], clean: bool = True) -> str:
+        """The released text: the lead and the decoded private tokens."""
+        text = self.lead + gen.decode(list(token_ids))
+        return clean_text(text) if clean else text
 
 
 def truncate_documents(gen: Any, docs: Sequence[str], max_tokens: int) -> tuple[list[str], int]:
@@ -98,12 +135,12 @@ class PublicSide:
     document (batch of its own), advanced by the released tokens; its next-token logits give
     the public top tokens of the candidate set (and the shortcut's public row)."""
 
-    def __init__(self, gen: Any, instruction: str, support: Support | None,
+    def __init__(self, gen: Any, instruction: str | Rephrase, support: Support | None,
                  need_logits: bool = False) -> None:
         self.support = support
         self.stepper = None
         if need_logits or (support is not None and support.top > 0):
-            prefix, suffix = prompt_parts(gen, instruction)
+            prefix, suffix = Rephrase.of(instruction).parts(gen)
             self.stepper = gen.open_stepper([prefix + suffix])
 
     def logits(self) -> np.ndarray | None:
@@ -131,7 +168,7 @@ def private_predict(
     gen: Any,
     documents: Sequence[str],
     *,
-    instruction: str,
+    instruction: str | Rephrase,
     tokens: int,
     clip: float,
     temperature: float,
@@ -146,12 +183,14 @@ def private_predict(
 
     With no documents z = 0: the tokens are uniform over the candidates (the same mechanism
     run on an empty set; its release is still made and charged). ``parts`` = (prefix, suffix)
-    overrides the rephrase prompt (document i reads prefix + d_i + suffix)."""
+    overrides the rephrase prompt (document i reads prefix + d_i + suffix); ``instruction``
+    may be a :class:`Rephrase` with a lead the text starts with."""
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     out: list[int] = []
     docs, cut = truncate_documents(gen, documents, max_doc_tokens)  # callers log ``cut``
-    prefix, suffix = parts if parts is not None else prompt_parts(gen, instruction)
-    public = PublicSide(gen, instruction, support)
+    prompt = Rephrase.of(instruction)
+    prefix, suffix = parts if parts is not None else prompt.parts(gen)
+    public = PublicSide(gen, prompt, support)
     stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
     steps = 0
     try:
@@ -175,8 +214,7 @@ def private_predict(
         public.close()
         if stepper is not None:
             stepper.close()
-    text = gen.decode(out)
-    return Prediction(clean_text(text) if docs else text, out, steps, cut)
+    return Prediction(prompt.text(gen, out, clean=bool(docs)), out, steps, cut)
 
 
 # ----------------------------------------------------------------------- public shortcut
@@ -226,7 +264,8 @@ class ShortcutText:
     released so far. Each :meth:`release` takes the documents' (z, q) for the next token
     (:func:`shortcut_stats`, computed wherever the documents are) and releases one token."""
 
-    def __init__(self, session: Any, key: str, gen: Any, *, instruction: str, tokens: int,
+    def __init__(self, session: Any, key: str, gen: Any, *, instruction: str | Rephrase,
+                 tokens: int,
                  clip: float, temperature: float, shortcut: Shortcut,
                  support: Support | None = None) -> None:
         from ...privacy import ZCDPEvent
@@ -248,7 +287,8 @@ class ShortcutText:
                                                      2 * self.delta_q / sc.epsilon))
         self.rng = np.random.default_rng(
             int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
-        self.public = PublicSide(gen, instruction, support, need_logits=True)
+        self.prompt = Rephrase.of(instruction)
+        self.public = PublicSide(gen, self.prompt, support, need_logits=True)
         self.ids: np.ndarray | None = None  # S_n of the next token (None: whole vocabulary)
         self.out: list[int] = []
         self.private = 0  # private tokens drawn
@@ -295,7 +335,7 @@ class ShortcutText:
         return tok
 
     def prediction(self, cut: int) -> Prediction:
-        return Prediction(clean_text(self.gen.decode(self.out)), self.out, self.steps, cut)
+        return Prediction(self.prompt.text(self.gen, self.out), self.out, self.steps, cut)
 
     def close(self) -> None:
         self.public.close()
@@ -307,7 +347,7 @@ def private_predict_shortcut(
     gen: Any,
     documents: Sequence[str],
     *,
-    instruction: str,
+    instruction: str | Rephrase,
     tokens: int,
     clip: float,
     temperature: float,
@@ -321,7 +361,7 @@ def private_predict_shortcut(
     text = ShortcutText(session, key, gen, instruction=instruction, tokens=tokens, clip=clip,
                         temperature=temperature, shortcut=shortcut, support=support)
     docs, cut = truncate_documents(gen, documents, max_doc_tokens)
-    prefix, suffix = prompt_parts(gen, instruction)
+    prefix, suffix = text.prompt.parts(gen)
     stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
     try:
         while not text.done:
@@ -348,14 +388,21 @@ def shortcut_of(cfg: SynRAGConfig, clip: float) -> Shortcut | None:
     return Shortcut(cfg.svt_epsilon, max_private_tokens(cfg), threshold)
 
 
+def rephrase_of(cfg: SynRAGConfig, keyword: str | None = None) -> Rephrase:
+    """The synrag section's rephrase prompt for the cluster seeded by ``keyword``."""
+    return Rephrase(cfg.rephrase_instruction, cfg.lead).for_keyword(keyword)
+
+
 def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
                  cfg: SynRAGConfig, clip: float,
-                 support: Support | None = None) -> tuple[Prediction, int]:
+                 support: Support | None = None,
+                 keyword: str | None = None) -> tuple[Prediction, int]:
     """One synthetic text over ``documents`` as the synrag section ``cfg`` says: private
     prediction over ``support``'s public candidates (None: the whole vocabulary), with the
-    public-token :class:`Shortcut` when ``cfg.public_shortcut``. Returns (prediction,
-    private tokens drawn)."""
-    opts: dict[str, Any] = {"instruction": cfg.rephrase_instruction, "tokens": cfg.tokens,
+    public-token :class:`Shortcut` when ``cfg.public_shortcut``, the rephrase prompt naming
+    the cluster's released ``keyword`` where the section's prompt says ``{keyword}``.
+    Returns (prediction, private tokens drawn)."""
+    opts: dict[str, Any] = {"instruction": rephrase_of(cfg, keyword), "tokens": cfg.tokens,
                             "clip": clip, "temperature": cfg.temperature,
                             "max_doc_tokens": cfg.max_doc_tokens, "support": support}
     shortcut = shortcut_of(cfg, clip)

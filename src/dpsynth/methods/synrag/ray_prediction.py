@@ -32,11 +32,10 @@ from ...compute.ray_engine import ray_get
 from .private_prediction import (
     Prediction,
     PublicSide,
+    Rephrase,
     Shortcut,
     ShortcutText,
-    clean_text,
     clipped_sum,
-    prompt_parts,
     shortcut_stats,
     truncate_documents,
 )
@@ -145,22 +144,23 @@ def _source(documents: list[str] | OnShards) -> Any:
 
 def private_predict_clusters(session: Any, gen: Any,
                              clusters: Sequence[tuple[str, list[str] | OnShards,
-                                                      Support | None]],
-                             workers: Sequence[Any], *, instruction: str, tokens: int,
+                                                      Support | None, Rephrase]],
+                             workers: Sequence[Any], *, tokens: int,
                              clip: float, temperature: float,
                              max_doc_tokens: int, timeout_s: float | None = None
                              ) -> list[Prediction]:
-    """``private_predict`` for every (key, documents, support) in ``clusters`` (the
+    """``private_predict`` for every (key, documents, support, prompt) in ``clusters`` (the
     documents, or :class:`OnShards`: where the shard actors keep them; the public candidate
-    set, None for the whole vocabulary), the logit sums computed by the ``workers`` (Ray actor
-    handles of :class:`LogitWorker`) over the candidates this process sends (computed here
-    from public inputs and released tokens), every token released by ``session`` on this
-    process. Returns the predictions in the order of ``clusters``."""
+    set, None for the whole vocabulary; the cluster's :class:`Rephrase`), the logit sums
+    computed by the ``workers`` (Ray actor handles of :class:`LogitWorker`) over the
+    candidates this process sends (computed here from public inputs and released tokens),
+    every token released by ``session`` on this process. Returns the predictions in the
+    order of ``clusters``."""
 
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
-    prefix, suffix = prompt_parts(gen, instruction)
-    jobs = [_Job(key, _source(documents), []) for key, documents, _ in clusters]
-    publics = [PublicSide(gen, instruction, support) for _, _, support in clusters]
+    parts = [prompt.parts(gen) for _, _, _, prompt in clusters]
+    jobs = [_Job(key, _source(documents), []) for key, documents, _, _ in clusters]
+    publics = [PublicSide(gen, prompt, support) for _, _, support, prompt in clusters]
     try:
         for n in range(tokens):
             active = [i for i, job in enumerate(jobs) if not job.done]
@@ -168,7 +168,7 @@ def private_predict_clusters(session: Any, gen: Any,
                 break
             ids = {i: publics[i].ids() for i in active}
             refs = {i: workers[i % len(workers)].step.remote(
-                        jobs[i].key, jobs[i].docs, prefix, suffix, max_doc_tokens,
+                        jobs[i].key, jobs[i].docs, *parts[i], max_doc_tokens,
                         list(jobs[i].out), clip, ids[i])
                     for i in active if jobs[i].docs is not None}
             zs = {}
@@ -197,14 +197,15 @@ def private_predict_clusters(session: Any, gen: Any,
         for i, job in enumerate(jobs):
             if job.docs is not None:
                 workers[i % len(workers)].close.remote(job.key)
-    return [Prediction(clean_text(gen.decode(job.out)) if job.docs is not None
-                       else gen.decode(job.out), job.out, job.steps, job.cut) for job in jobs]
+    return [Prediction(prompt.text(gen, job.out, clean=job.docs is not None), job.out,
+                       job.steps, job.cut)
+            for job, (_, _, _, prompt) in zip(jobs, clusters, strict=True)]
 
 
 def shortcut_predict_clusters(session: Any, gen: Any,
                               clusters: Sequence[tuple[str, list[str] | OnShards,
-                                                       Support | None]],
-                              workers: Sequence[Any], *, instruction: str, tokens: int,
+                                                       Support | None, Rephrase]],
+                              workers: Sequence[Any], *, tokens: int,
                               clip: float, temperature: float, max_doc_tokens: int,
                               shortcut: Shortcut, timeout_s: float | None = None
                               ) -> list[tuple[Prediction, int]]:
@@ -213,13 +214,13 @@ def shortcut_predict_clusters(session: Any, gen: Any,
     (z, q) of the cluster's documents, and :class:`ShortcutText` releases the token here, in
     cluster order. Returns (prediction, private tokens drawn) per cluster."""
 
-    prefix, suffix = prompt_parts(gen, instruction)
+    parts = [prompt.parts(gen) for _, _, _, prompt in clusters]
     jobs: list[_Job] = []
     texts: list[ShortcutText] = []
     try:
-        for key, documents, support in clusters:
+        for key, documents, support, prompt in clusters:
             jobs.append(_Job(key, _source(documents), []))
-            texts.append(ShortcutText(session, key, gen, instruction=instruction,
+            texts.append(ShortcutText(session, key, gen, instruction=prompt,
                                       tokens=tokens, clip=clip, temperature=temperature,
                                       shortcut=shortcut, support=support))
         while True:
@@ -228,7 +229,7 @@ def shortcut_predict_clusters(session: Any, gen: Any,
                 break
             pubs = {i: texts[i].public_clip() for i in active}
             refs = {i: workers[i % len(workers)].step_shortcut.remote(
-                        jobs[i].key, jobs[i].docs, prefix, suffix, max_doc_tokens,
+                        jobs[i].key, jobs[i].docs, *parts[i], max_doc_tokens,
                         list(texts[i].out), clip, pubs[i], texts[i].ids)
                     for i in active if jobs[i].docs is not None}
             stats = {}
@@ -287,16 +288,17 @@ def generator_factory(config: Any, gen: Any) -> Any:
 
 
 def cluster_predictions(config: Any, session: Any, gen: Any,
-                        jobs: Sequence[tuple[int, str, list[str] | OnShards, Support | None]],
+                        jobs: Sequence[tuple[int, str, list[str] | OnShards, Support | None,
+                                             Rephrase]],
                         *,
-                        instruction: str, tokens: int, clip: float, temperature: float,
+                        tokens: int, clip: float, temperature: float,
                         max_doc_tokens: int, shortcut: Shortcut | None = None
                         ) -> dict[int, tuple[Prediction, int]]:
     """DP-SynRAG's private prediction of every pending cluster (index, key, documents or
-    :class:`OnShards`, public candidate set or None) on ``config.compute`` (engine ray):
-    ``compute.shards`` LogitWorker actors, releases through ``session`` here, with the
-    public-token ``shortcut`` if given. Returns (prediction, private tokens drawn) per
-    cluster index."""
+    :class:`OnShards`, public candidate set or None, :class:`Rephrase`) on
+    ``config.compute`` (engine ray): ``compute.shards`` LogitWorker actors, releases through
+    ``session`` here, with the public-token ``shortcut`` if given. Returns (prediction,
+    private tokens drawn) per cluster index."""
     import ray
 
     if not jobs:
@@ -312,10 +314,10 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
             ray.init(address=address, log_to_driver=False)
     workers = logit_workers(factory, min(config.compute.shards, len(jobs)))
     try:
-        opts: dict[str, Any] = {"instruction": instruction, "tokens": tokens, "clip": clip,
+        opts: dict[str, Any] = {"tokens": tokens, "clip": clip,
                                 "temperature": temperature, "max_doc_tokens": max_doc_tokens,
                                 "timeout_s": config.compute.timeout_s}
-        todo = [(key, docs, support) for _, key, docs, support in jobs]
+        todo = [(key, docs, support, prompt) for _, key, docs, support, prompt in jobs]
         preds = (shortcut_predict_clusters(session, gen, todo, workers, shortcut=shortcut,
                                            **opts) if shortcut is not None else
                  [(p, p.steps) for p in private_predict_clusters(session, gen, todo, workers,
@@ -325,4 +327,4 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
             ray.kill(w)
         if owned:
             ray.shutdown()
-    return {r: p for (r, _, _, _), p in zip(jobs, preds, strict=True)}
+    return {job[0]: p for job, p in zip(jobs, preds, strict=True)}
