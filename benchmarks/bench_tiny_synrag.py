@@ -151,20 +151,24 @@ def main() -> None:
     gen = load_generator("smollm2", batch_size=16)
     emb = Embedder("minilm")
 
-    def answers(answerer: Any, k: int = 3) -> list[dict[str, Any]]:
-        return answerer.ask_many(questions, k)
-
     def accuracy(answerer: Any, k: int = 3) -> float:
-        out = answers(answerer, k)
+        return right(answerer.ask_many(questions, k))
+
+    def right(out: list[dict[str, Any]]) -> float:
+        """Share of answers that name the right disease."""
         return 100.0 * float(np.mean([g.lower() in a["answer"].lower()
                                       for a, g in zip(out, gold, strict=True)]))
 
-    def top1(answerer: Any) -> float:
+    def first_right(out: list[dict[str, Any]]) -> float:
         """Share of questions whose first retrieved passage names the right disease."""
-        out = answers(answerer, 1)
         return 100.0 * float(np.mean([bool(a["passages"]) and g.lower() in
                                       a["passages"][0]["text"].lower()
                                       for a, g in zip(out, gold, strict=True)]))
+
+    def at_k1(answerer: Any) -> tuple[float, float]:
+        """(answers right, first passage right) at k = 1, from one set of answers."""
+        out = answerer.ask_many(questions, 1)
+        return right(out), first_right(out)
 
     rows: list[dict[str, Any]] = []
     no_rag = accuracy(Answerer(None, gen, emb), k=0)
@@ -178,8 +182,8 @@ def main() -> None:
         write_jsonl(folder / "kb.jsonl", [{"id": i, "text": t} for i, t in enumerate(private)])
         build_index(folder, private, emb, "minilm")
         ans = Answerer(KnowledgeBase.open(folder), gen, emb)
-        reference = {"rows": args.no_dp_rows, "acc3": accuracy(ans), "acc1": accuracy(ans, 1),
-                     "top1": top1(ans)}
+        acc1, first = at_k1(ans)
+        reference = {"rows": args.no_dp_rows, "acc3": accuracy(ans), "acc1": acc1, "top1": first}
         print(json.dumps({"no_dp": reference}), flush=True)
     for arm in [a for a in args.arms.split(",") if a]:
         t0 = time.time()
@@ -195,9 +199,9 @@ def main() -> None:
         kept = [bool(r["kept"]) for r in released]
         lp = [log_prob_per_token(gen, t) for t in texts if t.strip()]
         kb = KnowledgeBase.open(run / "release")
-        acc_kb = accuracy(Answerer(kb, gen, emb)) if len(kb) else no_rag
-        acc_kb1 = accuracy(Answerer(kb, gen, emb), 1) if len(kb) else no_rag
-        top1_kb = top1(Answerer(kb, gen, emb)) if len(kb) else 0.0
+        on_kb = Answerer(kb, gen, emb)
+        acc_kb = accuracy(on_kb) if len(kb) else no_rag
+        acc_kb1, top1_kb = at_k1(on_kb) if len(kb) else (no_rag, 0.0)
         folder = work / f"{arm}-all"
         write_jsonl(folder / "kb.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
         build_index(folder, texts, emb, "minilm")

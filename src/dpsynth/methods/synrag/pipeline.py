@@ -24,7 +24,7 @@ from ...diagnostics import append_diagnostic
 from ...run_folder import RunDir
 from .config import SynRAGConfig, parse_synrag
 from .keywords import BUILT_IN_VOCABULARIES
-from .private_prediction import predict_text, rephrase_of, shortcut_of
+from .private_prediction import Rephrase, predict_text, rephrase_of, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
 from .shard import DocumentShard, ShardFiles, documents_of, merge_selected, on_documents
 from .support import Support, make_support, term_token_ids
@@ -194,16 +194,24 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
     return generator, embedder
 
 
-def supports(scfg: SynRAGConfig, gen: Any, vocab: Any) -> Callable[[str], Support | None]:
-    """keyword -> the public candidate set of that cluster's text (``synrag.support``; None:
-    the whole vocabulary): the public vocabulary's tokens (computed once), the cluster's
-    released keyword, end-of-text and the public model's top tokens at each step
-    (docs/methods.md §4)."""
-    if scfg.support == "full":
-        return lambda keyword: None
-    ids = (term_token_ids(gen, [*vocab.terms, *vocab.spellings]) if scfg.support_vocabulary
+def cluster_prompts(scfg: SynRAGConfig, gen: Any, vocab: Any
+                    ) -> Callable[[int], tuple[Support | None, Rephrase]]:
+    """seed (a vocabulary index) -> the public inputs of that cluster's text, both functions
+    of its released keyword in the public list's spelling (docs/methods.md §4): the candidate
+    set (``synrag.support``; None: the whole vocabulary) of the public vocabulary's tokens
+    (computed once), the keyword, end-of-text and the public model's top tokens at each step;
+    and the rephrase prompt naming the keyword."""
+    ids = (term_token_ids(gen, [*vocab.terms, *vocab.spellings])
+           if scfg.support == "public" and scfg.support_vocabulary
            else np.zeros(0, dtype=np.int64))
-    return lambda keyword: make_support(gen, ids, keyword, scfg.support_top)
+
+    def of(seed: int) -> tuple[Support | None, Rephrase]:
+        spelling = vocab.spellings[int(seed)]
+        support = (None if scfg.support == "full"
+                   else make_support(gen, ids, spelling, scfg.support_top))
+        return support, rephrase_of(scfg, spelling)
+
+    return of
 
 
 def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any, gen: Any,
@@ -228,7 +236,7 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             retrieved[r] = got, corpus.select(key, r, got.direction, got.theta)
         return retrieved[r]
 
-    support_of = supports(scfg, gen, vocab)
+    prompts_of = cluster_prompts(scfg, gen, vocab)
     ray_preds: dict[int, Any] = {}
     if corpus.sharded:
         # every pending cluster's private prediction at once on Ray (.ray_prediction):
@@ -237,8 +245,7 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
         from .ray_prediction import OnShards, cluster_predictions
 
         jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]),
-                 support_of(vocab.spellings[int(seeds[r])]),
-                 rephrase_of(scfg, vocab.spellings[int(seeds[r])]))
+                 *prompts_of(seeds[r]))
                 for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
         note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
              "workers)")  # the cluster count follows the released histogram
@@ -264,9 +271,9 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             if r in ray_preds:
                 pred, n_private = ray_preds[r]
             else:
-                spelling = vocab.spellings[int(seed)]  # the public list's form, for prompts
+                support, prompt = prompts_of(seed)
                 pred, n_private = predict_text(store, key, gen, corpus.texts(key), scfg, clip,
-                                               support_of(spelling), spelling)
+                                               support, prompt)
             if pred.truncated:
                 note.private(f"cluster {r}: {pred.truncated} document(s) longer than "
                              f"{scfg.max_doc_tokens} tokens were truncated (not dropped)",

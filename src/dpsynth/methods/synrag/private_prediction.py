@@ -396,13 +396,13 @@ def rephrase_of(cfg: SynRAGConfig, keyword: str | None = None) -> Rephrase:
 def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
                  cfg: SynRAGConfig, clip: float,
                  support: Support | None = None,
-                 keyword: str | None = None) -> tuple[Prediction, int]:
+                 prompt: Rephrase | None = None) -> tuple[Prediction, int]:
     """One synthetic text over ``documents`` as the synrag section ``cfg`` says: private
     prediction over ``support``'s public candidates (None: the whole vocabulary), with the
-    public-token :class:`Shortcut` when ``cfg.public_shortcut``, the rephrase prompt naming
-    the cluster's released ``keyword`` where the section's prompt says ``{keyword}``.
-    Returns (prediction, private tokens drawn)."""
-    opts: dict[str, Any] = {"instruction": rephrase_of(cfg, keyword), "tokens": cfg.tokens,
+    public-token :class:`Shortcut` when ``cfg.public_shortcut``, and the cluster's rephrase
+    ``prompt`` (None: the section's, no keyword). Returns (prediction, private tokens
+    drawn)."""
+    opts: dict[str, Any] = {"instruction": prompt or rephrase_of(cfg), "tokens": cfg.tokens,
                             "clip": clip, "temperature": cfg.temperature,
                             "max_doc_tokens": cfg.max_doc_tokens, "support": support}
     shortcut = shortcut_of(cfg, clip)
