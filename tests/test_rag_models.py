@@ -82,6 +82,45 @@ def test_candidate_logits_and_bf16_stepper(smollm) -> None:
         smollm.set_logits_dtype("float32")
 
 
+@pytest.mark.parametrize("dtype,bound", [("float32", 1e-5), ("bfloat16", 0.01)])
+def test_openvino_stepper_matches_torch_float32(smollm, dtype, bound) -> None:
+    """The OpenVINO stepper (synrag.stepper) reads the same prompts, padding and positions as
+    the torch one: its next-token distribution stays within ``bound`` of float32 torch (mean
+    KL per token: the issue's 0.01 for bf16; no token above 5x that), with and without a
+    shared prefix, over several advances; logits_at is the full logits' columns; a closed
+    stepper refuses."""
+    from dpsynth.bench.private_prediction import _kl
+    from dpsynth.llm.base import GenerationError
+
+    prefix, suffix = prompt_parts(smollm, INSTR)
+    ids = np.array([5, 17, 300, 4096, int(smollm.vocab_size) - 1])
+    tokens = [int(t) for t in smollm.encode(" The patient has a rash")]
+    try:
+        for shared in (True, False):
+            rows = [d + suffix for d in DOCS] if shared else [prefix + d + suffix for d in DOCS]
+            head = prefix if shared else ""
+            smollm.set_logits_dtype("float32")
+            smollm.set_stepper_engine("transformers")
+            ref = smollm.open_stepper(rows, shared_prefix=head)
+            smollm.set_logits_dtype(dtype)
+            smollm.set_stepper_engine("openvino")
+            with smollm.open_stepper(rows, shared_prefix=head) as st, ref:
+                assert type(st).__name__ == "OpenVinoStepper"
+                kls = [_kl(ref.logits(), st.logits())]
+                for tok in tokens:
+                    ref.advance(tok)
+                    st.advance(tok)
+                    kls.append(_kl(ref.logits(), st.logits()))
+                np.testing.assert_allclose(st.logits_at(ids), st.logits()[:, ids], atol=1e-4)
+            kl = np.concatenate(kls)
+            assert kl.mean() < bound and kl.max() < 5 * bound, (shared, kl.mean(), kl.max())
+            with pytest.raises(GenerationError):
+                st.advance(tokens[0])
+    finally:
+        smollm.set_logits_dtype("float32")
+        smollm.set_stepper_engine("transformers")
+
+
 def test_private_predict_charges_each_token(smollm, tmp_path) -> None:
     s = PrivacySession(tmp_path / "s", Accountant("zcdp"), make_noise_source("seeded", 0))
     pred = private_predict(s, "c0", smollm, DOCS, instruction=INSTR, tokens=6, clip=1.0,

@@ -3,12 +3,14 @@ by side on the same cluster and the same token sequence.
 
 * baseline: the stepper in float32, each token's z over the whole vocabulary (the output layer
   computed for all 49k tokens of every document row);
-* default: the stepper in ``logits_dtype`` (bf16 where the CPU has native bf16), z over the
-  public candidate set (:mod:`dpsynth.methods.synrag.support`: the public model's top tokens
-  from a one-row stepper without documents, plus the public vocabulary's tokens), the output
-  layer computed for those rows only.
+* previous: the torch stepper in ``logits_dtype`` (bf16 where the CPU has native bf16), z over
+  the public candidate set (:mod:`dpsynth.methods.synrag.support`: the public model's top
+  tokens from a one-row stepper without documents, plus the public vocabulary's tokens), the
+  output layer computed for those rows only (the default before the OpenVINO stepper);
+* default: the same on the engine ``synrag.stepper: auto`` picks
+  (:mod:`dpsynth.llm.ov_stepper` where OpenVINO runs the model), both steppers on it.
 
-Both follow one token sequence (drawn once by the baseline through the private mechanism, with
+All follow one token sequence (drawn once by the baseline through the private mechanism, with
 seeded noise), so they do the same forward passes; the rounds alternate which path runs first
 and the fastest round of each is kept (the machine is shared). ``kl``: the mean over tokens
 and documents of KL(p_float32 || p_default) of the model's next-token distribution on the
@@ -60,14 +62,14 @@ def public_top_share(gen: Any, prompt: str, texts: list[str], names: list[str],
 
 def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int = 24,
                              clip: float = 0.3, rounds: int = 2, top: int = 64,
-                             dtype: str = "auto") -> dict[str, Any]:
+                             dtype: str = "auto", stepper: str = "auto") -> dict[str, Any]:
     """Tokens per second of one cluster's private prediction, baseline vs default (see the
     module docstring)."""
     if docs < 1 or tokens < 1 or rounds < 1:
         raise ValueError("docs, tokens and rounds must be >= 1")
     from ..demo_corpus import demo_knowledge, make_demo_corpus
     from ..llm import load_generator
-    from ..methods.synrag.config import DEFAULT_REPHRASE, resolve_logits_dtype
+    from ..methods.synrag.config import DEFAULT_REPHRASE, choose_stepper, resolve_logits_dtype
     from ..methods.synrag.keywords import demo_terms
     from ..methods.synrag.private_prediction import clipped_sum, prompt_parts
     from ..methods.synrag.support import (
@@ -89,7 +91,14 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
     session = PrivacySession(Path(tempfile.mkdtemp()), Accountant("zcdp"),
                              make_noise_source("seeded", 0))
 
-    gen.set_logits_dtype("float32")
+    gen.set_logits_dtype(dtype)
+    engine = choose_stepper(gen, stepper)  # exports and compiles (untimed)
+
+    def on(engine_name: str, dt: str) -> None:
+        gen.set_logits_dtype(dt)
+        gen.set_stepper_engine(engine_name)
+
+    on("transformers", "float32")
     seq: list[int] = []
     with gen.open_stepper(rows, shared_prefix=prefix) as st:  # the token sequence (untimed)
         for n in range(tokens):
@@ -99,7 +108,7 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
                 st.advance(seq[-1])
 
     def baseline(r: int) -> tuple[float, float]:
-        gen.set_logits_dtype("float32")
+        on("transformers", "float32")
         t0 = time.perf_counter()
         with gen.open_stepper(rows, shared_prefix=prefix) as st:
             t1 = time.perf_counter()
@@ -109,48 +118,52 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
                     st.advance(seq[n])
         return t1 - t0, time.perf_counter() - t1
 
-    def default(r: int) -> tuple[float, float]:
-        gen.set_logits_dtype(dtype)
-        t0 = time.perf_counter()
-        with gen.open_stepper(rows, shared_prefix=prefix) as st, \
-                gen.open_stepper([prefix + suffix]) as pub:
-            t1 = time.perf_counter()
-            for n in range(tokens):
-                ids = support.at(pub.logits()[0])
-                session.private_token(f"b{r}/{n}", clipped_sum(support_logits(st, ids), clip),
-                                      clip, 1.0, support=ids)
-                if n + 1 < tokens:
-                    st.advance(seq[n])
-                    pub.advance(seq[n])
-        return t1 - t0, time.perf_counter() - t1
+    def restricted(engine_name: str, tag: str) -> Any:
+        def arm(r: int) -> tuple[float, float]:
+            on(engine_name, dtype)
+            t0 = time.perf_counter()
+            with gen.open_stepper(rows, shared_prefix=prefix) as st, \
+                    gen.open_stepper([prefix + suffix]) as pub:
+                t1 = time.perf_counter()
+                for n in range(tokens):
+                    ids = support.at(pub.logits()[0])
+                    session.private_token(f"{tag}{r}/{n}",
+                                          clipped_sum(support_logits(st, ids), clip),
+                                          clip, 1.0, support=ids)
+                    if n + 1 < tokens:
+                        st.advance(seq[n])
+                        pub.advance(seq[n])
+            return t1 - t0, time.perf_counter() - t1
+        return arm
 
-    gen.set_logits_dtype(dtype)
-    with gen.open_stepper(rows[:1], shared_prefix=prefix):  # converts the model (untimed)
+    arms = {"baseline": baseline, "previous": restricted("transformers", "b"),
+            "default": restricted(engine, "c")}
+    on("transformers", dtype)
+    with gen.open_stepper(rows[:1], shared_prefix=prefix):  # converts the bf16 copy (untimed)
         pass
-    times: dict[str, list[tuple[float, float]]] = {"baseline": [], "default": []}
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in arms}
     for r in range(rounds):
-        order = [("baseline", baseline), ("default", default)]
+        order = list(arms.items())
         for name, fn in order if r % 2 == 0 else order[::-1]:
             times[name].append(fn(r))
 
-    # KL of the default dtype's next-token distribution to float32's, same prompts (untimed)
+    # KL of the default engine's next-token distribution to float32's, same prompts (untimed)
     kls: list[np.ndarray] = []
     sizes: list[int] = []
-    steppers = {}
-    for d in ("float32", dtype):
-        gen.set_logits_dtype(d)
-        steppers[d] = gen.open_stepper(rows, shared_prefix=prefix)
-    gen.set_logits_dtype(dtype)
+    on("transformers", "float32")
+    reference = gen.open_stepper(rows, shared_prefix=prefix)
+    on(engine, dtype)
+    fast = gen.open_stepper(rows, shared_prefix=prefix)
     with gen.open_stepper([prefix + suffix]) as pub:
         for n in range(tokens):
-            kls.append(_kl(steppers["float32"].logits(), steppers[dtype].logits()))
+            kls.append(_kl(reference.logits(), fast.logits()))
             sizes.append(int(support.at(pub.logits()[0]).size))
             if n + 1 < tokens:
-                for st in steppers.values():
+                for st in (reference, fast):
                     st.advance(seq[n])
                 pub.advance(seq[n])
-    for st in steppers.values():
-        st.close()
+    reference.close()
+    fast.close()
     kl = np.concatenate(kls)
 
     know = demo_knowledge(0)
@@ -164,12 +177,15 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
     tps = {k: tokens / sum(v) for k, v in best.items()}
     return {
         "model": model, "documents": docs, "tokens": tokens, "rounds": rounds,
-        "dtype": dtype, "support_top": top, "vocab_size": int(gen.vocab_size),
+        "dtype": dtype, "stepper": engine, "support_top": top, "vocab_size": int(gen.vocab_size),
         "support_size_mean": float(np.mean(sizes)), "diseases": len(know),
         "tokens_per_second": tps["default"], "baseline_tokens_per_second": tps["baseline"],
         "speedup": tps["default"] / tps["baseline"],
+        "previous_tokens_per_second": tps["previous"],
+        "speedup_over_previous": tps["default"] / tps["previous"],
         "prefill_s": best["default"][0], "baseline_prefill_s": best["baseline"][0],
         "decode_s": best["default"][1], "baseline_decode_s": best["baseline"][1],
+        "previous_prefill_s": best["previous"][0], "previous_decode_s": best["previous"][1],
         "kl": float(kl.mean()), "kl_max": float(kl.max()),
         "disease_token_share": share, "disease_token_share_top_only": top_share,
     }

@@ -169,15 +169,18 @@ def private_prediction(
     clip: float = typer.Option(0.3, "--clip", help="Clip c."),
     top: int = typer.Option(64, "--top", help="Public top tokens in the candidate set."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32 or bfloat16."),
+    stepper: str = typer.Option("auto", "--stepper", help="auto, openvino or transformers."),
     rounds: int = typer.Option(2, "--rounds", help="Rounds, alternating which path runs first."),
     as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
 ) -> None:
     """DP-SynRAG private prediction: float32 over the whole vocabulary (today's path) vs the
-    default (bf16 where native, public candidate set), side by side; KL to float32."""
+    default (OpenVINO where it runs the model, bf16 where native, public candidate set) and
+    the previous default (torch bf16), side by side; KL to float32."""
     from dpsynth.bench.private_prediction import bench_private_prediction
 
     try:
-        res = bench_private_prediction(model, docs, tokens, clip, rounds, top, dtype)
+        res = bench_private_prediction(model, docs, tokens, clip, rounds, top, dtype,
+                                       stepper)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     _emit(res, as_json)

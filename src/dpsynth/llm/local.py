@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: dtypes of the Stepper's model (:meth:`LocalGenerator.set_logits_dtype`)
 LOGITS_DTYPES = ("float32", "bfloat16")
+#: engines of the Stepper (:meth:`LocalGenerator.set_stepper_engine`)
+STEPPER_ENGINES = ("transformers", "openvino")
 
 
 def bf16_supported() -> bool:
@@ -476,11 +478,32 @@ class LocalGenerator:
             self._bf16_model = copy.deepcopy(self.model).to(torch.bfloat16).eval()
         return self._bf16_model
 
-    def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Stepper:
-        """A KV-cached stepper over ``prompts`` (see :class:`Stepper`).
+    def set_stepper_engine(self, engine: str) -> None:
+        """Run the :class:`Stepper` on ``"transformers"`` (torch, in :attr:`logits_dtype`) or
+        ``"openvino"`` (:mod:`dpsynth.llm.ov_stepper`: exported and compiled now, so a model it
+        cannot run fails here, before any private document is read; bf16 when
+        :attr:`logits_dtype` is bfloat16, else f32)."""
+        if engine not in STEPPER_ENGINES:
+            raise ConfigError(f"stepper engine must be one of {STEPPER_ENGINES}, got {engine!r}")
+        if engine == "openvino":
+            from .ov_stepper import compiled
+
+            compiled(self, self._ov_precision())
+        self.stepper_engine = engine
+
+    def _ov_precision(self) -> str:
+        return "bf16" if getattr(self, "logits_dtype", "float32") == "bfloat16" else "f32"
+
+    def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Any:
+        """A KV-cached stepper over ``prompts`` (see :class:`Stepper`; on OpenVINO
+        :class:`~dpsynth.llm.ov_stepper.OpenVinoStepper`, see :meth:`set_stepper_engine`).
 
         With ``shared_prefix`` the prefix is run once and its KV cache copied to every row;
         row ``i`` then reads ``encode_prompt(shared_prefix) + encode(prompts[i])``
         (tokenised separately: end the prefix at a whitespace or newline boundary).
         """
+        if getattr(self, "stepper_engine", "transformers") == "openvino":
+            from .ov_stepper import OpenVinoStepper
+
+            return OpenVinoStepper(self, prompts, shared_prefix, self._ov_precision())
         return Stepper(self, prompts, shared_prefix)

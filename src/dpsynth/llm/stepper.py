@@ -18,6 +18,28 @@ def _cache_keyword(module: Any) -> str:
         "past_key_values"
 
 
+def output_logits(model: Any, hidden: Any, ids: np.ndarray | None) -> np.ndarray:
+    """The output layer of ``model`` on the last hidden states ``[B, H]`` (torch), over the
+    whole vocabulary (``ids`` None) or the rows ``ids`` only; float32 ``[B, V or len(ids)]``,
+    with the model's final logit soft-capping where it has one."""
+    import torch
+    import torch.nn.functional as F
+
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
+    with torch.inference_mode():
+        hidden = hidden.to(device=weight.device, dtype=weight.dtype)
+        if ids is not None:
+            index = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=weight.device)
+            weight = weight.index_select(0, index)
+            bias = bias.index_select(0, index) if bias is not None else None
+        out = F.linear(hidden, weight, bias).float()
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap:
+            out = torch.tanh(out / cap) * cap
+    return out.cpu().numpy().astype(np.float32, copy=False)
+
+
 class Stepper:
     """Decode one shared token at a time over many prompts, reusing the KV cache.
 
@@ -88,23 +110,9 @@ class Stepper:
         return out.last_hidden_state[:, -1, :], new_cache
 
     def _head(self, ids: np.ndarray | None) -> np.ndarray:
-        import torch
-        import torch.nn.functional as F
-
         if self._cache is None:
             raise GenerationError("stepper is closed")
-        head = self._model.get_output_embeddings()
-        weight, bias = head.weight, getattr(head, "bias", None)
-        with torch.inference_mode():
-            if ids is not None:
-                index = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=weight.device)
-                weight = weight.index_select(0, index)
-                bias = bias.index_select(0, index) if bias is not None else None
-            out = F.linear(self._hidden, weight, bias).float()
-            cap = getattr(self._model.config, "final_logit_softcapping", None)
-            if cap:
-                out = torch.tanh(out / cap) * cap
-        return out.cpu().numpy().astype(np.float32, copy=False)
+        return output_logits(self._model, self._hidden, ids)
 
     def logits(self) -> np.ndarray:
         """Next-token logits ``[B, V]`` (float32) of every row."""

@@ -8,11 +8,16 @@ eps_theta = 0.4). The clip ``c`` is calibrated so that Theorem 1's total meets t
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...config import RunConfig
+from ...config import ConfigError, RunConfig
+
+log = logging.getLogger("dpsynth.rag")
 
 DEFAULT_REPHRASE = (
     "Rephrase the following document without altering the important information "
@@ -86,6 +91,12 @@ class SynRAGConfig(BaseModel):
         "auto", description="dtype of the private prediction's model: 'auto' = bfloat16 on a "
         "CPU with native bf16 (KL to float32 measured by `dpsynth bench private-prediction`), "
         "else float32")
+    stepper: Literal["auto", "openvino", "transformers"] = Field(
+        "auto", description="engine of the private prediction's forward passes: 'openvino' = "
+        "the decoder exported to OpenVINO with the KV cache in its fused attention (bf16 or "
+        "f32 per logits_dtype; `dpsynth bench private-prediction`), 'transformers' = torch, "
+        "'auto' = openvino where it is installed and runs the model (every layer full "
+        "attention: SmolLM2 yes, Gemma 3 no), else transformers")
     public_shortcut: bool = Field(
         False, description="sparse-vector public-token shortcut (Amin et al. 2024): public "
         "tokens when the documents agree with the public model; only private tokens charged")
@@ -122,6 +133,57 @@ def resolve_logits_dtype(setting: str) -> str:
     from ...llm.local import bf16_supported
 
     return "bfloat16" if bf16_supported() else "float32"
+
+
+def choose_stepper(gen: Any, setting: str) -> str:
+    """Put ``gen``'s stepper on the engine ``synrag.stepper`` names ('auto': OpenVINO where
+    it runs the model, else transformers, saying why); returns the engine's name. An explicit
+    'openvino' that cannot run fails here, before any private document is read."""
+    from ...llm.ov_stepper import unsupported
+
+    engine = setting
+    if setting == "auto":
+        reason = unsupported(gen)
+        engine = "transformers" if reason else "openvino"
+        if reason:
+            log.info("synrag.stepper auto: transformers (%s)", reason)
+    try:
+        gen.set_stepper_engine(engine)
+    except Exception as exc:
+        if setting != "auto":
+            raise
+        log.warning("synrag.stepper auto: the OpenVINO export failed (%s); using transformers",
+                    type(exc).__name__)
+        engine = "transformers"
+        gen.set_stepper_engine(engine)
+    return engine
+
+
+def check_stepper(setting: str, model: str) -> None:
+    """Fail before any budget is spent when ``synrag.stepper: openvino`` cannot run: OpenVINO
+    missing, or a model with sliding-window layers (Gemma 3)."""
+    if setting != "openvino":
+        return
+    from ...llm.ov_stepper import import_openvino, unsupported_config
+
+    try:
+        import_openvino()
+    except ImportError as exc:
+        raise ConfigError("synrag.stepper: 'openvino' needs the openvino package "
+                          "(pip install openvino), or use 'auto'") from exc
+    spec = model.removeprefix("local:")
+    if spec == "gemma3":
+        reason: str | None = "model type 'gemma3' has sliding-window layers"
+    else:
+        path = Path(spec).expanduser() / "config.json"
+        try:
+            reason = unsupported_config(json.loads(path.read_text("utf-8"))) \
+                if path.is_file() else None
+        except (OSError, ValueError):
+            reason = None  # the model check reports an unreadable model
+    if reason:
+        raise ConfigError(f"synrag.stepper: 'openvino' cannot run {model}: {reason}; "
+                          "use 'transformers' or 'auto'")
 
 
 def parse_synrag(config: RunConfig) -> SynRAGConfig:

@@ -23,7 +23,14 @@ from .clusters import (
     noise_floor,
     top_keywords,
 )
-from .config import SynRAGConfig, max_private_tokens, resolve_logits_dtype, synrag_dict
+from .config import (
+    SynRAGConfig,
+    check_stepper,
+    choose_stepper,
+    max_private_tokens,
+    resolve_logits_dtype,
+    synrag_dict,
+)
 from .pipeline import (
     Corpus,
     Notice,
@@ -58,7 +65,9 @@ class SynRAG(Method):
         self.output_dir = output_dir
 
     def check(self, config: RunConfig) -> None:
-        self.settings(config)
+        scfg = self.settings(config)
+        if config.generators:
+            check_stepper(scfg.stepper, str(config.generators[0].model))
         if self.source is None:
             check_vocabulary_public(config, self.output_dir)
         else:
@@ -92,6 +101,8 @@ class SynRAG(Method):
                                      job.embedder)
         if hasattr(gen, "set_logits_dtype"):
             gen.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
+        if hasattr(gen, "set_stepper_engine"):
+            note(f"{self.name}: private prediction on {choose_stepper(gen, scfg.stepper)}")
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)
         note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "

@@ -267,12 +267,14 @@ class GeneratorSpec:
 
     spec: Any
     logits_dtype: str = "float32"  # resolved on the driver, so every worker steps alike
+    stepper: str = "transformers"  # likewise (synrag.stepper)
 
     def __call__(self) -> Any:
         from ...llm import load_generator
 
         gen = load_generator(self.spec)
         gen.set_logits_dtype(self.logits_dtype)
+        gen.set_stepper_engine(self.stepper)
         return gen
 
 
@@ -282,7 +284,8 @@ def generator_factory(config: Any, gen: Any) -> Any:
     from ...llm.local import LocalGenerator
 
     g = config.generators[0]
-    return (GeneratorSpec(g.load_spec(), getattr(gen, "logits_dtype", "float32"))
+    return (GeneratorSpec(g.load_spec(), getattr(gen, "logits_dtype", "float32"),
+                          getattr(gen, "stepper_engine", "transformers"))
             if isinstance(gen, LocalGenerator)
             else GivenGenerator(gen))
 

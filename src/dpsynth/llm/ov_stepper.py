@@ -1,0 +1,288 @@
+"""The :class:`~dpsynth.llm.stepper.Stepper` on OpenVINO: DP-SynRAG's private prediction with
+the KV cache inside OpenVINO's fused attention (docs/methods.md §4, "Speed").
+
+The float32 transformers decoder is exported once, locally, to an OpenVINO graph whose KV
+cache is state of the infer request (``ReadValue`` -> reorder by ``beam_idx`` -> ``Concat``
+-> attention -> ``Assign``, the pattern OpenVINO's CPU plugin fuses into one attention node
+with the cache in place). One forward pass per token then costs what the weights cost, not
+a copy of the whole cache (transformers' ``DynamicCache`` concatenates every layer's cache
+on every token: a third of a step here). The attention mask is passed as an additive 4-D
+mask, so left padding and the shared prefix need no model-side logic.
+
+Supported: decoders whose every layer attends to the whole context (Llama, SmolLM2; not
+Gemma 3's sliding-window layers: :func:`unsupported` says why). The output layer stays in
+torch on the float32 weights (:func:`~dpsynth.llm.stepper.output_logits`), so
+:meth:`OpenVinoStepper.logits_at` computes only the candidate rows. Precision: ``bf16``
+(inference and KV cache) where the CPU has it, else ``f32``; the KL to float32 is measured by
+``dpsynth bench private-prediction`` and tested in tests/test_rag_models.py.
+
+The engine only computes logits: which token is released, and its accounting, are the
+caller's (:mod:`dpsynth.methods.synrag.private_prediction`); any logits are clipped there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..files import atomic_write_bytes
+from .base import GenerationError
+from .stepper import output_logits
+
+log = logging.getLogger("dpsynth.llm")
+
+EXPORT_VERSION = 1
+GRAPH = "decoder.xml"
+MARKER = "dpsynth-openvino.json"
+#: Added to the attention score of a masked key (exp underflows to 0 in f32 and bf16).
+MASKED = -1.0e4
+PRECISIONS = ("bf16", "f32")
+
+
+def unsupported_config(config: dict[str, Any]) -> str | None:
+    """Why a model of this ``config.json`` (its text config) cannot step on OpenVINO."""
+    text = config.get("text_config") or config
+    kind = text.get("model_type", "?")
+    layers = text.get("layer_types") or []
+    if text.get("sliding_window") or any(t != "full_attention" for t in layers):
+        return f"model type {kind!r} has sliding-window layers"
+    if text.get("attn_logit_softcapping"):
+        return f"model type {kind!r} soft-caps attention scores"
+    return None
+
+
+def unsupported(gen: Any) -> str | None:
+    """Why ``gen`` cannot step on OpenVINO (None: it can)."""
+    try:
+        import_openvino()
+    except ImportError:
+        return "openvino is not installed"
+    if getattr(gen, "device", "cpu") != "cpu":
+        return f"device {gen.device} (the OpenVINO stepper runs on the CPU)"
+    return unsupported_config(gen.model.config.to_dict())
+
+
+def import_openvino() -> Any:
+    from ..embed.engines import import_openvino as _import
+
+    return _import()
+
+
+def export_dir(gen: Any) -> Path:
+    """Where the OpenVINO export of ``gen``'s decoder is cached (beside its ctranslate2
+    conversion: ``<model dir>-openvino``)."""
+    model_dir = Path(gen.model_dir)
+    return model_dir.parent / f"{model_dir.name}-openvino"
+
+
+def _fingerprint(gen: Any) -> dict[str, Any]:
+    from .ct2 import source_fingerprint
+
+    ov = import_openvino()
+    return {"version": EXPORT_VERSION, "openvino": ov.__version__,
+            "source": source_fingerprint(Path(gen.model_dir))}
+
+
+def ensure_exported(gen: Any) -> Path:
+    """The cached graph of ``gen``'s decoder, exported now unless a current one exists."""
+    out = export_dir(gen)
+    want = _fingerprint(gen)
+    try:
+        if json.loads((out / MARKER).read_text("utf-8")) == want and (out / GRAPH).is_file():
+            return out / GRAPH
+    except (OSError, ValueError):
+        pass
+    reason = unsupported(gen)
+    if reason:
+        raise GenerationError(f"{gen.name}: no OpenVINO stepper: {reason}")
+    out.mkdir(parents=True, exist_ok=True)
+    _export(gen, out / GRAPH)
+    atomic_write_bytes(out / MARKER, json.dumps(want, sort_keys=True).encode())
+    return out / GRAPH
+
+
+def _export(gen: Any, path: Path) -> None:
+    """Trace the decoder with explicit past keys / values, then make them the request's state
+    with an initial value of batch = the input's batch and length 0."""
+    import openvino.opset13 as ops
+    import torch
+    from openvino._offline_transformations import apply_make_stateful_transformation
+    from transformers import DynamicCache
+
+    ov = import_openvino()
+    model = gen.model
+    cfg = model.config
+    n_layers = cfg.num_hidden_layers
+    kv_heads = cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    decoder = model.get_decoder()
+
+    class _Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = decoder  # a submodule: its weights are the graph's constants
+
+        def forward(self, input_ids: Any, mask: Any, position_ids: Any, beam_idx: Any,
+                    *past: Any) -> tuple[Any, ...]:
+            cache = DynamicCache(config=cfg)
+            for i, layer in enumerate(cache.layers):
+                layer.device = past[2 * i].device
+                layer.keys = past[2 * i].index_select(0, beam_idx)
+                layer.values = past[2 * i + 1].index_select(0, beam_idx)
+                layer.is_initialized = True
+            out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True)
+            present = [t for layer in out.past_key_values.layers
+                       for t in (layer.keys, layer.values)]
+            return (out.last_hidden_state[:, -1, :], *present)
+
+    batch, past_len, new = 2, 3, 4
+    example = (torch.ones(batch, new, dtype=torch.long),
+               torch.zeros(batch, 1, new, past_len + new),
+               torch.arange(past_len, past_len + new).repeat(batch, 1),
+               torch.arange(batch, dtype=torch.int32),
+               *(torch.zeros(batch, kv_heads, past_len, head_dim) for _ in range(2 * n_layers)))
+    with torch.no_grad():
+        graph = ov.convert_model(_Step().eval(), example_input=example)
+    kv = [f"{i}.{part}" for i in range(n_layers) for part in ("key", "value")]
+    for port, name in zip(graph.inputs, ["input_ids", "mask", "position_ids", "beam_idx",
+                                         *(f"past.{k}" for k in kv)], strict=True):
+        port.get_tensor().set_names({name})
+    for port, name in zip(graph.outputs, ["hidden", *(f"present.{k}" for k in kv)],
+                          strict=True):
+        port.get_tensor().set_names({name})
+    shapes = {"input_ids": [-1, -1], "mask": [-1, 1, -1, -1], "position_ids": [-1, -1],
+              "beam_idx": [-1]} | {f"past.{k}": [-1, kv_heads, -1, head_dim] for k in kv}
+    graph.reshape({k: ov.PartialShape(v) for k, v in shapes.items()})
+    apply_make_stateful_transformation(graph, {f"past.{k}": f"present.{k}" for k in kv})
+    rows = ops.gather(ops.shape_of(graph.input("input_ids"), output_type="i64"),
+                      ops.constant(np.array([0], np.int64)), ops.constant(np.int64(0)))
+    empty = ops.concat([rows, ops.constant(np.array([kv_heads, 0, head_dim], np.int64))], 0)
+    for op in graph.get_ops():
+        if op.get_type_name() == "ReadValue":
+            op.set_arguments([ops.broadcast(ops.constant(np.float32(0.0)), empty)])
+    graph.validate_nodes_and_infer_types()
+    ov.save_model(graph, str(path), compress_to_fp16=False)
+
+
+def compiled(gen: Any, precision: str) -> Any:
+    """The compiled decoder of ``gen`` in ``precision`` (compiled once per generator)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    cache = gen.__dict__.setdefault("_ov_compiled", {})
+    if precision not in cache:
+        ov = import_openvino()
+        core = ov.Core()
+        cache[precision] = core.compile_model(core.read_model(str(ensure_exported(gen))), "CPU", {
+            "INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision,
+            "INFERENCE_NUM_THREADS": int(gen.num_threads), "PERFORMANCE_HINT": "LATENCY"})
+    return cache[precision]
+
+
+def _prefill_mask(keys_before: int, valid: np.ndarray) -> np.ndarray:
+    """Additive mask ``[B, 1, S, keys_before + S]``: every row sees the ``keys_before``
+    shared keys, then its own tokens causally, never a pad; a pad query sees itself (so no
+    row of the softmax is empty)."""
+    b, s = valid.shape
+    own = np.tril(np.ones((s, s), dtype=bool))[None] & valid[:, None, :]
+    own |= np.eye(s, dtype=bool)[None]
+    seen = np.concatenate([np.ones((b, s, keys_before), dtype=bool), own], axis=2)
+    return np.where(seen, 0.0, MASKED).astype(np.float32)[:, None]
+
+
+class OpenVinoStepper:
+    """:class:`~dpsynth.llm.stepper.Stepper`'s contract on OpenVINO (same prompts, positions
+    and padding; see the module docstring)."""
+
+    def __init__(self, gen: Any, prompts: Sequence[str], shared_prefix: str,
+                 precision: str) -> None:
+        if not prompts:
+            raise ValueError("open_stepper: prompts must not be empty")
+        self._gen = gen
+        self._compiled = compiled(gen, precision)
+        self._request: Any = self._compiled.create_infer_request()
+        self.batch_size = len(prompts)
+        self.tokens: list[int] = []
+        b = self.batch_size
+        if shared_prefix:
+            prefix = gen.encode_prompt(shared_prefix)
+            rows = [gen.encode(p) for p in prompts]
+            if any(not r for r in rows):
+                raise ValueError("open_stepper: each prompt needs at least one token")
+            p = len(prefix)
+            self._infer(np.asarray([prefix], dtype=np.int64), _prefill_mask(0, np.ones((1, p),
+                        dtype=bool)), np.arange(p, dtype=np.int64)[None], np.zeros(1, np.int32))
+            beams = np.zeros(b, np.int32)  # every row continues the one prefix row
+        else:
+            p = 0
+            rows = [gen.encode_prompt(x) for x in prompts]
+            beams = np.arange(b, dtype=np.int32)
+        ids, valid = gen._pad_left(rows)
+        valid = valid.numpy().astype(bool)
+        pos = p + np.clip(valid.cumsum(-1) - 1, 0, None)
+        self._infer(ids.numpy(), _prefill_mask(p, valid), pos, beams)
+        self._valid = np.concatenate([np.ones((b, p), dtype=bool), valid], axis=1)
+        self._length = self._valid.shape[1]
+        self._next_pos = pos[:, -1:] + 1
+        self._logits: np.ndarray | None = None
+
+    def _infer(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
+               beams: np.ndarray) -> None:
+        import torch
+
+        out = self._request.infer({"input_ids": ids, "mask": mask, "position_ids": pos,
+                                   "beam_idx": beams})
+        self._hidden = torch.from_numpy(np.array(out[self._compiled.outputs[0]],
+                                                 dtype=np.float32, copy=True))
+
+    def _head(self, ids: np.ndarray | None) -> np.ndarray:
+        if self._request is None:
+            raise GenerationError("stepper is closed")
+        return output_logits(self._gen.model, self._hidden, ids)
+
+    def logits(self) -> np.ndarray:
+        """Next-token logits ``[B, V]`` (float32) of every row."""
+        if self._logits is None:
+            self._logits = self._head(None)
+        return self._logits
+
+    def logits_at(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Next-token logits ``[B, len(ids)]`` at the token ``ids`` only."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= self._gen.vocab_size:
+            raise ValueError("logits_at: ids must be a non-empty list of vocabulary ids")
+        return self._head(ids)
+
+    def advance(self, token_id: int) -> None:
+        """Append the same token to every row: one forward pass over the KV cache."""
+        if self._request is None:
+            raise GenerationError("stepper is closed")
+        if not 0 <= int(token_id) < self._gen.vocab_size:
+            raise ValueError(f"advance: token_id {token_id} outside the vocabulary")
+        if self._length + 1 > self._gen.max_context:
+            raise GenerationError(f"stepper: context of {self._gen.max_context} tokens is full")
+        b = self.batch_size
+        self._valid = np.concatenate([self._valid, np.ones((b, 1), dtype=bool)], axis=1)
+        mask = np.where(self._valid, 0.0, MASKED).astype(np.float32)[:, None, None, :]
+        self._infer(np.full((b, 1), int(token_id), dtype=np.int64), mask, self._next_pos,
+                    np.arange(b, dtype=np.int32))
+        self._next_pos = self._next_pos + 1
+        self._length += 1
+        self.tokens.append(int(token_id))
+        self._logits = None
+
+    def close(self) -> None:
+        """Free the KV cache (the infer request and its state)."""
+        self._request = None
+        self._hidden = None
+
+    def __enter__(self) -> OpenVinoStepper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

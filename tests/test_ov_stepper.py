@@ -1,0 +1,86 @@
+"""The OpenVINO stepper's pure parts and its selection (synrag.stepper), without a model; its
+numbers against torch float32 are in test_rag_models.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpsynth.config import ConfigError
+from dpsynth.llm.ov_stepper import MASKED, _prefill_mask, unsupported_config
+from dpsynth.methods.synrag.config import check_stepper, choose_stepper
+
+
+def test_prefill_mask_sees_prefix_own_tokens_causally_and_no_pad() -> None:
+    valid = np.array([[False, True, True], [True, True, True]])
+    m = _prefill_mask(2, valid)
+    assert m.shape == (2, 1, 3, 5) and m.dtype == np.float32
+    seen = m[:, 0] == 0.0
+    assert seen[:, :, :2].all()  # every query sees the two shared keys
+    # row 0: the pad (key 2) is never seen by a real query; the pad query sees only itself
+    assert seen[0, 0].tolist() == [True, True, True, False, False]
+    assert seen[0, 1].tolist() == [True, True, False, True, False]
+    assert seen[0, 2].tolist() == [True, True, False, True, True]
+    assert seen[1, 2].all() and not seen[1, 0, 3:].any()
+    assert set(np.unique(m)) <= {0.0, MASKED}
+
+
+def test_unsupported_config_names_sliding_windows_and_softcaps() -> None:
+    assert unsupported_config({"model_type": "llama", "sliding_window": None}) is None
+    assert "sliding" in unsupported_config(
+        {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
+                                                 "sliding_window": 512}})
+    assert "sliding" in unsupported_config(
+        {"model_type": "x", "layer_types": ["full_attention", "sliding_attention"]})
+    assert "soft-caps" in unsupported_config({"model_type": "g2",
+                                              "attn_logit_softcapping": 50.0})
+
+
+def test_check_stepper_fails_before_any_budget_for_a_model_it_cannot_run(tmp_path) -> None:
+    check_stepper("auto", "gemma3")  # auto falls back: nothing to refuse
+    check_stepper("transformers", "gemma3")
+    with pytest.raises(ConfigError, match="synrag.stepper.*gemma3.*sliding"):
+        check_stepper("openvino", "gemma3")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "m", "sliding_window": 8}))
+    with pytest.raises(ConfigError, match="sliding"):
+        check_stepper("openvino", str(tmp_path))
+    check_stepper("openvino", "smollm2")
+
+
+class _Gen:
+    """A generator whose OpenVINO export fails (or succeeds) as told."""
+
+    device = "cpu"
+
+    def __init__(self, export_fails: bool) -> None:
+        self.export_fails = export_fails
+        self.stepper_engine = "transformers"
+
+    @property
+    def model(self) -> Any:
+        class _Config:
+            def to_dict(self) -> dict[str, Any]:
+                return {"model_type": "llama"}
+
+        class _Model:
+            config = _Config()
+
+        return _Model()
+
+    def set_stepper_engine(self, engine: str) -> None:
+        if engine == "openvino" and self.export_fails:
+            raise RuntimeError("export failed")
+        self.stepper_engine = engine
+
+
+def test_choose_stepper_auto_falls_back_and_explicit_openvino_raises() -> None:
+    assert choose_stepper(_Gen(export_fails=False), "auto") == "openvino"
+    gen = _Gen(export_fails=True)
+    assert choose_stepper(gen, "auto") == "transformers"
+    assert gen.stepper_engine == "transformers"
+    with pytest.raises(RuntimeError):
+        choose_stepper(_Gen(export_fails=True), "openvino")
+    assert choose_stepper(_Gen(export_fails=False), "transformers") == "transformers"
