@@ -84,3 +84,28 @@ def test_choose_stepper_auto_falls_back_and_explicit_openvino_raises() -> None:
     with pytest.raises(RuntimeError):
         choose_stepper(_Gen(export_fails=True), "openvino")
     assert choose_stepper(_Gen(export_fails=False), "transformers") == "transformers"
+
+
+def test_export_is_cached_and_redone_when_the_weights_change(tmp_path, monkeypatch) -> None:
+    import dpsynth.llm.ov_stepper as ovs
+
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    (model_dir / "model.safetensors").write_bytes(b"v1")
+    exports: list[str] = []
+
+    def fake_export(gen: Any, path: Any) -> None:  # the trace itself is tested with SmolLM2
+        exports.append(str(path))
+        path.write_text((model_dir / "model.safetensors").read_text())
+
+    monkeypatch.setattr(ovs, "_export", fake_export)
+    gen = _Gen(export_fails=False)
+    gen.model_dir = model_dir  # type: ignore[attr-defined]
+    gen.name = "local:m"  # type: ignore[attr-defined]
+    graph = ovs.ensure_exported(gen)
+    assert graph == tmp_path / "m-openvino" / ovs.GRAPH and graph.read_text() == "v1"
+    assert ovs.ensure_exported(gen) == graph and len(exports) == 1  # cached
+    (model_dir / "model.safetensors").write_bytes(b"v2-new")  # other weights: stale export
+    assert ovs.ensure_exported(gen).read_text() == "v2-new" and len(exports) == 2
+    assert [p.name for p in tmp_path.iterdir()] and not list(tmp_path.glob(".m-openvino.tmp-*"))

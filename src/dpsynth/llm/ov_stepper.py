@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..files import atomic_write_bytes
 from .base import GenerationError
-from .stepper import output_logits
+from .stepper import SharedTokenStepper, output_logits
 
 log = logging.getLogger("dpsynth.llm")
 
@@ -88,21 +90,40 @@ def _fingerprint(gen: Any) -> dict[str, Any]:
             "source": source_fingerprint(Path(gen.model_dir))}
 
 
+def _is_current(out: Path, want: dict[str, Any]) -> bool:
+    try:
+        return json.loads((out / MARKER).read_text("utf-8")) == want and (out / GRAPH).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def ensure_exported(gen: Any) -> Path:
-    """The cached graph of ``gen``'s decoder, exported now unless a current one exists."""
+    """The cached graph of ``gen``'s decoder, exported now unless a current one exists.
+    Written to a temporary sibling and renamed into place, so a concurrent process never reads
+    a half-written graph; a stale export (the weights or OpenVINO changed) is replaced."""
     out = export_dir(gen)
     want = _fingerprint(gen)
-    try:
-        if json.loads((out / MARKER).read_text("utf-8")) == want and (out / GRAPH).is_file():
-            return out / GRAPH
-    except (OSError, ValueError):
-        pass
+    if _is_current(out, want):
+        return out / GRAPH
     reason = unsupported(gen)
     if reason:
         raise GenerationError(f"{gen.name}: no OpenVINO stepper: {reason}")
-    out.mkdir(parents=True, exist_ok=True)
-    _export(gen, out / GRAPH)
-    atomic_write_bytes(out / MARKER, json.dumps(want, sort_keys=True).encode())
+    log.info("exporting %s to OpenVINO (first use only)", gen.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        _export(gen, tmp / GRAPH)
+        (tmp / MARKER).write_text(json.dumps(want, sort_keys=True), "utf-8")
+        if out.exists() and not _is_current(out, want):
+            shutil.rmtree(out, ignore_errors=True)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process finished first
+            if not _is_current(out, want):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out / GRAPH
 
 
@@ -195,7 +216,7 @@ def _prefill_mask(keys_before: int, valid: np.ndarray) -> np.ndarray:
     return np.where(seen, 0.0, MASKED).astype(np.float32)[:, None]
 
 
-class OpenVinoStepper:
+class OpenVinoStepper(SharedTokenStepper):
     """:class:`~dpsynth.llm.stepper.Stepper`'s contract on OpenVINO (same prompts, positions
     and padding; see the module docstring)."""
 
@@ -229,7 +250,7 @@ class OpenVinoStepper:
         self._valid = np.concatenate([np.ones((b, p), dtype=bool), valid], axis=1)
         self._length = self._valid.shape[1]
         self._next_pos = pos[:, -1:] + 1
-        self._logits: np.ndarray | None = None
+        self._logits = None
 
     def _infer(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
                beams: np.ndarray) -> None:
@@ -240,49 +261,20 @@ class OpenVinoStepper:
         self._hidden = torch.from_numpy(np.array(out[self._compiled.outputs[0]],
                                                  dtype=np.float32, copy=True))
 
+    def _is_open(self) -> bool:
+        return self._request is not None
+
     def _head(self, ids: np.ndarray | None) -> np.ndarray:
-        if self._request is None:
-            raise GenerationError("stepper is closed")
         return output_logits(self._gen.model, self._hidden, ids)
 
-    def logits(self) -> np.ndarray:
-        """Next-token logits ``[B, V]`` (float32) of every row."""
-        if self._logits is None:
-            self._logits = self._head(None)
-        return self._logits
-
-    def logits_at(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Next-token logits ``[B, len(ids)]`` at the token ``ids`` only."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= self._gen.vocab_size:
-            raise ValueError("logits_at: ids must be a non-empty list of vocabulary ids")
-        return self._head(ids)
-
-    def advance(self, token_id: int) -> None:
-        """Append the same token to every row: one forward pass over the KV cache."""
-        if self._request is None:
-            raise GenerationError("stepper is closed")
-        if not 0 <= int(token_id) < self._gen.vocab_size:
-            raise ValueError(f"advance: token_id {token_id} outside the vocabulary")
-        if self._length + 1 > self._gen.max_context:
-            raise GenerationError(f"stepper: context of {self._gen.max_context} tokens is full")
+    def _step(self, token_id: int) -> None:
         b = self.batch_size
         self._valid = np.concatenate([self._valid, np.ones((b, 1), dtype=bool)], axis=1)
         mask = np.where(self._valid, 0.0, MASKED).astype(np.float32)[:, None, None, :]
-        self._infer(np.full((b, 1), int(token_id), dtype=np.int64), mask, self._next_pos,
+        self._infer(np.full((b, 1), token_id, dtype=np.int64), mask, self._next_pos,
                     np.arange(b, dtype=np.int32))
         self._next_pos = self._next_pos + 1
-        self._length += 1
-        self.tokens.append(int(token_id))
-        self._logits = None
 
-    def close(self) -> None:
-        """Free the KV cache (the infer request and its state)."""
+    def _free(self) -> None:
         self._request = None
         self._hidden = None
-
-    def __enter__(self) -> OpenVinoStepper:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -40,7 +40,73 @@ def output_logits(model: Any, hidden: Any, ids: np.ndarray | None) -> np.ndarray
     return out.cpu().numpy().astype(np.float32, copy=False)
 
 
-class Stepper:
+class SharedTokenStepper:
+    """What every stepper engine shares: rows that all advance by the same token, the output
+    layer on demand, and the checks. An engine implements ``_is_open``, ``_head(ids)`` (logits
+    over ``ids``, None = the whole vocabulary), ``_step(token_id)`` (one forward pass of every
+    row) and ``_free``; it sets ``_gen``, ``batch_size``, ``tokens`` and ``_length``."""
+
+    _gen: Any
+    batch_size: int
+    tokens: list[int]
+    _length: int
+    _logits: np.ndarray | None = None
+
+    def _is_open(self) -> bool:
+        raise NotImplementedError
+
+    def _head(self, ids: np.ndarray | None) -> np.ndarray:
+        raise NotImplementedError
+
+    def _step(self, token_id: int) -> None:
+        raise NotImplementedError
+
+    def _free(self) -> None:
+        raise NotImplementedError
+
+    def logits(self) -> np.ndarray:
+        """Next-token logits ``[B, V]`` (float32) of every row."""
+        if not self._is_open():
+            raise GenerationError("stepper is closed")
+        if self._logits is None:
+            self._logits = self._head(None)
+        return self._logits
+
+    def logits_at(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Next-token logits ``[B, len(ids)]`` (float32) of every row at the token ``ids``
+        only: the output layer's rows for ``ids``, nothing else computed."""
+        if not self._is_open():
+            raise GenerationError("stepper is closed")
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= self._gen.vocab_size:
+            raise ValueError("logits_at: ids must be a non-empty list of vocabulary ids")
+        return self._head(ids)
+
+    def advance(self, token_id: int) -> None:
+        """Append the same token to every row: one batched forward pass over the KV cache."""
+        if not self._is_open():
+            raise GenerationError("stepper is closed")
+        if not 0 <= int(token_id) < self._gen.vocab_size:
+            raise ValueError(f"advance: token_id {token_id} outside the vocabulary")
+        if self._length + 1 > self._gen.max_context:
+            raise GenerationError(f"stepper: context of {self._gen.max_context} tokens is full")
+        self._step(int(token_id))
+        self._length += 1
+        self.tokens.append(int(token_id))
+        self._logits = None
+
+    def close(self) -> None:
+        """Free the KV cache."""
+        self._free()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Stepper(SharedTokenStepper):
     """Decode one shared token at a time over many prompts, reusing the KV cache.
 
     Private prediction in DP-SynRAG: every row (a private document) proposes next-token
@@ -93,7 +159,7 @@ class Stepper:
         self._mask = mask
         self._next_pos = pos[:, -1:] + 1
         self._hidden = hidden
-        self._logits: np.ndarray | None = None
+        self._logits = None
 
     def _forward(self, cache: Any, **inputs: Any) -> tuple[Any, Any]:
         """One forward pass of the decoder (no output layer): (last hidden state [B, H],
@@ -109,58 +175,26 @@ class Stepper:
             new_cache = out.past_key_values
         return out.last_hidden_state[:, -1, :], new_cache
 
+    def _is_open(self) -> bool:
+        return self._cache is not None
+
     def _head(self, ids: np.ndarray | None) -> np.ndarray:
-        if self._cache is None:
-            raise GenerationError("stepper is closed")
         return output_logits(self._model, self._hidden, ids)
 
-    def logits(self) -> np.ndarray:
-        """Next-token logits ``[B, V]`` (float32) of every row."""
-        if self._cache is None:
-            raise GenerationError("stepper is closed")
-        if self._logits is None:
-            self._logits = self._head(None)
-        return self._logits
-
-    def logits_at(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Next-token logits ``[B, len(ids)]`` (float32) of every row at the token ``ids``
-        only: the output layer's rows for ``ids``, nothing else computed."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= self._gen.vocab_size:
-            raise ValueError("logits_at: ids must be a non-empty list of vocabulary ids")
-        return self._head(ids)
-
-    def advance(self, token_id: int) -> None:
-        """Append the same token to every row: one batched forward pass over the KV cache."""
+    def _step(self, token_id: int) -> None:
         import torch
 
-        if self._cache is None:
-            raise GenerationError("stepper is closed")
-        if not 0 <= int(token_id) < self._gen.vocab_size:
-            raise ValueError(f"advance: token_id {token_id} outside the vocabulary")
-        if self._length + 1 > self._gen.max_context:
-            raise GenerationError(f"stepper: context of {self._gen.max_context} tokens is full")
         b = self.batch_size
         self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
         with torch.inference_mode():
             self._hidden, self._cache = self._forward(
                 self._cache,
-                input_ids=torch.full((b, 1), int(token_id), dtype=torch.long),
+                input_ids=torch.full((b, 1), token_id, dtype=torch.long),
                 attention_mask=self._mask,
                 position_ids=self._next_pos,
             )
         self._next_pos = self._next_pos + 1
-        self._length += 1
-        self.tokens.append(int(token_id))
-        self._logits = None
 
-    def close(self) -> None:
-        """Free the KV cache."""
+    def _free(self) -> None:
         self._cache = None
         self._hidden = None
-
-    def __enter__(self) -> Stepper:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
