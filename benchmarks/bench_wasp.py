@@ -10,7 +10,12 @@ prompts, WASP without generator weighting, and Aug-PE; then the federated run (1
 Writes benchmarks/results/wasp.md. With ``--private-sizes 50,100,300`` it runs instead the
 small-M comparison (issue 14): per M, WASP (SmolLM2 only) against Aug-PE at the same number of
 generations, plus the ablation arms at the largest M (``--ablation``), and writes
-benchmarks/results/wasp_small_m.md.
+benchmarks/results/wasp_small_m.md. ``--validation`` scores the small-M arms against 1000
+records of train.csv outside the fixed 300-record sample (mode 0600 under benchmarks/runs)
+instead of test.csv, for choosing settings; ``--config`` runs another config file. Each small-M
+row also has ``english`` (share of texts whose words are >= 80 % frequent words of train.csv,
+bench_sampling.english) and ``own_voice`` (share that read as the writer's own message,
+voice.own_voice).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from bench_sampling import common_words, english
 from harness import ROOT, SHARED, markdown, run_arm
+from voice import own_voice_share
 
 SMOL = {"model": "smollm2", "max_new_tokens": 40, "batch_size": 32}
 GEMMA = {"model": "gemma3", "max_new_tokens": 40, "batch_size": 32}
@@ -49,11 +56,27 @@ def with_f1(row: dict[str, Any], eval_path: Path) -> dict[str, Any]:
     return out
 
 
+def readability(run_dir: Path, words: set[str]) -> dict[str, float]:
+    """english and own_voice shares of a run's released texts."""
+    texts = [json.loads(line)["text"] for line in
+             (run_dir / "release" / "synthetic.jsonl").read_text().splitlines()]
+    share = sum(english(t, words) for t in texts) / max(len(texts), 1)
+    return {"english": round(share, 3), "own_voice": round(own_voice_share(texts), 3)}
+
+
 def small_m(args: argparse.Namespace, data: Path, out: Path, train: pd.DataFrame) -> None:
     """WASP vs Aug-PE per private size M, same generations; ablations at the largest M."""
     sizes = [int(m) for m in args.private_sizes.split(",")]
     sample = train.sample(n=max(300, *sizes), random_state=0)  # nested subsets, fixed seed
-    config = ROOT.parent / "examples" / "banking-wasp.yaml"
+    config = Path(args.config).resolve() if args.config else (
+        ROOT.parent / "examples" / "banking-wasp.yaml")
+    test_path = data / "test.csv"
+    if args.validation:  # train.csv outside the fixed sample: never test.csv
+        test_path = out / "validation-test.csv"
+        test_path.touch(mode=0o600)
+        train.drop(index=sample.index).sample(n=1000, random_state=1).to_csv(test_path,
+                                                                            index=False)
+    words = common_words(train["text"].astype(str).tolist())
     n = args.samples
     seeds = [int(x) for x in str(args.seed).split(",")]
     common: dict[str, Any] = {"llm_cache": str(out / "llm-cache.sqlite"), "generators": [SMOL]}
@@ -86,15 +109,18 @@ def small_m(args: argparse.Namespace, data: Path, out: Path, train: pd.DataFrame
         if args.only and name not in args.only.split(","):
             continue
         start_load, start = load(), time.time()
-        row = run_arm(name, config, {**common, **extra}, out, data / "test.csv", ["category"])
+        row = run_arm(name, config, {**common, **extra}, out, test_path, ["category"])
         row = with_f1(row, out / name / "eval" / "eval.json")
+        row.update(readability(out / name, words))
         row["load"] = f"{start_load} -> {load()}"
         row["bench_seconds"] = round(time.time() - start)
         rows.append(row)
         print(json.dumps(row), flush=True)
         intro = (
-            f"Banking77 (77 intents), M private queries = the first M of one fixed sample of "
-            f"train.csv (seed 0; nested), test = test.csv (3080), epsilon 4, delta 1e-5, "
+            "Banking77 (77 intents), M private queries = the first M of one fixed sample of "
+            "train.csv (seed 0; nested), test = "
+            + ("1000 records of train.csv outside that sample (validation)" if args.validation
+               else "test.csv (3080)") + f", config {config.name}, epsilon 4, delta 1e-5, "
             f"SmolLM2-135M-Instruct only (ctranslate2 int8, CPU; Gemma 3 is about 4x slower "
             f"here), max_new_tokens 40, run seed(s) {args.seed} (first seed: plain arm "
             f"names, others: `-s<seed>`; request seeds and post-processing; noise is secure OS "
@@ -125,6 +151,10 @@ def main() -> None:
                     help="small-M: one more config override for every arm, VALUE read as YAML "
                          "(a lever such as synthesis.drop_off_task=true); repeatable")
     ap.add_argument("--tag", default="", help="small-M: suffix of the arm names")
+    ap.add_argument("--validation", action="store_true",
+                    help="small-M: score against 1000 held-out train.csv records, not test.csv")
+    ap.add_argument("--config", default="", help="small-M: config file (default: "
+                                                 "examples/banking-wasp.yaml)")
     ap.add_argument("--out", default="banking", help="small-M: folder under benchmarks/runs")
     ap.add_argument("--results", default="wasp_small_m.md",
                     help="small-M: file under benchmarks/results")

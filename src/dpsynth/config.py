@@ -385,6 +385,11 @@ class PromptConfig(Section):
 
     task: str = "a short text"
     label_template: str = ""
+    writer: str = Field(
+        "", description="public: who writes the texts (e.g. 'a customer of an online bank'); "
+                        "when set, every instruction opens with 'You are {writer}.', so that a "
+                        "small model writes as that person rather than about them "
+                        "(benchmarks/results/readable_defaults.md)")
     label_descriptions: dict[str, dict[str, str]] | str = Field(
         default_factory=dict,
         description="public: per label column, what each declared value means, shown to the "

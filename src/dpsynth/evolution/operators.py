@@ -135,6 +135,8 @@ class Generation:
     def _run_jobs(self, instructions: list[str], labels: list[int], sources: list[int],
                   tags: list[str]) -> tuple[Pool, np.ndarray]:
         """Send each instruction to its generator; keep the cleaned successes (and say which)."""
+        writer = self.config.prompts.writer
+        instructions = [P.with_writer(i, writer) for i in instructions]
         texts: list[str | None] = [None] * len(instructions)
         src = np.asarray(sources, dtype=np.int64)
         for g, synth in enumerate(self.synthesizers):

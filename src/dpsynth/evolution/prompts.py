@@ -82,19 +82,27 @@ def fill_in_instruction(task: str, label_text: str, masked: str) -> str:
 
 def contrastive_instruction(task: str, label_text: str, good: Sequence[str],
                             bad: Sequence[str]) -> str:
-    """WASP's contrastive prompt (docs/methods.md §2, step 5): bad and good demonstrations,
-    then a request for a new sample better than the good ones, on label, and diverse in
-    expression."""
-    bad_block = "\n".join(f"{i + 1}. {t}" for i, t in enumerate(bad))
-    good_block = "\n".join(f"{i + 1}. {t}" for i, t in enumerate(good))
+    """WASP's contrastive prompt (docs/methods.md §2, step 5): the request first (the task and
+    the label, as in the zero-shot prompt), then the bad and the good demonstrations, then the
+    ask for a new text like the good ones in a new wording. The request leads and the
+    demonstrations are not called "examples": SmolLM2-135M answered the earlier layout (examples
+    first, "think about what makes the good examples better") with comments on the examples
+    or texts about the writer (benchmarks/results/readable_defaults.md)."""
+    bad_block = "\n".join(f"- {t}" for t in bad)
+    good_block = "\n".join(f"- {t}" for t in good)
     return (
-        f"Here are examples of {task}. {label_text}\n\n"
-        f"Bad examples (unrealistic or off-topic):\n{bad_block}\n\n"
-        f"Good examples (realistic and on-topic):\n{good_block}\n\n"
-        "Think about what makes the good examples better than the bad ones. Then write one new "
-        f"example of {task} that is better than the good examples, stays on the same topic, "
-        "and is worded differently from all of them. Reply with the new text only."
-    )
+        f"Write {task}. {label_text}\n\n"
+        f"Not like these (unrealistic or off-topic):\n{bad_block}\n\n"
+        f"Like these (realistic and on-topic), but in different words:\n{good_block}\n\n"
+        "Reply with your new text only."
+    ).replace("  ", " ")
+
+
+def with_writer(instruction: str, writer: str) -> str:
+    """The instruction as the public ``prompts.writer`` asks it: 'You are {writer}.' before
+    it (nothing when ``writer`` is empty), so the model writes as the texts' writer."""
+    writer = writer.strip().rstrip(".")
+    return f"You are {writer}. {instruction}" if writer else instruction
 
 
 def render(instruction: str, chat: bool) -> str | tuple[dict[str, str], ...]:
