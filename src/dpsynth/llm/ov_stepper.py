@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .base import GenerationError
-from .stepper import SharedTokenStepper, output_logits
+from .stepper import SharedTokenStepper, _cache_keyword, output_logits
 
 log = logging.getLogger("dpsynth.llm")
 
@@ -142,6 +142,7 @@ def _export(gen: Any, path: Path) -> None:
     kv_heads = cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     decoder = model.get_decoder()
+    keyword = _cache_keyword(decoder)  # ``cache`` in newer transformers
 
     class _Step(torch.nn.Module):
         def __init__(self) -> None:
@@ -157,9 +158,9 @@ def _export(gen: Any, path: Path) -> None:
                 layer.values = past[2 * i + 1].index_select(0, beam_idx)
                 layer.is_initialized = True
             out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                          past_key_values=cache, use_cache=True)
-            present = [t for layer in out.past_key_values.layers
-                       for t in (layer.keys, layer.values)]
+                               use_cache=True, **{keyword: cache})
+            new = getattr(out, "cache", None) or out.past_key_values
+            present = [t for layer in new.layers for t in (layer.keys, layer.values)]
             return (out.last_hidden_state[:, -1, :], *present)
 
     batch, past_len, new = 2, 3, 4
