@@ -109,3 +109,24 @@ def test_export_is_cached_and_redone_when_the_weights_change(tmp_path, monkeypat
     (model_dir / "model.safetensors").write_bytes(b"v2-new")  # other weights: stale export
     assert ovs.ensure_exported(gen).read_text() == "v2-new" and len(exports) == 2
     assert [p.name for p in tmp_path.iterdir()] and not list(tmp_path.glob(".m-openvino.tmp-*"))
+
+
+def test_rag_build_refuses_openvino_for_gemma3_before_anything_is_written(tmp_path,
+                                                                           monkeypatch) -> None:
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    ledger = tmp_path / "ledger" / "ledger.json"
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(ledger))
+    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-synrag.yaml"
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["rag", "build", str(example), "--output", str(out),
+                                      "--set", "synrag.stepper=openvino",
+                                      "--set", "generators=[{model: gemma3}]"])
+    assert result.exit_code == 2, result.output
+    assert "synrag.stepper: 'openvino' cannot run gemma3" in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists() and not ledger.exists()  # no budget reserved, nothing written
