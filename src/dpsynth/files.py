@@ -15,7 +15,8 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+import shutil
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -80,6 +81,26 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int | None = None) -
     """Write ``data`` to ``path`` atomically (``mode``: the file's permissions, e.g. 0o600)."""
     with _atomic(path, mode) as handle:
         handle.write(data)
+
+
+def publish_dir(out: Path, build: Callable[[Path], None], current: Callable[[], bool]) -> None:
+    """Make the folder ``out`` by ``build(tmp)`` on a temporary sibling renamed into place, so a
+    concurrent process never reads a half-written folder. A stale ``out`` (``current()`` false)
+    is replaced; if another process renamed a current one into place first, that one stays."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+        build(tmp)
+        if out.exists() and not current():
+            shutil.rmtree(out, ignore_errors=True)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process finished first
+            if not current():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str, mode: int | None = None) -> None:

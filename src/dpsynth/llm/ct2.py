@@ -30,15 +30,13 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import secrets
-import shutil
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import publish_dir
 from .base import GenerationError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -115,9 +113,7 @@ def convert(model_dir: Path, out_dir: Path) -> None:
 
     log.info("converting %s to CTranslate2 %s (first use only)", Path(model_dir).name,
              COMPUTE_TYPE)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+    def build(tmp: Path) -> None:
         with quiet_transformers():
             TransformersConverter(str(model_dir), low_cpu_mem_usage=True).convert(
                 str(tmp), quantization=COMPUTE_TYPE, force=True
@@ -128,15 +124,8 @@ def convert(model_dir: Path, out_dir: Path) -> None:
             "ctranslate2": ctranslate2.__version__,
         }
         (tmp / CT2_MARKER).write_text(json.dumps(meta))
-        if out_dir.exists() and not is_current(out_dir, model_dir):
-            shutil.rmtree(out_dir, ignore_errors=True)  # stale: the source changed
-        try:
-            os.rename(tmp, out_dir)
-        except OSError:  # another process finished first
-            if not is_current(out_dir, model_dir):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    publish_dir(out_dir, build, lambda: is_current(out_dir, model_dir))
 
 
 def ensure_converted(model_dir: Path, out_dir: Path) -> bool:

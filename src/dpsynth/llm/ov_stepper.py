@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..files import publish_dir
 from .base import GenerationError
 from .stepper import SharedTokenStepper, _cache_keyword, output_logits
 
@@ -109,21 +107,12 @@ def ensure_exported(gen: Any) -> Path:
     if reason:
         raise GenerationError(f"{gen.name}: no OpenVINO stepper: {reason}")
     log.info("exporting %s to OpenVINO (first use only)", gen.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+
+    def build(tmp: Path) -> None:
         _export(gen, tmp / GRAPH)
         (tmp / MARKER).write_text(json.dumps(want, sort_keys=True), "utf-8")
-        if out.exists() and not _is_current(out, want):
-            shutil.rmtree(out, ignore_errors=True)
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another process finished first
-            if not _is_current(out, want):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    publish_dir(out, build, lambda: _is_current(out, want))
     return out / GRAPH
 
 
