@@ -52,9 +52,14 @@ def describe_labels(labels: Mapping[str, str], prompts: PromptConfig) -> str:
     return " ".join(f"Its {col.replace('_', ' ')} is {val}." for col, val in described.items())
 
 
+def write_request(task: str, label_text: str) -> str:
+    """'Write {task}.' and the label sentence (none when ``label_text`` is empty)."""
+    return " ".join(part for part in (f"Write {task}.", label_text.strip()) if part)
+
+
 def zero_shot_instruction(task: str, label_text: str) -> str:
     """RANDOM_API of Aug-PE: a label-conditioned zero-shot request (docs/methods.md §1, step 2)."""
-    return f"Write {task}. {label_text} Reply with the text only.".replace("  ", " ")
+    return f"{write_request(task, label_text)} Reply with the text only."
 
 
 def rephrase_instruction(task: str, label_text: str, text: str, style: str) -> str:
@@ -91,11 +96,11 @@ def contrastive_instruction(task: str, label_text: str, good: Sequence[str],
     bad_block = "\n".join(f"- {t}" for t in bad)
     good_block = "\n".join(f"- {t}" for t in good)
     return (
-        f"Write {task}. {label_text}\n\n"
+        f"{write_request(task, label_text)}\n\n"
         f"Not like these (unrealistic or off-topic):\n{bad_block}\n\n"
         f"Like these (realistic and on-topic), but in different words:\n{good_block}\n\n"
         "Reply with your new text only."
-    ).replace("  ", " ")
+    )
 
 
 def with_writer(instruction: str, writer: str) -> str:

@@ -48,7 +48,7 @@ from .runtime import (
     resolve_device,
     resolve_engine,
 )
-from .stepper import Stepper
+from .stepper import SharedTokenStepper, Stepper
 
 if TYPE_CHECKING:
     import torch
@@ -494,7 +494,7 @@ class LocalGenerator:
     def _ov_precision(self) -> str:
         return "bf16" if getattr(self, "logits_dtype", "float32") == "bfloat16" else "f32"
 
-    def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Any:
+    def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> SharedTokenStepper:
         """A KV-cached stepper over ``prompts`` (see :class:`Stepper`; on OpenVINO
         :class:`~dpsynth.llm.ov_stepper.OpenVinoStepper`, see :meth:`set_stepper_engine`).
 

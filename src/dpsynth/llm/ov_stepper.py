@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from ..embed.engines import import_openvino
 from ..files import publish_dir
 from .base import GenerationError
-from .stepper import SharedTokenStepper, _cache_keyword, output_logits
+from .stepper import SharedTokenStepper, cache_keyword, output_logits
 
 log = logging.getLogger("dpsynth.llm")
 
@@ -65,12 +66,6 @@ def unsupported(gen: Any) -> str | None:
     if getattr(gen, "device", "cpu") != "cpu":
         return f"device {gen.device} (the OpenVINO stepper runs on the CPU)"
     return unsupported_config(gen.model.config.to_dict())
-
-
-def import_openvino() -> Any:
-    from ..embed.engines import import_openvino as _import
-
-    return _import()
 
 
 def export_dir(gen: Any) -> Path:
@@ -131,7 +126,7 @@ def _export(gen: Any, path: Path) -> None:
     kv_heads = cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     decoder = model.get_decoder()
-    keyword = _cache_keyword(decoder)  # ``cache`` in newer transformers
+    keyword = cache_keyword(decoder)  # ``cache`` in newer transformers
 
     class _Step(torch.nn.Module):
         def __init__(self) -> None:

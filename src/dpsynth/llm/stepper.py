@@ -12,7 +12,7 @@ import numpy as np
 from .base import GenerationError
 
 
-def _cache_keyword(module: Any) -> str:
+def cache_keyword(module: Any) -> str:
     """The KV-cache keyword of a decoder's forward (``cache`` in newer transformers)."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else \
         "past_key_values"
@@ -168,7 +168,7 @@ class Stepper(SharedTokenStepper):
         kw: dict[str, Any] = {k: v.to(self._device) for k, v in inputs.items()}
         kw["use_cache"] = True
         if cache is not None:
-            kw[_cache_keyword(base)] = cache
+            kw[cache_keyword(base)] = cache
         out = base(**kw)
         new_cache = getattr(out, "cache", None)
         if new_cache is None:
