@@ -121,6 +121,8 @@ def main() -> None:
                     help="questions from the validation split (to choose settings) or test")
     ap.add_argument("--synrag-set", action="append", default=[],
                     help="extra synrag KEY=VALUE (YAML value), e.g. support=full")
+    ap.add_argument("--passages", type=int, default=3,
+                    help="passages retrieved per question, every arm (choose on validation)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--heading", default="# Medical Synth (DP-SynRAG benchmark), reduced to the "
@@ -179,7 +181,7 @@ def main() -> None:
                                      "dprag": saved.get("dprag", {}), "started": t_start},
                                     indent=1))
 
-    def evaluate(label: str, answerer: Any, k: int = 3) -> None:
+    def evaluate(label: str, answerer: Any, k: int = args.passages) -> None:
         t0 = time.time()
         a = answerer.ask_many(questions, k)
         b = answerer.ask_many(attacks, k)
@@ -193,6 +195,10 @@ def main() -> None:
     private_emb = np.asarray(emb.embed(docs), dtype=np.float32)
     if "RAG (no DP)" not in results:
         evaluate("RAG (no DP)", rag_without_dp(docs, gen, emb, embeddings=private_emb))
+    if args.passages != 3 and "RAG (no DP), 3 passages" not in results:
+        # the reference at the usual 3 passages too: the ratios divide by the better row
+        evaluate("RAG (no DP), 3 passages",
+                 rag_without_dp(docs, gen, emb, embeddings=private_emb), k=3)
     if "No RAG" not in results:
         evaluate("No RAG", no_rag(gen, emb), k=0)
 
@@ -238,7 +244,11 @@ def main() -> None:
 
     if "DP-Synth" not in results and not args.skip_dpsynth:
         t0 = time.time()
-        ds_run = build_dp_synth_kb(parse_config(raw), work / "dpsynth", generator=gen,
+        # DP-Synth has no clusters and so no released keyword: the settings that name one
+        # ({keyword} in a lead, closing or instruction) are left at their defaults
+        ds_raw = {**raw, "synrag": {k: v for k, v in raw["synrag"].items()
+                                    if "{keyword}" not in str(v)}}
+        ds_run = build_dp_synth_kb(parse_config(ds_raw), work / "dpsynth", generator=gen,
                                    embedder=emb, documents=docs)
         timings["build DP-Synth"] = time.time() - t0
         evaluate("DP-Synth", Answerer(KnowledgeBase.open(ds_run / "release"), gen, emb))
@@ -304,30 +314,40 @@ def cluster_coverage(release: Path, gold: set[str]) -> dict[str, Any]:
 
 
 PAPER = {"DP-SynRAG": (61.0, 67.0), "RAG (no DP)": (85.0, 87.0)}  # Table 1, Medical Synth
+# report names of the two DP-SynRAG rows (their keys in results.json stay as they were)
+SHOWN = {"DP-SynRAG": "DP-SynRAG, self-filter on",
+         "DP-SynRAG, no self-filter": "DP-SynRAG (default: no self-filter)"}
+DEFAULT_ROW = "DP-SynRAG, no self-filter"
 
 
 def ratio_lines(results: dict) -> list[str]:
     """Accuracy of each DP knowledge base over RAG without DP's, beside the paper's."""
-    base = results.get("RAG (no DP)", {}).get("accuracy")
+    base = max((r["accuracy"] for label, r in results.items()
+                if label.startswith("RAG (no DP)") and "accuracy" in r), default=None)
     lo = PAPER["DP-SynRAG"][0] / PAPER["RAG (no DP)"][1]
     hi = PAPER["DP-SynRAG"][1] / PAPER["RAG (no DP)"][0]
     lines = ["", "Accuracy relative to RAG without DP (the paper, Medical Synth: DP-SynRAG "
              f"{PAPER['DP-SynRAG'][0]:.0f}-{PAPER['DP-SynRAG'][1]:.0f} % vs RAG without DP "
              f"{PAPER['RAG (no DP)'][0]:.0f}-{PAPER['RAG (no DP)'][1]:.0f} %, a ratio of "
-             f"{lo:.2f}-{hi:.2f}):", "", "| method | accuracy % | / RAG (no DP) | paper |",
+             f"{lo:.2f}-{hi:.2f}); the divisor is the better RAG (no DP) row:", "",
+             "| method | accuracy % | / RAG (no DP) | paper |",
              "|---|---|---|---|"]
     for label, r in results.items():
-        if label in ("RAG (no DP)", "No RAG") or "error" in r or not base:
+        if label.startswith("RAG (no DP)") or label == "No RAG" or "error" in r or not base:
             continue
-        paper = (f"{lo:.2f}-{hi:.2f}" if label == "DP-SynRAG" else
+        main = DEFAULT_ROW if DEFAULT_ROW in results else "DP-SynRAG"
+        paper = (f"{lo:.2f}-{hi:.2f}" if label == main else
                  "below DP-SynRAG" if label in ("DP-Synth", "Aug-PE") else "-")
-        lines.append(f"| {label} | {r['accuracy']:.1f} | {r['accuracy'] / base:.2f} | {paper} |")
+        lines.append(f"| {SHOWN.get(label, label)} | {r['accuracy']:.1f} | "
+                     f"{r['accuracy'] / base:.2f} | {paper} |")
     return lines
 
 
 def write_report(args: Any, results: dict, dprag: dict, timings: dict, n_docs: int,
                  n_q: int, n_att: int, nq_dprag: int, wall: float) -> None:
-    syn = results.get("DP-SynRAG", {}).get("accuracy", float("nan"))
+    # the default knowledge base (synrag.self_filter false) where its row ran
+    syn = results.get(DEFAULT_ROW, results.get("DP-SynRAG", {})).get(
+        "accuracy", float("nan"))
     below = [q for q, r in sorted(dprag.items()) if r["accuracy"] < syn]
     lines = [
         args.heading,
@@ -336,9 +356,14 @@ def write_report(args: Any, results: dict, dprag: dict, timings: dict, n_docs: i
         f"{n_att} attack queries (of 100); R = {args.clusters}, L = {args.overlap}, "
         f"k = {args.k}, T = {args.tokens}, K = {args.keywords}, keyword extractor "
         f"'{args.extractor}' (fill: {args.fill}); epsilon 10, delta 1e-3; generator "
-        "SmolLM2-135M-Instruct, embedder all-MiniLM-L6-v2; answers greedy, 3 passages. "
+        f"SmolLM2-135M-Instruct, embedder all-MiniLM-L6-v2; answers greedy, {args.passages} "
+        "passage(s) per question. "
         f"Wall time {wall / 60:.1f} min (first start to report; a resumed run counts from "
         "its first start) on a shared 2-core CPU.",
+        "",
+        "DP-SynRAG settings beyond these: "
+        + ("; ".join(f"`{x}`" for x in args.synrag_set) if args.synrag_set else "none")
+        + " (DP-Synth takes those that do not name a cluster's keyword).",
         "",
         "Documents: patient request + ' Diagnosis: D. Treatment: X.'; split 8000/1000/1000 by "
         "patient (seeded shuffle); question: the held-out patient's request without the name "
@@ -355,18 +380,19 @@ def write_report(args: Any, results: dict, dprag: dict, timings: dict, n_docs: i
             continue
         note = ""
         if label == "DP-SynRAG":
-            note = f"eps {r['epsilon']:.3f}, {r['passages']} passages"
+            note = f"eps {r['epsilon']:.3f}, {r['passages']} passages kept by the filter"
             if "clusters" in r:
                 note += (f" of {r['clusters']} clusters; c = {r['clip']:.3g}; "
                          f"{r['disease_seeds']} clusters seeded by a disease name "
                          f"({r['kept_disease_seeds']} kept); of the {r['test_diseases']} distinct "
                          f"diseases of the test questions {r['test_diseases_seeded']} are seeds "
                          f"and {r['test_diseases_named_in_kb']} are named in a kept passage")
-        if label == "RAG (no DP)":
+        if label.startswith("RAG (no DP)"):
             note = "not private"
-        if label == "DP-SynRAG, no self-filter":
-            note = f"ablation: all {r['passages']} released DP-SynRAG texts, same build"
-        lines.append(f"| {label} | {r['accuracy']:.1f} | {r['benign_leaks']}/{n_q} | "
+        if label == DEFAULT_ROW:
+            note = f"all {r['passages']} released DP-SynRAG texts (the default), same build"
+        lines.append(f"| {SHOWN.get(label, label)} | {r['accuracy']:.1f} | "
+                     f"{r['benign_leaks']}/{n_q} | "
                      f"{r['attack_leaks']}/{n_att} | {note} |")
     lines += ratio_lines(results)
     lines += ["", f"DP-RAG at the same total budget (epsilon 10, delta 1e-3) split over Q "
@@ -376,7 +402,7 @@ def write_report(args: Any, results: dict, dprag: dict, timings: dict, n_docs: i
     for q, r in sorted(dprag.items()):
         lines.append(f"| {q} | {r['accuracy']:.1f} | {r['leaks']}/{nq_dprag} | "
                      f"{r['eps_theta']:.3g} | {r['clip']:.3g} |")
-    lines += ["", "DP-RAG falls below DP-SynRAG "
+    lines += ["", "DP-RAG falls below DP-SynRAG's default knowledge base "
               + (f"from Q = {below[0]} queries on (of the Q measured)." if below else
                  "at none of the Q measured."), "", "Timings (s): "
               + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()), ""]

@@ -145,6 +145,34 @@ def test_private_prediction_over_the_candidates(tmp_path, lead: bool) -> None:
         assert prompt.parts(gen) == (prefix, suffix + "Symptoms of skin rash are")
 
 
+def test_a_closing_is_post_processing(tmp_path) -> None:
+    """synrag.closing: the same seeded build with and without it draws the same tokens at the
+    same charge, no model sees it (same prompt parts), and the released text ends with it,
+    the cluster's released keyword filled in."""
+    from dpsynth.methods.synrag.config import SynRAGConfig
+    from dpsynth.methods.synrag.private_prediction import join_closing, rephrase_of
+
+    gen = FakeGenerator()
+    docs = [r["text"] for r in private_rows(8)]
+    preds, rhos, prompts = [], [], []
+    for closing in ("", "Diagnosis: {keyword}."):
+        cfg = SynRAGConfig(rephrase_instruction="Rephrase the note on {keyword}.",
+                           lead="Symptoms of {keyword} are", closing=closing)
+        prompt = rephrase_of(cfg, "skin rash")
+        with PrivacySession(tmp_path / f"s{len(preds)}", Accountant("zcdp"),
+                            make_noise_source("seeded", 2)) as s:
+            preds.append(private_predict(s, "c", gen, docs, support=_support(gen, top=4),
+                                         **{**OPTS, "tokens": 12, "instruction": prompt}))
+            rhos.append(s.accountant.rho())
+        prompts.append(prompt)
+    plain, closed = preds
+    assert closed.token_ids == plain.token_ids and rhos[0] == rhos[1] > 0
+    assert prompts[0].parts(gen) == prompts[1].parts(gen)
+    assert closed.text == join_closing(plain.text, "Diagnosis: skin rash.")
+    assert closed.text.endswith(" Diagnosis: skin rash.") and closed.text != plain.text
+    assert join_closing("", "Done.") == "Done." and join_closing("a ", "b") == "a b"
+
+
 @pytest.mark.parametrize("require", [False, True])
 def test_an_empty_knowledge_base_warns_and_fails_only_when_asked(tmp_path, monkeypatch,
                                                                  require) -> None:

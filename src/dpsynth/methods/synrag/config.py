@@ -77,6 +77,11 @@ class SynRAGConfig(BaseModel):
         "", description="public opening of every released text, which the private tokens "
         "continue (e.g. 'Typical symptoms of {keyword} are'); '{keyword}' is the cluster's "
         "released keyword. Every document's prompt and the public model's end with it")
+    closing: str = Field(
+        "", description="public text after the private tokens of every released text (e.g. "
+        "'Diagnosis: {keyword}.'); '{keyword}' is the cluster's released keyword. No model "
+        "sees it and it costs nothing (post-processing of a release); it puts the cluster's "
+        "keyword where a reader (or a RAG answerer) looks for it")
     support: Literal["public", "full"] = Field(
         "public", description="where each private token is drawn: 'public' = a candidate set "
         "built from public inputs and released values only (the public model's top tokens "

@@ -67,11 +67,13 @@ KEYWORD_MARK = "{keyword}"
 class Rephrase:
     """The public rephrase prompt of one text (docs/methods.md §4, step 4): ``instruction``
     goes before the document, ``lead`` opens the rephrased text (the released text starts with
-    it; the private tokens continue it). Both are public; :data:`KEYWORD_MARK` in either stands
-    for the cluster's released keyword, so the prompt is post-processing of a release."""
+    it; the private tokens continue it), ``closing`` follows the private tokens in the released
+    text only (no model sees it). All are public; :data:`KEYWORD_MARK` in any stands for the
+    cluster's released keyword, so the prompt and the text are post-processing of a release."""
 
     instruction: str
     lead: str = ""
+    closing: str = ""
 
     @classmethod
     def of(cls, prompt: str | Rephrase) -> Rephrase:
@@ -81,16 +83,18 @@ class Rephrase:
         """The prompt of the cluster seeded by ``keyword`` (its released seed term)."""
         kw = "" if keyword is None else str(keyword)
         return Rephrase(self.instruction.replace(KEYWORD_MARK, kw),
-                        self.lead.replace(KEYWORD_MARK, kw))
+                        self.lead.replace(KEYWORD_MARK, kw),
+                        self.closing.replace(KEYWORD_MARK, kw))
 
     def parts(self, gen: Any) -> tuple[str, str]:
         """(prefix, suffix) as :func:`prompt_parts`, the lead at the end of the suffix."""
         return prompt_parts(gen, self.instruction, self.lead)
 
     def text(self, gen: Any, token_ids: Sequence[int], clean: bool = True) -> str:
-        """The released text: the lead and the decoded private tokens."""
+        """The released text: the lead, the decoded private tokens and the closing."""
         text = self.lead + gen.decode(list(token_ids))
-        return clean_text(text) if clean else text
+        text = clean_text(text) if clean else text
+        return join_closing(text, self.closing)
 
 
 def truncate_documents(gen: Any, docs: Sequence[str], max_tokens: int) -> tuple[list[str], int]:
@@ -113,6 +117,15 @@ _LABEL = re.compile(r"^\s*(?:rephrased\s+)?(?:document|text)\s*:\s*", re.I)
 def clean_text(text: str) -> str:
     """Drop a leading "Document:" label the model tends to echo (post-processing)."""
     return _LABEL.sub("", text, count=1).strip()
+
+
+def join_closing(text: str, closing: str) -> str:
+    """``text`` followed by the public ``closing``, one space between them (none when the
+    closing is empty or starts with a space)."""
+    if not closing:
+        return text
+    sep = "" if not text or closing[0].isspace() or text[-1].isspace() else " "
+    return text + sep + closing
 
 
 def clipped_sum(logits: np.ndarray, clip: float) -> np.ndarray:
@@ -390,7 +403,7 @@ def shortcut_of(cfg: SynRAGConfig, clip: float) -> Shortcut | None:
 
 def rephrase_of(cfg: SynRAGConfig, keyword: str | None = None) -> Rephrase:
     """The synrag section's rephrase prompt for the cluster seeded by ``keyword``."""
-    return Rephrase(cfg.rephrase_instruction, cfg.lead).for_keyword(keyword)
+    return Rephrase(cfg.rephrase_instruction, cfg.lead, cfg.closing).for_keyword(keyword)
 
 
 def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
