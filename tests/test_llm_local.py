@@ -37,6 +37,19 @@ def test_generate_plain_and_chat_reproducible_with_seed(smollm) -> None:
     assert "<|im_start|>" not in first[1] and "Name one fruit" not in first[1]
 
 
+def test_the_writer_replaces_the_chat_template_default_system_prompt(smollm) -> None:
+    """SmolLM2's template puts "You are a helpful AI assistant" first when no system message
+    is given: prompts.writer takes its place (dpsynth.evolution.prompts.render)."""
+    from dpsynth.evolution.prompts import render
+
+    default, _, _ = smollm.render(GenerationRequest(render("Write a question.", True)))
+    writer, _, _ = smollm.render(GenerationRequest(render("Write a question.", True,
+                                                          "a customer of a bank")))
+    assert "helpful AI assistant" in default
+    assert "helpful AI assistant" not in writer
+    assert writer.index("You are a customer of a bank.") < writer.index("Write a question.")
+
+
 def test_batched_equals_one_at_a_time_in_order(tf_smollm) -> None:
     prompts = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
     reqs = [GenerationRequest(p, GREEDY) for p in prompts] + [GenerationRequest(CHAT, GREEDY)]

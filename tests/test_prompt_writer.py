@@ -1,6 +1,7 @@
 """prompts.writer and WASP's contrastive layout (issue 24, point 6): a public 'You are
-{writer}.' opens every prompt when set and nothing changes when it is not; the contrastive
-prompt leads with the request; benchmarks/voice.py's own-voice rule."""
+{writer}.' opens every prompt when set (a chat model's system message, a plain model's first
+sentence) and nothing changes when it is not; the contrastive prompt leads with the request;
+benchmarks/voice.py's own-voice rule."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from dpsynth.config import parse_config
-from dpsynth.evolution.prompts import contrastive_instruction, with_writer, zero_shot_instruction
+from dpsynth.evolution.prompts import (
+    ANSWER_CUE,
+    contrastive_instruction,
+    render,
+    with_writer,
+    zero_shot_instruction,
+)
 from fakes import FakeEmbedder, FakeGenerator
 from test_release_check import pe_config, private_rows, write_csv
 
@@ -29,6 +36,16 @@ def test_with_writer_opens_the_instruction_only_when_set() -> None:
     assert with_writer(instr, " a customer of an online bank. ") == (
         "You are a customer of an online bank. Write a short question you ask your bank. "
         "It is about fees. Reply with the text only.")
+
+
+def test_a_chat_model_gets_the_writer_as_its_system_message() -> None:
+    instr = zero_shot_instruction("a short question you ask your bank", "It is about fees.")
+    user = {"role": "user", "content": instr}
+    assert render(instr, True, " a customer of an online bank. ") == (
+        {"role": "system", "content": "You are a customer of an online bank."}, user)
+    assert render(instr, True, "") == (user,)  # the model's own default system prompt
+    assert render(instr, False, "a customer") == with_writer(instr, "a customer") + ANSWER_CUE
+    assert render(instr, False, "") == instr + ANSWER_CUE
 
 
 def test_contrastive_prompt_leads_with_the_request_and_lists_both_sets() -> None:
@@ -56,6 +73,25 @@ def test_every_prompt_of_a_run_opens_with_the_writer(tmp_path: Path, method: str
     assert prompts
     opened = ["You are a patient of the clinic. " in p for p in prompts]
     assert all(opened) if writer else not any(opened)
+
+
+@pytest.mark.parametrize("method", ["aug_pe", "wasp"])
+def test_every_chat_prompt_of_a_run_has_the_writer_as_system(tmp_path: Path,
+                                                             method: str) -> None:
+    from dpsynth.api import run_generation
+
+    cfg = pe_config(method, write_csv(tmp_path / "d.csv", private_rows(40)),
+                    **{"prompts.writer": "a patient of the clinic",
+                       "synthesis.variation": "mixed", "synthesis.strip_echoes": True})
+    for g in cfg["generators"]:
+        g["chat"] = True
+    gens = [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
+    run_generation(parse_config(cfg), tmp_path / "run", progress=False, generators=gens,
+                   embedder=FakeEmbedder())
+    prompts = [p for g in gens for p in g.prompts]  # the fakes render chat as System: / User:
+    assert prompts and all(p.startswith("System: You are a patient of the clinic.\n\nUser: ")
+                           for p in prompts)
+    assert not any("You are a patient" in p.split("User: ", 1)[1] for p in prompts)
 
 
 @pytest.mark.parametrize(("text", "own"), [

@@ -387,8 +387,10 @@ class PromptConfig(Section):
     label_template: str = ""
     writer: str = Field(
         "", description="public: who writes the texts (e.g. 'a customer of an online bank'); "
-                        "when set, every instruction opens with 'You are {writer}.', so that a "
-                        "small model writes as that person rather than about them "
+                        "when set, every prompt says 'You are {writer}.' (a chat model's "
+                        "system message, in place of its template's default assistant one; a "
+                        "plain model's first sentence), so that a small model writes as that "
+                        "person rather than about them or as an assistant "
                         "(benchmarks/results/readable_defaults.md)")
     label_descriptions: dict[str, dict[str, str]] | str = Field(
         default_factory=dict,

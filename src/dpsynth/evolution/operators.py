@@ -96,7 +96,8 @@ class Generation:
                 self.log(f"loading generator {i}: {gen_cfg.short_name}")
                 with step(f"loading generator {gen_cfg.short_name}"):
                     generator = load_generator(gen_cfg.load_spec(), cache_path=self.cache_path)
-            out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed))
+            out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed,
+                                   self.config.prompts.writer))
         return out
 
     @property
@@ -135,8 +136,6 @@ class Generation:
     def _run_jobs(self, instructions: list[str], labels: list[int], sources: list[int],
                   tags: list[str]) -> tuple[Pool, np.ndarray]:
         """Send each instruction to its generator; keep the cleaned successes (and say which)."""
-        writer = self.config.prompts.writer
-        instructions = [P.with_writer(i, writer) for i in instructions]
         texts: list[str | None] = [None] * len(instructions)
         src = np.asarray(sources, dtype=np.int64)
         for g, synth in enumerate(self.synthesizers):

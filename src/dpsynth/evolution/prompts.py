@@ -103,18 +103,30 @@ def contrastive_instruction(task: str, label_text: str, good: Sequence[str],
     )
 
 
-def with_writer(instruction: str, writer: str) -> str:
-    """The instruction as the public ``prompts.writer`` asks it: 'You are {writer}.' before
-    it (nothing when ``writer`` is empty), so the model writes as the texts' writer."""
+def writer_sentence(writer: str) -> str:
+    """'You are {writer}.' for the public ``prompts.writer`` ('' when it is empty)."""
     writer = writer.strip().rstrip(".")
-    return f"You are {writer}. {instruction}" if writer else instruction
+    return f"You are {writer}." if writer else ""
 
 
-def render(instruction: str, chat: bool) -> str | tuple[dict[str, str], ...]:
-    """Chat message tuple for chat models; instruction plus an answer cue otherwise."""
+def with_writer(instruction: str, writer: str) -> str:
+    """The instruction as a plain-text prompt asks it: :func:`writer_sentence` before it
+    (nothing when ``writer`` is empty), so the model writes as the texts' writer."""
+    sentence = writer_sentence(writer)
+    return f"{sentence} {instruction}" if sentence else instruction
+
+
+def render(instruction: str, chat: bool, writer: str = ""
+           ) -> str | tuple[dict[str, str], ...]:
+    """The request for one instruction. Chat models: the :func:`writer_sentence` as the system
+    message (a chat template's default system prompt, SmolLM2's "You are a helpful AI
+    assistant", otherwise makes the model answer as the assistant), the instruction as the
+    user's; plain models: :func:`with_writer` plus an answer cue."""
     if chat:
-        return ({"role": "user", "content": instruction},)
-    return instruction + ANSWER_CUE
+        sentence = writer_sentence(writer)
+        system = ({"role": "system", "content": sentence},) if sentence else ()
+        return (*system, {"role": "user", "content": instruction})
+    return with_writer(instruction, writer) + ANSWER_CUE
 
 
 _PREFIX = re.compile(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..config import GeneratorConfig, SynthesisConfig
 from ..llm.base import Generator
-from .prompts import clean_generation, instruction_sentences, render
+from .prompts import clean_generation, instruction_sentences, render, with_writer
 
 
 def stable_seed(*parts: object) -> int:
@@ -37,12 +37,14 @@ class GenerationCounts:
 
 @dataclass
 class Synthesizer:
-    """One generator with its sampling settings."""
+    """One generator with its sampling settings; ``writer`` is the public ``prompts.writer``
+    (:func:`~dpsynth.evolution.prompts.render` places it)."""
 
     generator: Generator
     config: GeneratorConfig
     synthesis: SynthesisConfig
     seed: int
+    writer: str = ""
     counts: GenerationCounts = field(default_factory=GenerationCounts)
 
     @property
@@ -70,7 +72,7 @@ class Synthesizer:
                 self.counts.retried += len(pending)
             requests = [
                 GenerationRequest(
-                    prompt=render(instructions[i], self.chat),
+                    prompt=render(instructions[i], self.chat, self.writer),
                     params=SamplingParams(
                         temperature=self.config.temperature,
                         top_p=self.config.top_p,
@@ -86,7 +88,7 @@ class Synthesizer:
             self.counts.sent += len(requests)
             failed = []
             for i, raw in zip(pending, outputs, strict=True):
-                echoes = (instruction_sentences(instructions[i])
+                echoes = (instruction_sentences(with_writer(instructions[i], self.writer))
                           if self.synthesis.strip_echoes else ())
                 text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes,
                                         drop_off_task=self.synthesis.drop_off_task)
