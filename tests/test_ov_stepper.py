@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from dpsynth.config import ConfigError
-from dpsynth.llm.ov_stepper import MASKED, _prefill_mask, unsupported_config
+from dpsynth.llm.ov_stepper import (
+    MASKED,
+    _prefill_mask,
+    runnable_precision,
+    unsupported_config,
+)
 from dpsynth.methods.synrag.config import check_stepper, choose_stepper
 
 
@@ -26,6 +31,16 @@ def test_prefill_mask_sees_prefix_own_tokens_causally_and_no_pad() -> None:
     assert seen[0, 2].tolist() == [True, True, False, True, True]
     assert seen[1, 2].all() and not seen[1, 0, 3:].any()
     assert set(np.unique(m)) <= {0.0, MASKED}
+
+
+def test_bf16_needs_two_threads() -> None:
+    """OpenVINO dies compiling bf16 for one thread (the compile itself is tested with SmolLM2
+    in test_rag_models.py): one thread runs f32."""
+    assert runnable_precision("bf16", 1) == "f32"
+    assert runnable_precision("bf16", 2) == "bf16"
+    assert runnable_precision("f32", 1) == "f32"
+    with pytest.raises(ValueError, match="precision"):
+        runnable_precision("int4", 2)
 
 
 def test_unsupported_config_names_sliding_windows_and_softcaps() -> None:

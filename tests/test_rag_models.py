@@ -121,6 +121,27 @@ def test_openvino_stepper_matches_torch_float32(smollm, dtype, bound) -> None:
         smollm.set_stepper_engine("transformers")
 
 
+def test_openvino_stepper_on_one_thread() -> None:
+    """bf16 on one inference thread kills the process inside OpenVINO's compile (SIGFPE,
+    measured with OpenVINO 2026.4): on one thread the stepper compiles f32 instead, and steps.
+    In a child process, since the failure would take the test worker with it."""
+    import subprocess
+
+    code = (
+        "from dpsynth.llm import load_generator\n"
+        "g = load_generator('smollm2', engine='transformers', num_threads=1)\n"
+        "g.set_logits_dtype('bfloat16')\n"
+        "g.set_stepper_engine('openvino')\n"
+        "with g.open_stepper(['Hello there.', 'A rash.']) as st:\n"
+        "    st.advance(int(st.logits()[0].argmax()))\n"
+        "    print('stepped', type(st).__name__, st.logits().shape[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "stepped OpenVinoStepper 2" in done.stdout
+
+
 def test_private_predict_charges_each_token(smollm, tmp_path) -> None:
     s = PrivacySession(tmp_path / "s", Accountant("zcdp"), make_noise_source("seeded", 0))
     pred = private_predict(s, "c0", smollm, DOCS, instruction=INSTR, tokens=6, clip=1.0,

@@ -176,10 +176,27 @@ def _export(gen: Any, path: Path) -> None:
     ov.save_model(graph, str(path), compress_to_fp16=False)
 
 
-def compiled(gen: Any, precision: str) -> Any:
-    """The compiled decoder of ``gen`` in ``precision`` (compiled once per generator)."""
+def runnable_precision(precision: str, threads: int) -> str:
+    """The precision OpenVINO can compile ``precision`` in on ``threads`` inference threads.
+
+    OpenVINO's CPU plugin (2026.4; openvinotoolkit/openvino#33300) kills the process with a
+    floating point exception when it compiles a bf16 decoder for one thread (measured here:
+    ``INFERENCE_NUM_THREADS`` 1, or one core by ``taskset -c 0``; f32 compiles), which is what
+    :func:`~dpsynth.llm.runtime.default_threads` gives on a busy machine: one thread runs f32
+    (closer to float32, slower)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return "f32" if precision == "bf16" and threads < 2 else precision
+
+
+def compiled(gen: Any, precision: str) -> Any:
+    """The compiled decoder of ``gen`` in ``precision`` (compiled once per generator; on one
+    thread bf16 is compiled as f32, see :func:`runnable_precision`)."""
+    wanted = precision
+    precision = runnable_precision(precision, int(gen.num_threads))
+    if precision != wanted:
+        log.info("OpenVINO stepper in %s, not %s: one thread (OpenVINO cannot compile %s "
+                 "for one)", precision, wanted, wanted)
     cache = gen.__dict__.setdefault("_ov_compiled", {})
     if precision not in cache:
         ov = import_openvino()
