@@ -51,6 +51,13 @@ def embedder() -> Any:
     return _EMBEDDER
 
 
+def scored_set_key(test_path: Path) -> str:
+    """What names the test set an arm is scored on: its path and a hash of its bytes."""
+    import hashlib
+
+    return f"{test_path.resolve()} {hashlib.sha256(test_path.read_bytes()).hexdigest()}"
+
+
 def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
             test_path: Path, labels: list[str], fresh: bool = False) -> dict[str, Any]:
     """Run (or resume) one arm and evaluate it; returns one row of the table."""
@@ -69,12 +76,16 @@ def run_arm(name: str, config: Path, overrides: dict[str, Any], out_root: Path,
     wall = time.time() - start
     summary = json.loads((run_dir / "release" / "summary.json").read_text())
     done = run_dir / "eval" / "eval.json"
-    if done.is_file() and done.stat().st_mtime > (run_dir / "run.json").stat().st_mtime:
+    # the test set an earlier evaluation used: a run scored on validation is scored again on test
+    stamp, scored_on = run_dir / "eval" / "bench-test-set.txt", scored_set_key(test_path)
+    if (done.is_file() and done.stat().st_mtime > (run_dir / "run.json").stat().st_mtime
+            and stamp.is_file() and stamp.read_text() == scored_on):
         ev = json.loads(done.read_text())  # evaluated by an earlier invocation
     else:
         ev, _ = evaluate_run(run_dir, test_path, EvalOptions(labels=labels, with_audits=False,
                                                               with_mauve=False),
                              embedder=embedder())
+        stamp.write_text(scored_on)
     # the run's own wall time (run.json, kept across resumes), else this call's
     meta = json.loads((run_dir / "run.json").read_text())
     wall = summary.get("wall_seconds") or meta.get("wall_seconds") or wall
