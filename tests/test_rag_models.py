@@ -121,6 +121,60 @@ def test_openvino_stepper_matches_torch_float32(smollm, dtype, bound) -> None:
         smollm.set_stepper_engine("transformers")
 
 
+LONGER = ("I am Carl Moe. Since last week my joints ache every morning, my hands are stiff "
+          "until noon, and yesterday a fever came with a rash on my chest and both arms.")
+
+
+@pytest.mark.parametrize("engine,dtype", [("openvino", "bfloat16"), ("openvino", "float32"),
+                                          ("transformers", "bfloat16")])
+def test_each_documents_logits_are_its_own(smollm, engine, dtype) -> None:
+    """The private prediction's stepper (open_documents, the production path): a document's
+    logits are the same, bit for bit, whatever other documents share its cluster -- more of
+    them than one decode pass holds, a longer one (which pads a batched stepper's rows), or
+    none -- at every step, and its output layer's rows too. (A batched stepper moved a row's
+    clipped logits by up to 0.03 in bf16 when another row came in: the sum's sensitivity was
+    more than c; benchmarks/results/private_prediction.md.) And they stay close to float32."""
+    from dpsynth.bench.private_prediction import _kl
+    from dpsynth.methods.synrag.private_prediction import open_documents
+
+    prefix, suffix = prompt_parts(smollm, INSTR)
+    tokens = [int(t) for t in smollm.encode(" The patient has a rash")][:4]
+    ids = np.array([5, 17, 300, 4096])
+
+    def first_row(docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        st, cut = open_documents(smollm, docs, prefix, suffix, 96, rows=2)
+        assert cut == 0 and st.batch_size == len(docs)
+        with st:
+            seen, at = [st.logits()[0]], [st.logits_at(ids)[0]]
+            for tok in tokens:
+                st.advance(tok)
+                seen.append(st.logits()[0])
+                at.append(st.logits_at(ids)[0])
+        return np.stack(seen), np.stack(at)
+
+    try:
+        smollm.set_logits_dtype("float32")
+        smollm.set_stepper_engine("transformers")
+        with smollm.open_stepper([DOCS[0] + suffix], shared_prefix=prefix) as ref:
+            want = [ref.logits()[0]]
+            for tok in tokens:
+                ref.advance(tok)
+                want.append(ref.logits()[0])
+        smollm.set_logits_dtype(dtype)
+        smollm.set_stepper_engine(engine)
+        alone, alone_at = first_row([DOCS[0]])
+        for others in ([DOCS[1], DOCS[2], LONGER], [LONGER], [DOCS[2], DOCS[1]]):
+            logits, at = first_row([DOCS[0], *others])
+            np.testing.assert_array_equal(logits, alone)
+            np.testing.assert_array_equal(at, alone_at)
+        np.testing.assert_allclose(alone_at, alone[:, ids], atol=1e-4)
+        kl = _kl(np.stack(want), alone)
+        assert kl.mean() < 0.01 and kl.max() < 0.05, kl
+    finally:
+        smollm.set_logits_dtype("float32")
+        smollm.set_stepper_engine("transformers")
+
+
 def test_openvino_stepper_on_one_thread() -> None:
     """bf16 on one inference thread kills the process inside OpenVINO's compile (SIGFPE,
     measured with OpenVINO 2026.4): on one thread the stepper compiles f32 instead, and steps.

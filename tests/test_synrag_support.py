@@ -201,3 +201,34 @@ def test_an_empty_knowledge_base_warns_and_fails_only_when_asked(tmp_path, monke
     assert "knowledge base is empty" in res.output
     summary = (tmp_path / "kb" / "release" / "summary.json").read_text()
     assert "synrag.clusters" in summary or "nothing above noise" in summary
+
+
+def test_each_document_gets_a_stepper_row_of_its_own() -> None:
+    """open_documents (the private prediction's stepper) on a generator without its own
+    rows-apart stepper: one stepper per document, each opened with that document's prompt
+    alone (no batch whose padding or size another document sets); documents longer than
+    max_doc_tokens are cut to fit the public width, and counted."""
+    from dpsynth.methods.synrag.private_prediction import document_width, open_documents
+
+    gen = FakeGenerator()
+    opened: list[list[str]] = []
+    real = gen.open_stepper
+
+    def recording(prompts: Any, shared_prefix: str = "") -> Any:
+        opened.append(list(prompts))
+        return real(prompts, shared_prefix)
+
+    gen.open_stepper = recording  # type: ignore[method-assign]
+    docs = ["fever cough", "rash " * 40, "knee pain"]
+    suffix = " Rephrased:"
+    stepper, cut = open_documents(gen, docs, "Rephrase this.", suffix, 8)
+    assert stepper is not None and stepper.batch_size == 3 and cut == 1
+    assert [len(p) for p in opened] == [1, 1, 1]
+    assert all(len(gen.encode(p[0])) <= document_width(gen, suffix, 8) for p in opened)
+    assert opened[0] == ["fever cough" + suffix] and opened[2] == ["knee pain" + suffix]
+    alone, _ = open_documents(gen, docs[:1], "Rephrase this.", suffix, 8)
+    np.testing.assert_array_equal(stepper.logits()[0], alone.logits()[0])
+    stepper.advance(3)
+    alone.advance(3)
+    np.testing.assert_array_equal(stepper.logits_at([1, 2, 5])[0], alone.logits_at([1, 2, 5])[0])
+    assert open_documents(gen, [], "Rephrase this.", suffix, 8) == (None, 0)

@@ -7,8 +7,11 @@ by side on the same cluster and the same token sequence.
   the public candidate set (:mod:`dpsynth.methods.synrag.support`: the public model's top
   tokens from a one-row stepper without documents, plus the public vocabulary's tokens), the
   output layer computed for those rows only (the default before the OpenVINO stepper);
-* default: the same on the engine ``synrag.stepper: auto`` picks
-  (:mod:`dpsynth.llm.ov_stepper` where OpenVINO runs the model), both steppers on it.
+* default: the production path (:func:`dpsynth.methods.synrag.private_prediction.open_documents`)
+  on the engine ``synrag.stepper: auto`` picks (:mod:`dpsynth.llm.ov_stepper` where OpenVINO
+  runs the model), both steppers on it: each document prefilled alone and decoded
+  ``stepper_rows`` at a time at the public width of ``max_doc_tokens`` (so no document's
+  logits depend on another's; docs/methods.md §4, "Rows apart").
 
 All follow one token sequence (drawn once by the baseline through the private mechanism, with
 seeded noise), so they do the same forward passes; the rounds alternate which path runs first
@@ -62,16 +65,18 @@ def public_top_share(gen: Any, prompt: str, texts: list[str], names: list[str],
 
 def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int = 24,
                              clip: float = 0.3, rounds: int = 2, top: int = 64,
-                             dtype: str = "auto", stepper: str = "auto") -> dict[str, Any]:
+                             dtype: str = "auto", stepper: str = "auto",
+                             max_doc_tokens: int = 384, stepper_rows: int = 16
+                             ) -> dict[str, Any]:
     """Tokens per second of one cluster's private prediction, baseline vs default (see the
     module docstring)."""
-    if docs < 1 or tokens < 1 or rounds < 1:
-        raise ValueError("docs, tokens and rounds must be >= 1")
+    if docs < 1 or tokens < 1 or rounds < 1 or stepper_rows < 1:
+        raise ValueError("docs, tokens, rounds and stepper_rows must be >= 1")
     from ..demo_corpus import demo_knowledge, make_demo_corpus
     from ..llm import load_generator
     from ..methods.synrag.config import DEFAULT_REPHRASE, choose_stepper, resolve_logits_dtype
     from ..methods.synrag.keywords import demo_terms
-    from ..methods.synrag.private_prediction import clipped_sum, prompt_parts
+    from ..methods.synrag.private_prediction import clipped_sum, open_documents, prompt_parts
     from ..methods.synrag.support import (
         disease_token_share,
         make_support,
@@ -118,12 +123,15 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
                     st.advance(seq[n])
         return t1 - t0, time.perf_counter() - t1
 
-    def restricted(engine_name: str, tag: str) -> Any:
+    def documents() -> Any:  # the production path's stepper over the documents
+        return open_documents(gen, texts, prefix, suffix, max_doc_tokens, stepper_rows)[0]
+
+    def restricted(engine_name: str, tag: str, production: bool) -> Any:
         def arm(r: int) -> tuple[float, float]:
             on(engine_name, dtype)
             t0 = time.perf_counter()
-            with gen.open_stepper(rows, shared_prefix=prefix) as st, \
-                    gen.open_stepper([prefix + suffix]) as pub:
+            with (documents() if production else gen.open_stepper(rows, shared_prefix=prefix)
+                  ) as st, gen.open_stepper([prefix + suffix]) as pub:
                 t1 = time.perf_counter()
                 for n in range(tokens):
                     ids = support.at(pub.logits()[0])
@@ -136,8 +144,8 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
             return t1 - t0, time.perf_counter() - t1
         return arm
 
-    arms = {"baseline": baseline, "previous": restricted("transformers", "b"),
-            "default": restricted(engine, "c")}
+    arms = {"baseline": baseline, "previous": restricted("transformers", "b", False),
+            "default": restricted(engine, "c", True)}
     on("transformers", dtype)
     with gen.open_stepper(rows[:1], shared_prefix=prefix):  # converts the bf16 copy (untimed)
         pass
@@ -153,7 +161,7 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
     on("transformers", "float32")
     reference = gen.open_stepper(rows, shared_prefix=prefix)
     on(engine, dtype)
-    fast = gen.open_stepper(rows, shared_prefix=prefix)
+    fast = documents()
     with gen.open_stepper([prefix + suffix]) as pub:
         for n in range(tokens):
             kls.append(_kl(reference.logits(), fast.logits()))
@@ -177,6 +185,7 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
     tps = {k: tokens / sum(v) for k, v in best.items()}
     return {
         "model": model, "documents": docs, "tokens": tokens, "rounds": rounds,
+        "max_doc_tokens": max_doc_tokens, "stepper_rows": stepper_rows,
         "dtype": dtype, "stepper": engine, "support_top": top, "vocab_size": int(gen.vocab_size),
         "support_size_mean": float(np.mean(sizes)), "diseases": len(know),
         "tokens_per_second": tps["default"], "baseline_tokens_per_second": tps["baseline"],

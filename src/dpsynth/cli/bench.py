@@ -171,16 +171,20 @@ def private_prediction(
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32 or bfloat16."),
     stepper: str = typer.Option("auto", "--stepper", help="auto, openvino or transformers."),
     rounds: int = typer.Option(2, "--rounds", help="Rounds, alternating which path runs first."),
+    max_doc_tokens: int = typer.Option(384, "--max-doc-tokens",
+                                       help="synrag.max_doc_tokens: the rows' public width."),
+    rows: int = typer.Option(16, "--rows", help="synrag.stepper_rows: rows per decode pass."),
     as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
 ) -> None:
     """DP-SynRAG private prediction: float32 over the whole vocabulary (today's path) vs the
-    default (OpenVINO where it runs the model, bf16 where native, public candidate set) and
-    the previous default (torch bf16), side by side; KL to float32."""
+    default (each document's logits computed apart from the others, OpenVINO where it runs the
+    model, bf16 where native, public candidate set) and the previous default (torch bf16,
+    batched), side by side; KL to float32."""
     from dpsynth.bench.private_prediction import bench_private_prediction
 
     try:
         res = bench_private_prediction(model, docs, tokens, clip, rounds, top, dtype,
-                                       stepper)
+                                       stepper, max_doc_tokens, rows)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     _emit(res, as_json)

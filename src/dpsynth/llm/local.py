@@ -48,7 +48,7 @@ from .runtime import (
     resolve_device,
     resolve_engine,
 )
-from .stepper import SharedTokenStepper, Stepper
+from .stepper import SharedTokenStepper, Stepper, rows_apart_of
 
 if TYPE_CHECKING:
     import torch
@@ -493,6 +493,20 @@ class LocalGenerator:
 
     def _ov_precision(self) -> str:
         return "bf16" if getattr(self, "logits_dtype", "float32") == "bfloat16" else "f32"
+
+    def open_rows_apart(self, prompts: Sequence[str], shared_prefix: str = "",
+                        width: int | None = None, rows: int = 16) -> Any:
+        """A stepper over ``prompts`` in which each row's logits are a function of its own
+        prompt alone (:class:`~dpsynth.llm.stepper.RowsApart`): on OpenVINO, with ``width``
+        (the public bound on a prompt's tokens), the rows prefilled one by one and decoded
+        ``rows`` at a time at fixed shapes
+        (:class:`~dpsynth.llm.ov_stepper.OpenVinoRowsApart`); else one stepper a row."""
+        if getattr(self, "stepper_engine", "transformers") == "openvino" and width is not None:
+            from .ov_stepper import OpenVinoRowsApart
+
+            return OpenVinoRowsApart(self, prompts, shared_prefix, self._ov_precision(),
+                                     width, rows)
+        return rows_apart_of(lambda p: self.open_stepper([p], shared_prefix), prompts)
 
     def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> SharedTokenStepper:
         """A KV-cached stepper over ``prompts`` (see :class:`Stepper`; on OpenVINO

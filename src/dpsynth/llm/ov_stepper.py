@@ -16,6 +16,11 @@ torch on the float32 weights (:func:`~dpsynth.llm.stepper.output_logits`), so
 (inference and KV cache) where the CPU has it, else ``f32``; the KL to float32 is measured by
 ``dpsynth bench private-prediction`` and tested in tests/test_rag_models.py.
 
+:class:`OpenVinoRowsApart` is what the private prediction runs: each row prefilled alone and
+the decode at shapes fixed by public values, so no row's numbers depend on another row (a
+batched pass's padding and batch size change every row's rounding; docs/methods.md §4, "Rows
+apart").
+
 The engine only computes logits: which token is released, and its accounting, are the
 caller's (:mod:`dpsynth.methods.synrag.private_prediction`); any logits are clipped there.
 """
@@ -280,3 +285,130 @@ class OpenVinoStepper(SharedTokenStepper):
     def _free(self) -> None:
         self._request = None
         self._hidden = None
+
+
+class OpenVinoRowsApart(SharedTokenStepper):
+    """:class:`~dpsynth.llm.stepper.RowsApart`'s contract on OpenVINO, with a batched decode.
+
+    Each row is prefilled alone (a batch of one, its own length, after the shared prefix's
+    cache), so its cache is a function of its prompt only. The caches are then laid side by
+    side, left-padded to the public ``width``, in decode batches of exactly ``rows`` rows
+    (filler rows where fewer are left; their outputs are dropped): every decode pass has the
+    shape (rows, prefix + width + tokens so far) whatever the prompts are, and at fixed shapes
+    a row's numbers do not depend on the other rows (measured bitwise in
+    tests/test_rag_models.py), so no row's logits depend on another's presence or length. The
+    output layer, too, runs on ``rows`` rows at a time (a matrix product's kernel, and so its
+    rounding, follows the number of rows)."""
+
+    def __init__(self, gen: Any, prompts: Sequence[str], shared_prefix: str, precision: str,
+                 width: int, rows: int) -> None:
+        if not prompts:
+            raise ValueError("open_stepper: prompts must not be empty")
+        if rows < 1 or width < 1:
+            raise ValueError("rows and width must be >= 1")
+        ov = import_openvino()
+        self._gen = gen
+        self._compiled = compiled(gen, precision)
+        self.batch_size = len(prompts)
+        self.tokens: list[int] = []
+        encode = gen.encode if shared_prefix else gen.encode_prompt
+        ids = [encode(x) for x in prompts]
+        if any(not r for r in ids):
+            raise ValueError("open_stepper: each prompt needs at least one token")
+        if max(len(r) for r in ids) > width:
+            raise ValueError(f"open_stepper: a prompt is longer than the width ({width} tokens)")
+        prefill = self._compiled.create_infer_request()
+        base: dict[str, np.ndarray] = {}
+        p = 0
+        if shared_prefix:
+            prefix = gen.encode_prompt(shared_prefix)
+            p = len(prefix)
+            self._run(prefill, np.asarray([prefix], dtype=np.int64),
+                      _prefill_mask(0, np.ones((1, p), dtype=bool)),
+                      np.arange(p, dtype=np.int64)[None], 1)
+            base = {s.name: np.array(s.state.data, dtype=np.float32, copy=True)
+                    for s in prefill.query_state()}
+        hidden: list[np.ndarray] = []
+        caches: list[dict[str, np.ndarray]] = []
+        for row in ids:
+            if base:
+                for s in prefill.query_state():
+                    s.state = ov.Tensor(base[s.name])
+            else:
+                prefill.reset_state()
+            n = len(row)
+            hidden.append(self._run(prefill, np.asarray([row], dtype=np.int64),
+                                    _prefill_mask(p, np.ones((1, n), dtype=bool)),
+                                    p + np.arange(n, dtype=np.int64)[None], 1))
+            caches.append({s.name: np.array(s.state.data, dtype=np.float32)[0, :, p:]
+                           for s in prefill.query_state()})
+        total = p + width
+        self._rows = rows
+        #: per decode batch: [request, valid keys (rows, length), next positions, real rows]
+        self._batches: list[list[Any]] = []
+        for start in range(0, len(ids), rows):
+            part = list(range(start, min(len(ids), start + rows)))
+            valid = np.zeros((rows, total), dtype=bool)
+            valid[:, :p] = True
+            valid[len(part):, total - 1] = True  # a filler row attends to one (zero) key
+            pos = np.full((rows, 1), p + 1, dtype=np.int64)
+            request = self._compiled.create_infer_request()
+            for s in request.query_state():
+                some = caches[part[0]][s.name]
+                state = np.zeros((rows, some.shape[0], total, some.shape[2]), dtype=np.float32)
+                if base:
+                    state[:, :, :p] = base[s.name][0]
+                for j, i in enumerate(part):
+                    n = len(ids[i])
+                    state[j, :, total - n:] = caches[i][s.name]
+                s.state = ov.Tensor(state)
+            for j, i in enumerate(part):
+                valid[j, total - len(ids[i]):] = True
+                pos[j, 0] = p + len(ids[i])
+            self._batches.append([request, valid, pos, len(part)])
+        #: per decode batch, the last hidden states [rows, H] (filler rows zero)
+        self._hidden = [self._padded(np.concatenate(hidden[i:i + rows]))
+                        for i in range(0, len(ids), rows)]
+        self._length = total
+        self._logits = None
+
+    def _run(self, request: Any, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
+             b: int) -> np.ndarray:
+        out = request.infer({"input_ids": ids, "mask": mask, "position_ids": pos,
+                             "beam_idx": np.arange(b, dtype=np.int32)})
+        return np.array(out[self._compiled.outputs[0]], dtype=np.float32, copy=True)
+
+    def _is_open(self) -> bool:
+        return bool(self._batches)
+
+    def _padded(self, hidden: np.ndarray) -> Any:
+        full = np.zeros((self._rows, hidden.shape[1]), dtype=np.float32)
+        full[:len(hidden)] = hidden
+        return torch_rows(full)
+
+    def _head(self, ids: np.ndarray | None) -> np.ndarray:
+        return np.concatenate([output_logits(self._gen.model, h, ids)[:b[3]]
+                               for h, b in zip(self._hidden, self._batches, strict=True)])
+
+    def _step(self, token_id: int) -> None:
+        out = []
+        for batch in self._batches:
+            request, valid, pos, _ = batch
+            valid = np.concatenate([valid, np.ones((self._rows, 1), dtype=bool)], axis=1)
+            mask = np.where(valid, 0.0, MASKED).astype(np.float32)[:, None, None, :]
+            hidden = self._run(request, np.full((self._rows, 1), token_id, dtype=np.int64),
+                               mask, pos, self._rows)
+            out.append(torch_rows(hidden))
+            batch[1], batch[2] = valid, pos + 1
+        self._hidden = out
+
+    def _free(self) -> None:
+        self._batches = []
+        self._hidden = []
+
+
+def torch_rows(hidden: np.ndarray) -> Any:
+    """Last hidden states as the torch tensor the output layer takes."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))

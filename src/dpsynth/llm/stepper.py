@@ -198,3 +198,72 @@ class Stepper(SharedTokenStepper):
     def _free(self) -> None:
         self._cache = None
         self._hidden = None
+
+
+class RowsApart:
+    """Many prompts, each row's logits a function of its own prompt alone: every row in a
+    stepper of its own (a batch of one, no padding), all advanced by the same token.
+
+    A batched stepper's numbers depend on the batch: left padding to the longest row and the
+    batch size pick the kernels and their summation order, so in bf16 one row's clipped logits
+    moved by up to 0.03 to 0.06 when another row was added (docs/methods.md §4, "Rows
+    apart"). Here nothing of one row's computation sees another. The engine-agnostic form
+    (any generator's ``open_stepper``); :class:`dpsynth.llm.ov_stepper.OpenVinoRowsApart`
+    keeps the decode batched at shapes fixed by public values."""
+
+    def __init__(self, steppers: Sequence[Any]) -> None:
+        if not steppers:
+            raise ValueError("open_stepper: prompts must not be empty")
+        self._rows = list(steppers)
+        self.batch_size = len(self._rows)
+        self.tokens: list[int] = []
+
+    def logits(self) -> np.ndarray:
+        return np.concatenate([np.asarray(s.logits()) for s in self._rows])
+
+    def logits_at(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        at = [getattr(s, "logits_at", None) for s in self._rows]
+        if all(callable(f) for f in at):
+            return np.concatenate([np.asarray(f(ids)) for f in at])
+        return self.logits()[:, np.asarray(ids, dtype=np.int64)]
+
+    def advance(self, token_id: int) -> None:
+        for s in self._rows:
+            s.advance(int(token_id))
+        self.tokens.append(int(token_id))
+
+    def close(self) -> None:
+        for s in self._rows:
+            s.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_rows_apart(gen: Any, prompts: Sequence[str], shared_prefix: str = "",
+                    width: int | None = None, rows: int = 16) -> Any:
+    """A stepper over ``prompts`` whose every row's logits depend on that row's prompt alone
+    (see :class:`RowsApart`): the generator's own ``open_rows_apart`` where it has one (the
+    OpenVINO stepper: rows prefilled one by one, decoded ``rows`` at a time at the public
+    ``width``), else one ``open_stepper`` per prompt."""
+    own = getattr(gen, "open_rows_apart", None)
+    if callable(own):
+        return own(prompts, shared_prefix, width=width, rows=rows)
+    return rows_apart_of(lambda p: gen.open_stepper([p], shared_prefix=shared_prefix), prompts)
+
+
+def rows_apart_of(open_one: Any, prompts: Sequence[str]) -> RowsApart:
+    """:class:`RowsApart` over ``open_one(prompt)`` for each prompt (those opened are closed
+    again if one fails)."""
+    opened: list[Any] = []
+    try:
+        for prompt in prompts:
+            opened.append(open_one(prompt))
+    except BaseException:
+        for st in opened:
+            st.close()
+        raise
+    return RowsApart(opened)

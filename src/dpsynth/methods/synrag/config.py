@@ -26,6 +26,10 @@ DEFAULT_REPHRASE = (
 DEFAULT_FILTER = "Does the following document contain any specific diagnosis names?"
 
 
+#: Documents per decode pass of the private prediction where no config says (the API's
+#: default; a synrag section's is its target_size, :func:`stepper_rows`).
+STEPPER_ROWS = 16
+
 class SynRAGConfig(BaseModel):
     """DP-SynRAG parameters; every field is public (never derived from the private data)."""
 
@@ -69,7 +73,9 @@ class SynRAGConfig(BaseModel):
     tokens: int = Field(70, ge=1, le=2048, description="T: tokens per synthetic document")
     temperature: float = Field(1.0, gt=0, description="tau")
     clip: float | None = Field(None, gt=0, description="c; None = calibrate to the target")
-    max_doc_tokens: int = Field(384, ge=8, description="longer documents are truncated")
+    max_doc_tokens: int = Field(384, ge=8, description="longer documents are truncated; "
+                                "also the public width of every document's row in the "
+                                "private prediction (lower: cheaper tokens)")
     rephrase_instruction: str = Field(
         DEFAULT_REPHRASE, description="the public instruction before each document; "
         "'{keyword}' in it is the cluster's released keyword (post-processing of a release)")
@@ -102,6 +108,11 @@ class SynRAGConfig(BaseModel):
         "f32 per logits_dtype; `dpsynth bench private-prediction`), 'transformers' = torch, "
         "'auto' = openvino where it is installed and runs the model (every layer full "
         "attention: SmolLM2 yes, Gemma 3 no), else transformers")
+    stepper_rows: int | None = Field(
+        None, ge=1, le=1024, description="documents per decode pass of the private "
+        "prediction (None: target_size k, what a cluster holds by design): a public constant, "
+        "so every pass has the same shape (filler rows where a cluster has fewer) and no "
+        "document's logits depend on the others (docs/methods.md §4, 'Rows apart')")
     public_shortcut: bool = Field(
         False, description="sparse-vector public-token shortcut (Amin et al. 2024): public "
         "tokens when the documents agree with the public model; only private tokens charged")
@@ -121,6 +132,11 @@ class SynRAGConfig(BaseModel):
     # RAG over the KB
     retrieve: int = Field(3, ge=1, le=50, description="passages retrieved per question")
     answer_max_new_tokens: int = Field(48, ge=1, le=512)
+
+
+def stepper_rows(cfg: SynRAGConfig) -> int:
+    """Documents per decode pass: ``synrag.stepper_rows``, else k (``target_size``)."""
+    return int(cfg.stepper_rows or cfg.target_size)
 
 
 def max_private_tokens(cfg: SynRAGConfig) -> int:

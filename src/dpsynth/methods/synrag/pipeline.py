@@ -22,7 +22,7 @@ from ...compute.kernels import FIXED_POINT_BITS
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...run_folder import RunDir
-from .config import SynRAGConfig, parse_synrag
+from .config import SynRAGConfig, parse_synrag, stepper_rows
 from .keywords import BUILT_IN_VOCABULARIES
 from .private_prediction import Rephrase, predict_text, rephrase_of, shortcut_of
 from .retrieval import Retrieved, centre_sigma, retrieve_in_cluster
@@ -252,6 +252,7 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
         ray_preds = cluster_predictions(
             cfg, store, gen, jobs, tokens=scfg.tokens,
             clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens,
+            rows=stepper_rows(scfg),
             shortcut=shortcut_of(scfg, clip))
     for r, seed in enumerate(seeds):
         keyword = vocab.terms[int(seed)]

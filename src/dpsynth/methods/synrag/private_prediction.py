@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .clipping import clip_logits
-from .config import SynRAGConfig, max_private_tokens
+from .config import STEPPER_ROWS, SynRAGConfig, max_private_tokens, stepper_rows
 from .support import Support, support_logits
 
 log = logging.getLogger("dpsynth.rag")
@@ -111,6 +111,47 @@ def truncate_documents(gen: Any, docs: Sequence[str], max_tokens: int) -> tuple[
     return out, cut
 
 
+#: Documents per decode pass where no synrag section says (it says k: config.stepper_rows).
+DEFAULT_ROWS = STEPPER_ROWS
+
+#: Tokens a row may take beyond ``max_doc_tokens`` + the suffix's own (a cut document
+#: re-encoded with the suffix may merge or split a token at the seam).
+SEAM_TOKENS = 4
+
+
+def document_width(gen: Any, suffix: str, max_doc_tokens: int) -> int:
+    """The public width of a document row: ``max_doc_tokens`` + the suffix's tokens + the
+    seam's; no row is longer (:func:`open_documents` cuts one that would be)."""
+    return max_doc_tokens + len(gen.encode(suffix)) + SEAM_TOKENS
+
+
+def open_documents(gen: Any, documents: Sequence[str], prefix: str, suffix: str,
+                   max_doc_tokens: int, rows: int = DEFAULT_ROWS) -> tuple[Any | None, int]:
+    """(the stepper over one cluster's documents, how many were cut to ``max_doc_tokens``
+    tokens); None without documents.
+
+    Each document's logits are a function of that document alone ("Rows apart", docs/methods.md
+    §4): a batched stepper pads every row to the longest and picks its kernels by the batch
+    size, so one document's presence would move every other row's numbers and the sum's
+    sensitivity would exceed c. Here each row is prefilled alone and decoded ``rows`` at a time
+    at the public :func:`document_width` (:func:`dpsynth.llm.stepper.open_rows_apart`)."""
+    from ...llm.stepper import open_rows_apart
+
+    docs, cut = truncate_documents(gen, documents, max_doc_tokens)
+    if not docs:
+        return None, cut
+    width = document_width(gen, suffix, max_doc_tokens)
+    fitted = []
+    for d in docs:
+        if len(gen.encode(d + suffix)) > width:  # the seam took more than SEAM_TOKENS
+            cut += 1
+            while len(gen.encode(d + suffix)) > width:
+                d = gen.decode(gen.encode(d)[:-SEAM_TOKENS])
+        fitted.append(d)
+    return open_rows_apart(gen, [d + suffix for d in fitted], prefix, width=width,
+                           rows=rows), cut
+
+
 _LABEL = re.compile(r"^\s*(?:rephrased\s+)?(?:document|text)\s*:\s*", re.I)
 
 
@@ -188,6 +229,7 @@ def private_predict(
     max_doc_tokens: int,
     parts: tuple[str, str] | None = None,
     support: Support | None = None,
+    rows: int = DEFAULT_ROWS,
 ) -> Prediction:
     """Private prediction over ``documents`` (one cluster's S_r). Every token is a keyed
     release ``{key}/tok{n}`` in ``session`` (a resumed build replays stored tokens), drawn
@@ -197,14 +239,18 @@ def private_predict(
     With no documents z = 0: the tokens are uniform over the candidates (the same mechanism
     run on an empty set; its release is still made and charged). ``parts`` = (prefix, suffix)
     overrides the rephrase prompt (document i reads prefix + d_i + suffix); ``instruction``
-    may be a :class:`Rephrase` with a lead the text starts with."""
+    may be a :class:`Rephrase` with a lead the text starts with; ``rows``: documents per
+    decode pass (:func:`open_documents`)."""
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     out: list[int] = []
-    docs, cut = truncate_documents(gen, documents, max_doc_tokens)  # callers log ``cut``
     prompt = Rephrase.of(instruction)
     prefix, suffix = parts if parts is not None else prompt.parts(gen)
     public = PublicSide(gen, prompt, support)
-    stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
+    try:  # callers log ``cut``
+        stepper, cut = open_documents(gen, documents, prefix, suffix, max_doc_tokens, rows)
+    except BaseException:
+        public.close()
+        raise
     steps = 0
     try:
         for n in range(tokens):
@@ -227,7 +273,7 @@ def private_predict(
         public.close()
         if stepper is not None:
             stepper.close()
-    return Prediction(prompt.text(gen, out, clean=bool(docs)), out, steps, cut)
+    return Prediction(prompt.text(gen, out, clean=stepper is not None), out, steps, cut)
 
 
 # ----------------------------------------------------------------------- public shortcut
@@ -367,15 +413,19 @@ def private_predict_shortcut(
     max_doc_tokens: int,
     shortcut: Shortcut,
     support: Support | None = None,
+    rows: int = DEFAULT_ROWS,
 ) -> tuple[Prediction, int]:
     """Private prediction with the public-token shortcut (:class:`ShortcutText`) over
     ``documents``, private tokens over ``support``'s candidates; returns (prediction,
     private tokens drawn)."""
     text = ShortcutText(session, key, gen, instruction=instruction, tokens=tokens, clip=clip,
                         temperature=temperature, shortcut=shortcut, support=support)
-    docs, cut = truncate_documents(gen, documents, max_doc_tokens)
     prefix, suffix = text.prompt.parts(gen)
-    stepper = gen.open_stepper([d + suffix for d in docs], shared_prefix=prefix) if docs else None
+    try:
+        stepper, cut = open_documents(gen, documents, prefix, suffix, max_doc_tokens, rows)
+    except BaseException:
+        text.close()
+        raise
     try:
         while not text.done:
             pub_clip = text.public_clip()
@@ -417,7 +467,8 @@ def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
     drawn)."""
     opts: dict[str, Any] = {"instruction": prompt or rephrase_of(cfg), "tokens": cfg.tokens,
                             "clip": clip, "temperature": cfg.temperature,
-                            "max_doc_tokens": cfg.max_doc_tokens, "support": support}
+                            "max_doc_tokens": cfg.max_doc_tokens, "support": support,
+                            "rows": stepper_rows(cfg)}
     shortcut = shortcut_of(cfg, clip)
     if shortcut is None:
         pred = private_predict(session, key, gen, documents, **opts)

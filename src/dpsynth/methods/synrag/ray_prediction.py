@@ -30,14 +30,15 @@ import numpy as np
 
 from ...compute.ray_engine import ray_get
 from .private_prediction import (
+    DEFAULT_ROWS,
     Prediction,
     PublicSide,
     Rephrase,
     Shortcut,
     ShortcutText,
     clipped_sum,
+    open_documents,
     shortcut_stats,
-    truncate_documents,
 )
 from .shard import merge_selected, on_documents
 from .support import Support, support_logits
@@ -82,34 +83,33 @@ class LogitWorker:
 
     def step(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
              max_doc_tokens: int, released: list[int], clip: float,
-             ids: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+             ids: np.ndarray | None = None, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, int]:
         """(z for the next token of cluster ``key`` after the ``released`` tokens, over the
         public candidate ``ids`` (None: the whole vocabulary), how many of its documents were
         truncated to ``max_doc_tokens``). ``docs``: the documents, or where the shards keep
-        them."""
-        stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released)
+        them; ``rows``: documents per decode pass (:func:`open_documents`)."""
+        stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released, rows)
         return clipped_sum(support_logits(stepper, ids), clip), cut
 
     def step_shortcut(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
                       max_doc_tokens: int, released: list[int], clip: float,
-                      pub_clip: np.ndarray, ids: np.ndarray | None = None
-                      ) -> tuple[np.ndarray, float, int]:
+                      pub_clip: np.ndarray, ids: np.ndarray | None = None,
+                      rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, float, int]:
         """As :meth:`step` for the public-token shortcut: (z, the SVT query q against the
         clipped public row ``pub_clip``, documents truncated)."""
-        stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released)
+        stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released, rows)
         z, q = shortcut_stats(support_logits(stepper, ids), pub_clip, clip)
         return z, q, cut
 
     def _stepper(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
-                 max_doc_tokens: int, released: list[int]) -> tuple[Any, int]:
+                 max_doc_tokens: int, released: list[int], rows: int) -> tuple[Any, int]:
         """The cluster's stepper advanced by ``released`` (opened, or reopened, as needed)."""
         stepper, done, cut = self.steppers.get(key, (None, 0, 0))
         if stepper is None or done > len(released):
             if stepper is not None:
                 stepper.close()
             texts = fetch_selected(key, docs) if isinstance(docs, OnShards) else docs
-            texts, cut = truncate_documents(self.gen, texts, max_doc_tokens)
-            stepper = self.gen.open_stepper([d + suffix for d in texts], shared_prefix=prefix)
+            stepper, cut = open_documents(self.gen, texts, prefix, suffix, max_doc_tokens, rows)
             done = 0
         for tok in released[done:]:
             stepper.advance(int(tok))
@@ -147,8 +147,8 @@ def private_predict_clusters(session: Any, gen: Any,
                                                       Support | None, Rephrase]],
                              workers: Sequence[Any], *, tokens: int,
                              clip: float, temperature: float,
-                             max_doc_tokens: int, timeout_s: float | None = None
-                             ) -> list[Prediction]:
+                             max_doc_tokens: int, timeout_s: float | None = None,
+                             rows: int = DEFAULT_ROWS) -> list[Prediction]:
     """``private_predict`` for every (key, documents, support, prompt) in ``clusters`` (the
     documents, or :class:`OnShards`: where the shard actors keep them; the public candidate
     set, None for the whole vocabulary; the cluster's :class:`Rephrase`), the logit sums
@@ -169,7 +169,7 @@ def private_predict_clusters(session: Any, gen: Any,
             ids = {i: publics[i].ids() for i in active}
             refs = {i: workers[i % len(workers)].step.remote(
                         jobs[i].key, jobs[i].docs, *parts[i], max_doc_tokens,
-                        list(jobs[i].out), clip, ids[i])
+                        list(jobs[i].out), clip, ids[i], rows)
                     for i in active if jobs[i].docs is not None}
             zs = {}
             answers = ray_get(list(refs.values()), timeout_s, f"token step {n}")
@@ -207,8 +207,8 @@ def shortcut_predict_clusters(session: Any, gen: Any,
                                                        Support | None, Rephrase]],
                               workers: Sequence[Any], *, tokens: int,
                               clip: float, temperature: float, max_doc_tokens: int,
-                              shortcut: Shortcut, timeout_s: float | None = None
-                              ) -> list[tuple[Prediction, int]]:
+                              shortcut: Shortcut, timeout_s: float | None = None,
+                              rows: int = DEFAULT_ROWS) -> list[tuple[Prediction, int]]:
     """:func:`private_predict_clusters` with the public-token shortcut: per step, this process
     runs each cluster's public stepper and sends the clipped public row out, the workers return
     (z, q) of the cluster's documents, and :class:`ShortcutText` releases the token here, in
@@ -230,7 +230,7 @@ def shortcut_predict_clusters(session: Any, gen: Any,
             pubs = {i: texts[i].public_clip() for i in active}
             refs = {i: workers[i % len(workers)].step_shortcut.remote(
                         jobs[i].key, jobs[i].docs, *parts[i], max_doc_tokens,
-                        list(texts[i].out), clip, pubs[i], texts[i].ids)
+                        list(texts[i].out), clip, pubs[i], texts[i].ids, rows)
                     for i in active if jobs[i].docs is not None}
             stats = {}
             answers = ray_get(list(refs.values()), timeout_s, "a shortcut token step")
@@ -295,8 +295,8 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
                                              Rephrase]],
                         *,
                         tokens: int, clip: float, temperature: float,
-                        max_doc_tokens: int, shortcut: Shortcut | None = None
-                        ) -> dict[int, tuple[Prediction, int]]:
+                        max_doc_tokens: int, shortcut: Shortcut | None = None,
+                        rows: int = DEFAULT_ROWS) -> dict[int, tuple[Prediction, int]]:
     """DP-SynRAG's private prediction of every pending cluster (index, key, documents or
     :class:`OnShards`, public candidate set or None, :class:`Rephrase`) on
     ``config.compute`` (engine ray): ``compute.shards`` LogitWorker actors, releases through
@@ -319,7 +319,7 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
     try:
         opts: dict[str, Any] = {"tokens": tokens, "clip": clip,
                                 "temperature": temperature, "max_doc_tokens": max_doc_tokens,
-                                "timeout_s": config.compute.timeout_s}
+                                "timeout_s": config.compute.timeout_s, "rows": rows}
         todo = [(key, docs, support, prompt) for _, key, docs, support, prompt in jobs]
         preds = (shortcut_predict_clusters(session, gen, todo, workers, shortcut=shortcut,
                                            **opts) if shortcut is not None else
