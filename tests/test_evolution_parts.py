@@ -142,8 +142,17 @@ def test_clean_generation():
                    "The new text is clear and concise."):
         assert clean_generation(remark, 5, drop_off_task=True) is None
         assert clean_generation(remark, 5) == remark
+    # ... and so does a text in the assistant's voice or a form letter with template slots
+    for reply in ("Hello there. I'm here to assist you. What do you need?",
+                  "Welcome to our online banking platform! How may I assist you?",
+                  "Dear [Bank Name], my card has not arrived.",
+                  "Hi [User's Name], your transfer is on its way."):
+        assert clean_generation(reply, 5, drop_off_task=True) is None
+        assert clean_generation(reply, 5) == reply
     for sample in ("For example, the pasta was great and the staff were friendly.",
-                   "Is the new version of the app why my card stopped working?"):
+                   "Is the new version of the app why my card stopped working?",
+                   "How can I get help with a declined card payment?",
+                   "I'm happy to wait, but where is my new card [the one I ordered]?"):
         assert clean_generation(sample, 5, drop_off_task=True) == sample
 
 

@@ -152,6 +152,19 @@ _OFF_TASK = re.compile(
     re.IGNORECASE,
 )
 
+#: A generation in the other side's voice: the assistant answering ("How can I help you?",
+#: "I'm happy to assist", "Welcome to ...") or a form letter with template slots ("[Your
+#: Name]", "Dear valued customer"). A chat model asked to write AS someone falls back to its
+#: assistant role: 12 % of SmolLM2-135M's released texts in WASP's Banking77 run matched, none
+#: of Banking77's 10003 real messages (benchmarks/results/readable_defaults.md).
+_ASSISTANT_VOICE = re.compile(
+    r"\bhow (?:can|may|could) (?:i|we) (?:help|assist)\b|"
+    r"\b(?:i'?m|i am|we'?re|we are) (?:here|happy|glad|delighted) to (?:help|assist)\b|"
+    r"\bwelcome to\b|\bdear (?:valued|customer|sir|madam)\b|"
+    r"\[(?:your|user'?s?|customer'?s?|client'?s?|company|business|bank)\b[^\]]{0,40}\]",
+    re.IGNORECASE,
+)
+
 
 def instruction_sentences(instruction: str) -> list[str]:
     """The sentences of an instruction's first line (the request and the label sentence, never
@@ -165,7 +178,7 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
     """Strip chat artefacts (preambles, quotes, markdown) and any of the ``echoes`` (sentences
     of the instruction the model repeated, e.g. the label sentence) from a generation; None
     when the result is empty, a refusal, shorter than `min_chars`, or (``drop_off_task``)
-    commentary on the prompt rather than a sample."""
+    commentary on the prompt or a text in the assistant's voice rather than a sample."""
     text = raw.replace("\r", "").strip()
     for echo in echoes:
         text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
@@ -177,6 +190,6 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
     text = re.sub(r"\s+", " ", text).strip()
     if len(text) < min_chars or _REFUSAL.search(text):
         return None
-    if drop_off_task and _OFF_TASK.search(text):
+    if drop_off_task and (_OFF_TASK.search(text) or _ASSISTANT_VOICE.search(text)):
         return None
     return text[:max_chars]
