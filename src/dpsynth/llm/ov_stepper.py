@@ -261,12 +261,8 @@ class OpenVinoStepper(SharedTokenStepper):
 
     def _infer(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
                beams: np.ndarray) -> None:
-        import torch
-
-        out = self._request.infer({"input_ids": ids, "mask": mask, "position_ids": pos,
-                                   "beam_idx": beams})
-        self._hidden = torch.from_numpy(np.array(out[self._compiled.outputs[0]],
-                                                 dtype=np.float32, copy=True))
+        self._hidden = torch_rows(last_hidden(self._compiled, self._request, ids, mask, pos,
+                                              beams))
 
     def _is_open(self) -> bool:
         return self._request is not None
@@ -374,9 +370,8 @@ class OpenVinoRowsApart(SharedTokenStepper):
 
     def _run(self, request: Any, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
              b: int) -> np.ndarray:
-        out = request.infer({"input_ids": ids, "mask": mask, "position_ids": pos,
-                             "beam_idx": np.arange(b, dtype=np.int32)})
-        return np.array(out[self._compiled.outputs[0]], dtype=np.float32, copy=True)
+        return last_hidden(self._compiled, request, ids, mask, pos,
+                           np.arange(b, dtype=np.int32))
 
     def _is_open(self) -> bool:
         return bool(self._batches)
@@ -405,6 +400,15 @@ class OpenVinoRowsApart(SharedTokenStepper):
     def _free(self) -> None:
         self._batches = []
         self._hidden = []
+
+
+def last_hidden(compiled_model: Any, request: Any, ids: np.ndarray, mask: np.ndarray,
+                pos: np.ndarray, beams: np.ndarray) -> np.ndarray:
+    """One forward pass of ``request``: the last hidden state of every row, float32 (a copy:
+    the request's output buffer is reused by its next pass)."""
+    out = request.infer({"input_ids": ids, "mask": mask, "position_ids": pos,
+                         "beam_idx": beams})
+    return np.array(out[compiled_model.outputs[0]], dtype=np.float32, copy=True)
 
 
 def torch_rows(hidden: np.ndarray) -> Any:

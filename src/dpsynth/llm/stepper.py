@@ -206,10 +206,11 @@ class RowsApart:
 
     A batched stepper's numbers depend on the batch: left padding to the longest row and the
     batch size pick the kernels and their summation order, so in bf16 one row's clipped logits
-    moved by up to 0.03 to 0.06 when another row was added (docs/methods.md §4, "Rows
-    apart"). Here nothing of one row's computation sees another. The engine-agnostic form
-    (any generator's ``open_stepper``); :class:`dpsynth.llm.ov_stepper.OpenVinoRowsApart`
-    keeps the decode batched at shapes fixed by public values."""
+    moved by up to 0.02 (OpenVINO) and 0.07 (torch) when another row was added
+    (benchmarks/row_shift.py; docs/methods.md §4, "Rows apart"). Here nothing of one row's
+    computation sees another. The engine-agnostic form (any generator's ``open_stepper``);
+    :class:`dpsynth.llm.ov_stepper.OpenVinoRowsApart` keeps the decode batched at shapes
+    fixed by public values."""
 
     def __init__(self, steppers: Sequence[Any]) -> None:
         if not steppers:

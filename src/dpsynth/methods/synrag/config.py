@@ -30,6 +30,7 @@ DEFAULT_FILTER = "Does the following document contain any specific diagnosis nam
 #: default; a synrag section's is its target_size, :func:`stepper_rows`).
 STEPPER_ROWS = 16
 
+
 class SynRAGConfig(BaseModel):
     """DP-SynRAG parameters; every field is public (never derived from the private data)."""
 

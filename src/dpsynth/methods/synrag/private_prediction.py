@@ -111,9 +111,6 @@ def truncate_documents(gen: Any, docs: Sequence[str], max_tokens: int) -> tuple[
     return out, cut
 
 
-#: Documents per decode pass where no synrag section says (it says k: config.stepper_rows).
-DEFAULT_ROWS = STEPPER_ROWS
-
 #: Tokens a row may take beyond ``max_doc_tokens`` + the suffix's own (a cut document
 #: re-encoded with the suffix may merge or split a token at the seam).
 SEAM_TOKENS = 4
@@ -126,7 +123,7 @@ def document_width(gen: Any, suffix: str, max_doc_tokens: int) -> int:
 
 
 def open_documents(gen: Any, documents: Sequence[str], prefix: str, suffix: str,
-                   max_doc_tokens: int, rows: int = DEFAULT_ROWS) -> tuple[Any | None, int]:
+                   max_doc_tokens: int, rows: int = STEPPER_ROWS) -> tuple[Any | None, int]:
     """(the stepper over one cluster's documents, how many were cut to ``max_doc_tokens``
     tokens); None without documents.
 
@@ -141,15 +138,16 @@ def open_documents(gen: Any, documents: Sequence[str], prefix: str, suffix: str,
     if not docs:
         return None, cut
     width = document_width(gen, suffix, max_doc_tokens)
-    fitted = []
+    rows_text = []
     for d in docs:
-        if len(gen.encode(d + suffix)) > width:  # the seam took more than SEAM_TOKENS
+        row = d + suffix
+        if len(gen.encode(row)) > width:  # the seam took more than SEAM_TOKENS
             cut += 1
-            while len(gen.encode(d + suffix)) > width:
+            while len(gen.encode(row)) > width:
                 d = gen.decode(gen.encode(d)[:-SEAM_TOKENS])
-        fitted.append(d)
-    return open_rows_apart(gen, [d + suffix for d in fitted], prefix, width=width,
-                           rows=rows), cut
+                row = d + suffix
+        rows_text.append(row)
+    return open_rows_apart(gen, rows_text, prefix, width=width, rows=rows), cut
 
 
 _LABEL = re.compile(r"^\s*(?:rephrased\s+)?(?:document|text)\s*:\s*", re.I)
@@ -229,7 +227,7 @@ def private_predict(
     max_doc_tokens: int,
     parts: tuple[str, str] | None = None,
     support: Support | None = None,
-    rows: int = DEFAULT_ROWS,
+    rows: int = STEPPER_ROWS,
 ) -> Prediction:
     """Private prediction over ``documents`` (one cluster's S_r). Every token is a keyed
     release ``{key}/tok{n}`` in ``session`` (a resumed build replays stored tokens), drawn
@@ -413,7 +411,7 @@ def private_predict_shortcut(
     max_doc_tokens: int,
     shortcut: Shortcut,
     support: Support | None = None,
-    rows: int = DEFAULT_ROWS,
+    rows: int = STEPPER_ROWS,
 ) -> tuple[Prediction, int]:
     """Private prediction with the public-token shortcut (:class:`ShortcutText`) over
     ``documents``, private tokens over ``support``'s candidates; returns (prediction,

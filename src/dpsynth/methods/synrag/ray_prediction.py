@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from ...compute.ray_engine import ray_get
+from .config import STEPPER_ROWS
 from .private_prediction import (
-    DEFAULT_ROWS,
     Prediction,
     PublicSide,
     Rephrase,
@@ -83,7 +83,7 @@ class LogitWorker:
 
     def step(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
              max_doc_tokens: int, released: list[int], clip: float,
-             ids: np.ndarray | None = None, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, int]:
+             ids: np.ndarray | None = None, rows: int = STEPPER_ROWS) -> tuple[np.ndarray, int]:
         """(z for the next token of cluster ``key`` after the ``released`` tokens, over the
         public candidate ``ids`` (None: the whole vocabulary), how many of its documents were
         truncated to ``max_doc_tokens``). ``docs``: the documents, or where the shards keep
@@ -94,7 +94,7 @@ class LogitWorker:
     def step_shortcut(self, key: str, docs: list[str] | OnShards, prefix: str, suffix: str,
                       max_doc_tokens: int, released: list[int], clip: float,
                       pub_clip: np.ndarray, ids: np.ndarray | None = None,
-                      rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, float, int]:
+                      rows: int = STEPPER_ROWS) -> tuple[np.ndarray, float, int]:
         """As :meth:`step` for the public-token shortcut: (z, the SVT query q against the
         clipped public row ``pub_clip``, documents truncated)."""
         stepper, cut = self._stepper(key, docs, prefix, suffix, max_doc_tokens, released, rows)
@@ -148,7 +148,7 @@ def private_predict_clusters(session: Any, gen: Any,
                              workers: Sequence[Any], *, tokens: int,
                              clip: float, temperature: float,
                              max_doc_tokens: int, timeout_s: float | None = None,
-                             rows: int = DEFAULT_ROWS) -> list[Prediction]:
+                             rows: int = STEPPER_ROWS) -> list[Prediction]:
     """``private_predict`` for every (key, documents, support, prompt) in ``clusters`` (the
     documents, or :class:`OnShards`: where the shard actors keep them; the public candidate
     set, None for the whole vocabulary; the cluster's :class:`Rephrase`), the logit sums
@@ -208,7 +208,7 @@ def shortcut_predict_clusters(session: Any, gen: Any,
                               workers: Sequence[Any], *, tokens: int,
                               clip: float, temperature: float, max_doc_tokens: int,
                               shortcut: Shortcut, timeout_s: float | None = None,
-                              rows: int = DEFAULT_ROWS) -> list[tuple[Prediction, int]]:
+                              rows: int = STEPPER_ROWS) -> list[tuple[Prediction, int]]:
     """:func:`private_predict_clusters` with the public-token shortcut: per step, this process
     runs each cluster's public stepper and sends the clipped public row out, the workers return
     (z, q) of the cluster's documents, and :class:`ShortcutText` releases the token here, in
@@ -296,7 +296,7 @@ def cluster_predictions(config: Any, session: Any, gen: Any,
                         *,
                         tokens: int, clip: float, temperature: float,
                         max_doc_tokens: int, shortcut: Shortcut | None = None,
-                        rows: int = DEFAULT_ROWS) -> dict[int, tuple[Prediction, int]]:
+                        rows: int = STEPPER_ROWS) -> dict[int, tuple[Prediction, int]]:
     """DP-SynRAG's private prediction of every pending cluster (index, key, documents or
     :class:`OnShards`, public candidate set or None, :class:`Rephrase`) on
     ``config.compute`` (engine ray): ``compute.shards`` LogitWorker actors, releases through
