@@ -51,7 +51,8 @@ def main() -> None:
     graph = str(ov_stepper.ensure_exported(gen))
     slots = gen.__dict__["_ov_compiled"]  # ov_stepper.compiled's cache, one graph a precision
     core = ov.Core()
-    options = {"INFERENCE_PRECISION_HINT": slot, "KV_CACHE_PRECISION": slot,
+    options = {"INFERENCE_PRECISION_HINT": slot,
+               "KV_CACHE_PRECISION": ov_stepper.KV_CACHE_PRECISION[slot],
                "INFERENCE_NUM_THREADS": int(gen.num_threads), "PERFORMANCE_HINT": "LATENCY"}
     arms = {slot: ov_stepper.compiled(gen, slot)}
     for name, mode in (("int8 asym", nncf.CompressWeightsMode.INT8_ASYM),

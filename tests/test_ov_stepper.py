@@ -4,6 +4,7 @@ numbers against torch float32 are in test_rag_models.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -145,3 +146,22 @@ def test_rag_build_refuses_openvino_for_gemma3_before_anything_is_written(tmp_pa
     assert "synrag.stepper: 'openvino' cannot run gemma3" in result.output
     assert "Traceback" not in result.output
     assert not out.exists() and not ledger.exists()  # no budget reserved, nothing written
+
+
+def test_auto_dtype_is_bf16_only_with_native_bf16_instructions() -> None:
+    """AVX512 without AVX512-BF16 emulates bf16 (the OpenVINO bf16 stepper ran 14x slower than
+    float32 there), so 'auto' must not pick it; oneDNN's own check says yes on such a CPU."""
+    from dpsynth.llm.local import bf16_supported, native_bf16
+    from dpsynth.methods.synrag.config import resolve_logits_dtype
+
+    assert not native_bf16({"avx2", "avx512f", "avx512bw", "avx512_vnni"})
+    assert native_bf16({"avx512f", "avx512_bf16"}) and native_bf16({"amx_tile", "amx_bf16"})
+    try:
+        text = Path("/proc/cpuinfo").read_text("utf-8")
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to compare with")
+    flags = {w for line in text.splitlines() if line.startswith("flags")
+             for w in line.split(":", 1)[1].split()}
+    assert bf16_supported() == native_bf16(flags)  # torch's checks agree with the kernel's
+    assert resolve_logits_dtype("auto") == ("bfloat16" if native_bf16(flags) else "float32")
+    assert resolve_logits_dtype("bfloat16") == "bfloat16"

@@ -63,15 +63,43 @@ LOGITS_DTYPES = ("float32", "bfloat16")
 STEPPER_ENGINES = ("transformers", "openvino")
 
 
-def bf16_supported() -> bool:
-    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX), where bf16
-    weights run faster than float32; elsewhere bf16 is emulated and slower."""
+#: CPU flags (Linux ``/proc/cpuinfo``) of native bf16 matrix instructions.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def native_bf16(flags: set[str] | frozenset[str]) -> bool:
+    """Whether a CPU with these feature ``flags`` runs bf16 matrix products natively
+    (AVX512-BF16 or AMX-BF16). AVX512 alone is not enough: there oneDNN and OpenVINO emulate
+    bf16 by conversions (measured on an AVX512-VNNI Xeon without AVX512-BF16: the OpenVINO bf16
+    stepper 14x slower than float32; benchmarks/results/private_prediction.md)."""
+    return bool(NATIVE_BF16_FLAGS & set(flags))
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's bf16 feature flags: torch's own checks (any OS; every CPU with AMX tiles so
+    far has AMX-BF16), else every flag of ``/proc/cpuinfo``."""
     try:
         import torch
 
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+        cpu = torch.cpu
+        return frozenset(flag for flag, check in (
+            ("avx512_bf16", "_is_avx512_bf16_supported"), ("amx_bf16", "_is_amx_tile_supported"))
+            if bool(getattr(cpu, check)()))
+    except (ImportError, AttributeError, RuntimeError):
+        pass
+    try:
+        text = Path("/proc/cpuinfo").read_text("utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    return frozenset(w for line in text.splitlines() if line.startswith("flags")
+                     for w in line.split(":", 1)[1].split())
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX), where bf16
+    weights run faster than float32; elsewhere bf16 is emulated and slower. (oneDNN's own
+    ``_is_mkldnn_bf16_supported`` says yes on any AVX512 core, emulated included.)"""
+    return native_bf16(cpu_flags())
 
 
 class LocalGenerator:

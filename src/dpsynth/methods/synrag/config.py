@@ -149,11 +149,16 @@ def max_private_tokens(cfg: SynRAGConfig) -> int:
 
 def resolve_logits_dtype(setting: str) -> str:
     """``synrag.logits_dtype`` made concrete on the driver: 'auto' is bfloat16 where the CPU
-    has native bf16 instructions, else float32."""
-    if setting != "auto":
-        return setting
+    has native bf16 instructions, else float32. An explicit bfloat16 on a CPU without them
+    runs, emulated, and says it is slow."""
     from ...llm.local import bf16_supported
 
+    if setting == "bfloat16" and not bf16_supported():
+        log.warning("synrag.logits_dtype bfloat16: this CPU has no native bf16 (AVX512-BF16 or "
+                    "AMX), so bf16 is emulated and slower than float32 (14x measured); "
+                    "'auto' picks float32 here")
+    if setting != "auto":
+        return setting
     return "bfloat16" if bf16_supported() else "float32"
 
 
