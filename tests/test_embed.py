@@ -102,6 +102,45 @@ def test_fast_engine_agrees_with_torch(engine, model_cache, torch_vectors,
 
 
 @models
+@pytest.mark.parametrize("engine", ["torch", "onnx", "openvino"])
+def test_a_texts_vector_is_its_own(engine, model_cache, demo_texts) -> None:
+    """A text's vector is a function of that text alone, bit for bit: embedded alone, amid the
+    others in another order, or with a longer text and one text more beside it. (A batch padded
+    to its longest text moved a text's vector by up to 2e-7 on every engine, so one record
+    coming in moved the others' vectors and, at a near tie, their votes.)"""
+    if engine != "torch":
+        pytest.importorskip("onnxruntime" if engine == "onnx" else "openvino")
+    emb = Embedder("minilm", engine=engine, model_cache=model_cache, batch_size=8)
+    texts = demo_texts[:40]
+    together = emb.encode_uncached(texts)
+    alone = np.stack([emb.encode_uncached([t])[0] for t in texts])
+    np.testing.assert_array_equal(together, alone)
+    perm = np.random.default_rng(0).permutation(len(texts))
+    beside = emb.encode_uncached([texts[i] for i in perm] + [" ".join(texts[:6])])
+    np.testing.assert_array_equal(beside[: len(texts)], together[perm])
+
+
+def test_fixed_shape_passes_cover_every_text_once_at_its_own_width() -> None:
+    from dpsynth.embed.engines import fixed_shape_arrays, fixed_shape_passes, padded_width
+
+    assert [padded_width(n, 256) for n in (1, 16, 17, 64, 65, 96, 97, 300)] == \
+        [16, 16, 32, 64, 96, 96, 128, 256]
+    lengths = [3, 40, 17, 3, 100, 5, 3, 300, 16]
+    passes = fixed_shape_passes(lengths, 2, 256)
+    seen = np.concatenate([idx for _, idx in passes])
+    assert sorted(seen.tolist()) == list(range(len(lengths)))
+    for width, idx in passes:
+        assert 1 <= len(idx) <= 2
+        assert all(padded_width(lengths[i], 256) == width for i in idx)
+    assert [w for w, _ in passes] == sorted((w for w, _ in passes), reverse=True)
+    ids, mask = fixed_shape_arrays([[101, 7, 102], [101, 102]], 4, 3, 0, [101, 102])
+    assert ids.tolist() == [[101, 7, 102, 0], [101, 102, 0, 0], [101, 102, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]]
+    with pytest.raises(ValueError):
+        fixed_shape_passes([3], 0, 256)
+
+
+@models
 def test_export_is_cached_and_reused(model_cache) -> None:
     pytest.importorskip("onnxruntime")
     Embedder("minilm", engine="onnx", model_cache=model_cache)
@@ -112,7 +151,7 @@ def test_export_is_cached_and_reused(model_cache) -> None:
     assert agreement["onnx"] >= embed_mod.MIN_AGREEMENT
     again = Embedder("minilm", engine="onnx", model_cache=model_cache)
     assert onnx_file.stat().st_mtime_ns == stamp and again.engine_tag == "onnx"
-    assert again.cache_key == "minilm@onnx"
+    assert again.cache_key == f"minilm@onnx/{embedder_mod.VECTORS}"
 
 
 @models
@@ -122,7 +161,7 @@ def test_auto_falls_back_when_an_engine_disagrees(model_cache, monkeypatch) -> N
     with pytest.raises(EngineUnavailable, match="agrees with torch only"):
         Embedder("minilm", engine="onnx", model_cache=model_cache)
     auto = Embedder("minilm", engine="auto", model_cache=model_cache)
-    assert auto.engine_tag == "torch" and auto.cache_key == "minilm"
+    assert auto.engine_tag == "torch" and auto.cache_key == f"minilm/{embedder_mod.VECTORS}"
     assert set(auto.skipped) == {"openvino", "onnx"}
 
 

@@ -362,7 +362,8 @@ class EmbedderConfig(Section):
     """Sentence embedder; fast engines must match torch to cosine 0.999 (see dpsynth.embed)."""
 
     model: str = "minilm"
-    batch_size: int = Field(64, gt=0)
+    batch_size: int = Field(16, gt=0, description="rows a pass of the fixed-shape "
+                            "embedding (dpsynth.embed.engines)")
     engine: Literal["auto", "torch", "onnx", "openvino"] = Field(
         "auto", description="auto: openvino, else onnx, else torch (first that is installed "
         "and agrees with torch)")

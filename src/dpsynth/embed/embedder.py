@@ -19,6 +19,8 @@ from .models import EMBEDDED, available_cores, minilm_dir
 ENGINES = ("auto", "torch", "onnx", "openvino")
 AUTO_ORDER = ("openvino", "onnx", "torch")
 MIN_AGREEMENT = 0.999
+#: Version of the cached vectors: 2 = fixed-shape passes (engines.fixed_shape_passes).
+VECTORS = "v2"
 
 
 GRAPH_ENGINES: dict[str, type[GraphEngine]] = {"onnx": OnnxEngine,
@@ -51,7 +53,7 @@ class Embedder:
         model: str = "minilm",
         *,
         cache_dir: Path | None = None,
-        batch_size: int = 64,
+        batch_size: int = 16,
         device: str = "cpu",
         engine: str = "auto",
         threads: int | None = None,
@@ -83,9 +85,10 @@ class Embedder:
         self._engine = self._open(engine, device, model_cache)
         self.engine_tag: str = self._engine.tag
         self.dim: int = int(self._engine.dim)
-        # vectors of different engines differ in the last digits: cache them apart
-        self.cache_key = self.name if self.engine_tag == "torch" else \
-            f"{self.name}@{self.engine_tag}"
+        # vectors of different engines differ in the last digits: cache them apart; and none
+        # from before the fixed-shape passes (a vector then depended on its batch)
+        engine_key = "" if self.engine_tag == "torch" else f"@{self.engine_tag}"
+        self.cache_key = f"{self.name}{engine_key}/{VECTORS}"
         self._store = (
             VectorStore(Path(cache_dir) / "embeddings.sqlite", self.dim)
             if cache_dir is not None

@@ -1,13 +1,22 @@
 """The embedding engines: ``torch`` (sentence-transformers as shipped, the reference) and the
 ONNX-graph engines ``onnx`` (ONNX Runtime) and ``openvino`` (bf16 where the CPU has it), which
 run the graph :mod:`.export` writes; a fast engine must embed the public probe sentences like
-torch (cosine >= ``MIN_AGREEMENT``, :mod:`.embedder`) before it is used."""
+torch (cosine >= ``MIN_AGREEMENT``, :mod:`.embedder`) before it is used.
+
+Every engine embeds in passes of a fixed shape (:func:`fixed_shape_passes`): a text padded to a
+width set by its own token count, ``batch_size`` rows a pass, filler rows where fewer are left.
+A batch padded to its longest text, of however many texts are left, picks its kernels (and
+their rounding) by the other texts: measured on MiniLM, a text's vector moved by up to 2e-7
+with its batch on every engine, so one record coming in would move the others' vectors and,
+at a near tie, their votes. At a fixed shape the other rows change nothing, bit for bit
+(tests/test_embed.py::test_a_texts_vector_is_its_own)."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +42,90 @@ PROBES: tuple[str, ...] = (
 )
 
 
+def padded_width(tokens: int, max_len: int) -> int:
+    """The width a text of ``tokens`` tokens is padded to: rounded up to a multiple of 16 up to
+    64 tokens, of 32 beyond, at most ``max_len`` (a public rule: the shape is the text's own)."""
+    step = 16 if tokens <= 64 else 32
+    return min(max_len, max(step, -(-tokens // step) * step))
+
+
+def fixed_shape_passes(lengths: Sequence[int], rows: int,
+                       max_len: int) -> list[tuple[int, np.ndarray]]:
+    """``(width, indices)`` of each pass: the texts of each :func:`padded_width`, widest
+    first, ``rows`` at most a pass (a pass of fewer is filled to ``rows`` by fillers)."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    widths = np.array([padded_width(n, max_len) for n in lengths], dtype=np.int64)
+    passes = []
+    for w in sorted(set(widths.tolist()), reverse=True):
+        idx = np.flatnonzero(widths == w)
+        passes += [(int(w), idx[s : s + rows]) for s in range(0, len(idx), rows)]
+    return passes
+
+
+def fixed_shape_arrays(token_rows: Sequence[Sequence[int]], width: int, rows: int, pad_id: int,
+                       filler: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, attention_mask)`` of shape ``(rows, width)``: each row right-padded with
+    ``pad_id``, then ``filler`` rows (a public text) up to ``rows``."""
+    ids = np.full((rows, width), pad_id, dtype=np.int64)
+    mask = np.zeros((rows, width), dtype=np.int64)
+    for j in range(rows):
+        row = token_rows[j] if j < len(token_rows) else filler
+        n = min(len(row), width)
+        ids[j, :n] = row[:n]
+        mask[j, :n] = 1
+    return ids, mask
+
+
+class FixedShapeEngine:
+    """The fixed-shape pass loop shared by every engine (see the module docstring): tokenise
+    each text alone, embed :func:`fixed_shape_passes`, keep the real rows."""
+
+    batch_size: int
+    dim: int
+    max_len: int
+    _tok: Any
+
+    def _token_rows(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids alone, cut at ``max_len`` (no padding)."""
+        return list(self._tok(texts, truncation=True, max_length=self.max_len)["input_ids"])
+
+    def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _pad_and_filler(self, tokenizer: Any) -> None:
+        self._pad_id = int(tokenizer.pad_token_id or 0)
+        self._filler = list(tokenizer("", truncation=True, max_length=self.max_len)["input_ids"])
+
+    def _probe_dim(self) -> int:
+        """The vectors' dimension, from one pass of fillers."""
+        width = padded_width(len(self._filler), self.max_len)
+        return int(self._pass(*fixed_shape_arrays([], width, self.batch_size, self._pad_id,
+                                                  self._filler)).shape[1])
+
+    def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
+        from ..progress import bar
+
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        token_rows = self._token_rows(texts)
+        passes = fixed_shape_passes([len(r) for r in token_rows], self.batch_size, self.max_len)
+        with bar("embedding", len(passes), progress) as advance:
+            for width, idx in passes:
+                ids, mask = fixed_shape_arrays([token_rows[i] for i in idx], width,
+                                               self.batch_size, self._pad_id, self._filler)
+                out[idx] = self._pass(ids, mask)[: len(idx)]
+                advance()
+        return out
+
+
 class EngineUnavailable(RuntimeError):
     """A fast engine cannot serve this model here (not installed, unsupported, disagrees)."""
 
 
-class TorchEngine:
-    """sentence-transformers on torch: today's path and the reference of the others."""
+class TorchEngine(FixedShapeEngine):
+    """sentence-transformers on torch: the reference of the others (its modules, our passes)."""
 
     tag = "torch"
 
@@ -48,39 +135,29 @@ class TorchEngine:
         from ..llm.models import quiet_transformers
 
         self.batch_size = batch_size
+        self.device = device
         with quiet_transformers():
             self._model = SentenceTransformer(str(model_dir), device=device,
                                               local_files_only=True)
-        dim = self._model.get_embedding_dimension()
-        if not dim:
-            dim = int(self._model.encode(["x"], convert_to_numpy=True).shape[1])
-        self.dim = int(dim)
+        self._model.eval()
+        self._tok = self._model.tokenizer
+        self.max_len = int(self._model.max_seq_length or self._tok.model_max_length)
+        self._pad_and_filler(self._tok)
+        self.dim = self._probe_dim()
 
-    def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        if not progress or len(texts) <= self.batch_size:
-            vecs = self._model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                      normalize_embeddings=True, show_progress_bar=False)
-            return np.asarray(vecs, dtype=np.float32).reshape(len(texts), self.dim)
-        from ..progress import bar
+    def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        import torch
 
-        # the batches sentence-transformers would form (longest first), one call each, so
-        # the run's own display counts them (its tqdm bar stays off)
-        order = np.argsort([-len(t) for t in texts])
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        starts = range(0, len(texts), self.batch_size)
-        with bar("embedding", len(starts)) as advance:
-            for s in starts:
-                idx = order[s : s + self.batch_size]
-                vecs = self._model.encode([texts[i] for i in idx], batch_size=self.batch_size,
-                                          convert_to_numpy=True, normalize_embeddings=True,
-                                          show_progress_bar=False)
-                out[idx] = np.asarray(vecs, dtype=np.float32).reshape(len(idx), self.dim)
-                advance()
-        return out
+        feats = {"input_ids": torch.from_numpy(ids).to(self.device),
+                 "attention_mask": torch.from_numpy(mask).to(self.device)}
+        with torch.inference_mode():
+            vecs = self._model(feats)["sentence_embedding"]
+            vecs = torch.nn.functional.normalize(vecs, p=2, dim=1)
+        return vecs.float().cpu().numpy()
 
 
-class GraphEngine:
-    """Shared tokenise / sort-by-length / batch loop of the ONNX-graph engines."""
+class GraphEngine(FixedShapeEngine):
+    """The ONNX-graph engines' shared part: the model's tokenizer and its max length."""
 
     tag = "graph"
 
@@ -94,8 +171,9 @@ class GraphEngine:
         self.threads = threads
         self._tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         self.max_len = int(cfg.get("max_seq_length") or self._tok.model_max_length)
+        self._pad_and_filler(self._tok)
         self._load(export / model_file)
-        self.dim = int(self._run(*self._tokens(["x"])).shape[1])
+        self.dim = self._probe_dim()
 
     def _load(self, path: Path) -> None:
         raise NotImplementedError
@@ -103,25 +181,8 @@ class GraphEngine:
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def _tokens(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        enc = self._tok(texts, padding=True, truncation=True, max_length=self.max_len,
-                        return_tensors="np")
-        return (np.ascontiguousarray(enc["input_ids"], dtype=np.int64),
-                np.ascontiguousarray(enc["attention_mask"], dtype=np.int64))
-
-    def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        # longest first, as sentence-transformers does: batches of similar length pad little
-        order = np.argsort([-len(t) for t in texts], kind="stable")
-        starts = range(0, len(texts), self.batch_size)
-        from ..progress import bar
-
-        with bar("embedding", len(starts), progress) as advance:
-            for s in starts:
-                idx = order[s : s + self.batch_size]
-                out[idx] = self._run(*self._tokens([texts[i] for i in idx]))
-                advance()
-        return out
+    def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self._run(ids, mask)
 
     def agreement(self, export: Path) -> float:
         """Min cosine between this engine and the torch path on ``PROBES`` (cached)."""
