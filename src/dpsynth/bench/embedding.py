@@ -64,7 +64,7 @@ def bench_embedding(
     texts: Sequence[str],
     *,
     engine: str = "auto",
-    batch_size: int = 64,
+    batch_size: int = 16,
     threads: int | None = None,
     rounds: int = 3,
     model: str = "minilm",

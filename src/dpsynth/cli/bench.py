@@ -142,7 +142,7 @@ def embedding(
     column: str = typer.Option("text", "--column", help="Text column of --data."),
     limit: int = typer.Option(1000, "--limit", help="Texts embedded per round."),
     engine: str = typer.Option("auto", "--engine", help="auto, onnx, openvino or torch."),
-    batch_size: int = typer.Option(64, "--batch-size"),
+    batch_size: int = typer.Option(16, "--batch-size", help="Rows a pass (embedder.batch_size)."),
     threads: int = typer.Option(0, "--threads", help="CPU threads (0: all cores)."),
     rounds: int = typer.Option(3, "--rounds", help="Alternating timed rounds per engine."),
     as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
