@@ -42,7 +42,7 @@ def batched(engine, texts: list[str], size: int) -> np.ndarray:
         idx = order[s : s + size]
         enc = engine._tok([texts[i] for i in idx], padding=True, truncation=True,
                           max_length=engine.max_len, return_tensors="np")
-        out[idx] = engine._run(enc["input_ids"].astype(np.int64),
+        out[idx] = engine._pass(enc["input_ids"].astype(np.int64),
                                enc["attention_mask"].astype(np.int64))
     return out
 

@@ -178,12 +178,6 @@ class GraphEngine(FixedShapeEngine):
     def _load(self, path: Path) -> None:
         raise NotImplementedError
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return self._run(ids, mask)
-
     def agreement(self, export: Path) -> float:
         """Min cosine between this engine and the torch path on ``PROBES`` (cached)."""
         path = export / "agreement.json"
@@ -212,7 +206,7 @@ class OnnxEngine(GraphEngine):
         self._session = ort.InferenceSession(str(path), opts,
                                              providers=["CPUExecutionProvider"])
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
 
 
@@ -246,7 +240,7 @@ class OpenVinoEngine(GraphEngine):
         self._request = self._compiled.create_infer_request()
         self._lock = threading.Lock()  # one infer request: not thread-safe on its own
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with self._lock:
             res = self._request.infer({"input_ids": ids, "attention_mask": mask})
             return np.array(res[0], dtype=np.float32, copy=True)

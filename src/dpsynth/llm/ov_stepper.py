@@ -51,9 +51,9 @@ MASKED = -1.0e4
 PRECISIONS = ("bf16", "f32")
 #: KV cache precision by inference precision. In f32 the cache is kept in f16: a decode step
 #: of many rows is bound by reading the cache (80 rows at the public width of 384 tokens: 1.6
-#: GB of f32 keys and values a step), and f16 halves it (measured on an AVX512 Xeon without
-#: bf16: 80 rows 1.8x faster a step, KL to the f32 cache 7e-7 a token; each row's keys are
-#: converted alone, so rows stay apart). bf16 keeps its cache in bf16.
+#: GB of f32 keys and values a step), and f16 halves it (benchmarks/ov_kv_precision.py on an
+#: AVX512 Xeon without bf16: 80 rows 1.69x faster a step, KL to the f32 cache 3e-7 a token;
+#: each row's keys are converted alone, so rows stay apart). bf16 keeps its cache in bf16.
 KV_CACHE_PRECISION = {"bf16": "bf16", "f32": "f16"}
 
 

@@ -153,13 +153,14 @@ def resolve_logits_dtype(setting: str) -> str:
     runs, emulated, and says it is slow."""
     from ...llm.local import bf16_supported
 
-    if setting == "bfloat16" and not bf16_supported():
+    native = bf16_supported()
+    if setting == "bfloat16" and not native:
         log.warning("synrag.logits_dtype bfloat16: this CPU has no native bf16 (AVX512-BF16 or "
                     "AMX), so bf16 is emulated and slower than float32 (14x measured); "
                     "'auto' picks float32 here")
     if setting != "auto":
         return setting
-    return "bfloat16" if bf16_supported() else "float32"
+    return "bfloat16" if native else "float32"
 
 
 def choose_stepper(gen: Any, setting: str) -> str:
