@@ -4,13 +4,16 @@ token sequence for every arm (issue 24, point 4: is int8 the next factor?).
 
     .venv/bin/pip install nncf        # not a dependency of dpsynth
     env PYTHONPATH=src .venv/bin/python benchmarks/ov_int8_weights.py [--docs 16] [--tokens 24]
-        [--precision f32|bf16] [--public]
+        [--precision f32|bf16] [--public] [--groups 0,16,32,64,128] [--keep 'PATTERN;...']
 
 Every arm runs :class:`dpsynth.llm.ov_stepper.OpenVinoStepper` (the default engine) compiled in
 ``--precision``; this script only puts another compiled graph, an int8 one, in the generator's
-cache of compiled graphs. ``--public`` also times the one-row public stepper (the rephrase
-prompt without document: the candidate set's public top tokens), where a coarser model costs
-no privacy, only candidates: its row reports how many of the reference's top 64 tokens the arm
+cache of compiled graphs. ``--groups`` adds int8 symmetric arms by the group size of
+OpenVINO's dynamic quantisation of the activations (int8 arithmetic where the CPU has VNNI or
+AMX; the plugin's default is 32; 0 turns it off), ``--keep`` arms with the layers whose names
+match left in float. ``--public`` also times the one-row public stepper (the rephrase prompt
+without document: the candidate set's public top tokens), where a coarser model costs no
+privacy, only candidates: its row reports how many of the reference's top 64 tokens the arm
 keeps. Prints, per arm, prefill and decode seconds (the fastest of 2 alternating rounds), the
 speed against the float graph, and the mean and largest KL(p_float || p_arm) per token over the
 full vocabulary.
@@ -34,6 +37,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--precision", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--public", action="store_true")
+    ap.add_argument("--groups", default="", help="DYNAMIC_QUANTIZATION_GROUP_SIZE values: an "
+                    "int8 sym arm each (0: activations not quantised)")
+    ap.add_argument("--keep", default="", help="';'-separated node-name patterns left in float "
+                    "(an arm each, with each --groups value)")
     args = ap.parse_args()
     import nncf
     import openvino as ov
@@ -59,6 +66,16 @@ def main() -> None:
                        ("int8 sym", nncf.CompressWeightsMode.INT8_SYM)):
         arms[name] = core.compile_model(nncf.compress_weights(core.read_model(graph), mode=mode),
                                         "CPU", options)
+    keep = [k for k in args.keep.split(";") if k]
+    for group in (int(g) for g in args.groups.split(",") if g):
+        dq = options | {"DYNAMIC_QUANTIZATION_GROUP_SIZE": group}
+        for pattern in [None, *keep]:
+            scope = nncf.IgnoredScope(patterns=[pattern], validate=False) if pattern else None
+            model = nncf.compress_weights(core.read_model(graph),
+                                          mode=nncf.CompressWeightsMode.INT8_SYM,
+                                          **({"ignored_scope": scope} if scope else {}))
+            arms[f"int8 sym, group {group}" + (f", {pattern} float" if pattern else "")] = \
+                core.compile_model(model, "CPU", dq)
     texts = list(make_demo_corpus(max(args.docs, 60), seed=0)["text"])[:args.docs]
     prefix, suffix = prompt_parts(gen, DEFAULT_REPHRASE)
     seq: list[int] = []  # set by the first float pass, followed by every arm
