@@ -73,7 +73,7 @@ def main() -> None:
             scope = nncf.IgnoredScope(patterns=[pattern], validate=False) if pattern else None
             model = nncf.compress_weights(core.read_model(graph),
                                           mode=nncf.CompressWeightsMode.INT8_SYM,
-                                          **({"ignored_scope": scope} if scope else {}))
+                                          ignored_scope=scope)
             arms[f"int8 sym, group {group}" + (f", {pattern} float" if pattern else "")] = \
                 core.compile_model(model, "CPU", dq)
     texts = list(make_demo_corpus(max(args.docs, 60), seed=0)["text"])[:args.docs]

@@ -30,6 +30,8 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +39,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def best_of(fn, rounds: int = 5) -> float:
+def best_of(fn: Callable[[], object], rounds: int = 5) -> float:
+    """The fastest of ``rounds`` timed calls of ``fn`` after one untimed."""
     fn()
     out = []
     for _ in range(rounds):
@@ -65,7 +68,7 @@ def memory_rate(mib: int = 512) -> float:
     return 2 * src.nbytes / best_of(lambda: np.copyto(dst, src), 3) / 1e9
 
 
-def engine_costs(gen, precision: str, prefix: list[int], rows: int,
+def engine_costs(gen: Any, precision: str, prefix: list[int], rows: int,
                  widths: list[int]) -> dict[str, float]:
     """Where the default's time goes, on its own compiled decoder: milliseconds a token-row of a
     prefill of 80 tokens (one row after the shared prefix, as the default runs it; one row with
@@ -105,7 +108,7 @@ def engine_costs(gen, precision: str, prefix: list[int], rows: int,
                            ("prefill_alone_no_prefix", 1, False),
                            ("prefill_8_rows_after_prefix", 8, True)):
         out[f"{name}_ms_token"] = min(prefill(b, after) for _ in range(4))
-    heads, dim = base[next(iter(base))].shape[1], base[next(iter(base))].shape[3]
+    _, heads, _, dim = next(iter(base.values())).shape
     for width in widths:
         step = model.create_infer_request()
         for s in step.query_state():
@@ -148,7 +151,8 @@ def main() -> None:
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or h // heads
     vocab = int(gen.vocab_size)
-    linear = layers * (h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter)
+    # weights of the decoder layers' linear maps (the norms' are 1-D), one multiply-add each
+    linear = sum(w.numel() for w in gen.model.get_decoder().layers.parameters() if w.dim() == 2)
 
     texts = list(make_demo_corpus(max(args.docs, 60), seed=0)["text"])[:args.docs]
     prefix, suffix = prompt_parts(gen, DEFAULT_REPHRASE)
@@ -163,9 +167,8 @@ def main() -> None:
     got = bench_private_prediction(docs=args.docs, tokens=args.tokens, rounds=args.rounds,
                                    max_doc_tokens=args.max_doc_tokens, stepper_rows=args.docs)
     precision = "bf16" if got["dtype"] == "bfloat16" else "f32"
-    short = p + document_width(gen, suffix, 128)
     costs = engine_costs(gen, precision, gen.encode_prompt(prefix), args.docs,
-                         [p + document_width(gen, suffix, args.max_doc_tokens), short])
+                         [p + document_width(gen, suffix, m) for m in (args.max_doc_tokens, 128)])
     rates_after = matmul_rate(shapes)
     peak = max(max(rates_before.values()), max(rates_after.values())) * 1e9  # FLOP/s
     t, s = args.tokens, got["support_size_mean"]
