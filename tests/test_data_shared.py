@@ -48,3 +48,20 @@ def test_banking77_train(shared_data: Path) -> None:
     assert report.summary["rows"] == 10003
     assert len(report.summary["labels"]["category"]) == 77
     assert report.summary["text_words"]["min"] >= 1
+
+
+def test_no_real_banking77_message_is_dropped_as_off_task(shared_data: Path) -> None:
+    """drop_off_task's rules (commentary, the assistant's voice, a text about the writer) and
+    the refusal rule keep every real Banking77 message: they drop what a customer never
+    writes, not what a customer writes."""
+    import pandas as pd
+
+    from dpsynth.evolution.prompts import clean_generation
+
+    writer = load_config(EXAMPLES / "banking-wasp.yaml").prompts.writer
+    assert writer
+    for split in ("train", "test"):
+        texts = pd.read_csv(shared_data / "banking77" / f"{split}.csv")["text"]
+        dropped = [i for i, t in enumerate(texts)
+                   if clean_generation(t, 1, drop_off_task=True, writer=writer) is None]
+        assert dropped == [], f"{split}.csv rows {dropped[:5]}"

@@ -156,6 +156,50 @@ def test_clean_generation():
         assert clean_generation(sample, 5, drop_off_task=True) == sample
 
 
+def test_writer_noun_is_the_head_of_the_public_writer():
+    from dpsynth.evolution.prompts import writer_noun
+
+    assert writer_noun("a customer of an online bank") == "customer"
+    assert writer_noun("an angry Yelp reviewer") == "reviewer"
+    assert writer_noun("a patient writing to their doctor.") == "patient"
+    assert writer_noun("Customer") == "customer"
+    assert writer_noun("") == "" and writer_noun("  ") == ""
+
+
+def test_drop_off_task_drops_texts_about_the_writer_only_when_a_writer_is_set():
+    writer = "a customer of an online bank"
+    about = ("This customer wants to withdraw $21 from an ATM.",
+             "A customer asks why their card has not arrived.",
+             "The customer's card was declined twice today.",
+             "Our customers often ask about top-up limits.",
+             "A frustrated customer is asking about a refund.")
+    for text in about:
+        assert clean_generation(text, 5, drop_off_task=True, writer=writer) is None
+        assert clean_generation(text, 5, drop_off_task=True) == text  # no writer: kept
+        assert clean_generation(text, 5, writer=writer) == text  # drop_off_task off: kept
+    own = ("I am a customer and my card still has not arrived.",
+           "As a customer, why am I charged for a transfer?",
+           "Why does the bank treat its clients like this? My card is blocked.",
+           "My card has not arrived yet, can you check?")
+    for text in own:
+        assert clean_generation(text, 5, drop_off_task=True, writer=writer) == text
+    # the rule follows the writer: another writer's noun, not a fixed list
+    assert clean_generation("The patient reports a headache.", 5, drop_off_task=True,
+                            writer="a patient writing to their doctor") is None
+    assert clean_generation("The customer reports a headache.", 5, drop_off_task=True,
+                            writer="a patient writing to their doctor") is not None
+
+
+def test_refusals_go_but_a_customer_who_cannot_use_a_card_stays():
+    for refusal in ("I cannot help with that request.", "I'm unable to assist with this.",
+                    "I can't write that message for you.", "As an AI, I have no bank card."):
+        assert clean_generation(refusal, 5) is None
+    for text in ("I cannot use my card.", "I am unable to use contactless payments.",
+                 "I can't see the funds I topped up. What happened?"):
+        assert clean_generation(text, 5, drop_off_task=True,
+                                writer="a customer of an online bank") == text
+
+
 def test_mask_words_rate():
     rng = np.random.default_rng(1)
     masked = mask_words(" ".join(["word"] * 1000), 0.5, rng)

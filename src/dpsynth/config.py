@@ -430,8 +430,9 @@ class SynthesisConfig(Section):
     drop_off_task: bool = Field(
         False, description="drop, and retry, generations that comment on the prompt (its good "
                            "and bad examples, the rephrasing asked for) or answer in the "
-                           "assistant's voice ('How can I help you?', '[Your Name]') instead "
-                           "of being a sample")
+                           "assistant's voice ('How can I help you?', '[Your Name]') or, "
+                           "with prompts.writer set, speak about the writer ('This customer "
+                           "wants ...') instead of being a sample")
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
     max_candidates: int = Field(200_000, gt=0)
     voting: Literal["exact", "pq", "ivf", "hnsw"] = Field(

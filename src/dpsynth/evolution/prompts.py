@@ -135,9 +135,13 @@ _PREFIX = re.compile(
     r"(?:(?:rephrased|completed|new|the)?\s*(?:text|message|version|review|example)\s*:\s*)?",
     re.IGNORECASE,
 )
+#: The model declining the request. "I cannot" / "I am unable" alone are a customer's words
+#: too ("I cannot use my card."): 0.5 % of Banking77's real messages matched the bare phrases,
+#: so only the refusal of a request to write counts (none of them match this).
 _REFUSAL = re.compile(
-    r"\b(?:i'?m sorry|i am sorry|i cannot|i can'?t (?:help|assist|write)|as an ai|"
-    r"i'?m unable|i am unable|language model)\b",
+    r"\b(?:i'?m sorry|i am sorry|as an ai|language model|"
+    r"(?:i cannot|i can'?t|i'?m unable to|i am unable to|i'?m not able to|i am not able to) "
+    r"(?:help|assist|write|provide|create|generate|fulfil+|comply|complete|do that|rephrase))\b",
     re.IGNORECASE,
 )
 
@@ -166,6 +170,39 @@ _ASSISTANT_VOICE = re.compile(
 )
 
 
+#: Words after which a writer's description goes on past its head noun ("a customer OF an
+#: online bank", "a patient WRITING to a doctor").
+_WRITER_TAIL = re.compile(
+    r"\s+(?:of|at|in|on|to|for|from|with|who|that|which|writing|asking|using|living)\b|[,;(]")
+
+
+def writer_noun(writer: str) -> str:
+    """The head noun of the public ``prompts.writer``: the last word before the description
+    goes on ('a customer of an online bank' -> 'customer', 'an angry Yelp reviewer' ->
+    'reviewer'); '' when ``writer`` is empty."""
+    head = _WRITER_TAIL.split(writer.strip().rstrip("."), maxsplit=1)[0]
+    words = re.findall(r"[A-Za-z][A-Za-z'-]*", head)
+    return words[-1].lower() if words else ""
+
+
+def about_the_writer(writer: str) -> re.Pattern[str] | None:
+    """A generation that speaks ABOUT the writer instead of AS the writer: the writer's
+    :func:`writer_noun` in the third person ("This customer wants ...", "The customer's card",
+    "A customer is asking ..." at the start of the text, "their customers"). "I am a customer"
+    and "as a customer" are the writer speaking and do not match. None without a writer.
+    SmolLM2-135M, told 'You are a customer of an online bank', wrote about "the customer" in
+    about a tenth of WASP's released Banking77 texts; no real Banking77 message does
+    (benchmarks/results/readable_defaults.md)."""
+    noun = writer_noun(writer)
+    if not noun:
+        return None
+    n = re.escape(noun)
+    return re.compile(
+        rf"\b(?:the|this|that|these|those|each|every|another|our|their|his|her|its)\s+"
+        rf"(?:[a-z-]+\s+)?{n}(?:s|es|'s|s')?\b|^\s*(?:a|an)\s+(?:[a-z-]+\s+)?{n}\b",
+        re.IGNORECASE)
+
+
 def instruction_sentences(instruction: str) -> list[str]:
     """The sentences of an instruction's first line (the request and the label sentence, never
     a quoted text or a demonstration), for :func:`clean_generation`'s echo removal."""
@@ -174,11 +211,13 @@ def instruction_sentences(instruction: str) -> list[str]:
 
 
 def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
-                     echoes: Sequence[str] = (), drop_off_task: bool = False) -> str | None:
+                     echoes: Sequence[str] = (), drop_off_task: bool = False,
+                     writer: str = "") -> str | None:
     """Strip chat artefacts (preambles, quotes, markdown) and any of the ``echoes`` (sentences
     of the instruction the model repeated, e.g. the label sentence) from a generation; None
     when the result is empty, a refusal, shorter than `min_chars`, or (``drop_off_task``)
-    commentary on the prompt or a text in the assistant's voice rather than a sample."""
+    commentary on the prompt, a text in the assistant's voice or, when the public ``writer``
+    is set, a text about the writer (:func:`about_the_writer`) rather than a sample."""
     text = raw.replace("\r", "").strip()
     for echo in echoes:
         text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
@@ -190,6 +229,9 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
     text = re.sub(r"\s+", " ", text).strip()
     if len(text) < min_chars or _REFUSAL.search(text):
         return None
-    if drop_off_task and (_OFF_TASK.search(text) or _ASSISTANT_VOICE.search(text)):
-        return None
+    if drop_off_task:
+        third_person = about_the_writer(writer)
+        if (_OFF_TASK.search(text) or _ASSISTANT_VOICE.search(text)
+                or (third_person is not None and third_person.search(text))):
+            return None
     return text[:max_chars]

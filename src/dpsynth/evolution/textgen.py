@@ -91,7 +91,8 @@ class Synthesizer:
                 echoes = (instruction_sentences(with_writer(instructions[i], self.writer))
                           if self.synthesis.strip_echoes else ())
                 text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes,
-                                        drop_off_task=self.synthesis.drop_off_task)
+                                        drop_off_task=self.synthesis.drop_off_task,
+                                        writer=self.writer)
                 if text is None:
                     failed.append(i)
                 else:
