@@ -2,12 +2,13 @@
 temperature x top-p x top-k, all arms side by side in one invocation.
 
     .venv/bin/python benchmarks/bench_sampling.py [--samples 300] [--engine ctranslate2] \
-        [--grid 1.0/1.0/0,1.0/1.0/50,...] [--results sampling_val.md]
+        [--model smollm2|gemma3] [--grid 1.0/1.0/0,1.0/1.0/50,...] [--results sampling_val.md]
 
 Validation only (never test.csv): "private" = the first 1000 records of yelp/dev.csv, "test" =
 its last 1000 (disjoint; written mode 0600 under benchmarks/runs). Each arm is a zero-shot run
 (``method: zero_shot``: every released text is a fresh candidate of the setting, no vote
-selects among them) of the Yelp example's prompts at N samples, SmolLM2 on the given engine,
+selects among them) of the Yelp example's prompts at N samples, ``--model`` (SmolLM2 by
+default; Gemma 3 270M is the base model with completion prompts) on the given engine,
 scored by ``dpsynth eval``'s code (FID on MiniLM, logistic-regression accuracy and macro-F1 per
 label). Also reported: the share of texts that read as English by a simple public rule (at
 least 80 % of their words are lower-case dictionary-like tokens of letters, see ``english``)
@@ -57,6 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--engine", default="ctranslate2")
+    ap.add_argument("--model", default="smollm2", choices=("smollm2", "gemma3"))
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--grid", default="1.0/1.0/0,1.0/1.0/50,1.0/0.95/50,0.7/1.0/0,0.7/1.0/50,"
                                       "0.7/0.9/50,1.4/1.0/50,1.4/1.0/0",
@@ -103,7 +105,7 @@ def main() -> None:
                      "data.limit": 1000, "synthesis.samples": args.samples,
                      "prompts.label_descriptions": descriptions,
                      "llm_cache": str(out / "llm-cache.sqlite"),
-                     "generators": [{"model": "smollm2", "engine": args.engine,
+                     "generators": [{"model": args.model, "engine": args.engine,
                                      "batch_size": 64, "max_new_tokens": args.max_new_tokens,
                                      "temperature": float(t), "top_p": float(p),
                                      "top_k": int(k)}]}
@@ -149,7 +151,7 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]],
     cols = list(rows[0])
     mark_pick = pick
     lines = [
-        "### Candidate sampling on the Yelp validation split (zero-shot, SmolLM2)", "",
+        f"### Candidate sampling on the Yelp validation split (zero-shot, {args.model})", "",
         f"N = {args.samples} zero-shot texts per arm, engine {args.engine}, max_new_tokens "
         f"{args.max_new_tokens}, the Yelp example's prompts and label descriptions; validation: "
         "private = first 1000 of yelp/dev.csv, test = its last 1000. `english` = share of "
