@@ -287,7 +287,7 @@ class WaspStrategy:
         sizes = state.sizes[t + 1]
         if wasp.contrastive:
             new = self.gen.contrastive(sizes, state.weights, good, bad, per, f"round{t + 1}",
-                                       wasp.prompt_layout)
+                                       layout=wasp.prompt_layout)
         else:
             new = self.gen.zero_shot(sizes, f"round{t + 1}", state.weights)
         return pool.extend(new)
