@@ -12,10 +12,8 @@ import pytest
 
 from dpsynth.config import parse_config
 from dpsynth.evolution.prompts import (
-    ANOTHER,
     ANSWER_CUE,
     contrastive_instruction,
-    contrastive_turns,
     render,
     with_writer,
     zero_shot_instruction,
@@ -58,49 +56,6 @@ def test_contrastive_prompt_leads_with_the_request_and_lists_both_sets() -> None
     assert bad < got.index("- Buy now!!") < got.index("- asdf") < good < got.index(
         "- Great tacos.")
     assert "example" not in got.lower() and got.endswith("Reply with your new text only.")
-
-
-def test_turns_layout_gives_the_good_demonstrations_as_the_models_own_answers() -> None:
-    good, bad = ["Where is my card?", "My card still has not come."], ["The customer asks."]
-    d = contrastive_turns("a short question you ask your bank", "It is about card arrival.",
-                          good, bad)
-    msgs = render(d, True, "a customer of an online bank")
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant",
-                                         "user"]
-    assert msgs[0]["content"] == "You are a customer of an online bank."
-    first = msgs[1]["content"]
-    assert first.startswith("Write a short question you ask your bank. It is about card "
-                            "arrival.\n\nNot like these") and "- The customer asks." in first
-    assert not any(g in first for g in good)  # the good ones are turns, not a list
-    assert [m["content"] for m in msgs[2::2]] == good
-    assert [m["content"] for m in msgs[3::2]] == [ANOTHER, ANOTHER]
-    # a plain model, and the echo removal, read the one-text list layout
-    plain = contrastive_instruction("a short question you ask your bank",
-                                    "It is about card arrival.", good, bad)
-    assert d.plain == plain
-    assert render(d, False, "") == plain + ANSWER_CUE
-
-
-@pytest.mark.parametrize("layout", ["list", "turns"])
-@pytest.mark.parametrize("chat", [True, False])
-def test_wasp_sends_the_contrastive_layout_it_is_configured_with(tmp_path: Path, layout: str,
-                                                                 chat: bool) -> None:
-    from dpsynth.api import run_generation
-
-    cfg = pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(40)),
-                    **{"wasp.prompt_layout": layout})
-    for g in cfg["generators"]:
-        g["chat"] = chat
-    gens = [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
-    run_generation(parse_config(cfg), tmp_path / "run", progress=False, generators=gens,
-                   embedder=FakeEmbedder())
-    prompts = [p for g in gens for p in g.prompts]
-    contrastive = [p for p in prompts if "Not like these" in p]
-    assert contrastive  # the rounds after the first vote
-    as_turns = [f"User: {ANOTHER}" in p and "\n\nAssistant: " in p for p in contrastive]
-    assert all(as_turns) if layout == "turns" and chat else not any(as_turns)
-    listed = ["Like these (realistic and on-topic)" in p for p in contrastive]
-    assert not any(listed) if layout == "turns" and chat else all(listed)
 
 
 @pytest.mark.parametrize("method", ["aug_pe", "wasp"])

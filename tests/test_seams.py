@@ -228,7 +228,6 @@ class _Gen:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
-        self.layouts: list[str] = []
 
     def variations(self, pool: Pool, n_each: int, tag: str) -> tuple[Pool, np.ndarray]:
         self.calls.append(("variations", (len(pool), n_each, tag)))
@@ -237,10 +236,9 @@ class _Gen:
         return out, np.repeat(np.arange(len(pool)), n_each)
 
     def contrastive(self, per_label: np.ndarray, weights: np.ndarray, good: dict,
-                    bad: dict, n_demos: int, tag: str, layout: str = "list") -> Pool:
+                    bad: dict, n_demos: int, tag: str) -> Pool:
         self.calls.append(("contrastive", (per_label.tolist(), weights.tolist(), good, bad,
                                            tag)))
-        self.layouts.append(layout)
         return Pool()
 
     def zero_shot(self, per_label: np.ndarray, tag: str, weights: Any = None) -> Pool:
@@ -295,7 +293,6 @@ def test_wasp_next_weights_and_demonstrations_come_from_near_and_far() -> None:
     assert good == {y: [pool.texts[i] for i in idx] for y, idx in top_near.items()}
     assert bad == {y: [pool.texts[i] for i in idx] for y, idx in top_far.items()}
     assert good[0] == ["t0", "t3"] and bad[0] == ["t1", "t3"]
-    assert gen.layouts == ["list"]  # wasp.prompt_layout's default reaches the prompts
 
 
 # ----------------------------------------------------------------------------- the registry

@@ -133,8 +133,7 @@ class Generation:
         return total
 
     # -- operators -------------------------------------------------------------------------
-    def _run_jobs(self, instructions: Sequence[P.Instruction], labels: list[int],
-                  sources: list[int],
+    def _run_jobs(self, instructions: list[str], labels: list[int], sources: list[int],
                   tags: list[str]) -> tuple[Pool, np.ndarray]:
         """Send each instruction to its generator; keep the cleaned successes (and say which)."""
         texts: list[str | None] = [None] * len(instructions)
@@ -200,16 +199,12 @@ class Generation:
 
     def contrastive(self, per_label: np.ndarray, weights: np.ndarray,
                     good: dict[int, list[str]], bad: dict[int, list[str]], n_demos: int,
-                    tag: str, layout: str = "list") -> Pool:
+                    tag: str) -> Pool:
         """WASP step 5: per label, new samples from prompts with random subsets of n_demos/2
-        good and n_demos/2 bad demonstrations; generators share the work by their weights.
-        ``layout``: ``list`` (:func:`~.prompts.contrastive_instruction`) or ``turns`` (the good
-        ones as the model's earlier answers, :func:`~.prompts.contrastive_turns`)."""
+        good and n_demos/2 bad demonstrations; generators share the work by their weights."""
         half = max(1, n_demos // 2)
         rng = self.rng(tag)
-        build = P.contrastive_turns if layout == "turns" else P.contrastive_instruction
-        instructions: list[P.Instruction] = []
-        labels, sources, tags = [], [], []
+        instructions, labels, sources, tags = [], [], [], []
         task = self.config.prompts.task
         for y, n_y in enumerate(per_label):
             label_text = self._label_text(y)
@@ -221,8 +216,9 @@ class Generation:
                                         replace=False)
                         bi = rng.choice(len(b_texts), size=min(half, len(b_texts)),
                                         replace=False)
-                        instr = build(task, label_text, [g_texts[k] for k in gi],
-                                      [b_texts[k] for k in bi])
+                        instr = P.contrastive_instruction(task, label_text,
+                                                          [g_texts[k] for k in gi],
+                                                          [b_texts[k] for k in bi])
                     else:
                         instr = P.zero_shot_instruction(task, label_text)
                     instructions.append(instr)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -104,74 +103,29 @@ def contrastive_instruction(task: str, label_text: str, good: Sequence[str],
     )
 
 
-#: What each later user turn of :func:`contrastive_turns` asks.
-ANOTHER = "Another one, in different words."
-
-
-@dataclass(frozen=True)
-class Dialogue:
-    """An instruction a chat model reads as earlier turns: ``turns`` alternate user and
-    assistant messages, first and last the user's. ``plain`` is the same instruction as one
-    text, for a plain completion model and for the echo removal."""
-
-    turns: tuple[tuple[str, str], ...]
-    plain: str
-
-
-#: An instruction: one text, or a :class:`Dialogue`.
-Instruction = str | Dialogue
-
-
-def instruction_text(instruction: Instruction) -> str:
-    """The one-text form of an instruction."""
-    return instruction.plain if isinstance(instruction, Dialogue) else instruction
-
-
-def contrastive_turns(task: str, label_text: str, good: Sequence[str],
-                      bad: Sequence[str]) -> Dialogue:
-    """WASP's contrastive prompt with the good demonstrations as the model's own earlier
-    answers (``wasp.prompt_layout: turns``): the request and the bad demonstrations in the
-    first user turn, then each good one as an assistant turn followed by "Another one, in
-    different words." A chat model then continues its own series of samples instead of
-    answering a prompt about demonstrations; a plain model reads
-    :func:`contrastive_instruction` (docs/methods.md §2, step 5)."""
-    bad_block = "\n".join(f"- {t}" for t in bad)
-    first = (f"{write_request(task, label_text)}\n\n"
-             f"Not like these (unrealistic or off-topic):\n{bad_block}\n\n"
-             "Reply with your text only.")
-    turns: list[tuple[str, str]] = [("user", first)]
-    for text in good:
-        turns += [("assistant", text), ("user", ANOTHER)]
-    return Dialogue(tuple(turns), contrastive_instruction(task, label_text, good, bad))
-
-
 def writer_sentence(writer: str) -> str:
     """'You are {writer}.' for the public ``prompts.writer`` ('' when it is empty)."""
     writer = writer.strip().rstrip(".")
     return f"You are {writer}." if writer else ""
 
 
-def with_writer(instruction: Instruction, writer: str) -> str:
+def with_writer(instruction: str, writer: str) -> str:
     """The instruction as a plain-text prompt asks it: :func:`writer_sentence` before it
     (nothing when ``writer`` is empty), so the model writes as the texts' writer."""
     sentence = writer_sentence(writer)
-    text = instruction_text(instruction)
-    return f"{sentence} {text}" if sentence else text
+    return f"{sentence} {instruction}" if sentence else instruction
 
 
-def render(instruction: Instruction, chat: bool, writer: str = ""
+def render(instruction: str, chat: bool, writer: str = ""
            ) -> str | tuple[dict[str, str], ...]:
     """The request for one instruction. Chat models: the :func:`writer_sentence` as the system
     message (a chat template's default system prompt, SmolLM2's "You are a helpful AI
     assistant", otherwise makes the model answer as the assistant), the instruction as the
-    user's (a :class:`Dialogue` as its turns); plain models: :func:`with_writer` plus an
-    answer cue."""
+    user's; plain models: :func:`with_writer` plus an answer cue."""
     if chat:
         sentence = writer_sentence(writer)
         system = ({"role": "system", "content": sentence},) if sentence else ()
-        turns = (instruction.turns if isinstance(instruction, Dialogue)
-                 else (("user", instruction),))
-        return (*system, *({"role": role, "content": text} for role, text in turns))
+        return (*system, {"role": "user", "content": instruction})
     return with_writer(instruction, writer) + ANSWER_CUE
 
 

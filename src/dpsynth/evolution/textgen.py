@@ -13,13 +13,7 @@ from dataclasses import dataclass, field
 
 from ..config import GeneratorConfig, SynthesisConfig
 from ..llm.base import Generator
-from .prompts import (
-    Instruction,
-    clean_generation,
-    instruction_sentences,
-    render,
-    with_writer,
-)
+from .prompts import clean_generation, instruction_sentences, render, with_writer
 
 
 def stable_seed(*parts: object) -> int:
@@ -63,7 +57,7 @@ class Synthesizer:
             return self.config.chat
         return bool(getattr(self.generator, "supports_chat", True))
 
-    def complete(self, instructions: Sequence[Instruction], tags: Sequence[str],
+    def complete(self, instructions: Sequence[str], tags: Sequence[str],
                  progress: bool = True) -> list[str | None]:
         """Generate one cleaned text per instruction; None where every attempt failed."""
         from ..llm import GenerationRequest, SamplingParams

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -78,11 +78,6 @@ class WaspConfig(Section):
     top_q: int = Field(8, ge=1)
     demonstrations: int = Field(8, ge=2)
     contrastive: bool = True
-    prompt_layout: Literal["list", "turns"] = Field(
-        "list", description="the contrastive prompt of a chat model: 'list' (the good and bad "
-                            "demonstrations listed in one message) or 'turns' (the good ones as "
-                            "the model's own earlier answers; benchmarks/results/"
-                            "readable_defaults.md); a plain model always reads the list")
     weighting: bool = True
     weight_temperature: float = Field(1.0, gt=0)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
@@ -286,8 +281,7 @@ class WaspStrategy:
                for y, idx in top_indices(vote.histograms["far"], pool.labels, per).items()}
         sizes = state.sizes[t + 1]
         if wasp.contrastive:
-            new = self.gen.contrastive(sizes, state.weights, good, bad, per, f"round{t + 1}",
-                                       layout=wasp.prompt_layout)
+            new = self.gen.contrastive(sizes, state.weights, good, bad, per, f"round{t + 1}")
         else:
             new = self.gen.zero_shot(sizes, f"round{t + 1}", state.weights)
         return pool.extend(new)
