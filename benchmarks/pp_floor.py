@@ -185,22 +185,21 @@ def main() -> None:
                   for j in range(t - 1)]
     output = 2 * h * s * args.docs * t
 
-    def floor_at(prefill_rate: float, step_rate: float) -> tuple[float, float, float]:
-        """(floor, prefill, decode) seconds with prefill and one-token steps at these rates."""
+    def floor_at(prefill_rate: float, step_rate: float) -> tuple[float, float]:
+        """(floor, decode) seconds with prefill and one-token steps at these rates."""
         decode = sum(max(f / step_rate, b / (mem * 1e9))
                      for f, b in zip(step_flops, step_bytes, strict=True))
         public = ((2 * linear * pub_len) / prefill_rate + 2 * h * vocab * t / step_rate
                   + (t - 1) * max(2 * linear / step_rate, 4 * linear / (mem * 1e9)))
-        return prefill / prefill_rate + output / step_rate + decode + public, \
-            prefill / prefill_rate, decode
+        return prefill / prefill_rate + output / step_rate + decode + public, decode
 
-    floor, _, decode = floor_at(peak, peak)
+    floor, decode = floor_at(peak, peak)
     # the same work at the rates torch reaches at the decoder's own shapes: a prefill's 1024
     # token rows, a decode step's --docs rows (the best of before and after)
     own = {k: max(rates_before[k], rates_after[k]) * 1e9 for k in rates_before}
     rows_rate = max(v for k, v in own.items() if k.startswith(f"{args.docs}x"))
     tokens_rate = max(v for k, v in own.items() if k.startswith("1024x"))
-    floor_own, _, _ = floor_at(tokens_rate, rows_rate)
+    floor_own, _ = floor_at(tokens_rate, rows_rate)
     base = t / got["baseline_tokens_per_second"]
     default = t / got["tokens_per_second"]
     out = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -185,6 +186,7 @@ def writer_noun(writer: str) -> str:
     return words[-1].lower() if words else ""
 
 
+@lru_cache(maxsize=16)
 def about_the_writer(writer: str) -> re.Pattern[str] | None:
     """A generation that speaks ABOUT the writer instead of AS the writer: the writer's
     :func:`writer_noun` in the third person ("This customer wants ...", "The customer's card",
@@ -192,7 +194,8 @@ def about_the_writer(writer: str) -> re.Pattern[str] | None:
     and "as a customer" are the writer speaking and do not match. None without a writer.
     SmolLM2-135M, told 'You are a customer of an online bank', wrote about "the customer" in
     about a tenth of WASP's released Banking77 texts; no real Banking77 message does
-    (benchmarks/results/readable_defaults.md)."""
+    (benchmarks/results/readable_defaults.md). Built once per writer (cached): every
+    generation of a run is checked against it."""
     noun = writer_noun(writer)
     if not noun:
         return None
