@@ -222,48 +222,25 @@ def test_echoed_instruction_sentences_are_removed():
     assert clean_generation("Review Stars: 1.0.", 5, echoes=echoes) is None  # only the echo
 
 
-def test_max_sentences_keeps_the_first_whole_sentences():
-    from dpsynth.evolution.prompts import first_sentences
-
-    text = "Why is my card blocked? I tried twice. Then the app said 3.50 was due! And so"
-    assert first_sentences(text, 1) == "Why is my card blocked?"
-    assert first_sentences(text, 2) == "Why is my card blocked? I tried twice."
-    assert first_sentences(text, 3) == "Why is my card blocked? I tried twice. Then the app " \
-                                       "said 3.50 was due!"
-    # fewer sentences than the cap: an unfinished last one (out of tokens) goes, when a whole
-    # one comes before it; a text without an end mark is kept whole
-    assert first_sentences(text, 9) == first_sentences(text, 3)
-    assert first_sentences("Hi, I need help with my card", 2) == "Hi, I need help with my card"
-    assert first_sentences('He said "Stop." Then he left.', 1) == 'He said "Stop."'
-    # clean_generation applies the cap, strips a leading list marker, and judges what is kept
-    raw = "- Can I pay with Apple Pay? The customer wants to know. Thanks"
-    writer = "a customer of an online bank"
-    assert clean_generation(raw, 5, max_sentences=1, drop_off_task=True, writer=writer) == \
-        "Can I pay with Apple Pay?"
-    assert clean_generation(raw, 5, max_sentences=2, drop_off_task=True, writer=writer) is None
-    assert clean_generation(raw, 5) == raw[2:]
-    assert clean_generation("Hi. Where is my new card?", 5, max_sentences=1) is None  # too short
-
-
-def test_the_synthesizer_applies_the_writer_rule_and_the_sentence_cap():
+def test_the_synthesizer_applies_the_writer_rule():
     """The production path from a config to clean_generation: Synthesizer.complete passes the
-    public writer and synthesis.max_sentences on, and retries a dropped text."""
+    public writer on, and retries, then drops, a text about the writer."""
     from dpsynth.config import GeneratorConfig, SynthesisConfig
     from dpsynth.evolution.textgen import Synthesizer
     from fakes import FakeGenerator
 
-    def fake(max_sentences: int | None, retries: int = 1) -> Synthesizer:
-        gen = FakeGenerator(transform=lambda t: f"Why is my card blocked? The customer asks. {t}")
-        synthesis = SynthesisConfig(drop_off_task=True, retries=retries,
-                                    max_sentences=max_sentences)
-        return Synthesizer(gen, GeneratorConfig(), synthesis, seed=0,
-                           writer="a customer of an online bank")
+    def run(text: str, writer: str) -> tuple[list[str | None], Synthesizer]:
+        synthesizer = Synthesizer(FakeGenerator(transform=lambda _: text), GeneratorConfig(),
+                                  SynthesisConfig(drop_off_task=True, retries=1), seed=0,
+                                  writer=writer)
+        return synthesizer.complete(["Write a question."] * 3, ["a", "b", "c"],
+                                    progress=False), synthesizer
 
-    capped = fake(1)
-    assert capped.complete(["Write a question."] * 3, ["a", "b", "c"], progress=False) == \
-        ["Why is my card blocked?"] * 3
-    assert capped.counts.retried == 0
-    whole = fake(None)
-    assert whole.complete(["Write a question."] * 3, ["a", "b", "c"], progress=False) == \
-        [None] * 3  # every try speaks about "the customer": dropped after the retry
-    assert whole.counts.retried == 3 and whole.counts.dropped == 3
+    about = "The customer asks why the card is blocked."
+    out, dropped = run(about, "a customer of an online bank")
+    assert out == [None] * 3
+    assert dropped.counts.retried == 3 and dropped.counts.dropped == 3
+    assert run(about, "")[0] == [about] * 3  # no writer: nothing to speak about
+    own = "Why is my card blocked?"
+    out, kept = run(own, "a customer of an online bank")
+    assert out == [own] * 3 and kept.counts.retried == 0

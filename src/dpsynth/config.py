@@ -433,10 +433,6 @@ class SynthesisConfig(Section):
                            "assistant's voice ('How can I help you?', '[Your Name]') or, "
                            "with prompts.writer set, speak about the writer ('This customer "
                            "wants ...') instead of being a sample")
-    max_sentences: int | None = Field(
-        None, ge=1, description="keep the first N sentences of each generation (public "
-                                "post-processing: a small model loses the thread after a "
-                                "sentence or two); none: keep all")
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
     max_candidates: int = Field(200_000, gt=0)
     voting: Literal["exact", "pq", "ivf", "hnsw"] = Field(

@@ -213,33 +213,14 @@ def instruction_sentences(instruction: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", first) if len(s.strip()) >= 8]
 
 
-#: Where one sentence ends and the next begins: after . ! or ? (closing quotes and brackets
-#: kept with it) and before a capital, a digit or an opening quote.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]”’]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
-
-
-def first_sentences(text: str, count: int) -> str:
-    """The first ``count`` sentences of ``text``: the ``synthesis.max_sentences`` cap, public
-    post-processing of a generation. A last sentence cut off unfinished (the generation ran
-    out of tokens: no . ! ? at the end) goes too, when a whole one comes before it."""
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
-    if len(ends) >= count:
-        return text[:ends[count - 1]].rstrip()
-    if ends and not re.search(r"[.!?][\"')\]”’]*$", text):
-        return text[:ends[-1]].rstrip()
-    return text
-
-
 def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
                      echoes: Sequence[str] = (), drop_off_task: bool = False,
-                     writer: str = "", max_sentences: int | None = None) -> str | None:
-    """Strip chat artefacts (preambles, quotes, markdown, a leading list marker) and any of the
-    ``echoes`` (sentences of the instruction the model repeated, e.g. the label sentence) from
-    a generation and keep its first ``max_sentences`` sentences (all when None); None when the
-    result is empty, a refusal, shorter than `min_chars`, or (``drop_off_task``) commentary on
-    the prompt, a text in the assistant's voice or, when the public ``writer`` is set, a text
-    about the writer (:func:`about_the_writer`) rather than a sample. The checks read the text
-    as it will be kept, after the cap."""
+                     writer: str = "") -> str | None:
+    """Strip chat artefacts (preambles, quotes, markdown) and any of the ``echoes`` (sentences
+    of the instruction the model repeated, e.g. the label sentence) from a generation; None
+    when the result is empty, a refusal, shorter than `min_chars`, or (``drop_off_task``)
+    commentary on the prompt, a text in the assistant's voice or, when the public ``writer``
+    is set, a text about the writer (:func:`about_the_writer`) rather than a sample."""
     text = raw.replace("\r", "").strip()
     for echo in echoes:
         text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
@@ -249,9 +230,6 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
     if len(text) >= 2 and text[0] in "\"'“" and text[-1] in "\"'”":
         text = text[1:-1].strip()
     text = re.sub(r"\s+", " ", text).strip()
-    text = re.sub(r"^(?:[-*•]|\d+[.)])\s+", "", text)
-    if max_sentences is not None:
-        text = first_sentences(text, max_sentences)
     if len(text) < min_chars or _REFUSAL.search(text):
         return None
     if drop_off_task:

@@ -92,8 +92,7 @@ class Synthesizer:
                           if self.synthesis.strip_echoes else ())
                 text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes,
                                         drop_off_task=self.synthesis.drop_off_task,
-                                        writer=self.writer,
-                                        max_sentences=self.synthesis.max_sentences)
+                                        writer=self.writer)
                 if text is None:
                     failed.append(i)
                 else:
