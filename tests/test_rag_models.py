@@ -325,6 +325,25 @@ def test_rag_ask_cli_json(tiny_kb) -> None:
     assert out["answer"] and len(out["passages"]) == 1
 
 
+def test_bench_private_prediction_measures_the_default_at_its_own_rows() -> None:
+    """The command issue 24 names, on the real model: every field it reports, the speed-up
+    as the ratio of the two rates, and, left unset, one pass of all the cluster's rows (a
+    build's default of k), not a fixed 16."""
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "private-prediction", "--json", "--docs", "2",
+                                   "--tokens", "2", "--rounds", "1"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["stepper_rows"] == out["documents"] == 2
+    assert out["tokens_per_second"] > 0 and out["baseline_tokens_per_second"] > 0
+    assert out["speedup"] == pytest.approx(out["tokens_per_second"]
+                                           / out["baseline_tokens_per_second"])
+    assert 0 <= out["kl"] <= out["kl_max"] <= 0.01
+
+
 def _Server(app):  # noqa: N802 - kept as the name the tests use
     """A real uvicorn server on 127.0.0.1 in a thread."""
     return serve_in_thread(app)

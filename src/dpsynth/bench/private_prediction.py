@@ -66,10 +66,12 @@ def public_top_share(gen: Any, prompt: str, texts: list[str], names: list[str],
 def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int = 24,
                              clip: float = 0.3, rounds: int = 2, top: int = 64,
                              dtype: str = "auto", stepper: str = "auto",
-                             max_doc_tokens: int = 384, stepper_rows: int = 16
+                             max_doc_tokens: int = 384, stepper_rows: int | None = None
                              ) -> dict[str, Any]:
     """Tokens per second of one cluster's private prediction, baseline vs default (see the
-    module docstring)."""
+    module docstring). ``stepper_rows`` None: all ``docs`` rows in one pass, as a build's
+    default (``synrag.stepper_rows`` unset: k, a cluster's documents)."""
+    stepper_rows = docs if stepper_rows is None else stepper_rows
     if docs < 1 or tokens < 1 or rounds < 1 or stepper_rows < 1:
         raise ValueError("docs, tokens, rounds and stepper_rows must be >= 1")
     from ..demo_corpus import demo_knowledge, make_demo_corpus

@@ -173,7 +173,9 @@ def private_prediction(
     rounds: int = typer.Option(2, "--rounds", help="Rounds, alternating which path runs first."),
     max_doc_tokens: int = typer.Option(384, "--max-doc-tokens",
                                        help="synrag.max_doc_tokens: the rows' public width."),
-    rows: int = typer.Option(16, "--rows", help="synrag.stepper_rows: rows per decode pass."),
+    rows: int | None = typer.Option(
+        None, "--rows", help="synrag.stepper_rows: rows per decode pass (default: --docs, "
+                             "as a build's default of k)."),
     as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
 ) -> None:
     """DP-SynRAG private prediction: float32 over the whole vocabulary (today's path) vs the
