@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def q8_0(x, scale_fp16: bool = True):
+def q8_0(x: torch.Tensor) -> torch.Tensor:
     """Round ``x`` to Q8_0 along its last axis (blocks of 32, symmetric, fp16 scale)."""
     import torch
 
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
-    scale = blocks.abs().amax(-1, keepdim=True) / 127
-    if scale_fp16:
-        scale = scale.half().float()
+    scale = (blocks.abs().amax(-1, keepdim=True) / 127).half().float()
     q = torch.where(scale > 0, torch.round(blocks / scale.clamp_min(1e-30)), 0).clamp(-127, 127)
     return (q * scale).reshape(x.shape)
 
