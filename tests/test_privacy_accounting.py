@@ -415,3 +415,20 @@ def test_calibrate_dp_mechanism_drives_the_accountant() -> None:
     )
     assert sigma == pytest.approx(11.7973, abs=2e-3)
     assert calibrate_steps(1.0, 1e-5, 10) == pytest.approx(sigma, abs=2e-3)
+
+
+def test_no_event_class_is_named_like_one_of_dp_accountings() -> None:
+    """An upgrade of dp_accounting that adds a class of the same name (it has discussed a
+    discrete Gaussian event) must not silently change which class an ``isinstance`` sees."""
+    import inspect
+
+    from dp_accounting import dp_event as theirs
+
+    import dpsynth.privacy.accountant as our_accountant
+    import dpsynth.privacy.events as our_events
+
+    their_names = {n for n, v in vars(theirs).items() if inspect.isclass(v)}
+    ours = {n for m in (our_events, our_accountant) for n, v in vars(m).items()
+            if inspect.isclass(v) and v.__module__ == m.__name__}
+    assert ours, "no classes found: the check would pass vacuously"
+    assert not ours & their_names

@@ -48,12 +48,12 @@ from scipy.special import log_ndtr
 from .errors import PrivacyConfigError
 from .events import (
     RELEASE_EVENTS,
-    DiscreteGaussianDpEvent,
     DiscreteGaussianEvent,
     DistributedDiscreteGaussianDpEvent,
     Event,
     ExponentialEvent,
     GaussianEvent,
+    LatticeDiscreteGaussianDpEvent,
     PureDpEvent,
     as_event_list,
 )
@@ -245,7 +245,7 @@ def _collect(kind: str, event: dp_event.DpEvent, count: int, out: Groups) -> str
         if event.xi != 0:
             return "{label}: (xi, rho)-zCDP with xi != 0 is not supported"
         key = ("zcdp", float(event.rho))
-    elif isinstance(event, DiscreteGaussianDpEvent):
+    elif isinstance(event, LatticeDiscreteGaussianDpEvent):
         if not event.sigma > 0 or not event.shifts:
             return "{label}: a discrete Gaussian needs sigma > 0 and a shift profile"
         key = ("dgauss", float(event.sigma), tuple(int(v) for v in event.shifts))

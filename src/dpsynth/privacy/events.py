@@ -5,11 +5,13 @@ The privacy core speaks dp_accounting's event language: each release event below
 carries a ``name`` and its sensitivity, for the statement and the release store) converts to a
 ``dp_accounting`` event with :meth:`dp_event` (``GaussianDpEvent``, ``PoissonSampledDpEvent``,
 ``SelfComposedDpEvent``, ``ZCDpEvent``), plus :class:`PureDpEvent` for the exponential mechanism,
-:class:`DiscreteGaussianDpEvent` for the discrete Gaussian with a known lattice shift profile and
-:class:`DistributedDiscreteGaussianDpEvent` for a sum of parties' discrete Gaussian shares,
-which dp_accounting has no class for. Every Gaussian release of the session is a
-:class:`DiscreteGaussianEvent`; :class:`GaussianEvent` (continuous noise) remains for noise
-drawn outside the session (the federated parties' shares) and for calibration references.
+:class:`LatticeDiscreteGaussianDpEvent` for the discrete Gaussian with a known lattice shift
+profile and :class:`DistributedDiscreteGaussianDpEvent` for a sum of parties' discrete Gaussian
+shares, which dp_accounting has no class for (no class here is named like one of dp_accounting's,
+so an upgrade that adds one cannot shadow ours: tests/test_privacy_accounting.py). Every
+Gaussian release of the session is a :class:`DiscreteGaussianEvent`; :class:`GaussianEvent`
+(continuous noise) remains for noise drawn outside the session (the federated parties'
+shares) and for calibration references.
 Composition semantics (docs/methods.md §0):
 
 - ``count`` is the number of identical sequential compositions of the same mechanism.
@@ -47,7 +49,7 @@ class PureDpEvent(dp_event.DpEvent):
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
-class DiscreteGaussianDpEvent(dp_event.DpEvent):
+class LatticeDiscreteGaussianDpEvent(dp_event.DpEvent):
     """The discrete Gaussian N_Z(0, sigma^2) per coordinate (``sigma`` in lattice steps) whose
     neighbouring inputs differ, up to order and signs, by a sub-vector of the integer
     ``shifts``: rho = sum s^2 / (2 sigma^2) (CKS 2020, Theorem 14), and an exact PLD, the
@@ -202,11 +204,11 @@ class DiscreteGaussianEvent(_EventMixin):
         return 0.5 / self.noise_multiplier**2
 
     def dp_event(self) -> dp_event.DpEvent:
-        """:class:`DiscreteGaussianDpEvent` (lattice sigma, shifts) when the shift profile is
-        known, else ``ZCDpEvent(rho)``; ``count`` times."""
+        """:class:`LatticeDiscreteGaussianDpEvent` (lattice sigma, shifts) when the shift profile
+        is known, else ``ZCDpEvent(rho)``; ``count`` times."""
         one: dp_event.DpEvent
         if self.shifts:
-            one = DiscreteGaussianDpEvent(self.sigma / self.grid, self.shifts)
+            one = LatticeDiscreteGaussianDpEvent(self.sigma / self.grid, self.shifts)
         else:
             one = dp_event.ZCDpEvent(self.rho)
         return _self_composed(one, self.count)
