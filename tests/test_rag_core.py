@@ -157,7 +157,7 @@ def test_parse_keywords_from_ugly_outputs() -> None:
         vocab.index["cough"], vocab.index["quessoprazine"]]
     # top-up from the text when the LLM gives too few, never more than K
     kws = extract_keywords(["Fever and rash after Quessoprazine, also a cough."], vocab, 3,
-                           generate=lambda prompts: ["nothing useful"] * len(prompts))
+                           answer=lambda prompt: "nothing useful")
     assert [vocab.terms[i] for i in kws[0]] == ["fever", "rash", "quessoprazine"]
     # the public vocabulary order can set the priority of the top-up (e.g. diseases first)
     kws = extract_keywords(["Fever and rash after Quessoprazine, also a cough."], vocab, 2,

@@ -213,13 +213,10 @@ def test_private_predict_charges_each_token(smollm, tmp_path) -> None:
 
 
 def test_keyword_extraction_with_the_llm(smollm) -> None:
-    from dpsynth.llm import GenerationRequest, SamplingParams
-    from dpsynth.methods.synrag.keywords import Vocabulary, extract_keywords
+    from dpsynth.methods.synrag.keywords import Vocabulary, extract_keywords, one_document_a_pass
 
     vocab = Vocabulary(["rash", "fever", "knee", "cough", "breath", "stairs", "swollen"], "t")
-    params = SamplingParams(temperature=0.0, max_new_tokens=16)
-    kws = extract_keywords(DOCS, vocab, 3, generate=lambda ps: smollm.generate(
-        [GenerationRequest(p, params) for p in ps], progress=False))
+    kws = extract_keywords(DOCS, vocab, 3, answer=one_document_a_pass(smollm, 16))
     assert all(1 <= len(k) <= 3 and len(set(k)) == len(k) for k in kws)
     assert vocab.index["rash"] in kws[0] or vocab.index["fever"] in kws[0]
     assert vocab.index["cough"] in kws[2] or vocab.index["breath"] in kws[2]

@@ -28,6 +28,7 @@ from .files import SHARED_MODE, atomic_write_json, atomic_write_text
 from .hooks import RunHooks
 from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
+from .neighbours import check_limit, mechanism_config, over_file
 from .preflight import check_output_writable, check_run
 from .progress import warn as operator_warning
 from .resume import (
@@ -266,6 +267,8 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
     def check(cfg: RunConfig) -> None:  # an unknown method or bad section: nothing written
         chosen["m"] = method if method is not None else get_method(cfg.method, releases)
         chosen["m"].check(cfg)
+        if (why := check_limit(cfg, "dp")) is not None:
+            raise ConfigError(why)
 
     run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,
                               method=method.name if method is not None else None, check=check,
@@ -287,17 +290,22 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             # (unless the method reads per-record fields here: ``sharded_data`` False)
             dataset = load_run_data(cfg, run, sharded=m.sharded_data,
                                     shard_actor=hooks.shard_actor)
-            plan = m.plan(cfg, dataset, run)
+            # data.limit: the method plans and runs for the subset's share of the budget
+            # (dpsynth.neighbours); the ledger and the statement speak of the file
+            mcfg = mechanism_config(cfg)
+            plan = m.plan(mcfg, dataset, run)
+            if (why := check_limit(cfg, plan.guarantee)) is not None:
+                raise ConfigError(why)
             identity = data_identity(cfg, dataset, ledger(cfg))
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
             fingerprint = _account(cfg, run, meta, plan, identity, resume, say)
             working = True  # from here on a reservation exists: the folder is kept
             session = open_session(cfg, run, plan)
-            job = Job(cfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
+            job = Job(mcfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
                       resume=resume, progress=opts.progress,
                       generators=generators, embedder=embedder, echo=echo, hooks=hooks)
             outcome = m.execute(job)
-            statement = m.statement(job, outcome)
+            statement = over_file(m.statement(job, outcome), cfg)
             atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)
             summary = {"method": m.name, **outcome.summary}
             for key in ("epsilon", "delta"):

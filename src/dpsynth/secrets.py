@@ -260,22 +260,14 @@ def _normalise_pii(entity: str, value: str) -> str:
     return " ".join(v.casefold().split())
 
 
-def _find_pii(
-    texts: Sequence[str], spec: SecretSpec, batch_size: int = 64
-) -> dict[tuple[str, str], set[int]]:
-    from presidio_analyzer import BatchAnalyzerEngine
-
-    batch = BatchAnalyzerEngine(analyzer_engine=presidio_analyzer())
-    results = batch.analyze_iterator(
-        list(texts),
-        language="en",
-        batch_size=batch_size,
-        entities=list(spec.entities),
-        score_threshold=spec.min_score,
-    )
+def _find_pii(texts: Sequence[str], spec: SecretSpec) -> dict[tuple[str, str], set[int]]:
+    """PII values per record, each text analysed alone (rows apart: spaCy's batched pipe pads
+    and groups texts, so one record could move another's entities; docs/methods.md §3)."""
+    analyzer = presidio_analyzer()
     out: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for i, (t, res) in enumerate(zip(texts, results, strict=True)):
-        for r in res:
+    for i, t in enumerate(texts):
+        for r in analyzer.analyze(text=t, language="en", entities=list(spec.entities),
+                                  score_threshold=spec.min_score):
             v = _normalise_pii(r.entity_type, t[r.start : r.end])
             if v:
                 out[(r.entity_type, v)].add(i)

@@ -85,6 +85,7 @@ class AugPEStrategy:
 
 class AugPE(PEMethod):
     name = "aug_pe"
+    private_passes = ("embed",)
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs) -> AugPEStrategy:

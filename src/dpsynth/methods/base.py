@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from ..privacy import PrivacySession
 
 Guarantee = Literal["dp", "none", "secret-protection", "public"]
+#: the model passes over private records a method may make (:attr:`Method.private_passes`):
+#: embedding the records, the LLM's keywords of a document, next-token logits of a document,
+#: secret (PII) detection in a record
+PRIVATE_PASSES = ("embed", "keywords", "logits", "secrets")
 
 
 @dataclass
@@ -156,6 +160,11 @@ class Method(ABC):
     #: False: the method reads per-record fields in this process, so the runner loads the
     #: private file here even with compute.engine ray
     sharded_data: ClassVar[bool] = True
+    #: the model passes this method makes over private records, each of :data:`PRIVATE_PASSES`
+    #: (None: undeclared). Each must be rows apart, a record's output a function of that record
+    #: alone; tests/test_rows_apart.py runs every registered method's passes on the real models
+    #: and fails for a method that declares none
+    private_passes: ClassVar[tuple[str, ...] | None] = None
 
     @classmethod
     def settings(cls, config: RunConfig) -> Any:

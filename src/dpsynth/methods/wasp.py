@@ -289,6 +289,7 @@ class WaspStrategy:
 
 class Wasp(PEMethod):
     name = "wasp"
+    private_passes = ("embed",)
     section = "wasp"
     config_model = WaspConfig
 

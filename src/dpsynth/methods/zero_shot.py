@@ -30,6 +30,7 @@ class ZeroShotStrategy:
 
 class ZeroShot(PEMethod):
     name = "zero_shot"
+    private_passes = ()
     private_votes = False
 
     def iterations(self, config: RunConfig) -> int:

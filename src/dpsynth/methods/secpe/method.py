@@ -192,6 +192,7 @@ class SecPEStrategy:
 
 class SecPE(PEMethod):
     name = "secpe"
+    private_passes = ("secrets", "embed")
     section = "secpe"
     config_model = SecPEConfig
 

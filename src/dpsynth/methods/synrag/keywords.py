@@ -191,17 +191,23 @@ def extract_keywords(
     vocab: Vocabulary,
     k: int,
     *,
-    generate: Callable[[list[tuple[dict[str, str], ...]]], list[str]] | None = None,
+    answer: Callable[[tuple[dict[str, str], ...]], str] | None = None,
     fill: str = "appearance",
 ) -> list[list[int]]:
-    """K keyword ids per document: the LLM's vocabulary-restricted keywords (when ``generate``
+    """K keyword ids per document: the LLM's vocabulary-restricted keywords (when ``answer``
     is given), topped up with vocabulary terms found in the document (in order of first
     occurrence, or of the public vocabulary list with ``fill="vocabulary_order"``). Never
-    more than k."""
-    answers = generate([keyword_prompt(d, k) for d in documents]) if generate else None
+    more than k.
+
+    Rows apart: ``answer`` takes ONE document's prompt and returns the model's text for it,
+    so the model never sees two documents in one pass, and a document's keywords are a
+    function of its own text alone, whatever other documents exist or in which order. The
+    sensitivity sqrt(K) of the keyword histogram rests on it (docs/methods.md §4, step 1): a
+    batched pass (padding, length-sorted batches) let one added document change the
+    keywords of others."""
     out: list[list[int]] = []
-    for i, doc in enumerate(documents):
-        ids = parse_keywords(answers[i], vocab, k) if answers is not None else []
+    for doc in documents:
+        ids = parse_keywords(answer(keyword_prompt(doc, k)), vocab, k) if answer else []
         if len(ids) < k:
             have = set(ids)
             found = vocab.find_in(doc)
@@ -210,3 +216,21 @@ def extract_keywords(
             ids += [j for j in found if j not in have][: k - len(ids)]
         out.append(ids[:k])
     return out
+
+
+def one_document_a_pass(generator: Any, max_new_tokens: int,
+                        advance: Callable[[], None] = lambda: None
+                        ) -> Callable[[tuple[dict[str, str], ...]], str]:
+    """The ``answer`` of :func:`extract_keywords` on a generator: greedy decoding of one
+    request per ``generate`` call (a batch of one: no padding, no other row), ``advance``
+    called after each document (a progress bar)."""
+    from ...llm import GenerationRequest, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+
+    def answer(prompt: tuple[dict[str, str], ...]) -> str:
+        text = generator.generate([GenerationRequest(prompt, params)], progress=False)[0]
+        advance()
+        return text
+
+    return answer

@@ -52,6 +52,7 @@ class SynRAG(Method):
     vocabulary path) and ``output_dir`` (refused as the vocabulary's home) are optional."""
 
     name = "synrag"
+    private_passes = ("keywords", "embed", "logits")
     releases = "knowledge_base"
     section = "synrag"
     config_model = SynRAGConfig
@@ -68,6 +69,14 @@ class SynRAG(Method):
         scfg = self.settings(config)
         if config.generators:
             check_stepper(scfg.stepper, str(config.generators[0].model))
+            if (scfg.keyword_extractor == "llm" and config.compute.engine == "ray"
+                    and config.generators[0].backend != "local"):
+                raise ConfigError(
+                    "synrag.keyword_extractor llm with compute.engine ray needs a local "
+                    "generator: the shards would ask one server at once, which may batch two "
+                    "documents together, and one document's keywords would then depend on "
+                    "another's (rows apart, docs/methods.md §4); use a local generator, "
+                    "compute.engine local, or keyword_extractor vocabulary")
         if self.source is None:
             check_vocabulary_public(config, self.output_dir)
         else:

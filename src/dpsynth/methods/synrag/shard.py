@@ -27,8 +27,9 @@ import numpy as np
 from ...compute.kernels import clipped_fixed_point
 from ...compute.shard import Shard, shard_kernel
 from ...files import atomic_write_bytes, atomic_write_json
+from ...progress import bar
 from .clusters import soft_clusters
-from .keywords import extract_keywords
+from .keywords import extract_keywords, one_document_a_pass
 from .retrieval import THRESHOLD_GRID
 
 #: The operations a driver may call on a shard (:func:`on_documents`).
@@ -154,22 +155,17 @@ class DocumentShard:
     def keyword_counts(self, vocab: Any, k: int, fill: str, tag: Any,
                        generator_factory: Any = None, max_new_tokens: int = 64,
                        progress: bool = False) -> np.ndarray:
-        """Step 1: K keyword ids per document (the LLM's, from ``generator_factory``, topped
-        up from the vocabulary; kept, and saved under ``tag``), and how many of this shard's
+        """Step 1: K keyword ids per document (the LLM's, from ``generator_factory``, asked
+        one document a pass so each document's keywords are its own text's alone; topped up
+        from the vocabulary; kept, and saved under ``tag``), and how many of this shard's
         documents hold each term (int64, length |V|)."""
         kws = self._cached_keywords(tag)
         if kws is None:
-            generate = None
-            if generator_factory is not None:
-                from ...llm import GenerationRequest, SamplingParams
-
-                gen = generator_factory()
-                params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-
-                def generate(prompts: list) -> list[str]:
-                    return gen.generate([GenerationRequest(p, params) for p in prompts],
-                                        progress=progress)
-            kws = extract_keywords(self.texts, vocab, k, generate=generate, fill=fill)
+            with bar("keywords (documents)", len(self.texts),
+                     progress and generator_factory is not None) as advance:
+                answer = (one_document_a_pass(generator_factory(), max_new_tokens, advance)
+                          if generator_factory is not None else None)
+                kws = extract_keywords(self.texts, vocab, k, answer=answer, fill=fill)
             if self.files.keywords is not None:
                 _private_dir(self.files.keywords)
                 atomic_write_json(self.files.keywords, {"tag": tag, "keywords": kws},
