@@ -70,6 +70,7 @@ def test_discovery_is_refused_without_a_dp_budget(tmp_path, monkeypatch):
 
     raw = _config(tmp_path)
     raw["privacy"]["epsilon"] = float("inf")
+    raw["privacy"]["noise"] = "seeded"  # epsilon inf is research mode only
     with pytest.raises(ConfigError, match="declare data.label_values"):
         run_generation(parse_config(raw), tmp_path / "run", progress=False,
                        generators=[FakeGenerator()], embedder=FakeEmbedder())

@@ -367,15 +367,17 @@ def test_budget_cli_show_set_rekey(tmp_path: Path) -> None:
     path = tmp_path / "ledger.json"
     data = tmp_path / "data.csv"
     data.write_text("text,label\nhello there,a\ngeneral kenobi,b\n")
+    led = BudgetLedger(path)  # an epsilon = inf run while the source had no cap
+    led.record_run(DataIdentity(str(data.resolve()), "x", "r", ()), "run-inf", "none")
     res = _cli("budget", "set", "--data", str(data), "--total-epsilon", "3",
                "--total-delta", "1e-5", "--ledger", str(path), "--json")
     assert res.exit_code == 0, res.output
     (src,) = json.loads(res.stdout)["sources"]
     assert src["names"] == [str(data.resolve())] and src["total_epsilon"] == 3.0
-    led = BudgetLedger(path)
+    with pytest.raises(BudgetRefusedError, match="budget cap"):  # not once it has one
+        led.record_run(DataIdentity(str(data.resolve()), "x", "r", ()), "run-inf2", "none")
     led.reserve(DataIdentity(str(data.resolve()), "other bytes", "r", ()), "run-a", 1.0, 1e-6)
     led.settle("run-a", 0.8, 1e-6)
-    led.record_run(DataIdentity(str(data.resolve()), "x", "r", ()), "run-inf", "none")
     out = json.loads(_cli("budget", "show", "--ledger", str(path), "--json").stdout)
     (shown,) = out["sources"]
     assert shown["epsilon"] == pytest.approx(0.8) and shown["runs_without_dp_guarantee"] == 1

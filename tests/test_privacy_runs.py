@@ -138,7 +138,8 @@ def test_dataset_budget_sticks_until_budget_set(tmp_path: Path, ledger: Path) ->
 
 
 def test_epsilon_inf_run_is_recorded_without_guarantee(tmp_path: Path, ledger: Path) -> None:
-    run = _run(_config(tmp_path, **{"privacy.epsilon": float("inf")}), tmp_path / "run")
+    run = _run(_config(tmp_path, **{"privacy.epsilon": float("inf"), "privacy.noise": "seeded"}),
+               tmp_path / "run")
     (entry,) = BudgetLedger(ledger).entries()
     assert entry["guarantee"] == "none" and entry["status"] == "recorded"
     assert entry["records"] == json.loads((run / "run.json").read_text())["dataset_fingerprint"]

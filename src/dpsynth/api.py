@@ -79,8 +79,8 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
     """
     from . import progress as display
 
-    if resume and _finished(output_dir):
-        return RunDir(output_dir).root
+    if resume and not overrides and _finished(output_dir):
+        return RunDir(output_dir).root  # nothing to do; with --set the runner says why
     _prepare_output(output_dir)
     with display.session(enabled=progress):
         return run_method(config, output_dir, resume=resume, overrides=overrides,

@@ -12,7 +12,13 @@ to the same budget. A run describes its data by a :class:`DataIdentity`:
 - ``sketch``: the :data:`SKETCH_SIZE` smallest distinct keyed 64-bit hashes of the texts
   read, a bottom-k sketch: a file that shares most of its texts with a known version (one
   record added, a subset, another format, at another path) is recognised as that source
-  (:func:`containment`).
+  (:func:`containment`);
+- ``normalised``: the same sketch of the *normalised* records (:func:`normalise_record`:
+  Unicode NFKC, case-folded, whitespace collapsed, punctuation and symbols at the ends
+  dropped), so a copy with a trailing space on each line, a "." appended or every letter
+  upper-cased is the same source. A source is its records, not their bytes: to count as new
+  data an edit must change the words of most records (docs/methods.md §0, "The ledger").
+  ``sketch`` (exact text) stays beside it so versions a ledger knew before still match.
 
 ``content`` and ``records`` are raw digests of private data: the ledger stores only keyed
 (HMAC) forms of them; the sketch is keyed from the start (the ledger's sketch key).
@@ -21,6 +27,8 @@ to the same budget. A run describes its data by a :class:`DataIdentity`:
 from __future__ import annotations
 
 import hashlib
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +53,7 @@ class DataIdentity:
     content: str
     records: str
     sketch: tuple[int, ...]
+    normalised: tuple[int, ...] = ()
 
 
 def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -56,6 +65,17 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+#: characters dropped at the ends of a normalised record: anything but a letter or digit
+_ENDS = re.compile(r"^[\W_]+|[\W_]+$")
+
+
+def normalise_record(text: str) -> str:
+    """The form records are compared in for the ledger: Unicode NFKC, case-folded, runs of
+    whitespace as one space, punctuation, symbols and spaces at both ends dropped."""
+    folded = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    return _ENDS.sub("", folded)
+
+
 def text_hash(text: str, key: bytes) -> int:
     """A keyed 64-bit hash of one text (blake2b under the ledger's sketch key): the sketch's
     unit. Keyed, so a sketch in the ledger cannot be tested against a guessed text."""
@@ -63,14 +83,20 @@ def text_hash(text: str, key: bytes) -> int:
     return int.from_bytes(digest, "big")
 
 
-def text_sketch(texts: Sequence[str], key: bytes, size: int = SKETCH_SIZE) -> tuple[int, ...]:
+def text_sketch(texts: Sequence[str], key: bytes, size: int = SKETCH_SIZE, *,
+                normalised: bool = False) -> tuple[int, ...]:
     """The ``size`` smallest distinct :func:`text_hash` values of ``texts`` (ascending), read
-    in chunks (:func:`dpsynth.columns.chunks_of`): a bottom-k sketch of the set of texts."""
+    in chunks (:func:`dpsynth.columns.chunks_of`): a bottom-k sketch of the set of texts;
+    ``normalised``: of the texts' :func:`normalise_record` forms (under a derived key, so the
+    two kinds of sketch never share a hash)."""
     from .columns import chunks_of
 
+    if normalised:
+        key = hashlib.blake2b(key, digest_size=32, person=b"dpsynth-norm").digest()
+    form = normalise_record if normalised else str
     kept = np.zeros(0, dtype=np.uint64)
     for chunk in chunks_of(texts):
-        hashes = np.fromiter((text_hash(t, key) for t in chunk), dtype=np.uint64,
+        hashes = np.fromiter((text_hash(form(t), key) for t in chunk), dtype=np.uint64,
                              count=len(chunk))
         kept = np.unique(np.concatenate([kept, hashes]))[:size]
     return tuple(int(v) for v in kept)

@@ -65,6 +65,14 @@ class RunDir:
     def log_path(self) -> Path:
         return self.root / "log.txt"
 
+    def folder_identity(self) -> dict[str, Any]:
+        """What names this folder and no copy of it: its resolved path and its directory's
+        (device, inode). A ledger reservation is bound to it (:func:`dpsynth.runner`), so a
+        copied, moved or restored folder cannot resume or release a reservation made here."""
+        st = self.root.stat()
+        return {"path": str(self.root.resolve()), "device": int(st.st_dev),
+                "inode": int(st.st_ino)}
+
     def exists(self) -> bool:
         return self.meta_path.is_file()
 
@@ -127,6 +135,7 @@ class RunDir:
             "run_id": uuid.uuid4().hex[:12],
             "method": method,
             "status": "running",
+            "process": this_process(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "finished": None,
             "attempts": 1,
@@ -135,12 +144,23 @@ class RunDir:
         return meta
 
     def meta(self) -> dict[str, Any]:
+        """run.json; a run whose status says "running" while the process that runs it is gone
+        (killed: it could not record its end) is recorded and returned as "interrupted"."""
+        meta = self._stored_meta()
+        if meta.get("status") == "running" and process_gone(meta.get("process")):
+            meta.update(status="interrupted", reason="its process ended without recording "
+                        "its end (killed)", ended=None)
+            with contextlib.suppress(OSError):
+                atomic_write_json(self.meta_path, meta)
+        return meta
+
+    def _stored_meta(self) -> dict[str, Any]:
         if not self.exists():
             raise MissingFileError(f"{self.root}: not a dpsynth run folder (no run.json)")
         return json.loads(self.meta_path.read_text(encoding="utf-8"))
 
     def update_meta(self, **fields: Any) -> dict[str, Any]:
-        meta = self.meta()
+        meta = self._stored_meta()
         meta.update(fields)
         atomic_write_json(self.meta_path, meta)
         return meta
@@ -184,6 +204,38 @@ class RunDir:
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{stamp} {message}\n")
         note(message)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc; None where unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def this_process() -> dict[str, Any]:
+    """Who runs an attempt: host, pid and the pid's start time (so a reused pid is not it)."""
+    return {"host": os.uname().nodename, "pid": os.getpid(), "start": _start_ticks(os.getpid())}
+
+
+def process_gone(process: dict[str, Any] | None) -> bool:
+    """Whether the process recorded by :func:`this_process` has ended (False where it cannot
+    be told: another host, or nothing recorded)."""
+    if not isinstance(process, dict) or process.get("host") != os.uname().nodename:
+        return False
+    pid = process.get("pid")
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it exists, under another user
+    start = process.get("start")
+    return start is not None and _start_ticks(pid) not in (None, start)
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import calendar
 import copy
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from .resume import (
     resumable,
 )
 from .run_dataset import load_run_data
-from .run_folder import RunDir, interruption_reason, stop_signals
+from .run_folder import RunDir, interruption_reason, stop_signals, this_process
 
 if TYPE_CHECKING:
     from .identity import DataIdentity
@@ -120,6 +121,10 @@ def _reopen(run: RunDir, config: RunConfig | str | Path | None,
         refuse_changes(["(locked fields; private/run-lock.json is missing)"],
                        f"{run.config_path} (edited since the run started)")
     sets = dict(overrides or {})
+    if sets and meta.get("status") == "finished":
+        raise ConfigError(f"{run.root}: this run already finished, so --set "
+                          f"{', '.join(sorted(sets))} changes nothing (release/ is complete); "
+                          "to run with other settings, start a new run with another --output")
     if config is not None or sets:
         if config is not None:
             given = _load(config, sets or None).model_dump(mode="json")
@@ -135,7 +140,8 @@ def _reopen(run: RunDir, config: RunConfig | str | Path | None,
         atomic_write_text(run.config_path, dump_config(parse_config(stored)))
     cfg = parse_config(stored, str(run.config_path))
     if meta.get("status") != "finished":
-        meta = run.update_meta(status="running", attempts=meta.get("attempts", 1) + 1)
+        meta = run.update_meta(status="running", attempts=meta.get("attempts", 1) + 1,
+                               process=this_process())
     return run, cfg, meta
 
 
@@ -177,9 +183,10 @@ def data_identity(config: RunConfig, dataset: Any, book: BudgetLedger) -> DataId
 
     name = config.data.source or ("demo" if config.data.path == "demo"
                                   else str(Path(config.data.path).resolve()))
+    key = book.sketch_key()
     return DataIdentity(name=name, content=dataset.content_digest(),
-                        records=dataset.fingerprint(),
-                        sketch=dataset.text_sketch(book.sketch_key()))
+                        records=dataset.fingerprint(), sketch=dataset.text_sketch(key),
+                        normalised=dataset.text_sketch(key, normalised=True))
 
 
 def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: PrivacyPlan,
@@ -195,8 +202,11 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
     if resume and stored is not None and stored != records:
         raise ConfigError(_CHANGED_DATA.format(run=run.root))
     entries = book.run_entries(meta["run_id"]) if resume else []
+    folder = run.folder_identity()
     if entries:
         for e in entries:
+            if e.get("folder") not in (None, folder):
+                raise ConfigError(_OTHER_FOLDER.format(run=run.root, where=e["folder"]["path"]))
             if e.get("records") not in (None, records):
                 raise ConfigError(_CHANGED_DATA.format(run=run.root))
             if e.get("config_digest") not in (None, digest):
@@ -210,14 +220,16 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
         return records
     run.update_meta(dataset_fingerprint=records, sigma=plan.sigma, **plan.meta)
     p = config.privacy
-    details = {"config_digest": digest, "unit": p.unit, "method": meta.get("method")}
+    details = {"config_digest": digest, "unit": p.unit, "method": meta.get("method"),
+               "folder": folder}
     if plan.guarantee == "dp":
         charge = book.reserve(identity, meta["run_id"], p.epsilon, p.delta, p.total_epsilon,
                               p.total_delta, noise_seed=noise_seed(config, run), details=details)
     elif plan.guarantee in ("none", "secret-protection"):
         charge = book.record_run(identity, meta["run_id"], plan.guarantee,
                                  details={**details, **plan.ledger},
-                                 noise_seed=noise_seed(config, run))
+                                 noise_seed=noise_seed(config, run),
+                                 total_epsilon=p.total_epsilon, total_delta=p.total_delta)
     else:
         return records
     run.update_meta(sources=[m.source for m in charge.sources])
@@ -225,6 +237,24 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
     return records
 
 
+def research_only(config: RunConfig, method: Method) -> str | None:
+    """Why the run is refused as a research setting outside research mode (None: it is not):
+    ``privacy.epsilon: inf`` on a method that reads private records releases exact values,
+    so it runs only with ``privacy.noise: seeded`` (the research mode, said wherever the
+    guarantee is stated), and never on a capped source (the ledger refuses that)."""
+    if math.isinf(config.privacy.epsilon) and config.privacy.noise != "seeded" \
+            and method.private_passes != ():
+        return ("privacy.epsilon: inf releases exact, noise-free values from the private "
+                "records: it is a research setting and runs only in research mode "
+                "(privacy.noise: seeded), never on a data source with a budget cap; give a "
+                "finite privacy.epsilon")
+    return None
+
+
+_OTHER_FOLDER = ("{run}: this run's budget was reserved by the run folder {where}, and this "
+                 "folder is not that one (a copy, a move or a restored backup has another "
+                 "identity): one reservation gives one release, so it cannot be resumed here. "
+                 "Resume the original folder where it was, or start a new run")
 _CHANGED_DATA = ("{run}: the private data differs from the records this run started on (its "
                  "fingerprint changed): a resumed run must read the same records; restore the "
                  "file, or start a new run")
@@ -267,7 +297,7 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
     def check(cfg: RunConfig) -> None:  # an unknown method or bad section: nothing written
         chosen["m"] = method if method is not None else get_method(cfg.method, releases)
         chosen["m"].check(cfg)
-        if (why := check_limit(cfg, "dp")) is not None:
+        if (why := check_limit(cfg, "dp") or research_only(cfg, chosen["m"])) is not None:
             raise ConfigError(why)
 
     run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,

@@ -149,8 +149,10 @@ def _file_identity(book: Any, path: Path, text: str, name: str | None) -> Any:
         raise InputError(f"--data {path}: {err}") from None
     except OSError as err:
         raise InputError(f"--data {path}: cannot read ({err.strerror or err})") from None
+    key = book.sketch_key()
     return DataIdentity(name=name or str(path.resolve()), content=ds.content_digest(),
-                        records=ds.fingerprint(), sketch=ds.text_sketch(book.sketch_key()))
+                        records=ds.fingerprint(), sketch=ds.text_sketch(key),
+                        normalised=ds.text_sketch(key, normalised=True))
 
 
 @budget_app.command("rekey")

@@ -52,7 +52,8 @@ def generate(
     from ..run_folder import RunDir
 
     output = output or Path("runs") / config.stem
-    if resume and RunDir(output).exists() and RunDir(output).meta().get("status") == "finished":
+    if resume and not set_ and RunDir(output).exists() \
+            and RunDir(output).meta().get("status") == "finished":
         err_console.print(f"{output}: this run already finished; nothing to resume "
                           "(release/ is complete)", markup=False, highlight=False)
     try:  # a DpsynthError goes to the root group: one `error:` line, exit 2

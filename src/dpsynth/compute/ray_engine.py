@@ -161,10 +161,10 @@ class ShardActor:
                 "content": self.content, "n_records": len(self.ds), "rows": len(self.text),
                 "warnings": [p.to_dict() for p in self.full.warnings]}
 
-    def text_sketch(self, key: bytes) -> tuple[int, ...]:
-        """The keyed sketch of the texts read (every shard reads the whole file), for the
-        budget ledger (:func:`dpsynth.identity.text_sketch`)."""
-        return self.full.text_sketch(key)
+    def text_sketch(self, key: bytes, normalised: bool = False) -> tuple[int, ...]:
+        """The keyed sketch of the texts read (every shard reads the whole file), or of the
+        normalised records, for the budget ledger (:func:`dpsynth.identity.text_sketch`)."""
+        return self.full.text_sketch(key, normalised)
 
     def set_domain(self, domain: dict[str, list[str]]) -> dict[str, Any]:
         """Keep the records whose labels lie in ``domain`` (privately discovered)."""
@@ -328,10 +328,11 @@ class RayCompute(PrivateCompute):
         kernel that reads embeddings: a run that votes on nothing embeds nothing."""
         self._embedder = factory
 
-    def text_sketch(self, key: bytes) -> tuple[int, ...]:
-        """The keyed sketch of the file's texts read (by the first shard: each holds the
-        whole file) for the budget ledger."""
-        return tuple(self._get(self.actors[0].text_sketch.remote(key), "the data sketch"))
+    def text_sketch(self, key: bytes, normalised: bool = False) -> tuple[int, ...]:
+        """The keyed sketch of the file's texts read, or of its normalised records (by the
+        first shard: each holds the whole file), for the budget ledger."""
+        return tuple(self._get(self.actors[0].text_sketch.remote(key, normalised),
+                               "the data sketch"))
 
     def set_domain(self, domain: dict[str, list[str]]) -> None:
         """Keep, on every shard, the records whose labels lie in ``domain``."""

@@ -59,9 +59,10 @@ class ShardedDataset:
         """sha256 of the private file's bytes, as every shard read it (its ledger version)."""
         return str(self.compute.content)
 
-    def text_sketch(self, key: bytes) -> tuple[int, ...]:
-        """The keyed sketch of the texts, computed on a shard (:mod:`dpsynth.identity`)."""
-        return self.compute.text_sketch(key)
+    def text_sketch(self, key: bytes, normalised: bool = False) -> tuple[int, ...]:
+        """The keyed sketch of the texts (or normalised records), computed on a shard
+        (:mod:`dpsynth.identity`)."""
+        return self.compute.text_sketch(key, normalised)
 
     def with_label_domain(self, domain: Mapping[str, Sequence[str]]) -> ShardedDataset:
         """Keep, on the shards, the records whose labels lie in ``domain`` (this view and the

@@ -84,11 +84,12 @@ class Dataset:
             raise ValueError("this data set was not read from a file: it has no content digest")
         return file_digest(self.path)
 
-    def text_sketch(self, key: bytes) -> tuple[int, ...]:
-        """The keyed bottom-k sketch of the texts (:func:`dpsynth.identity.text_sketch`)."""
+    def text_sketch(self, key: bytes, normalised: bool = False) -> tuple[int, ...]:
+        """The keyed bottom-k sketch of the texts, or of the normalised records
+        (:func:`dpsynth.identity.text_sketch`)."""
         from ..identity import text_sketch
 
-        return text_sketch(self.texts, key)
+        return text_sketch(self.texts, key, normalised=normalised)
 
     def _domain(
         self, columns: Sequence[str], domain: Mapping[str, Sequence[str]] | None

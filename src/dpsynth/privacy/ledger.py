@@ -11,9 +11,10 @@ name (``data.source``, by default the private file's resolved path) with the con
 - by content: a file whose bytes equal a known version, at any path (a copy);
 - by records: the records fingerprint of an earlier run (also how a version-2 ledger's
   datasets carry over);
-- by overlap: a file whose texts lie mostly in a known version's (a bottom-k sketch of keyed
-  text hashes, :mod:`dpsynth.identity`): one record added or removed, a subset or another
-  format at another path.
+- by overlap: a file whose records lie mostly in a known version's (bottom-k sketches of keyed
+  hashes of the exact texts and of the normalised records, :mod:`dpsynth.identity`): one
+  record added or removed, a subset, another format or row order at another path, or a copy
+  with trailing spaces, an appended ".", or another letter case.
 
 Amounts add by basic composition (epsilons add, deltas add), which is always sound. A run
 first *reserves* its planned (epsilon, delta) on every matched source (all or none); the
@@ -355,11 +356,15 @@ class BudgetLedger:
         return charge
 
     def record_run(self, identity: DataIdentity, run_id: str, guarantee: str,
-                   details: dict[str, Any] | None = None, *, noise_seed: int | None = None
+                   details: dict[str, Any] | None = None, *, noise_seed: int | None = None,
+                   total_epsilon: float | None = None, total_delta: float | None = None
                    ) -> Charge:
         """Record a run that states no (epsilon, delta) guarantee (``"none"`` for epsilon =
         inf, ``"secret-protection"`` for SecPE) on its sources, with public ``details``;
-        ``noise_seed`` as for :meth:`reserve` (SecPE's noise is seeded too)."""
+        ``noise_seed`` as for :meth:`reserve` (SecPE's noise is seeded too). Refused
+        (BudgetRefusedError, nothing written) on a source with a budget cap, stored or given
+        here (``total_*``): such a run's loss is not bounded by any epsilon, so no amount of
+        a capped budget can pay for it."""
         if not run_id:
             raise PrivacyConfigError("run_id must be a non-empty string")
         if guarantee not in GUARANTEES or guarantee == "dp":
@@ -371,6 +376,19 @@ class BudgetLedger:
             if any(e.get("guarantee", "dp") == "dp" for e in _run_entries(data, run_id)):
                 raise PrivacyConfigError(f"run {run_id!r} already holds a DP reservation")
             charge = _resolve(data, key, identity)
+            for m in charge.sources:
+                stored = data["sources"].get(m.source, {})
+                caps = (_cap(stored.get("total_epsilon"), total_epsilon),
+                        _cap(stored.get("total_delta"), total_delta))
+                if caps != (None, None):
+                    what = ("epsilon = inf releases exact, noise-free values" if guarantee ==
+                            "none" else "SecPE's secret protection uses the records without "
+                            "secrets as they are")
+                    raise BudgetRefusedError(
+                        f"{m.describe()} has a budget cap (epsilon={_fmt(caps[0])}, delta="
+                        f"{_fmt(caps[1])}), and this run states no (epsilon, delta) guarantee "
+                        f"({what}), so no part of the cap can pay for it. Run a method with an "
+                        "(epsilon, delta) guarantee on this source (aug_pe, wasp, synrag)")
             seed_tag = _seed_tag(data, key, run_id, noise_seed)
             now = _now()
             for m in charge.sources:
@@ -610,6 +628,8 @@ def _resolve(data: dict[str, Any], key: bytes, identity: DataIdentity) -> Charge
         if any(records in v.get("records", []) for v in versions):
             how.append("records")
         if any(sketch_matches(identity.sketch, [int(h, 16) for h in v.get("sketch", [])])
+               or sketch_matches(identity.normalised,
+                                 [int(h, 16) for h in v.get("normalised_sketch", [])])
                for v in versions):
             how.append("overlap")
         if how:
@@ -637,8 +657,10 @@ def _register(data: dict[str, Any], match: SourceMatch, identity: DataIdentity, 
         src["versions"].append(version)
     if records not in version["records"]:
         version["records"].append(records)
-    known = [int(h, 16) for h in version["sketch"]]
-    version["sketch"] = [f"{h:016x}" for h in merge_sketches(known, identity.sketch)]
+    for field_name, sketch in (("sketch", identity.sketch),
+                               ("normalised_sketch", identity.normalised)):
+        known = [int(h, 16) for h in version.get(field_name, [])]
+        version[field_name] = [f"{h:016x}" for h in merge_sketches(known, sketch)]
     match.names = list(src["names"])
     return src
 
