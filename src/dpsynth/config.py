@@ -605,9 +605,18 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid YAML ({type(err).__name__})") from None
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid YAML (not UTF-8 text)") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(f"{path}{where}: not valid YAML ({problem})") from None
+    if raw is None or raw == {}:
+        raise ConfigError(f"{path}: the config is empty; it must name at least the data "
+                          "(data.path) or the method: an empty file is not run as the demo "
+                          "(examples/demo.yaml is the demo's config)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     apply_overrides(raw, overrides or {})

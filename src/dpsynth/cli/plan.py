@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -28,12 +28,15 @@ def plan(
     """Show every planned release's noise and whether it will swamp the votes (spends
     nothing; for the operator, who may see the record count)."""
     from ..config import load_config
-    from ..methods import get_method
+    from ..methods import canonical_name, get_method
     from ..methods.pe import PEMethod, calibrate_sigma
     from ..planning import declared_labels, plan_run
     from .generate import parse_sets
 
     cfg = load_config(config, parse_sets(set_ or []))
+    if canonical_name(cfg.method) == "synrag":  # the configured method's plan, not a PE one
+        _plan_synrag(cfg, as_json)
+        return
     sigma = None
     if no_data or records is not None:
         if records is None or records < 1:
@@ -59,6 +62,42 @@ def plan(
         typer.echo(line)
     if swamped:
         typer.echo(f"warning: {result.message}", err=True)
+
+
+def _plan_synrag(cfg: Any, as_json: bool) -> None:
+    """DP-SynRAG's plan (docs/methods.md §4): the clip c that meets the target and every
+    planned release with its noise, from the config alone (a build's releases do not depend
+    on the record count), accounted as the build will account them (zCDP)."""
+    from ..methods.synrag.accounting import planned_events, resolve_clip
+    from ..methods.synrag.method import SynRAG
+    from ..neighbours import mechanism_config
+    from ..privacy import Accountant
+
+    mcfg = mechanism_config(cfg)
+    scfg = SynRAG.settings(mcfg)
+    eps, delta = mcfg.privacy.epsilon, mcfg.privacy.delta
+    clip = resolve_clip(scfg, eps, delta)
+    acc = Accountant("zcdp")
+    acc.extend(planned_events(scfg, clip))
+    rows = acc.summary()
+    result = {"method": "synrag", "target_epsilon": cfg.privacy.epsilon,
+              "target_delta": cfg.privacy.delta, "clip": clip,
+              "planned_epsilon": acc.epsilon(delta), "accountant": "zcdp",
+              "releases": [{k: v for k, v in r.items() if k != "shifts"} for r in rows]}
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(f"DP-SynRAG build plan: ({cfg.privacy.epsilon:.4g}, {cfg.privacy.delta:.2g})-DP "
+               f"per {cfg.privacy.unit}, accounted with zCDP (docs/methods.md §4)")
+    typer.echo(f"  clip c = {clip:.4g} per document and private token (temperature "
+               f"{scfg.temperature:.4g}): the larger, the more a document's tokens count")
+    for r in rows:
+        noise = (f"noise sigma {r['sigma']:.4g} for sensitivity {r['sensitivity']:.4g}"
+                 if "sigma" in r else f"epsilon {r['epsilon']:.4g}" if "epsilon" in r
+                 else f"rho {r['rho']:.3g} each")
+        typer.echo(f"  {r['name']}: {r['count']} release(s), {noise}")
+    typer.echo(f"  planned epsilon {acc.epsilon(delta):.4g} at delta {delta:.2g}; every later "
+               "query of the knowledge base is free")
 
 
 def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None]:

@@ -16,6 +16,7 @@ from ...diagnostics import append_diagnostic
 from ...files import SHARED_MODE, write_jsonl
 from ...privacy.lattice import Lattice
 from ...run_folder import RunDir
+from .. import canonical_name
 from ..base import Job, Method, Outcome, PrivacyPlan
 from .accounting import cluster_events, resolve_clip, theorem1_epsilon, theorem1_rho
 from .clusters import (
@@ -66,6 +67,11 @@ class SynRAG(Method):
         self.output_dir = output_dir
 
     def check(self, config: RunConfig) -> None:
+        if canonical_name(config.method) != self.name:
+            raise ConfigError(
+                f"method: {config.method!r} names another method, and this command builds a "
+                "DP-SynRAG knowledge base: set method: synrag in the config (or run "
+                f"`dpsynth generate` for {config.method!r})")
         scfg = self.settings(config)
         if config.generators:
             check_stepper(scfg.stepper, str(config.generators[0].model))
@@ -81,6 +87,10 @@ class SynRAG(Method):
             check_vocabulary_public(config, self.output_dir)
         else:
             _resolve_vocabulary(config, self.source, self.output_dir)
+        if scfg.vocabulary != "tokenizer":  # public: a missing or empty list fails here,
+            from .keywords import load_vocabulary  # before any budget is reserved
+
+            load_vocabulary(self.settings(config).vocabulary, demo_seed=config.data.demo_seed)
 
     def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
         """The clip c calibrated so that Theorem 1 meets the (epsilon, delta) target."""
