@@ -217,3 +217,53 @@ def test_the_simulation_starts_its_own_ray_or_joins_the_configured_cluster() -> 
     assert parse_config({"method": "wasp"}).wasp.federated.ray_address == "local"
     with pytest.raises(ConfigError, match="wasp.federated.ray_address"):
         parse_config({"method": "wasp", "wasp": {"federated": {"ray_address": "cluster"}}})
+
+
+@pytest.mark.parametrize("sigma", [0.5, 3.0, 40.0])
+def test_the_round_clip_delta_bounds_every_plans_clip_probability(sigma: float) -> None:
+    """The delta a round adds (issue 43: the clipping event was stated but not added) is the
+    closed form 2 P dim Phi(-k), and bounds the clipping probability of the plan that a
+    round of any sigma gets, so it can be fixed before sigma is calibrated."""
+    from scipy.stats import norm
+
+    from dpsynth.federated.core import clip_probability_bound, plan_quantisation, round_clip_delta
+
+    parties, dim = 5, 24
+    beta = round_clip_delta(parties, dim)
+    assert beta == pytest.approx(2 * parties * dim * norm.sf(10.0), rel=1e-9)
+    plan = plan_quantisation(vote_bound=4.0, sigma=sigma, num_parties=parties)
+    assert clip_probability_bound(plan, sigma, parties, dim) <= beta * (1 + 1e-12)
+
+
+def test_federated_wasp_adds_every_rounds_clip_delta_to_its_statement() -> None:
+    """The planned rounds' clipping bound leaves the accountant's target and joins the stated
+    delta (a fake session of our own boundary returns the accountant's part)."""
+    from types import SimpleNamespace
+
+    from dpsynth.config import parse_config
+    from dpsynth.federated.core import round_clip_delta
+    from dpsynth.methods.base import Outcome
+    from dpsynth.methods.wasp import Wasp
+
+    raw = {"method": "wasp", "privacy": {"epsilon": 4.0, "delta": 1e-5},
+           "synthesis": {"iterations": 3, "max_candidates": 40},
+           "wasp": {"federated": {"parties": 4, "min_parties": 3}}}
+    cfg = parse_config(raw)
+    beta = 3 * round_clip_delta(4, 80)
+    assert beta > 0 and Wasp().delta_outside(cfg) == pytest.approx(beta)
+    targets = []
+
+    def statement(unit: str, target: tuple[float, float]) -> dict:
+        targets.append(target)
+        return {"epsilon": 3.9, "delta": target[1], "target_delta": target[1]}
+
+    class Visible(Wasp):  # beta itself (~1e-20) vanishes next to 1e-5 in floating point
+        def delta_outside(self, config: object) -> float:
+            return 1e-6
+
+    job = SimpleNamespace(config=cfg, session=SimpleNamespace(statement=statement))
+    out = Visible().guarantee_statement(job, Outcome({}))  # type: ignore[arg-type]
+    assert targets == [(4.0, pytest.approx(9e-6))]
+    assert out["delta"] == pytest.approx(1e-5) and out["target_delta"] == 1e-5
+    raw["wasp"]["federated"]["parties"] = 0
+    assert Wasp().delta_outside(parse_config(raw)) == 0.0

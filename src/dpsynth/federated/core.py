@@ -30,8 +30,10 @@ is charged by the KLS bound for the fewest parties that can be in the sum
 (``DistributedDiscreteGaussianEvent``). The one event outside it: a party's value clipped at C,
 which needs its noise to exceed k standard deviations; its probability in a round is at most
 ``clip_probability_bound`` = 2 * P * dim * Phi(-k) (about 1.5e-23 per coordinate for k = 10;
-the discrete Gaussian's tails are no heavier than the continuous one's), stated beside the
-round and not added to delta.
+the discrete Gaussian's tails are no heavier than the continuous one's). A round is therefore
+(epsilon, delta + beta)-DP with beta that bound; the run adds beta for every planned round to
+its delta (:func:`round_clip_delta`, ``Wasp.delta_outside``), from public inputs only (C is
+at least B + k sigma / sqrt(P) by construction, so beta does not depend on sigma).
 """
 
 from __future__ import annotations
@@ -208,6 +210,15 @@ def clip_probability_bound(plan: QuantisationPlan, sigma: float, num_parties: in
         return 0.0
     z = margin / (sigma / math.sqrt(num_parties))
     tail = 0.5 * math.erfc(z / math.sqrt(2.0))
+    return min(1.0, 2.0 * num_parties * dim * tail)
+
+
+def round_clip_delta(num_parties: int, dim: int,
+                     noise_bound_sds: float = DEFAULT_NOISE_BOUND_SDS) -> float:
+    """A bound on a round's clipping probability that holds for every sigma of a plan whose
+    C was chosen by :func:`plan_quantisation` (C >= B + k sigma / sqrt(P)): 2 P dim Phi(-k),
+    the delta a round adds beside its KLS accounting."""
+    tail = 0.5 * math.erfc(noise_bound_sds / math.sqrt(2.0))
     return min(1.0, 2.0 * num_parties * dim * tail)
 
 

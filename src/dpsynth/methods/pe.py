@@ -26,7 +26,8 @@ def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
     """The noise multiplier that meets the target (epsilon, delta) over all planned releases.
 
     ``spent``: events already released (label-domain discovery), composed with the plan;
-    ``delta_used``: delta already taken outside the accountant (discovery's threshold)."""
+    ``delta_used``: delta already taken outside the accountant (discovery's threshold); the
+    method's own :meth:`PEMethod.delta_outside` is left out of the target too."""
     if math.isinf(config.privacy.epsilon):
         return 0.0
     if method.vote_releases(config, n_labels) == 0:
@@ -34,7 +35,7 @@ def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
     from ..privacy import calibrate_gaussian_sigma
 
     return float(calibrate_gaussian_sigma(
-        config.privacy.epsilon, config.privacy.delta - delta_used,
+        config.privacy.epsilon, config.privacy.delta - delta_used - method.delta_outside(config),
         lambda s: [*spent, *method.planned_events(config, n_labels, s)],
         kind=config.privacy.accountant,
     ))
@@ -139,6 +140,12 @@ class PEMethod(Method):
         (epsilon, delta) target over ``planned_events``."""
         return None
 
+    def delta_outside(self, config: RunConfig) -> float:
+        """Delta taken by events the accountant does not model (a bound on their probability,
+        from public inputs; e.g. federated WASP's clipping at SecAgg+'s range): left out of
+        the accountant's target and added to the stated delta. 0 by default."""
+        return 0.0
+
     def ledger_details(self, config: RunConfig) -> dict[str, Any]:
         """Public details recorded in the ledger with a run that states no (epsilon, delta)."""
         return {"method": self.name}
@@ -167,7 +174,8 @@ class PEMethod(Method):
         delta_used = config.data.label_domain_delta if discover else 0.0
         target = None
         if guarantee == "dp":
-            target = (config.privacy.epsilon, config.privacy.delta - delta_used)
+            target = (config.privacy.epsilon,
+                      config.privacy.delta - delta_used - self.delta_outside(config))
         return PrivacyPlan(guarantee, sigma, config.privacy.accountant, target,
                            ledger=self.ledger_details(config),
                            notes={"discover": discover, "delta_used": delta_used})
@@ -241,7 +249,8 @@ class PEMethod(Method):
                     "accountant": cfg.privacy.accountant, "noise": "none", "mechanisms": [],
                     "note": "NOT PRIVATE: epsilon = inf releases noise-free votes"}
         domain = outcome.facts.get("domain")
-        extra_delta = domain.extra_delta if domain is not None else 0.0
+        extra_delta = (domain.extra_delta if domain is not None else 0.0) \
+            + self.delta_outside(cfg)
         statement = job.session.statement(cfg.privacy.unit,
                                           (cfg.privacy.epsilon, cfg.privacy.delta - extra_delta))
         if extra_delta:  # (eps, delta_acc) from the accountant plus the discovery threshold

@@ -322,6 +322,18 @@ class Wasp(PEMethod):
         """A record's Top-Q near votes: sum_{q<Q} 2^-q (:mod:`dpsynth.planning`)."""
         return 2.0 * (1.0 - 2.0 ** -self.settings(config).top_q)
 
+    def delta_outside(self, config: RunConfig) -> float:
+        """Federated rounds: the probability that a party's noisy value is clipped at
+        SecAgg+'s range C, which the KLS accounting does not model, summed over the rounds
+        (:func:`dpsynth.federated.core.round_clip_delta`); 0 when not federated."""
+        fed = self.settings(config).federated
+        if not fed.parties:
+            return 0.0
+        from ..federated.core import round_clip_delta
+
+        return config.synthesis.iterations * round_clip_delta(
+            fed.parties, 2 * config.synthesis.max_candidates)
+
     def vote_noise(self, config: RunConfig, sigma: float) -> float:
         """Top-Q's joint sensitivity times the noise multiplier."""
         return sigma * topq_sensitivity(self.settings(config).top_q)
