@@ -29,7 +29,11 @@ def _spec(model: str) -> str | dict[str, Any]:
 @group.command("serve")
 def serve_cmd(
     model: str = typer.Option("smollm2", help="smollm2, gemma3, a model directory or JSON spec"),
-    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default; any "
+                             "other address needs --api-key)"),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help="Every request must send 'Authorization: Bearer KEY' (the "
+        "openai client's api_key); required off loopback; default $DPSYNTH_API_KEY"),
     port: int = typer.Option(8000, help="TCP port"),
     batch_size: int = typer.Option(8, help="Local batch size of direct generate calls"),
     max_batch: int = typer.Option(
@@ -62,16 +66,16 @@ def serve_cmd(
 
     for module in ("fastapi", "uvicorn"):
         require(module, "serve", "`dpsynth llm serve`")
+    from ..api_key import server_api_key
     from ..llm.server import serve
 
+    key = server_api_key(host, api_key)  # refused off loopback without a key, before loading
     spec = _spec(model)
     kwargs: dict[str, Any] = {"batch_size": batch_size} if isinstance(spec, str) else {}
     gen = load_generator(spec, **kwargs)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        typer.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
     serve(gen, host=host, port=port, model_id=served_model_name, max_body_bytes=max_body_bytes,
           max_batch_requests=max_batch, max_pending=max_pending, queue_timeout_s=queue_timeout,
-          default_max_tokens=default_max_tokens)
+          default_max_tokens=default_max_tokens, api_key=key)
 
 
 @group.command("generate")

@@ -100,17 +100,19 @@ def serve(
     = 8,
     queue_timeout: Annotated[float, typer.Option(
         "--queue-timeout", min=0.1, help="seconds a question may wait for the model")] = 30.0,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", help="every request must send 'Authorization: Bearer KEY'; required "
+        "off loopback; default $DPSYNTH_API_KEY")] = None,
 ) -> None:
     """Serve the KB as a JSON API: GET /health, POST /ask {"question": ..., "k": 3}."""
-    from ..rag.service import is_loopback, kb_app, require_serving
+    from ..api_key import server_api_key
+    from ..rag.service import kb_app, require_serving
     from ..rag.service import serve as run_server
 
     require_serving()  # before any model loads
-    app = kb_app(kb, max_pending=max_pending, queue_timeout=queue_timeout)
-    if not is_loopback(host):
-        typer.echo(f"warning: serving on {host} makes the API reachable from other machines",
-                   err=True)
-    run_server(kb, host, port, app=app)
+    key = server_api_key(host, api_key)  # refused off loopback without a key
+    app = kb_app(kb, max_pending=max_pending, queue_timeout=queue_timeout, api_key=key)
+    run_server(kb, host, port, app=app, api_key=key)
 
 
 def register(root: typer.Typer) -> None:

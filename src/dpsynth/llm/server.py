@@ -65,6 +65,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..api_key import require_api_key, server_api_key
 from . import openai_api as api
 from .base import (
     Completion,
@@ -413,8 +414,12 @@ def create_app(
     queue_timeout_s: float = 60.0,
     retry_after_s: float = 1.0,
     default_max_tokens: int = 512,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``generator`` (see the module docstring).
+
+    ``api_key``: every request must carry ``Authorization: Bearer api_key`` (401 in OpenAI's
+    error shape otherwise; :mod:`dpsynth.api_key`).
 
     ``model_id`` is the served model name (default: the generator's ``model_id``, else its
     ``name`` without the ``backend:`` prefix). ``max_batch`` bounds the completions of one
@@ -654,6 +659,8 @@ def create_app(
     async def completions(request: Request) -> Any:
         return await answer(request, chat=False)
 
+    require_api_key(app, api_key, lambda message: api.error_body(
+        message, "invalid_request_error", None, "invalid_api_key"))
     return app
 
 
@@ -683,11 +690,15 @@ def serve(
     queue_timeout_s: float = 60.0,
     default_max_tokens: int = 512,
     log_level: str = "info",
+    api_key: str | None = None,
 ) -> None:
-    """Run the server with uvicorn until interrupted (loopback by default)."""
+    """Run the server with uvicorn until interrupted (loopback by default; any other host
+    needs an API key: :func:`dpsynth.api_key.server_api_key`)."""
     import uvicorn
 
+    key = server_api_key(host, api_key)
     app = create_app(generator, model_id=model_id, max_body_bytes=max_body_bytes,
                      max_batch_requests=max_batch_requests, max_pending=max_pending,
-                     queue_timeout_s=queue_timeout_s, default_max_tokens=default_max_tokens)
+                     queue_timeout_s=queue_timeout_s, default_max_tokens=default_max_tokens,
+                     api_key=key)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

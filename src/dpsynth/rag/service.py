@@ -17,7 +17,6 @@ At start-up the knowledge base's index dimension must match the embedder's
 """
 
 
-import ipaddress
 import json
 import logging
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..api_key import require_api_key, server_api_key
 from ..errors import ConfigError, require
 
 log = logging.getLogger("dpsynth.rag")
@@ -62,8 +62,10 @@ class _Busy(Exception):
 
 def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
                max_body_bytes: int = MAX_BODY_BYTES, max_pending: int = MAX_PENDING,
-               queue_timeout: float = QUEUE_TIMEOUT, retry_after: int = RETRY_AFTER_S) -> Any:
-    """The FastAPI app; ``answerer.ask(question, k) -> dict``."""
+               queue_timeout: float = QUEUE_TIMEOUT, retry_after: int = RETRY_AFTER_S,
+               api_key: str | None = None) -> Any:
+    """The FastAPI app; ``answerer.ask(question, k) -> dict``; with ``api_key`` every
+    request must carry ``Authorization: Bearer api_key`` (:mod:`dpsynth.api_key`)."""
     require("fastapi", "rag", "`dpsynth rag serve`")
     import anyio.from_thread
     from fastapi import FastAPI, HTTPException, Request
@@ -138,16 +140,8 @@ def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
         finally:
             _leave()
 
+    require_api_key(app, api_key, lambda message: {"detail": message})
     return app
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def embedder_dim(embedder: Any) -> int:
@@ -180,7 +174,7 @@ def check_dimensions(kb: Any, embedder: Any, where: Any = "the knowledge base") 
 
 def kb_app(kb_dir: Any, *, generator: Any = None, embedder: Any = None,
            max_body_bytes: int = MAX_BODY_BYTES, max_pending: int = MAX_PENDING,
-           queue_timeout: float = QUEUE_TIMEOUT) -> Any:
+           queue_timeout: float = QUEUE_TIMEOUT, api_key: str | None = None) -> Any:
     """The app over a built KB (reads only its release/ folder). Raises ConfigError, before
     any generator is loaded, when the index dimension does not match the embedder."""
     from .answer import open_answerer, privacy_of, release_dir
@@ -199,15 +193,17 @@ def kb_app(kb_dir: Any, *, generator: Any = None, embedder: Any = None,
             "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
             "method": priv.get("method")}
     return create_app(answerer, info, max_body_bytes=max_body_bytes, max_pending=max_pending,
-                      queue_timeout=queue_timeout)
+                      queue_timeout=queue_timeout, api_key=api_key)
 
 
 def serve(kb_dir: Any, host: str = "127.0.0.1", port: int = 8000, *, app: Any = None,
-          max_pending: int = MAX_PENDING, queue_timeout: float = QUEUE_TIMEOUT) -> None:
-    """Run the API with uvicorn (blocking); ``app`` defaults to :func:`kb_app` of ``kb_dir``."""
+          max_pending: int = MAX_PENDING, queue_timeout: float = QUEUE_TIMEOUT,
+          api_key: str | None = None) -> None:
+    """Run the API with uvicorn (blocking); ``app`` defaults to :func:`kb_app` of ``kb_dir``
+    (an ``app`` given must have been built with the key); any host but loopback needs an API
+    key (:func:`dpsynth.api_key.server_api_key`)."""
     uvicorn = require("uvicorn", "rag", "`dpsynth rag serve`")
-    if not is_loopback(host):
-        log.warning("serving on %s: reachable from other machines", host)
+    key = server_api_key(host, api_key)
     if app is None:
-        app = kb_app(kb_dir, max_pending=max_pending, queue_timeout=queue_timeout)
+        app = kb_app(kb_dir, max_pending=max_pending, queue_timeout=queue_timeout, api_key=key)
     uvicorn.run(app, host=host, port=port, log_level="warning")
