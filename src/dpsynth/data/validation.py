@@ -14,6 +14,11 @@ import pandas as pd
 from .problems import DataProblem, ProblemsByKind
 from .readers import Table
 
+#: characters refused in a text, label or user id: NUL and the other C0 controls but tab,
+#: line feed and carriage return, DEL and the C1 controls (they break CSV and JSON tools
+#: downstream and hide text from a reader; a NUL cuts a C string short)
+CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+
 
 def column_spec_problems(
     name: str, text: str, labels: Sequence[str], user: str | None
@@ -93,6 +98,13 @@ class Collector:
                 for i in np.flatnonzero(lengths > mc)))
         kinds = [*((c, "label") for c in self.labels), *([(self.user, "user id")]
                                                           if self.user else [])]
+        for col, kind in [(text, "text"), *kinds]:
+            control = table.columns[col].fillna("").astype(str).str.contains(CONTROL, regex=True)
+            self.errors.add(f"control characters in {col!r}", (
+                DataProblem(name, int(rows[i]), col,
+                            f"the {kind} holds a control character (NUL or another C0/C1 code "
+                            "other than tab and line breaks); remove it from the file")
+                for i in np.flatnonzero(control.to_numpy(dtype=bool))))
         for col, kind in kinds:
             s = table.columns[col]
             empty = (s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)

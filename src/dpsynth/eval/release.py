@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,9 +219,12 @@ def read_columns(path: Path, columns: list[str], limit: int | None = None) -> di
 
 
 def load_test_data(
-    path: str | Path, text: str, labels: list[str], synthetic: LabeledTexts
+    path: str | Path, text: str, labels: list[str], synthetic: LabeledTexts,
+    domain: Mapping[str, list[str]] | None = None,
 ) -> tuple[LabeledTexts, list[str]]:
-    """Load the real test file; its label columns must be the synthetic data's.
+    """Load the real test file; its label columns must be the synthetic data's, and a value
+    outside the run's label ``domain`` (:func:`run_label_domain`) is refused by row (it would
+    be scored as a class the run could never produce).
 
     Returns the data and notes (e.g. label values seen in only one of the two sets).
     """
@@ -246,7 +250,9 @@ def load_test_data(
             "pass --label to choose the label columns"
         )
     try:
-        ds = load_dataset(p, text, labels=labels, on_duplicate="ignore", max_chars=None)
+        ds = load_dataset(p, text, labels=labels, on_duplicate="ignore", max_chars=None,
+                          label_values={c: v for c, v in (domain or {}).items()
+                                        if c in labels} or None)
     except DataError as err:
         raise EvalInputError(str(err)) from None
     notes: list[str] = []
@@ -270,6 +276,19 @@ def load_test_data(
                 f"data ({_show(only_test)})"
             )
     return LabeledTexts(ds.texts, {c: ds.labels[c] for c in labels}), notes
+
+
+def run_label_domain(release: RunRelease, columns: list[str]) -> dict[str, list[str]]:
+    """The label domain of a run per column: the declared values of its config, else (a
+    discovered domain, released) the values its synthetic data holds."""
+    from ..config import ConfigError, parse_config
+
+    try:
+        declared = parse_config(release.config).data.declared_label_values()
+    except (ConfigError, ValueError, OSError):
+        declared = {}
+    return {c: declared.get(c) or sorted(set(release.synthetic.labels.get(c, [])))
+            for c in columns}
 
 
 def _show(values: set[str], n: int = 8) -> str:

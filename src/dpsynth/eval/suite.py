@@ -58,7 +58,7 @@ from . import audits as au
 from . import fidelity as fi
 from . import utility as ut
 from .common import EvalInputError, guarded, unavailable
-from .release import LabeledTexts, load_private_data, load_run, load_test_data
+from .release import LabeledTexts, load_private_data, load_run, load_test_data, run_label_domain
 from .view import NOT_GIVEN, verdict, versus_zero_shot
 
 Classifier = Literal["logreg", "finetune", "both"]
@@ -286,7 +286,8 @@ def evaluate_run(
             notes.append("test data: the built-in demo corpus's test split")
         else:
             raise EvalInputError("give the real test data with --test FILE")
-    test, test_notes = load_test_data(test_path, text_col, label_cols, release.synthetic)
+    test, test_notes = load_test_data(test_path, text_col, label_cols, release.synthetic,
+                                      run_label_domain(release, label_cols))
     notes += test_notes
     zero_shot, zs_source = release.zero_shot, "release/zero_shot.jsonl"
     if o.zero_shot_run is not None:
