@@ -197,3 +197,32 @@ def test_set_on_a_finished_run_says_it_changes_nothing(env: dict[str, Any]) -> N
     msg = refused(generate(env, "r1", "generators.0.timeout_s=30", resume=True))
     assert "already finished" in msg and "changes nothing" in msg
     assert generate(env, "r1", resume=True).exit_code == 0  # a plain resume: nothing to do
+
+
+def test_the_rag_build_is_charged_and_refused_at_the_cap(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DP-SynRAG's build reserves on the same ledger and meets the same cap (fakes)."""
+    from dpsynth.config import parse_config
+    from dpsynth.privacy import BudgetRefusedError
+    from dpsynth.rag.build import build_kb
+    from fakes import FakeEmbedder, FakeGenerator
+    from test_release_check import private_rows, rag_config, write_csv
+
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
+    data = write_csv(tmp_path / "docs.csv", private_rows(40))
+    cfg = rag_config(data)
+    cfg["privacy"].update(epsilon=3.0, total_epsilon=5.0, noise="secure")
+    for key in ("ledger", "seed"):
+        cfg["privacy"].pop(key, None)
+
+    def build(out: str) -> Path:
+        return Path(build_kb(parse_config(cfg), tmp_path / out,
+                             generator=FakeGenerator("fake-g0"), embedder=FakeEmbedder()))
+
+    build("kb1")
+    res = cli("budget", "show", "--json")
+    (src,) = json.loads(res.stdout)["sources"]
+    assert src["epsilon"] == pytest.approx(3.0, abs=1e-6) and src["total_epsilon"] == 5.0
+    with pytest.raises(BudgetRefusedError, match="total is epsilon=5"):
+        build("kb2")
+    assert not (tmp_path / "kb2").exists()
