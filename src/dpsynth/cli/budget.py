@@ -56,7 +56,7 @@ def show(
     if as_json:
         typer.echo(json.dumps({"ledger": str(book.path), "sources": sources}))
         return
-    console = Console()
+    console = Console(soft_wrap=False)
     if not sources:
         console.print(f"No data source recorded in {book.path}")
         return
@@ -66,7 +66,7 @@ def show(
         capd = f" of {_num(src['total_delta'], 'g')}" if src["total_delta"] is not None else ""
         table = Table(title=f"{_label(src)}  [dim]{src['source']}[/dim]", title_justify="left")
         for col in ("run", "status", "guarantee", "unit", "epsilon", "delta", "updated"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")  # wrap a long name or path, never cut it
         for e in src["runs"]:
             eps, dl = counted(e)
             table.add_row(str(e["run_id"]), str(e.get("status", "")),

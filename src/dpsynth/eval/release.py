@@ -279,16 +279,22 @@ def load_test_data(
 
 
 def run_label_domain(release: RunRelease, columns: list[str]) -> dict[str, list[str]]:
-    """The label domain of a run per column: the declared values of its config, else (a
-    discovered domain, released) the values its synthetic data holds."""
+    """The label domain of a run per column, where it is known: the declared values of its
+    config, else the values a discovered domain released (privacy.json's ``label_domain``);
+    a column with neither is left out (nothing to check against)."""
     from ..config import ConfigError, parse_config
 
     try:
         declared = parse_config(release.config).data.declared_label_values()
     except (ConfigError, ValueError, OSError):
         declared = {}
-    return {c: declared.get(c) or sorted(set(release.synthetic.labels.get(c, [])))
-            for c in columns}
+    found = ((release.privacy or {}).get("label_domain") or {}).get("values") or {}
+    out: dict[str, list[str]] = {}
+    for c in columns:
+        values = declared.get(c) or found.get(c)
+        if values:
+            out[c] = [str(v) for v in values]
+    return out
 
 
 def _show(values: set[str], n: int = 8) -> str:

@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..files import atomic_write_json, read_jsonl
+from ..files import SHARED_MODE, atomic_write_json, read_jsonl
 from . import audits as au
 from . import fidelity as fi
 from . import utility as ut
@@ -391,7 +391,7 @@ def evaluate_run(
     if write:
         shareable, reference = split_private(result)
         release.eval_dir.mkdir(exist_ok=True)
-        atomic_write_json(release.eval_dir / "eval.json", shareable)
+        atomic_write_json(release.eval_dir / "eval.json", shareable, mode=SHARED_MODE)
         if reference is not None:
             release.audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             atomic_write_json(release.audit_dir / REFERENCE_FILE, reference, mode=0o600)
