@@ -343,7 +343,7 @@ def build_config(data: Any, output: Path, *, method: str, text: str,
         staged = records_table(data, [str(c) for c in wanted])
         section["path"] = str(Path(output).resolve() / STAGED_INPUT)
     cfg = parse_config(raw, "generate()").resolve_paths(Path.cwd())
-    cfg.data._staged_records = staged  # written into the run by run_dataset.load_run_data
+    cfg.data.stage_records(staged)  # written into the run by run_dataset.load_run_data
     return cfg
 
 

@@ -122,6 +122,15 @@ class DataConfig(Section):
     # ``path`` in the run's private area when the run starts; never part of config.yaml
     _staged_records: Any = PrivateAttr(default=None)
 
+    def stage_records(self, table: Any) -> None:
+        """Keep records given in memory for the run to write into its private area."""
+        self._staged_records = table
+
+    @property
+    def staged_records(self) -> Any:
+        """The records given in memory (a pyarrow Table), or None."""
+        return self._staged_records
+
     @field_validator("label_values", mode="before")
     @classmethod
     def _values_as_strings(cls, value: Any) -> Any:

@@ -66,7 +66,7 @@ def write_staged_records(config: RunConfig) -> None:
 
     from .files import atomic_write_bytes
 
-    table = config.data._staged_records
+    table = config.data.staged_records
     path = Path(config.data.path)
     if table is None or path.is_file():
         return

@@ -313,6 +313,12 @@ class PrivateData:
     demo_test: Path | None = None
     _tmp: Any = None
 
+    def close(self) -> None:
+        """Remove the temporary folder the demo corpus was written to (if any)."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
 
 PII_HINTS = ("name", "phone", "mail", "tel", "mobile", "ssn", "address")
 

@@ -398,8 +398,8 @@ def evaluate_run(
         if audit is not None:
             release.audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             atomic_write_json(release.audit_dir / "audit.json", audit, mode=0o600)
-    if private is not None and private._tmp is not None:
-        private._tmp.cleanup()
+    if private is not None:
+        private.close()
     return result, audit
 
 
@@ -514,8 +514,7 @@ def audit_run(
             "note": AUDIT_NOTE,
         }
     finally:
-        if private._tmp is not None:
-            private._tmp.cleanup()
+        private.close()
     if write:
         release.audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write_json(release.audit_dir / "audit.json", audit, mode=0o600)

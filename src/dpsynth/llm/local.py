@@ -309,7 +309,9 @@ class LocalGenerator:
             return str(text), request.params.stop, True
         return render_chat_fallback(request.prompt), request.params.stop + FALLBACK_STOPS, True
 
-    def _pad_left(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def pad_left(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token rows left-padded to the longest: (ids, attention mask), int64 [B, width]
+        (the steppers open their rows with it too)."""
         import torch
 
         width = max(len(r) for r in rows)
@@ -395,7 +397,7 @@ class LocalGenerator:
         import torch
         from transformers import GenerationConfig
 
-        ids, mask = self._pad_left(prompts)
+        ids, mask = self.pad_left(prompts)
         sample = params.temperature > 0
         cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
@@ -475,7 +477,7 @@ class LocalGenerator:
 
         if not rows or any(len(r) == 0 for r in rows):
             raise ValueError("next_token_logits: every prompt must have at least one token")
-        ids, mask = self._pad_left(rows)
+        ids, mask = self.pad_left(rows)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
             logits, _ = self.forward_last(

@@ -258,7 +258,7 @@ class OpenVinoStepper(SharedTokenStepper):
             p = 0
             rows = [gen.encode_prompt(x) for x in prompts]
             beams = np.arange(b, dtype=np.int32)
-        ids, valid = gen._pad_left(rows)
+        ids, valid = gen.pad_left(rows)
         valid = valid.numpy().astype(bool)
         pos = p + np.clip(valid.cumsum(-1) - 1, 0, None)
         self._infer(ids.numpy(), _prefill_mask(p, valid), pos, beams)

@@ -141,7 +141,7 @@ class Stepper(SharedTokenStepper):
                     position_ids=torch.arange(len(prefix)).unsqueeze(0),
                 )
                 cache.batch_repeat_interleave(self.batch_size)
-                ids, smask = gen._pad_left(rows)
+                ids, smask = gen.pad_left(rows)
                 pmask = torch.ones((self.batch_size, len(prefix)), dtype=torch.long)
                 mask = torch.cat([pmask, smask], dim=1)
                 pos = len(prefix) + (smask.cumsum(-1) - 1).clamp(min=0)
@@ -150,7 +150,7 @@ class Stepper(SharedTokenStepper):
                 self._length = len(prefix) + max(len(r) for r in rows)
             else:
                 rows = [gen.encode_prompt(p) for p in prompts]
-                ids, mask = gen._pad_left(rows)
+                ids, mask = gen.pad_left(rows)
                 pos = (mask.cumsum(-1) - 1).clamp(min=0)
                 hidden, cache = self._forward(None, input_ids=ids, attention_mask=mask,
                                               position_ids=pos)

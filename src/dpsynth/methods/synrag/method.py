@@ -35,10 +35,10 @@ from .config import (
 from .pipeline import (
     Corpus,
     Notice,
-    _resolve_vocabulary,
     check_vocabulary_public,
     generate_clusters,
     load_models,
+    resolve_vocabulary,
 )
 from .retrieval import centre_sigma
 
@@ -86,7 +86,7 @@ class SynRAG(Method):
         if self.source is None:
             check_vocabulary_public(config, self.output_dir)
         else:
-            _resolve_vocabulary(config, self.source, self.output_dir)
+            resolve_vocabulary(config, self.source, self.output_dir)
         if scfg.vocabulary != "tokenizer":  # public: a missing or empty list fails here,
             from .keywords import load_vocabulary  # before any budget is reserved
 

@@ -61,7 +61,7 @@ class Notice:
             (log.warning if warn else log.info)("[private] %s", message)
 
 
-def _resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path,
+def resolve_vocabulary(cfg: RunConfig, config: RunConfig | str | Path,
                         output_dir: str | Path | None = None) -> None:
     """A vocabulary file named in the config is relative to the config file's folder (set in
     place, so the stored config.yaml holds the absolute path); then
