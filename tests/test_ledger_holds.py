@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dpsynth.identity import normalise_record, text_sketch
+from dpsynth.identity import DataIdentity, normalise_record, text_sketch
+from dpsynth.privacy.ledger import BudgetLedger, OtherFolderError, check_folder
 from dpsynth.run_folder import RunDir
 from test_budget_bypass import _crashed_run, _rows, cli, env, generate, refused, sources  # noqa: F401
 
@@ -49,6 +50,7 @@ def test_normalised_records_ignore_case_spacing_and_end_punctuation() -> None:
     assert normalise_record("Straße") == normalise_record("STRASSE")  # case-folded
     assert normalise_record("a  b\tc") == "a b c"
     assert normalise_record("keep, inner. punctuation") == "keep, inner. punctuation"
+    assert normalise_record("zero\u200bwidth soft\u00adhyphen\ufeff") == "zerowidth softhyphen"
     key = b"k" * 32
     texts = ["First record.", "second RECORD ", "third"]
     edited = ["FIRST RECORD", "second record.", " Third !"]
@@ -60,6 +62,7 @@ EDITS = {
     "trailing-space": lambda t: t + " ",
     "full-stop": lambda t: t + ".",
     "upper-case": str.upper,
+    "zero-width": lambda t: t.replace(" ", " \u200b"),
 }
 
 
@@ -226,3 +229,166 @@ def test_the_rag_build_is_charged_and_refused_at_the_cap(tmp_path: Path,
     with pytest.raises(BudgetRefusedError, match="total is epsilon=5"):
         build("kb2")
     assert not (tmp_path / "kb2").exists()
+
+
+def test_a_parquet_copy_is_the_same_source(env: dict[str, Any]) -> None:  # noqa: F811
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    _capped(env)
+    assert generate(env, "r1").exit_code == 0
+    table = pd.read_csv(env["data"])
+    copy = env["tmp"] / "copy.parquet"
+    table.iloc[::-1].assign(text=table["text"].iloc[::-1] + " .").to_parquet(copy)
+    msg = refused(generate(env, "r2", config=_config_for(env, copy, "parquet.yaml")))
+    assert "matched by overlap" in msg and "total is epsilon=2" in msg
+
+
+# ------------------------------------------------------------- one reservation, one release
+def test_a_backup_restored_in_place_cannot_resume(env: dict[str, Any]) -> None:  # noqa: F811
+    """The folder's contents restored from a backup into the same folder: the same path and
+    the same directory (device, inode), so these alone take it for the original (as does
+    `rm -r RUN && cp -r BACKUP RUN` where ext4 hands out the freed inode numbers again). The
+    anchor file's inode and inode change time, which no copy carries, tell them apart."""
+    run = _crashed_run(env, "r1")
+    backup = env["tmp"] / "backup"
+    shutil.copytree(run, backup)  # taken while the run was interrupted
+    before = RunDir(run).folder_identity()
+    assert generate(env, "r1", resume=True).exit_code == 0  # the original releases once
+    for child in run.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    shutil.copytree(backup, run, dirs_exist_ok=True)
+    after = RunDir(run).folder_identity()
+    assert {k: after[k] for k in ("path", "device", "inode")} == {
+        k: before[k] for k in ("path", "device", "inode")}
+    assert after["anchor"]["nonce"] == before["anchor"]["nonce"]  # the bytes are carried
+    assert after["anchor"] != before["anchor"]
+    msg = refused(generate(env, "r1", resume=True))
+    assert "reserved by the run folder" in msg and "start a new run" in msg
+    assert "--resume (run folder" not in msg  # not told to resume what cannot be resumed
+    assert not (run / "release" / "synthetic.jsonl").exists()
+    (src,) = sources(env)
+    assert [e["status"] for e in src["runs"]] == ["settled"]
+    assert src["epsilon"] == pytest.approx(2.0, abs=1e-3)
+
+
+def test_a_settled_run_never_releases_again(env: dict[str, Any]) -> None:  # noqa: F811
+    """The original folder itself, its entry settled but run.json not saying finished (a stop
+    between the ledger's settle and the status, or an old run.json put back): refused."""
+    assert generate(env, "r1").exit_code == 0
+    meta_path = env["tmp"] / "r1" / "run.json"
+    meta = json.loads(meta_path.read_text())
+    meta["status"] = "failed"
+    meta_path.write_text(json.dumps(meta))
+    msg = refused(generate(env, "r1", resume=True))
+    assert "already settled" in msg and "cannot be resumed" in msg
+
+
+def test_a_copy_of_a_run_that_never_reserved_cannot_reserve_it_too(env: dict[str, Any]) -> None:  # noqa: F811
+    """A run killed before its reservation, copied: whichever folder resumes first reserves
+    the run, bound to itself; the other is refused (and two processes racing are refused
+    under the ledger's lock: the reservation itself checks the folder)."""
+    from dpsynth.runner import open_run
+
+    run, _, _ = open_run(env["cfg"], env["tmp"] / "r1", resume=False)
+    copy = env["tmp"] / "r1-copy"
+    shutil.copytree(run.root, copy)
+    assert generate(env, "r1-copy", resume=True).exit_code == 0
+    msg = refused(generate(env, "r1", resume=True))
+    assert "reserved by the run folder" in msg and str(copy.resolve()) in msg
+    (src,) = sources(env)
+    assert len(src["runs"]) == 1 and src["epsilon"] == pytest.approx(2.0, abs=1e-3)
+
+
+def test_the_ledger_binds_a_reservation_to_one_folder(tmp_path: Path) -> None:
+    """The ledger's own check, as two processes racing to reserve one run would meet it."""
+    book = BudgetLedger(tmp_path / "ledger.json")
+    data = DataIdentity(name="src", content="c" * 64, records="r" * 64, sketch=())
+    here, there = (RunDir(tmp_path / n) for n in ("here", "there"))
+    for run in (here, there):
+        run.create("method: aug_pe\n", "aug_pe")
+    book.reserve(data, "run-1", 1.0, 1e-6, folder=here.folder_identity())
+    book.reserve(data, "run-1", 1.0, 1e-6, folder=here.folder_identity())  # its own resume
+    for folder in (there.folder_identity(), None):
+        with pytest.raises(OtherFolderError, match="reserved by the run folder"):
+            book.reserve(data, "run-1", 1.0, 1e-6, folder=folder)
+    book.record_run(data, "run-2", "none", folder=here.folder_identity())
+    with pytest.raises(OtherFolderError):
+        book.record_run(data, "run-2", "none", folder=there.folder_identity())
+    assert len(book.run_entries("run-1")) == 1
+    assert book.run_entries("run-1")[0]["folder"] == here.folder_identity()
+
+
+def test_a_method_with_an_unknown_guarantee_is_never_run_uncharged(env: dict[str, Any]) -> None:  # noqa: F811
+    """Fail closed: a plan whose guarantee the ledger does not know is refused, not run."""
+    from dpsynth.errors import ConfigError
+    from dpsynth.methods.aug_pe import AugPE
+    from dpsynth.runner import RunOptions, run_method
+    from fakes import FakeEmbedder, FakeGenerator
+
+    class Unknown(AugPE):
+        def plan(self, config: Any, dataset: Any, run: Any) -> Any:
+            plan = super().plan(config, dataset, run)
+            plan.guarantee = "approximate"
+            return plan
+
+    with pytest.raises(ConfigError, match="cannot charge"):
+        run_method(env["cfg"], env["tmp"] / "odd", method=Unknown(), options=RunOptions(
+            progress=False, generators=[FakeGenerator("fake-g0")], embedder=FakeEmbedder()))
+    assert not (env["tmp"] / "odd" / "release" / "synthetic.jsonl").exists()
+    assert all(src["runs"] == [] for src in sources(env))
+
+
+def test_a_federated_run_reserves_through_the_same_path(env: dict[str, Any]) -> None:  # noqa: F811
+    """Federated WASP is charged by the runner before any party or Ray cluster is reached: on
+    a spent source it is refused (the Ray address here answers nobody)."""
+    _capped(env)
+    assert generate(env, "r1").exit_code == 0
+    cfg = _config_for(env, env["data"], "fed.yaml", method="wasp",
+                      wasp={"federated": {"parties": 3, "ray_address": "127.0.0.1:9"}})
+    msg = refused(generate(env, "r2", config=cfg))
+    assert "privacy budget of data source" in msg and "total is epsilon=2" in msg
+    assert not (env["tmp"] / "r2").exists()
+
+
+def test_the_report_reads_a_killed_run_as_interrupted(tmp_path: Path) -> None:
+    """eval's load_run reads run.json itself: a run whose process is gone reads interrupted."""
+    from dpsynth.eval.common import EvalInputError
+    from dpsynth.eval.release import load_run
+
+    run = RunDir(tmp_path / "run")
+    run.create("method: aug_pe\n", "aug_pe")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child.kill()
+    child.wait()
+    meta = json.loads(run.meta_path.read_text())
+    meta["process"] = {**meta["process"], "pid": child.pid, "start": None}
+    run.meta_path.write_text(json.dumps(meta))
+    with pytest.raises(EvalInputError, match="status interrupted"):
+        load_run(run.root)
+
+
+def test_older_ledgers_and_run_folders_keep_working(tmp_path: Path) -> None:
+    """A ledger from before the normalised sketch matches by its exact sketch (each kind only
+    against its own); an entry bound before the anchor file compares what it recorded."""
+    import random
+
+    book = BudgetLedger(tmp_path / "ledger.json")
+    exact = tuple(sorted(random.Random(1).sample(range(1, 2**63), 40)))
+    book.reserve(DataIdentity("old", "a" * 64, "b" * 64, exact), "old-run", 1.0, 1e-6)
+    stored = json.loads(book.path.read_text())
+    (version,) = stored["sources"][next(iter(stored["sources"]))]["versions"]
+    assert version["normalised_sketch"] == []  # as an older ledger holds it: no such sketch
+    copy = DataIdentity("elsewhere", "c" * 64, "d" * 64, exact)
+    assert [m.how for m in book.resolve(copy).sources] == [["overlap"]]
+    crossed = DataIdentity("elsewhere", "c" * 64, "d" * 64, (), normalised=exact)
+    assert [m.how for m in book.resolve(crossed).sources] == [[]]  # a new source
+
+    run = RunDir(tmp_path / "run")
+    run.create("method: aug_pe\n", "aug_pe")
+    now = run.folder_identity()
+    old_entry = {"folder": {k: now[k] for k in ("path", "device", "inode")}}
+    check_folder([old_entry], "r", now)  # the original folder resumes
+    other = RunDir(tmp_path / "other")
+    other.create("method: aug_pe\n", "aug_pe")
+    with pytest.raises(OtherFolderError):
+        check_folder([old_entry], "r", other.folder_identity())

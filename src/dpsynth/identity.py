@@ -14,10 +14,11 @@ to the same budget. A run describes its data by a :class:`DataIdentity`:
   record added, a subset, another format, at another path) is recognised as that source
   (:func:`containment`);
 - ``normalised``: the same sketch of the *normalised* records (:func:`normalise_record`:
-  Unicode NFKC, case-folded, whitespace collapsed, punctuation and symbols at the ends
-  dropped), so a copy with a trailing space on each line, a "." appended or every letter
-  upper-cased is the same source. A source is its records, not their bytes: to count as new
-  data an edit must change the words of most records (docs/methods.md §0, "The ledger").
+  Unicode NFKC, invisible format characters dropped, case-folded, whitespace collapsed,
+  punctuation and symbols at the ends dropped), so a copy with a trailing space on each line,
+  a "." appended or every letter upper-cased is the same source. A source is its records, not
+  their bytes: to count as new data an edit must change the words of most records
+  (docs/methods.md §0, "One budget per data source").
   ``sketch`` (exact text) stays beside it so versions a ledger knew before still match.
 
 ``content`` and ``records`` are raw digests of private data: the ledger stores only keyed
@@ -26,8 +27,10 @@ to the same budget. A run describes its data by a :class:`DataIdentity`:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+import sys
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,11 +72,21 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 _ENDS = re.compile(r"^[\W_]+|[\W_]+$")
 
 
+@functools.cache
+def _invisible() -> dict[int, None]:
+    """A str.translate table that drops Unicode format characters (category Cf: zero-width
+    spaces and joiners, soft hyphens, byte-order marks, direction marks): they change the
+    bytes of a text but nothing a reader sees."""
+    return {cp: None for cp in range(sys.maxunicode + 1)
+            if unicodedata.category(chr(cp)) == "Cf"}
+
+
 def normalise_record(text: str) -> str:
-    """The form records are compared in for the ledger: Unicode NFKC, case-folded, runs of
-    whitespace as one space, punctuation, symbols and spaces at both ends dropped."""
-    folded = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-    return _ENDS.sub("", folded)
+    """The form records are compared in for the ledger: Unicode NFKC, invisible format
+    characters dropped, case-folded, runs of whitespace as one space, punctuation, symbols and
+    spaces at both ends dropped."""
+    visible = unicodedata.normalize("NFKC", text).translate(_invisible())
+    return _ENDS.sub("", " ".join(visible.casefold().split()))
 
 
 def text_hash(text: str, key: bytes) -> int:

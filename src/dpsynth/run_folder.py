@@ -65,13 +65,24 @@ class RunDir:
     def log_path(self) -> Path:
         return self.root / "log.txt"
 
+    @property
+    def anchor_path(self) -> Path:
+        """The folder's anchor (:data:`ANCHOR`)."""
+        return self.private / ANCHOR
+
     def folder_identity(self) -> dict[str, Any]:
-        """What names this folder and no copy of it: its resolved path and its directory's
-        (device, inode). A ledger reservation is bound to it (:func:`dpsynth.runner`), so a
-        copied, moved or restored folder cannot resume or release a reservation made here."""
-        st = self.root.stat()
+        """What names this folder and no copy of it: its resolved path, its directory's
+        (device, inode), and its anchor file's inode, inode change time (ns) and random nonce
+        (:data:`ANCHOR`; made here for a folder from before anchors). A ledger reservation is
+        bound to it (:mod:`dpsynth.runner`), so a copied, moved or restored folder cannot
+        resume or release a reservation made here, even where the file system gives a
+        restored copy the freed inode numbers of the original."""
+        make_anchor(self.anchor_path)
+        st, anchor = self.root.stat(), self.anchor_path.stat()
         return {"path": str(self.root.resolve()), "device": int(st.st_dev),
-                "inode": int(st.st_ino)}
+                "inode": int(st.st_ino),
+                "anchor": {"inode": int(anchor.st_ino), "ctime_ns": int(anchor.st_ctime_ns),
+                           "nonce": self.anchor_path.read_text(encoding="ascii").strip()}}
 
     def exists(self) -> bool:
         return self.meta_path.is_file()
@@ -126,6 +137,7 @@ class RunDir:
             os.chmod(self.private, 0o700)
             self.release.mkdir(mode=0o755, exist_ok=True)
             os.chmod(self.release, 0o755)  # the part meant to be shared: readable by others
+            make_anchor(self.anchor_path)
             atomic_write_text(self.config_path, config_yaml)
         except OSError as err:
             raise OutputFolderError(f"{self.root}: cannot create the run folder "
@@ -146,10 +158,9 @@ class RunDir:
     def meta(self) -> dict[str, Any]:
         """run.json; a run whose status says "running" while the process that runs it is gone
         (killed: it could not record its end) is recorded and returned as "interrupted"."""
-        meta = self._stored_meta()
-        if meta.get("status") == "running" and process_gone(meta.get("process")):
-            meta.update(status="interrupted", reason="its process ended without recording "
-                        "its end (killed)", ended=None)
+        stored = self._stored_meta()
+        meta = observed_meta(stored)
+        if meta != stored:
             with contextlib.suppress(OSError):
                 atomic_write_json(self.meta_path, meta)
         return meta
@@ -204,6 +215,34 @@ class RunDir:
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{stamp} {message}\n")
         note(message)
+
+
+#: the anchor file of a run folder (under private/): made once, with a random nonce, when the
+#: folder is created, and never written again. Its inode change time is set by the kernel when
+#: it is made; a copy (cp, tar, rsync, a restored backup) can carry its bytes and its mtime but
+#: never its inode and inode change time, so (inode, ctime, nonce) names this folder only
+ANCHOR = "folder-id"
+
+
+def make_anchor(path: Path) -> None:
+    """Create the anchor file ``path`` (mode 0600) with a random nonce, unless it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(uuid.uuid4().hex + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def observed_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """run.json as it is now: a run whose status says "running" while the process that runs
+    it is gone (killed: it could not record its end) reads as "interrupted" (a new dict)."""
+    if meta.get("status") != "running" or not process_gone(meta.get("process")):
+        return meta
+    return {**meta, "status": "interrupted", "ended": None,
+            "reason": "its process ended without recording its end (killed)"}
 
 
 def _start_ticks(pid: int) -> int | None:

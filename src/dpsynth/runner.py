@@ -31,6 +31,7 @@ from .methods import get_method
 from .methods.base import Job, Method, PrivacyPlan
 from .neighbours import check_limit, mechanism_config, over_file
 from .preflight import check_output_writable, check_run
+from .privacy.ledger import OtherFolderError, check_folder
 from .progress import warn as operator_warning
 from .resume import (
     changed_fields,
@@ -193,8 +194,9 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
              identity: DataIdentity, resume: bool, say: Callable[[str], None]) -> str:
     """Charge the run to its data sources once: reserve the plan's (epsilon, delta), or
     record a run without one; returns the keyed records fingerprint. A resumed run whose
-    ledger entries exist must be the same run on the same records (else a refusal); one whose
-    first attempt died before its entry was written reserves now (nothing was released)."""
+    ledger entries exist must be the same run on the same records, in the run folder its
+    entries are bound to, and not yet settled (else a refusal); one whose first attempt died
+    before its entry was written reserves now (nothing was released), bound to this folder."""
     book = ledger(config)
     records = book.dataset_id(identity.records)
     digest = meta.get("config_digest") or config_digest(config.model_dump(mode="json"))
@@ -204,9 +206,10 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
     entries = book.run_entries(meta["run_id"]) if resume else []
     folder = run.folder_identity()
     if entries:
+        check_folder(entries, meta["run_id"], folder)
+        if any(e.get("status") == "settled" for e in entries):
+            raise OtherFolderError(_SETTLED.format(run=run.root))
         for e in entries:
-            if e.get("folder") not in (None, folder):
-                raise ConfigError(_OTHER_FOLDER.format(run=run.root, where=e["folder"]["path"]))
             if e.get("records") not in (None, records):
                 raise ConfigError(_CHANGED_DATA.format(run=run.root))
             if e.get("config_digest") not in (None, digest):
@@ -220,18 +223,22 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
         return records
     run.update_meta(dataset_fingerprint=records, sigma=plan.sigma, **plan.meta)
     p = config.privacy
-    details = {"config_digest": digest, "unit": p.unit, "method": meta.get("method"),
-               "folder": folder}
+    details = {"config_digest": digest, "unit": p.unit, "method": meta.get("method")}
     if plan.guarantee == "dp":
         charge = book.reserve(identity, meta["run_id"], p.epsilon, p.delta, p.total_epsilon,
-                              p.total_delta, noise_seed=noise_seed(config, run), details=details)
+                              p.total_delta, noise_seed=noise_seed(config, run), details=details,
+                              folder=folder)
     elif plan.guarantee in ("none", "secret-protection"):
         charge = book.record_run(identity, meta["run_id"], plan.guarantee,
                                  details={**details, **plan.ledger},
                                  noise_seed=noise_seed(config, run),
-                                 total_epsilon=p.total_epsilon, total_delta=p.total_delta)
-    else:
+                                 total_epsilon=p.total_epsilon, total_delta=p.total_delta,
+                                 folder=folder)
+    elif plan.guarantee == "public":  # reads no private record: nothing to charge
         return records
+    else:  # fail closed: a guarantee the ledger does not know is never run uncharged
+        raise ConfigError(f"method {meta.get('method')!r} plans the guarantee "
+                          f"{plan.guarantee!r}, which the budget ledger cannot charge")
     run.update_meta(sources=[m.source for m in charge.sources])
     say(f"budget: {charge.describe()}")
     return records
@@ -251,10 +258,10 @@ def research_only(config: RunConfig, method: Method) -> str | None:
     return None
 
 
-_OTHER_FOLDER = ("{run}: this run's budget was reserved by the run folder {where}, and this "
-                 "folder is not that one (a copy, a move or a restored backup has another "
-                 "identity): one reservation gives one release, so it cannot be resumed here. "
-                 "Resume the original folder where it was, or start a new run")
+_SETTLED = ("{run}: this run's budget is already settled in the ledger: the run released "
+            "its results (in the folder that finished it), and this folder does not say "
+            "finished (a copy or a backup taken before the end); one reservation gives one "
+            "release, so it cannot be resumed")
 _CHANGED_DATA = ("{run}: the private data differs from the records this run started on (its "
                  "fingerprint changed): a resumed run must read the same records; restore the "
                  "file, or start a new run")

@@ -19,6 +19,7 @@ import yaml
 
 from ..files import read_jsonl
 from ..methods import canonical_name
+from ..run_folder import observed_meta
 from .common import EvalInputError
 
 #: Methods whose release is ``release/synthetic.jsonl`` (text + labels).
@@ -126,6 +127,7 @@ def load_run(run_dir: str | Path) -> RunRelease:
             f"{root}: not a dpsynth run folder (no run.json); pass the folder that "
             "`dpsynth generate` wrote"
         )
+    meta = observed_meta(meta)  # a killed run reads "interrupted", not "running"
     config: dict[str, Any] = {}
     if (root / "config.yaml").is_file():
         try:

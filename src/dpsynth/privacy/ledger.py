@@ -19,9 +19,11 @@ name (``data.source``, by default the private file's resolved path) with the con
 Amounts add by basic composition (epsilons add, deltas add), which is always sound. A run
 first *reserves* its planned (epsilon, delta) on every matched source (all or none); the
 reservation counts until the run *settles* with what it spent, so a crashed run keeps
-counting. A source's total, once stated (a config's ``privacy.total_*`` or ``dpsynth budget
-set``), applies to every later run charged to it; a config can tighten it for its own run but
-never loosen it.
+counting. One reservation gives one release: each entry is bound to the run folder that made
+it (:func:`check_folder`), so a copied, moved or restored folder can neither resume nor
+re-reserve it, and a settled entry is never reserved again. A source's total, once stated
+(a config's ``privacy.total_*`` or ``dpsynth budget set``), applies to every later run charged
+to it; a config can tighten it for its own run but never loosen it.
 
 Fail closed. Everything keyed (content and records digests, sketches, seed tags) is an HMAC
 under a secret key beside the ledger (``<ledger>.key``, 0600), checked against the ledger's
@@ -95,6 +97,14 @@ def _check_amount(name: str, value: float, upper: float | None = None) -> float:
         rng = f"[0, {upper})" if upper is not None else ">= 0"
         raise PrivacyConfigError(f"{name} must be in {rng}, got {value!r}")
     return float(value)
+
+
+class OtherFolderError(BudgetRefusedError):
+    """A run folder that is not the one a run's reservation is bound to (a copy, a move, a
+    restored backup) tried to resume or reserve it: one reservation gives one release."""
+
+    hint = ("start a new run (the same command with a new --output folder); it is charged to "
+            "the budget like any other run")
 
 
 class LedgerUnusableError(BudgetRefusedError):
@@ -300,14 +310,16 @@ class BudgetLedger:
     # -- charging ------------------------------------------------------------------------
     def reserve(self, identity: DataIdentity, run_id: str, epsilon: float, delta: float,
                 total_epsilon: float | None = None, total_delta: float | None = None, *,
-                noise_seed: int | None = None, details: dict[str, Any] | None = None
-                ) -> Charge:
+                noise_seed: int | None = None, details: dict[str, Any] | None = None,
+                folder: dict[str, Any] | None = None) -> Charge:
         """Reserve (epsilon, delta) for ``run_id`` on every source ``identity`` matches, or
         raise BudgetRefusedError (nothing written). Re-reserving the same run (a resume)
-        replaces its reservation. ``total_*`` from the run's config become a source's budget
-        when it has none; a stored budget always applies (the smaller cap wins).
-        ``noise_seed`` (seeded noise only) is refused when any other run used it.
-        ``details``: public facts kept with the entry (the config digest, the unit)."""
+        replaces its reservation, from the same run folder only. ``total_*`` from the run's
+        config become a source's budget when it has none; a stored budget always applies (the
+        smaller cap wins). ``noise_seed`` (seeded noise only) is refused when any other run
+        used it. ``details``: public facts kept with the entry (the config digest, the unit);
+        ``folder``: the run folder's identity (:meth:`dpsynth.run_folder.RunDir.folder_identity`)
+        the entry is bound to (:func:`check_folder`)."""
         if not run_id:
             raise PrivacyConfigError("run_id must be a non-empty string")
         epsilon = _check_amount("epsilon", epsilon)
@@ -320,6 +332,7 @@ class BudgetLedger:
             data, key = self._open(create=True)
             assert key is not None
             charge = _resolve(data, key, identity)
+            check_folder(_run_entries(data, run_id), run_id, folder)
             for e in _run_entries(data, run_id):
                 if e.get("status") == "settled":
                     raise BudgetRefusedError(f"run {run_id!r} is already settled in {self.path}")
@@ -350,6 +363,8 @@ class BudgetLedger:
                 entry.update(guarantee="dp", status="reserved", reserved_epsilon=epsilon,
                              reserved_delta=delta, epsilon=None, delta=None,
                              records=charge.records, updated=now, **(details or {}))
+                if folder is not None:
+                    entry["folder"] = folder
                 if seed_tag is not None:
                     entry["seed_tag"] = seed_tag
             self._save(data, key)
@@ -357,11 +372,11 @@ class BudgetLedger:
 
     def record_run(self, identity: DataIdentity, run_id: str, guarantee: str,
                    details: dict[str, Any] | None = None, *, noise_seed: int | None = None,
-                   total_epsilon: float | None = None, total_delta: float | None = None
-                   ) -> Charge:
+                   total_epsilon: float | None = None, total_delta: float | None = None,
+                   folder: dict[str, Any] | None = None) -> Charge:
         """Record a run that states no (epsilon, delta) guarantee (``"none"`` for epsilon =
         inf, ``"secret-protection"`` for SecPE) on its sources, with public ``details``;
-        ``noise_seed`` as for :meth:`reserve` (SecPE's noise is seeded too). Refused
+        ``noise_seed`` and ``folder`` as for :meth:`reserve` (SecPE's noise is seeded too). Refused
         (BudgetRefusedError, nothing written) on a source with a budget cap, stored or given
         here (``total_*``): such a run's loss is not bounded by any epsilon, so no amount of
         a capped budget can pay for it."""
@@ -373,6 +388,7 @@ class BudgetLedger:
         with self._locked():
             data, key = self._open(create=True)
             assert key is not None
+            check_folder(_run_entries(data, run_id), run_id, folder)
             if any(e.get("guarantee", "dp") == "dp" for e in _run_entries(data, run_id)):
                 raise PrivacyConfigError(f"run {run_id!r} already holds a DP reservation")
             charge = _resolve(data, key, identity)
@@ -396,6 +412,8 @@ class BudgetLedger:
                 entry = _entry(data, m.source, run_id, now)
                 entry.update(guarantee=guarantee, status="recorded", epsilon=None, delta=None,
                              records=charge.records, updated=now, **(details or {}))
+                if folder is not None:
+                    entry["folder"] = folder
                 if seed_tag is not None:
                     entry["seed_tag"] = seed_tag
             self._save(data, key)
@@ -606,6 +624,29 @@ def _seed_tag(data: dict[str, Any], key: bytes, run_id: str, seed: int | None) -
     return tag
 
 
+def check_folder(entries: list[dict[str, Any]], run_id: str,
+                 folder: dict[str, Any] | None) -> None:
+    """Raise :class:`OtherFolderError` when ``run_id``'s ledger ``entries`` are bound to a
+    run folder that ``folder`` (its identity now) is not: every field the entry recorded must
+    be equal (an entry from before the anchor file was recorded compares path and inode
+    only). An entry that is bound refuses a caller that gives no folder (fail closed)."""
+    for e in entries:
+        bound = e.get("folder")
+        if bound is None:
+            continue
+        same = isinstance(bound, dict) and isinstance(folder, dict) and all(
+            folder.get(k) == v for k, v in bound.items())
+        if not same:
+            where = bound.get("path") if isinstance(bound, dict) else None
+            here = folder.get("path") if isinstance(folder, dict) else "this caller"
+            raise OtherFolderError(
+                f"{here}: run {run_id!r}'s budget was reserved by the run folder "
+                f"{where or '(unknown)'}, and this folder is not that one (a copy, a move or a "
+                "restored backup has another identity, even at the same path): one "
+                "reservation gives one release, so it cannot be resumed or released here; "
+                "resume the original folder where it was")
+
+
 def _run_entries(data: dict[str, Any], run_id: str) -> list[dict[str, Any]]:
     return [e for e in data["entries"] if e["run_id"] == run_id]
 
@@ -715,6 +756,6 @@ def counted(entry: dict[str, Any]) -> tuple[float | None, float | None]:
     return _counted(entry)
 
 
-__all__ = ["BudgetLedger", "Charge", "LedgerUnusableError", "SourceMatch", "counted",
-           "default_ledger_path", "keyed_fingerprint"]
+__all__ = ["BudgetLedger", "Charge", "LedgerUnusableError", "OtherFolderError", "SourceMatch",
+           "check_folder", "counted", "default_ledger_path", "keyed_fingerprint"]
 
