@@ -267,3 +267,46 @@ def test_federated_wasp_adds_every_rounds_clip_delta_to_its_statement() -> None:
     assert out["delta"] == pytest.approx(1e-5) and out["target_delta"] == 1e-5
     raw["wasp"]["federated"]["parties"] = 0
     assert Wasp().delta_outside(parse_config(raw)) == 0.0
+
+
+def test_a_deployment_party_charges_its_own_ledger_before_its_votes_leave(tmp_path) -> None:
+    """Issue 43: a deployed round released a secure sum that no ledger counted. Each party
+    charges its own ledger first (its worst case: its own share alone), and refuses a round
+    past its cap before anything is drawn; simulated parties carry no budget."""
+    from dpsynth.federated.app import CFG_CLIPPING_RANGE, CFG_NUM_PARTIES, \
+        CFG_QUANTIZATION_RANGE, CFG_SIGMA, CFG_VOTE_BOUND, PartyClient
+    from dpsynth.federated.core import PartyData, plan_quantisation
+    from dpsynth.federated.party_budget import party_budget
+    from dpsynth.privacy import Accountant, BudgetLedger, BudgetRefusedError, \
+        DistributedDiscreteGaussianEvent
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "party1.npz"
+    emb = rng.normal(size=(12, 4)).astype(np.float32)
+    np.savez(data, embeddings=emb / np.linalg.norm(emb, axis=1, keepdims=True),
+             labels=np.zeros(12, dtype=np.int64))
+    ledger = tmp_path / "ledger.json"
+    node = {"data-path": str(data), "ledger": str(ledger), "total-epsilon": 3.0}
+    budget = party_budget(data, node)
+    sigma, parties = 6.0, 3
+    plan = plan_quantisation(vote_bound=4.0, sigma=sigma, num_parties=parties,
+                             vote_grid=2.0 ** -7)
+    config = {CFG_SIGMA: sigma, CFG_NUM_PARTIES: parties, CFG_VOTE_BOUND: 4.0,
+              CFG_CLIPPING_RANGE: plan.clipping_range,
+              CFG_QUANTIZATION_RANGE: plan.quantization_range}
+    cand = [emb[:5], np.zeros(5, dtype=np.int64)]
+    client = PartyClient(PartyData(emb, np.zeros(12, dtype=np.int64)), 1,
+                         functools.partial(topq_vote, q=8), noise_mode="secure", seed=None,
+                         budget=budget)
+    acc = Accountant("pld")
+    acc.add(DistributedDiscreteGaussianEvent(
+        sigma=sigma / math.sqrt(parties), sensitivity=budget.sensitivity, parties=1,
+        dimension=10, grid=plan.step))
+    per_round = acc.epsilon(1e-5)
+    assert 1.0 < per_round < 3.0  # two rounds do not fit a cap of 3
+    client.fit(cand, config)
+    (src,) = BudgetLedger(ledger).sources()
+    assert src["epsilon"] == pytest.approx(per_round) and src["total_epsilon"] == 3.0
+    with pytest.raises(BudgetRefusedError, match="total is epsilon=3"):
+        client.fit(cand, config)
+    assert BudgetLedger(ledger).sources()[0]["epsilon"] == pytest.approx(per_round)

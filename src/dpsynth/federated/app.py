@@ -59,6 +59,7 @@ from dpsynth.federated.core import (
     party_submission,
     plan_quantisation,
 )
+from dpsynth.federated.party_budget import PartyBudget, party_budget
 
 CFG_SIGMA = "dpsynth-sigma"
 CFG_NUM_PARTIES = "dpsynth-num-parties"
@@ -227,8 +228,12 @@ class PartyClient(NumPyClient):
     """One party: computes its noisy local histogram from the broadcast candidates."""
 
     def __init__(self, party: PartyData, party_index: int, vote_fn: VoteFn, *,
-                 noise_mode: str, seed: int | None, min_sigma: float = 0.0) -> None:
+                 noise_mode: str, seed: int | None, min_sigma: float = 0.0,
+                 budget: PartyBudget | None = None) -> None:
         self.min_sigma = min_sigma
+        #: a deployment party's own ledger, charged before its votes leave (None: simulated
+        #: parties, whose run the runner charges)
+        self.budget = budget
         self.party = party
         self.party_index = party_index
         self.vote_fn = vote_fn
@@ -242,6 +247,10 @@ class PartyClient(NumPyClient):
         if sigma < self.min_sigma:
             raise ValueError(f"server asked for sigma {sigma} below this party's minimum "
                              f"{self.min_sigma}; refusing to contribute")
+        if self.budget is not None:  # refused past the party's cap, before anything is drawn
+            clip = float(config[CFG_CLIPPING_RANGE])
+            self.budget.charge(sigma, int(config[CFG_NUM_PARTIES]),
+                               2.0 * clip / int(config[CFG_QUANTIZATION_RANGE]), len(cand_emb) * 2)
         noisy = party_submission(
             self.party, cand_emb, cand_lab, self.vote_fn,
             sigma=sigma, num_parties=int(config[CFG_NUM_PARTIES]),
@@ -298,13 +307,15 @@ def _deploy_load_party(context: Context) -> tuple[PartyData, int]:
 
 def _deploy_client_fn(context: Context) -> Client:
     """Party side of a deployment: noise from the OS CSPRNG; the party's node config may pin
-    the vote function (``vote-fn``) and a floor on sigma (``min-sigma``) the server must meet."""
+    the vote function (``vote-fn``) and a floor on sigma (``min-sigma``) the server must meet;
+    every round is charged to the party's own ledger first (:mod:`.party_budget`)."""
     party, index = _deploy_load_party(context)
     ref = context.node_config.get("vote-fn") or context.run_config["vote-fn"]
     vote_fn = _import_vote_fn(str(ref))
     min_sigma = float(context.node_config.get("min-sigma", 0.0))
+    budget = party_budget(str(context.node_config["data-path"]), context.node_config)
     return PartyClient(party, index, vote_fn, noise_mode="secure", seed=None,
-                       min_sigma=min_sigma).to_client()
+                       min_sigma=min_sigma, budget=budget).to_client()
 
 
 client_app = ClientApp(client_fn=_deploy_client_fn, mods=[secaggplus_mod])
