@@ -273,12 +273,22 @@ def test_a_deployment_party_charges_its_own_ledger_before_its_votes_leave(tmp_pa
     """Issue 43: a deployed round released a secure sum that no ledger counted. Each party
     charges its own ledger first (its worst case: its own share alone), and refuses a round
     past its cap before anything is drawn; simulated parties carry no budget."""
-    from dpsynth.federated.app import CFG_CLIPPING_RANGE, CFG_NUM_PARTIES, \
-        CFG_QUANTIZATION_RANGE, CFG_SIGMA, CFG_VOTE_BOUND, PartyClient
+    from dpsynth.federated.app import (
+        CFG_CLIPPING_RANGE,
+        CFG_NUM_PARTIES,
+        CFG_QUANTIZATION_RANGE,
+        CFG_SIGMA,
+        CFG_VOTE_BOUND,
+        PartyClient,
+    )
     from dpsynth.federated.core import PartyData, plan_quantisation
     from dpsynth.federated.party_budget import party_budget
-    from dpsynth.privacy import Accountant, BudgetLedger, BudgetRefusedError, \
-        DistributedDiscreteGaussianEvent
+    from dpsynth.privacy import (
+        Accountant,
+        BudgetLedger,
+        BudgetRefusedError,
+        DistributedDiscreteGaussianEvent,
+    )
 
     rng = np.random.default_rng(0)
     data = tmp_path / "party1.npz"

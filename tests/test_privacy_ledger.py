@@ -374,6 +374,7 @@ def test_budget_cli_show_set_rekey(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     (src,) = json.loads(res.stdout)["sources"]
     assert src["names"] == [str(data.resolve())] and src["total_epsilon"] == 3.0
+    assert "1 run(s) without an (epsilon, delta) guarantee" in " ".join(res.stderr.split())
     with pytest.raises(BudgetRefusedError, match="budget cap"):  # not once it has one
         led.record_run(DataIdentity(str(data.resolve()), "x", "r", ()), "run-inf2", "none")
     led.reserve(DataIdentity(str(data.resolve()), "other bytes", "r", ()), "run-a", 1.0, 1e-6)

@@ -127,6 +127,12 @@ def set_budget(
     if data is not None:
         target = _file_identity(book, data, text, name)
     sources = book.set_budget(target, total_epsilon, total_delta)
+    for src in sources:  # the cap cannot bound what an unbounded run already released
+        if src["runs_without_dp_guarantee"]:
+            typer.echo(f"warning: {_label(src)} already has {src['runs_without_dp_guarantee']} "
+                       "run(s) without an (epsilon, delta) guarantee (epsilon = inf or SecPE); "
+                       "what they released is not bounded by this cap, and later such runs on "
+                       "it are refused", err=True)
     if as_json:
         typer.echo(json.dumps({"ledger": str(book.path), "sources": sources}))
         return
