@@ -392,3 +392,19 @@ def test_older_ledgers_and_run_folders_keep_working(tmp_path: Path) -> None:
     other.create("method: aug_pe\n", "aug_pe")
     with pytest.raises(OtherFolderError):
         check_folder([old_entry], "r", other.folder_identity())
+
+
+def test_every_run_says_what_its_source_has_spent(env: dict[str, Any]) -> None:  # noqa: F811
+    """No silent spend: the run's log (and display) names the source's spend against its cap
+    when it reserves and when it settles, warns past half the cap, and says how to set a cap
+    where there is none."""
+    assert generate(env, "r1").exit_code == 0
+    log = " ".join((env["tmp"] / "r1" / "log.txt").read_text().split())
+    assert "has spent epsilon 2 with this run, and has no cap" in log
+    assert "budget set" in log
+    _capped(env, 5.0)
+    assert generate(env, "r2").exit_code == 0
+    log = " ".join((env["tmp"] / "r2" / "log.txt").read_text().split())
+    assert "has spent epsilon 4 of its cap 5 with this run (1 left)" in log
+    assert "is past half of its cap with this run" in log
+    assert "of its cap 5 after this run" in log

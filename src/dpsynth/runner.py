@@ -241,7 +241,29 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
                           f"{plan.guarantee!r}, which the budget ledger cannot charge")
     run.update_meta(sources=[m.source for m in charge.sources])
     say(f"budget: {charge.describe()}")
+    for line in spending_lines(book, [m.source for m in charge.sources], "with this run"):
+        say(line)
     return records
+
+
+def spending_lines(book: BudgetLedger, sources: Sequence[str], when: str) -> list[str]:
+    """What each source has spent against its cap (``when``: "with this run" counts the
+    reservation, "after this run" the settled spend), a warning past half the cap, and how
+    to set a cap where there is none: no budget is spent without the operator seeing it."""
+    lines = []
+    for sid in sources:
+        src = book.source(sid)
+        name = src["names"][0] if src["names"] else sid
+        eps, cap = src["epsilon"], src["total_epsilon"]
+        if cap is None:
+            lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} {when}, and has no cap: "
+                         "`dpsynth budget set --source ... --total-epsilon N` sets one")
+            continue
+        lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} of its cap {cap:.4g} "
+                     f"{when} ({cap - eps:.4g} left)")
+        if eps > cap / 2:
+            lines.append(f"warning: {name!r} is past half of its cap {when}")
+    return lines
 
 
 def research_only(config: RunConfig, method: Method) -> str | None:
@@ -350,8 +372,12 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
                     summary[key] = statement.get(key)
             atomic_write_json(run.release / "summary.json", summary, mode=SHARED_MODE)
             if plan.guarantee == "dp":
-                ledger(cfg).settle(meta["run_id"], float(statement["epsilon"]),
-                                   float(statement["delta"]))
+                book = ledger(cfg)
+                book.settle(meta["run_id"], float(statement["epsilon"]),
+                            float(statement["delta"]))
+                charged = sorted({e["source"] for e in book.run_entries(meta["run_id"])})
+                for line in spending_lines(book, charged, "after this run"):
+                    say(line)
             run.end_attempt("finished", llm_calls=job.paid_calls(),
                             wall_seconds=round(time.time() - _started(meta), 1))
             run.log(f"finished: {outcome.message}" if outcome.message else "finished")
