@@ -78,3 +78,30 @@ def test_rag_serve_with_a_key_refuses_every_request_without_it() -> None:
             ok = httpx.request(method, url + path, json=body,
                                headers={"Authorization": f"Bearer {KEY}"})
             assert ok.status_code == 200, ok.text
+
+
+def test_a_server_prints_its_url_once_it_listens(tmp_path) -> None:
+    """`llm serve` and `rag serve` run through http_serve.run_app: its line comes once the
+    socket answers (a real uvicorn in a child process on loopback)."""
+    import subprocess
+    import sys
+
+    from loopback import free_port
+
+    port = free_port()
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "from fastapi import FastAPI\nfrom dpsynth.http_serve import run_app\n"
+        "app = FastAPI()\n\n@app.get('/v1/ping')\ndef ping():\n    return {'ok': True}\n\n"
+        f"run_app(app, '127.0.0.1', {port}, what='test serve', path='/v1', key=True)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the server says it is ready
+        assert line.strip() == (f"test serve: ready at http://127.0.0.1:{port}/v1 "
+                                "(requests need the API key)")
+        # ready means answering: the first request after the line gets through
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/ping").json() == {"ok": True}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -66,6 +66,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api_key import require_api_key, server_api_key
+from ..http_serve import run_app
 from . import openai_api as api
 from .base import (
     Completion,
@@ -693,12 +694,12 @@ def serve(
     api_key: str | None = None,
 ) -> None:
     """Run the server with uvicorn until interrupted (loopback by default; any other host
-    needs an API key: :func:`dpsynth.api_key.server_api_key`)."""
-    import uvicorn
-
+    needs an API key: :func:`dpsynth.api_key.server_api_key`); it prints its URL once it
+    listens."""
     key = server_api_key(host, api_key)
     app = create_app(generator, model_id=model_id, max_body_bytes=max_body_bytes,
                      max_batch_requests=max_batch_requests, max_pending=max_pending,
                      queue_timeout_s=queue_timeout_s, default_max_tokens=default_max_tokens,
                      api_key=key)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    run_app(app, host, port, what="dpsynth llm serve", path="/v1", log_level=log_level,
+            key=key is not None)

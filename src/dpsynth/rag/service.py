@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..api_key import require_api_key, server_api_key
 from ..errors import ConfigError, require
+from ..http_serve import run_app
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -202,8 +203,8 @@ def serve(kb_dir: Any, host: str = "127.0.0.1", port: int = 8000, *, app: Any = 
     """Run the API with uvicorn (blocking); ``app`` defaults to :func:`kb_app` of ``kb_dir``
     (an ``app`` given must have been built with the key); any host but loopback needs an API
     key (:func:`dpsynth.api_key.server_api_key`)."""
-    uvicorn = require("uvicorn", "rag", "`dpsynth rag serve`")
+    require("uvicorn", "rag", "`dpsynth rag serve`")
     key = server_api_key(host, api_key)
     if app is None:
         app = kb_app(kb_dir, max_pending=max_pending, queue_timeout=queue_timeout, api_key=key)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    run_app(app, host, port, what="dpsynth rag serve", key=key is not None)
