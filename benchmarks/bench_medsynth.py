@@ -203,6 +203,7 @@ def main() -> None:
         evaluate("No RAG", no_rag(gen, emb), k=0)
 
     raw = {
+        "method": "synrag",
         "data": {"path": str(pdir / "docs.jsonl"), "text": "text"},
         "privacy": {"epsilon": 10.0, "delta": 1e-3, "accountant": "zcdp", "seed": 0},
         "generators": [{"model": "smollm2", "batch_size": 16}],

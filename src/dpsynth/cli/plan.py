@@ -1,6 +1,9 @@
-"""CLI command: ``dpsynth plan CONFIG`` (what the noise will do to the votes, before a run;
-:mod:`dpsynth.planning`). It reads the private data only to count its records and label
-classes (or takes ``--records`` without the data), spends nothing and writes nothing."""
+"""CLI command: ``dpsynth plan CONFIG``: the configured method's plan, before a run. A PE
+method's: what the noise will do to the votes (:mod:`dpsynth.planning`; it reads the private
+data only to count its records and label classes, or takes ``--records`` without the data);
+DP-SynRAG's: its calibrated clip and every planned release (from the config alone); any
+other method's: its privacy plan object, field by field. It spends nothing and writes
+nothing."""
 
 from __future__ import annotations
 
@@ -34,8 +37,19 @@ def plan(
     from .generate import parse_sets
 
     cfg = load_config(config, parse_sets(set_ or []))
-    if canonical_name(cfg.method) == "synrag":  # the configured method's plan, not a PE one
+    name = canonical_name(cfg.method)
+    if name == "synrag":  # its vocabulary file is relative to the config's folder
+        from ..methods.synrag.method import SynRAG
+
+        method = SynRAG(config)
+    else:
+        method = get_method(name)
+    method.check(cfg)  # as the run checks it, before anything is written
+    if name == "synrag":  # DP-SynRAG's own plan, not a PE one
         _plan_synrag(cfg, as_json)
+        return
+    if not isinstance(method, PEMethod):  # no plan printer of its own: what its plan holds
+        _plan_held(cfg, method, as_json, no_data or records is not None)
         return
     sigma = None
     if no_data or records is not None:
@@ -50,7 +64,6 @@ def plan(
                               "`dpsynth plan` with the data (without --no-data)")
     else:
         records, n_labels, sigma = _from_data(cfg, labels)
-    method = get_method(cfg.method, "text")
     if sigma is None and isinstance(method, PEMethod) and method.guarantee(cfg) == "dp":
         sigma = calibrate_sigma(cfg, method, n_labels)
     result = plan_run(cfg, method, records, n_labels, sigma)
@@ -98,6 +111,36 @@ def _plan_synrag(cfg: Any, as_json: bool) -> None:
         typer.echo(f"  {r['name']}: {r['count']} release(s), {noise}")
     typer.echo(f"  planned epsilon {acc.epsilon(delta):.4g} at delta {delta:.2g}; every later "
                "query of the knowledge base is free")
+
+
+def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool) -> None:
+    """The plan of a method without a plan printer of its own: its
+    :class:`~dpsynth.methods.base.PrivacyPlan` as its run makes it (from the data; spends
+    nothing), field by field."""
+    from dataclasses import fields
+
+    from ..neighbours import mechanism_config
+    from ..run_dataset import load_run_data
+    from ..run_folder import RunDir
+
+    if no_data:
+        raise ConfigError(f"method {method.name!r} plans from the data: run `dpsynth plan` with "
+                          "the data (without --no-data or --records)")
+    with tempfile.TemporaryDirectory(prefix="dpsynth-plan-") as tmp:
+        run = RunDir(tmp)
+        run.private.mkdir(mode=0o700)
+        held = method.plan(mechanism_config(cfg), load_run_data(cfg, run), run)
+    result = {"method": method.name, "target_epsilon": cfg.privacy.epsilon,
+              "target_delta": cfg.privacy.delta,
+              **{f.name: getattr(held, f.name) for f in fields(held)}}
+    if as_json:
+        typer.echo(json.dumps(result, default=str))
+        return
+    typer.echo(f"{method.name}: the plan its run makes, field by field (no plan printer for "
+               f"this method yet), at ({cfg.privacy.epsilon:.4g}, {cfg.privacy.delta:.2g})")
+    for key, value in result.items():
+        if key not in ("method", "target_epsilon", "target_delta"):
+            typer.echo(f"  {key}: {value}")
 
 
 def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None]:

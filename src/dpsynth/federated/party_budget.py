@@ -18,12 +18,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..evolution.voting import topq_sensitivity
 from ..identity import DataIdentity, file_digest
-from ..privacy import Accountant, BudgetLedger, DistributedDiscreteGaussianEvent
 from ..privacy.distributed import share_sigma
+
+if TYPE_CHECKING:  # the accountant is imported when a round is charged, not with the party
+    from ..privacy import BudgetLedger
 
 #: WASP's default Top-Q depth (the deployment's default vote grid 2^-7)
 DEFAULT_TOP_Q = 8
@@ -43,6 +45,8 @@ class PartyBudget:
 
     def round_epsilon(self, sigma: float, num_parties: int, step: float, dim: int) -> float:
         """Epsilon at :attr:`delta` of one round for one of this party's records."""
+        from ..privacy import Accountant, DistributedDiscreteGaussianEvent
+
         acc = Accountant("pld")
         acc.add(DistributedDiscreteGaussianEvent(
             sigma=share_sigma(sigma, num_parties), sensitivity=self.sensitivity,
@@ -67,6 +71,8 @@ def party_budget(data_path: str | Path, node_config: Any) -> PartyBudget:
     ledger), ``source`` (default: the data file's path), ``delta`` (1e-5), ``total-epsilon``
     and ``total-delta`` (the source's cap), ``trust-parties`` (1) and ``vote-sensitivity``
     (Top-Q's at Q = 8)."""
+    from ..privacy import BudgetLedger
+
     path = Path(data_path)
     digest = file_digest(path)
     ledger = node_config.get("ledger")

@@ -214,6 +214,21 @@ def check_stepper(setting: str, model: str) -> None:
                           "use 'transformers' or 'auto'")
 
 
+def check_vocabulary(spec: str | list[str], demo_seed: int = 0) -> None:
+    """``synrag.vocabulary`` loads and holds a usable term (all but 'tokenizer', which needs
+    the model): a missing, unreadable or non-UTF-8 file, or a list without a usable term, is a
+    ConfigError naming the file, raised before any budget is reserved."""
+    from .keywords import load_vocabulary
+
+    try:
+        load_vocabulary(spec, demo_seed=demo_seed)
+    except UnicodeDecodeError:
+        raise ConfigError(f"synrag.vocabulary: {spec!r} is not UTF-8 text") from None
+    except OSError as err:
+        raise ConfigError(f"synrag.vocabulary: {spec!r} cannot be read "
+                          f"({err.strerror or type(err).__name__})") from None
+
+
 def parse_synrag(config: RunConfig) -> SynRAGConfig:
     """The run's ``synrag:`` section (its defaults when the config has none); errors name the
     field (``synrag.<field>``)."""

@@ -27,6 +27,7 @@ from .clusters import (
 from .config import (
     SynRAGConfig,
     check_stepper,
+    check_vocabulary,
     choose_stepper,
     max_private_tokens,
     resolve_logits_dtype,
@@ -73,24 +74,20 @@ class SynRAG(Method):
                 "DP-SynRAG knowledge base: set method: synrag in the config (or run "
                 f"`dpsynth generate` for {config.method!r})")
         scfg = self.settings(config)
-        if config.generators:
-            check_stepper(scfg.stepper, str(config.generators[0].model))
-            if (scfg.keyword_extractor == "llm" and config.compute.engine == "ray"
-                    and config.generators[0].backend != "local"):
-                raise ConfigError(
-                    "synrag.keyword_extractor llm with compute.engine ray needs a local "
-                    "generator: the shards would ask one server at once, which may batch two "
-                    "documents together, and one document's keywords would then depend on "
-                    "another's (rows apart, docs/methods.md §4); use a local generator, "
-                    "compute.engine local, or keyword_extractor vocabulary")
+        first = config.generators[0]
+        if first.backend != "local":
+            raise ConfigError(
+                f"generators.0.backend {first.backend!r}: DP-SynRAG needs a local generator "
+                "(backend: local): its private prediction reads next-token logits, which a "
+                "server does not give (and on Ray shards one server could batch two documents "
+                "together, docs/methods.md §4)")
+        check_stepper(scfg.stepper, str(first.model))
         if self.source is None:
             check_vocabulary_public(config, self.output_dir)
         else:
             resolve_vocabulary(config, self.source, self.output_dir)
         if scfg.vocabulary != "tokenizer":  # public: a missing or empty list fails here,
-            from .keywords import load_vocabulary  # before any budget is reserved
-
-            load_vocabulary(self.settings(config).vocabulary, demo_seed=config.data.demo_seed)
+            check_vocabulary(scfg.vocabulary, config.data.demo_seed)  # before any charge
 
     def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
         """The clip c calibrated so that Theorem 1 meets the (epsilon, delta) target."""
