@@ -170,15 +170,16 @@ def test_the_plan_comes_from_public_inputs_only() -> None:
         deploy_plan({"max-records-per-party": 0}, 4.0, 10)
 
 
+def fit_config(sigma: float, parties: int, bound: float, clip: float, levels: int) -> dict:
+    """A party's fit config as the server sends it (federated.app's keys)."""
+    from dpsynth.federated import app
+
+    return {app.CFG_SIGMA: sigma, app.CFG_NUM_PARTIES: parties, app.CFG_VOTE_BOUND: bound,
+            app.CFG_CLIPPING_RANGE: clip, app.CFG_QUANTIZATION_RANGE: levels}
+
+
 def test_party_refuses_a_sigma_below_its_floor_and_bad_round_arguments_are_named() -> None:
-    from dpsynth.federated.app import (
-        CFG_CLIPPING_RANGE,
-        CFG_NUM_PARTIES,
-        CFG_QUANTIZATION_RANGE,
-        CFG_SIGMA,
-        CFG_VOTE_BOUND,
-        PartyClient,
-    )
+    from dpsynth.federated.app import PartyClient
     from dpsynth.federated.simulation import federated_noisy_histogram
 
     rng = np.random.default_rng(3)
@@ -186,11 +187,9 @@ def test_party_refuses_a_sigma_below_its_floor_and_bad_round_arguments_are_named
     cand, cand_lab = _unit(rng, 6, 8), np.arange(6) % 2
     client = PartyClient(party, 0, functools.partial(topq_vote, q=2), noise_mode="seeded",
                          seed=1, min_sigma=2.0)
-    cfg = {CFG_NUM_PARTIES: 3, CFG_VOTE_BOUND: 5.0, CFG_CLIPPING_RANGE: 16.0,
-           CFG_QUANTIZATION_RANGE: 2**22}
     with pytest.raises(ValueError, match="below this party's minimum"):
-        client.fit([cand, cand_lab], {**cfg, CFG_SIGMA: 1.0})
-    out, weight, metrics = client.fit([cand, cand_lab], {**cfg, CFG_SIGMA: 2.0})
+        client.fit([cand, cand_lab], fit_config(1.0, 3, 5.0, 16.0, 2**22))
+    out, weight, metrics = client.fit([cand, cand_lab], fit_config(2.0, 3, 5.0, 16.0, 2**22))
     assert weight == 1 and metrics == {} and out[0].shape == (12,)
 
     parties = [party, party]
@@ -273,14 +272,7 @@ def test_a_deployment_party_charges_its_own_ledger_before_its_votes_leave(tmp_pa
     """Issue 43: a deployed round released a secure sum that no ledger counted. Each party
     charges its own ledger first (its worst case: its own share alone), and refuses a round
     past its cap before anything is drawn; simulated parties carry no budget."""
-    from dpsynth.federated.app import (
-        CFG_CLIPPING_RANGE,
-        CFG_NUM_PARTIES,
-        CFG_QUANTIZATION_RANGE,
-        CFG_SIGMA,
-        CFG_VOTE_BOUND,
-        PartyClient,
-    )
+    from dpsynth.federated.app import PartyClient
     from dpsynth.federated.core import PartyData, plan_quantisation
     from dpsynth.federated.party_budget import party_budget
     from dpsynth.privacy import (
@@ -301,9 +293,7 @@ def test_a_deployment_party_charges_its_own_ledger_before_its_votes_leave(tmp_pa
     sigma, parties = 6.0, 3
     plan = plan_quantisation(vote_bound=4.0, sigma=sigma, num_parties=parties,
                              vote_grid=2.0 ** -7)
-    config = {CFG_SIGMA: sigma, CFG_NUM_PARTIES: parties, CFG_VOTE_BOUND: 4.0,
-              CFG_CLIPPING_RANGE: plan.clipping_range,
-              CFG_QUANTIZATION_RANGE: plan.quantization_range}
+    config = fit_config(sigma, parties, 4.0, plan.clipping_range, plan.quantization_range)
     cand = [emb[:5], np.zeros(5, dtype=np.int64)]
     client = PartyClient(PartyData(emb, np.zeros(12, dtype=np.int64)), 1,
                          functools.partial(topq_vote, q=8), noise_mode="secure", seed=None,
