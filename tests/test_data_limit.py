@@ -78,3 +78,21 @@ def test_a_limit_with_the_user_unit_is_refused_before_any_charge(env: dict[str, 
     assert not (env["tmp"] / "byuser").exists()
     assert env["ledger"].exists() is False or sources(env) == [] or all(
         not s["runs"] for s in sources(env))
+
+
+def test_plan_shows_the_noise_a_limited_run_draws(env: dict[str, Any]) -> None:  # noqa: F811
+    """`dpsynth plan` calibrates as the run does: with data.limit, for the subset's share."""
+    def sigma(*sets: str) -> float:
+        args = ["plan", env["cfg"], "--json"]
+        for s in sets:
+            args += ["--set", s]
+        res = cli(*args)
+        assert res.exit_code == 0, res.output
+        return float(json.loads(res.stdout)["noise_multiplier"])
+
+    whole, limited = sigma(), sigma("data.limit=40")
+    assert limited > whole * 1.5  # epsilon / 2 over the subset: clearly more noise
+    res = generate(env, "limited", "data.limit=40")
+    assert res.exit_code == 0, res.output
+    meta = json.loads((env["tmp"] / "limited" / "run.json").read_text())
+    assert meta["sigma"] == pytest.approx(limited, rel=1e-6)

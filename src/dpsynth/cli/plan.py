@@ -33,6 +33,7 @@ def plan(
     from ..config import load_config
     from ..methods import canonical_name, get_method
     from ..methods.pe import PEMethod, calibrate_sigma
+    from ..neighbours import mechanism_config
     from ..planning import declared_labels, plan_run
     from .generate import parse_sets
 
@@ -65,7 +66,8 @@ def plan(
     else:
         records, n_labels, sigma = _from_data(cfg, labels)
     if sigma is None and isinstance(method, PEMethod) and method.guarantee(cfg) == "dp":
-        sigma = calibrate_sigma(cfg, method, n_labels)
+        # with data.limit the run calibrates for the subset's share (dpsynth.neighbours)
+        sigma = calibrate_sigma(mechanism_config(cfg), method, n_labels)
     result = plan_run(cfg, method, records, n_labels, sigma)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
