@@ -84,3 +84,32 @@ def test_a_run_shows_its_plan_before_the_budget_and_keeps_it_private(
     counts, texts = private_facts(private_rows(61), "label", None)
     assert exact_value_problems(out, counts, texts) == []  # not in release/, stats, log
     assert "selection will be random" not in (out / "log.txt").read_text()
+
+
+def test_plan_and_privacy_calibrate_share_one_calibration() -> None:
+    """Issue 46: `privacy calibrate` said 1.8727 where `plan` said 2.005 for the demo. With
+    --config it calibrates the run's own releases, and both print the same number."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    demo = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
+    run = CliRunner()
+    plan = run.invoke(app, ["plan", str(demo), "--json"])
+    assert plan.exit_code == 0, plan.output
+    cal = run.invoke(app, ["privacy", "calibrate", "--config", str(demo), "--json"])
+    assert cal.exit_code == 0, cal.output
+    sigma = json.loads(cal.stdout)["sigma"]
+    assert sigma == json.loads(plan.stdout)["noise_multiplier"]
+    text = run.invoke(app, ["plan", str(demo)]).output
+    assert f"noise multiplier {sigma:.4g}" in text
+    assert f"noise multiplier {sigma:.4g}" in run.invoke(
+        app, ["privacy", "calibrate", "--config", str(demo)]).output
+    bare = run.invoke(app, ["privacy", "calibrate", "--epsilon", "4", "--delta", "1e-5",
+                            "--steps", "3"]).output
+    assert "continuous Gaussian" in bare and "--config" in bare  # says why it differs
+    res = run.invoke(app, ["privacy", "calibrate", "--epsilon", "4"])
+    assert res.exit_code == 2 and "--steps" in res.output

@@ -115,6 +115,29 @@ def _plan_synrag(cfg: Any, as_json: bool) -> None:
                "query of the knowledge base is free")
 
 
+def run_noise_multiplier(config: Path, labels: int | None) -> float:
+    """The noise multiplier the run of ``config`` draws, calibrated as the run calibrates it
+    (``dpsynth privacy calibrate --config`` and ``dpsynth plan`` show this one number): a PE
+    method with an (epsilon, delta) guarantee and a declared label domain (or ``labels``)."""
+    from ..config import load_config
+    from ..methods import get_method
+    from ..methods.pe import PEMethod, calibrate_sigma
+    from ..neighbours import mechanism_config
+    from ..planning import declared_labels
+
+    cfg = load_config(config)
+    method = get_method(cfg.method)
+    method.check(cfg)
+    if not isinstance(method, PEMethod) or method.guarantee(cfg) != "dp" \
+            or method.noise_multiplier(cfg, None) is not None:
+        raise ConfigError(f"method {method.name!r} does not calibrate one noise multiplier "
+                          "from the config: run `dpsynth plan` for its plan")
+    n_labels = labels or declared_labels(cfg)
+    if n_labels is None:
+        raise ConfigError("the label domain is discovered from the data: give --labels N")
+    return calibrate_sigma(mechanism_config(cfg), method, n_labels)
+
+
 def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool) -> None:
     """The plan of a method without a plan printer of its own: its
     :class:`~dpsynth.methods.base.PrivacyPlan` as its run makes it (from the data; spends

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -37,18 +38,41 @@ def _answer(as_json: bool, key: str, value: float, line: str) -> None:
 
 @privacy_app.command("calibrate")
 def calibrate(
-    epsilon: Annotated[float, typer.Option("--epsilon", help="Target epsilon (> 0).")],
-    delta: Delta, steps: Steps, sensitivity: Sensitivity = 1.0,
-    accountant: AccountantKind = "pld", as_json: AsJson = False,
+    epsilon: Annotated[float | None, typer.Option("--epsilon", help="Target epsilon (> 0).")]
+    = None,
+    delta: Annotated[float | None, typer.Option("--delta", help="Target delta, in (0, 1).")]
+    = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Number of Gaussian releases T.")]
+    = None,
+    sensitivity: Sensitivity = 1.0, accountant: AccountantKind = "pld",
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="A run config: the noise multiplier its run draws, the one `dpsynth "
+        "plan` shows (one calibration for both)")] = None,
+    labels: Annotated[int | None, typer.Option(
+        "--labels", help="with --config: label classes, for a domain the run discovers")] = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Smallest Gaussian sigma so that STEPS releases meet (EPSILON, DELTA)."""
+    """Smallest Gaussian sigma so that STEPS releases meet (EPSILON, DELTA); with --config,
+    the noise multiplier of that run's planned releases (its discrete Gaussians, label counts
+    included), as `dpsynth plan` shows it."""
     from dpsynth.privacy import calibrate_steps
 
+    if config is not None:
+        from .plan import run_noise_multiplier
+
+        sigma = run_noise_multiplier(config, labels)
+        _answer(as_json, "sigma", sigma, f"noise multiplier {sigma:.4g} (the run of {config}, "
+                                         "as `dpsynth plan` shows it)")
+        return
+    if epsilon is None or delta is None or steps is None:
+        raise ConfigError("give --epsilon, --delta and --steps (or --config FILE for a run's "
+                          "own noise multiplier)")
     _check_accountant(accountant)
     sigma = calibrate_steps(epsilon, delta, steps, sensitivity=sensitivity, kind=accountant)
     _answer(as_json, "sigma", sigma,
-            f"sigma = {sigma:.4f}  ({steps} Gaussian releases, sensitivity {sensitivity:g}, "
-            f"epsilon {epsilon:g}, delta {delta:g}, accountant {accountant})")
+            f"sigma = {sigma:.4g}  ({steps} continuous Gaussian releases, sensitivity "
+            f"{sensitivity:g}, epsilon {epsilon:g}, delta {delta:g}, accountant {accountant}; "
+            "a run's own noise, discrete and with its label counts: --config FILE)")
 
 
 @privacy_app.command("epsilon")
