@@ -15,6 +15,7 @@ import calendar
 import copy
 import json
 import math
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -257,7 +258,8 @@ def spending_lines(book: BudgetLedger, sources: Sequence[str], when: str) -> lis
         eps, cap = src["epsilon"], src["total_epsilon"]
         if cap is None:
             lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} {when}, and has no cap: "
-                         "`dpsynth budget set --source ... --total-epsilon N` sets one")
+                         f"`dpsynth budget set --source {shlex.quote(name)} --total-epsilon N` "
+                         "sets one")
             continue
         lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} of its cap {cap:.4g} "
                      f"{when} ({cap - eps:.4g} left)")
