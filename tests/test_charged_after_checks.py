@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from dpsynth import methods, preflight
+from dpsynth import methods
 from dpsynth.cli import app
+from dpsynth.llm import models
 from dpsynth.methods.base import Method, PrivacyPlan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -92,7 +93,7 @@ def test_embedded_weights_not_on_this_machine_are_refused_before_any_charge(
     """No converted copy in the model cache and the package not installed: a run would try
     to download the model after its budget was reserved."""
     monkeypatch.setenv("DPSYNTH_MODEL_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setitem(preflight.EMBEDDED_PACKAGES, "smollm2", "dpsynth-no-such-package")
+    monkeypatch.setitem(models.EMBEDDED_PACKAGES, "smollm2", "dpsynth-no-such-package")
     for command in (["rag", "build", EXAMPLES / "tiny-synrag.yaml"],
                     ["generate", EXAMPLES / "demo.yaml"]):
         out = tmp_path / "run"

