@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -40,13 +41,18 @@ def _plan(*argv: object) -> dict:
 
 def test_the_plan_matches_the_calibration_and_the_vote_arithmetic(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, **{"privacy.accountant": "rdp"})
-    plan = _plan(cfg)  # with the data: 61 records, 3 declared label classes
+    plan = _plan(cfg)  # 61 records, 3 label classes, population 9 (pe_config)
     assert plan["records"] == 61 and plan["labels"] == 3 and plan["candidates"] == 18
-    # label counts + 2 voting rounds, sensitivity 1, the run's accountant
+    # the sizes histogram + 2 voting rounds, sensitivity 1, the run's accountant
     sigma = calibrate_steps(4.0, 1e-5, 3, kind="rdp")
     assert plan["noise_multiplier"] == pytest.approx(sigma, rel=1e-3)
     assert plan["expected_votes"] == pytest.approx(61 / 18)  # k = 1: one vote per record
     assert plan["ratio"] == pytest.approx(sigma * 18 / 61, rel=1e-3)
+    # the automatic population: expected votes = 2 sigma, at least one sample a label class
+    auto = _plan(cfg, "--set", "synthesis.samples=50", "--set", "synthesis.population=null")
+    population = min(50, max(3, math.floor(61 / (2 * 2 * sigma))))  # L = 2
+    assert auto["population"] == population and auto["candidates"] == 2 * population
+    assert auto["samples"] == 50 and auto["ratio"] <= 0.5 and auto["verdict"] == "ok"
     # the same from a stated count, without the data
     assert _plan(cfg, "--no-data", "--records", 61)["noise_multiplier"] == \
         pytest.approx(plan["noise_multiplier"])

@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dpsynth.errors import PrivacyError
 from dpsynth.methods import REGISTRY
 from dpsynth.privacy.session import PrivacySession
 from fakes import WORDS, FakeEmbedder, FakeGenerator
@@ -354,7 +355,8 @@ def pe_config(method: str, data: Path, **over: Any) -> dict[str, Any]:
         "generators": [{"model": "fake-g0", "max_new_tokens": 24}],
         "embedder": {"model": "fake"},
         "prompts": {"task": "a short patient message", "label_template": "about {label}"},
-        "synthesis": {"samples": 9, "iterations": 2, "pool_multiplier": 2, "retries": 1},
+        "synthesis": {"samples": 9, "iterations": 2, "pool_multiplier": 2, "retries": 1,
+                      "population": 9},  # sized votes: test_aug_pe_sized_votes_neighbours
     }
     for dotted, value in over.items():
         node = cfg
@@ -392,17 +394,21 @@ def check_neighbours(tmp: Path, spy: KeySpy, make_cfg: Callable[[Path], dict[str
                      run: Callable[[dict[str, Any], Path], Path],
                      resume: Callable[[Path], Any], *, user: bool = False,
                      allowed: frozenset[int] = frozenset(),
-                     ignore: frozenset[str] = frozenset(), strict_keys: bool = True
-                     ) -> list[str]:
-    """All four checks for one method on D and D'; returns the problems found."""
+                     ignore: frozenset[str] = frozenset(), strict_keys: bool = True,
+                     allowed_shape: frozenset[str] = frozenset()) -> list[str]:
+    """All four checks for one method on D and D'; returns the problems found.
+    ``allowed_shape``: keys whose shape is post-processing of an earlier release (Aug-PE's
+    votes, on a population sized from the released record count): they may differ in shape
+    between D and D' (the substitution check, on D's noise, still needs them equal)."""
     runs = {}
     for tag, rows in (("d", rows_d), ("dp", rows_dp)):
         cfg = make_cfg(write_csv(tmp / f"{tag}.csv", rows))
         runs[tag] = run(cfg, tmp / f"run-{tag}")
-    problems = structure_problems(runs["d"], runs["dp"], strict_keys)
+    problems = [p for p in structure_problems(runs["d"], runs["dp"], strict_keys)
+                if not any(f"key {k!r} released with another shape" in p for k in allowed_shape)]
     problems += substitution_problems(runs["d"], runs["dp"], resume, tmp, spy, ignore)
     problems += fresh_plan_problems(tmp, make_cfg, rows_d, rows_dp, run, strict_keys,
-                                    user=user, allowed=allowed)
+                                    allowed_shape, user=user, allowed=allowed)
     for tag, rows in (("d", rows_d), ("dp", rows_dp)):
         counts, texts = private_facts(rows, "label", "user" if user else None)
         problems += exact_value_problems(runs[tag], counts, texts, allowed)
@@ -627,6 +633,24 @@ def test_aug_pe_record_neighbours(tmp_path, spy):
              "label": "scheduling", "user": "u-new"}  # the only 'scheduling' record
     problems = check_neighbours(tmp_path, spy, lambda p: pe_config("aug_pe", p), rows,
                                 rows + [extra], run_pe, _resume_pe, allowed=PE_PUBLIC)
+    assert problems == [], "\n".join(problems)
+
+
+def test_aug_pe_sized_votes_neighbours(tmp_path, spy):
+    """Aug-PE's defaults: the voting population and the texts' length come from the released
+    (label x length) histogram, so the votes' shape may differ between D and D' (never on D's
+    noise) and nothing else does."""
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks to schedule a new visit tomorrow morning",
+             "label": "scheduling", "user": "u-new"}
+
+    def cfg(p: Path) -> dict[str, Any]:
+        return pe_config("aug_pe", p, **{"synthesis.population": None,
+                                         "synthesis.samples": 30})
+
+    problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
+                                allowed=PE_PUBLIC | {30, 60},
+                                allowed_shape=frozenset({"iter0/votes", "iter1/votes"}))
     assert problems == [], "\n".join(problems)
 
 
@@ -915,7 +939,11 @@ def discovery_problems(tmp: Path, spy: KeySpy, rows_d: list[dict[str, str]],
         if tag == "dp":
             _splice_discovery(dest, runs["dp"], names["d"], names["dp"])
         spy.take()
-        _resume_pe(dest)
+        try:
+            _resume_pe(dest)
+        except PrivacyError as err:  # D's releases do not fit D''s label classes
+            problems.append(f"{tag} replay failed: {err}")
+            continue
         requested = spy.take()
         if sorted(set(requested)) != stored:
             problems.append(f"{tag} replay asked for other keys: {sorted(set(requested))}")
@@ -923,8 +951,9 @@ def discovery_problems(tmp: Path, spy: KeySpy, rows_d: list[dict[str, str]],
             if len(records) != len(base.get(name, [])):
                 problems.append(f"{tag} replay drew new releases in {name}")
         replays[tag] = shared_files(dest)
-    problems += [f"not explained by a released value: {d}"
-                 for d in file_differences(replays["d"], replays["dp"])]
+    if len(replays) == 2:
+        problems += [f"not explained by a released value: {d}"
+                     for d in file_differences(replays["d"], replays["dp"])]
     problems += fresh_plan_problems(tmp, _discovery_cfg, rows_d, rows_dp, run_pe, user=True,
                                     allowed_shape=frozenset({DISCOVERY_KEY}),
                                     allowed=PE_PUBLIC)

@@ -18,6 +18,7 @@ import pytest
 
 from dpsynth.api import run_generation
 from dpsynth.config import RunConfig, parse_config
+from dpsynth.evolution.lengths import N_BINS
 from dpsynth.evolution.loop import VoteResult
 from dpsynth.evolution.pool import Pool
 from dpsynth.evolution.selection import allocate, top_indices
@@ -210,7 +211,7 @@ def test_quota_is_the_allocation_of_the_released_label_counts(tmp_path: Path) ->
         noisy = np.asarray(store.value("label_counts"), dtype=np.float64)
     finally:
         store.close()
-    quota = allocate(9, noisy)
+    quota = allocate(9, noisy.reshape(3, N_BINS).sum(axis=1))  # (label x length) histogram
     classes = ["billing", "clinical", "scheduling"]
     for name in ("synthetic.jsonl", "zero_shot.jsonl", "iterations/iter2.jsonl"):
         rows = _jsonl(run / "release" / name)

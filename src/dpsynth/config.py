@@ -295,7 +295,10 @@ class GeneratorConfig(Section):
         description="sample among the k most likely tokens (0 = the whole vocabulary); None "
                     f"= {DEFAULT_TOP_K} on the local engines, and nothing sent to an openai "
                     "server (its own default; top_k is not an OpenAI field)")
-    max_new_tokens: int = Field(64, gt=0)
+    max_new_tokens: int | None = Field(
+        None, gt=0, description="tokens a generation may take; null: from the texts' length "
+                                "(synthesis.max_words, or Aug-PE's DP estimate of the records' "
+                                "length), 64 where there is none")
     timeout_s: float = Field(120.0, gt=0, description="openai: seconds per HTTP attempt")
     retry_budget_s: float = Field(
         600.0, gt=0, description="openai: total seconds per request across its retries"
@@ -423,7 +426,18 @@ class PromptConfig(Section):
 class SynthesisConfig(Section):
     """Sizes and switches of the shared evolution loop (docs/methods.md §1)."""
 
-    samples: int = Field(60, gt=0, description="N: synthetic samples kept")
+    samples: int = Field(60, gt=0, description="N: synthetic samples released")
+    population: int | None = Field(
+        None, gt=0, description="Aug-PE: samples kept per voting round (the voting population, "
+                                "N_vote x pool_multiplier candidates are voted on); null: "
+                                "chosen from the released record count so that a candidate's "
+                                "expected votes are at least planning.VOTE_MARGIN x the noise "
+                                "(at most samples). The release is drawn from the last round's "
+                                "winners and their variations")
+    max_words: int | None = Field(
+        None, gt=0, description="the longest text to write, in words (public); null: Aug-PE "
+                                "estimates it from the records' length histogram, released "
+                                "with the label counts (no extra release)")
     iterations: int = Field(2, ge=0, description="T: private voting rounds")
     pool_multiplier: int = Field(3, ge=1, description="L: candidates per kept sample")
     k: int = Field(1, ge=1, description="nearest candidates each record votes for")

@@ -28,6 +28,15 @@ if TYPE_CHECKING:
 #: noise
 RANDOM_ABOVE = 3.0
 NOISY_ABOVE = 1.0
+#: expected votes per candidate over the noise on its count that the automatic voting
+#: population aims for (and below which a population the user sets is warned about). At 2, a
+#: candidate with its expected votes outranks one with none with probability
+#: Phi(2 / sqrt(2)) = 0.92 under the noise of both counts; at 1 (the old default's regime)
+#: only 0.76. Measured on a held-back question set (issue 44): 1.33 expected votes against
+#: noise 1.88 added 5.8 accuracy points over zero-shot, 4.4 against 1.88 added 14.2.
+VOTE_MARGIN = 2.0
+#: the verdicts a run and ``dpsynth plan`` warn about
+WARN_VERDICTS = ("thin", "noisy", "random")
 
 
 @dataclass
@@ -51,6 +60,8 @@ class RunPlan:
     labels: int
     candidates: int  # per iteration, all labels
     noise_multiplier: float | None
+    population: int = 0  # samples kept per voting round (candidates / pool_multiplier)
+    samples: int = 0  # texts released
     releases: list[PlannedRelease] = field(default_factory=list)
     vote_noise: float | None = None  # std of the noise on one candidate's votes
     expected_votes: float | None = None  # per candidate, on average
@@ -71,7 +82,8 @@ class RunPlan:
         """The plan as the terminal shows it."""
         out = [f"{self.method}: epsilon {self.epsilon:.3g}, delta {self.delta:.3g}; "
                f"{self.records} records, {self.labels} label classes, {self.candidates} "
-               "candidates per iteration"]
+               f"candidates per iteration ({self.population} kept a round), "
+               f"{self.samples} texts released"]
         if self.noise_multiplier is not None:
             out.append(f"  noise multiplier {self.noise_multiplier:.4g}")
         for r in self.releases:
@@ -85,24 +97,59 @@ class RunPlan:
         return out
 
 
-def verdict(config: RunConfig, noise: float, expected: float, mass: float
-            ) -> tuple[str, str]:
-    """(ok | noisy | random, the sentence the operator reads)."""
+def verdict(config: RunConfig, noise: float, expected: float, mass: float,
+            population: int | None = None) -> tuple[str, str]:
+    """(ok | thin | noisy | random, the sentence the operator reads); ``population``: the
+    samples kept per round (``synthesis.samples`` when None)."""
+    population = config.synthesis.samples if population is None else population
     syn = config.synthesis
     ratio = noise / expected if expected > 0 else math.inf
     head = (f"at epsilon {config.privacy.epsilon:.3g} the noise on each candidate's votes "
             f"(sigma {noise:.3g}) is {ratio:.3g}x the expected votes per candidate "
-            f"({expected:.3g} = records x {mass:.3g} / (samples {syn.samples} x "
+            f"({expected:.3g} = records x {mass:.3g} / (population {population} x "
             f"pool_multiplier {syn.pool_multiplier})"
             + ("; at user level each user's votes are scaled to norm 1, so fewer" if
                config.privacy.unit == "user" else "") + ")")
-    fix = ("raise privacy.epsilon, or lower synthesis.samples, synthesis.pool_multiplier or "
-           "synthesis.iterations, or bring more records")
+    fix = ("raise privacy.epsilon, or lower synthesis.population (Aug-PE; synthesis.samples "
+           "elsewhere), synthesis.pool_multiplier or synthesis.iterations, or bring more "
+           "records")
     if ratio > RANDOM_ABOVE:
         return "random", f"{head}: the selection will be random; {fix}"
     if ratio > NOISY_ABOVE:
         return "noisy", f"{head}: the selection will be mostly noise; {fix}"
+    if ratio > 1.0 / VOTE_MARGIN:
+        return "thin", (f"{head}: below the margin of {VOTE_MARGIN:g}x the noise, the votes "
+                        f"stand out only weakly; {fix}")
     return "ok", f"{head}: the votes stand out from the noise"
+
+
+def auto_population(config: RunConfig, method: Any, records: float, labels: int,
+                    sigma: float) -> int:
+    """The voting population that gives a candidate :data:`VOTE_MARGIN` x the noise in
+    expected votes: ``floor(records m / (L margin sigma_vote))`` (m: one record's vote mass,
+    L: pool_multiplier), at least one sample per label class and at most
+    ``synthesis.samples``. ``records`` is a released noisy count in a run (the plan shows it
+    from the exact one)."""
+    syn = config.synthesis
+    if not sigma or sigma <= 0 or not syn.iterations:
+        return syn.samples
+    noise = float(method.vote_noise(config, sigma))
+    fit = math.floor(max(records, 0.0) * float(method.vote_mass(config))
+                     / (syn.pool_multiplier * VOTE_MARGIN * noise))
+    return int(min(syn.samples, max(fit, labels)))
+
+
+def voting_population(config: RunConfig, method: Any, records: float, labels: int,
+                      sigma: float | None) -> int:
+    """Samples kept per voting round: ``synthesis.population`` when set (at most
+    ``samples``), else :func:`auto_population` for a method that sizes its votes
+    (``sizes_votes``), else ``synthesis.samples``."""
+    syn = config.synthesis
+    if not getattr(method, "sizes_votes", False):
+        return syn.samples
+    if syn.population is not None:
+        return min(syn.population, syn.samples)
+    return auto_population(config, method, records, labels, sigma or 0.0)
 
 
 def plan_run(config: RunConfig, method: Any, records: int, labels: int,
@@ -112,9 +159,10 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
     from its secrets; None when nothing is noised). The method says what its releases are
     (``planned_events``) and what one record's vote does (``vote_mass``, ``vote_noise``)."""
     syn = config.synthesis
-    candidates = syn.samples * syn.pool_multiplier
+    population = voting_population(config, method, records, labels, sigma)
+    candidates = population * syn.pool_multiplier
     plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
-                   candidates, None)
+                   candidates, None, population=population, samples=syn.samples)
     if not sigma or not getattr(method, "private_votes", False) or method.guarantee(
             config) not in ("dp", "secret-protection"):
         plan.verdict = "none"
@@ -131,7 +179,8 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
         mass = float(method.vote_mass(config))
         plan.vote_noise = float(method.vote_noise(config, sigma))
         plan.expected_votes = records * mass / candidates
-        plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes, mass)
+        plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes, mass,
+                                             population)
     return plan
 
 

@@ -34,7 +34,7 @@ def plan(
     from ..methods import canonical_name, get_method
     from ..methods.pe import PEMethod, calibrate_sigma
     from ..neighbours import mechanism_config
-    from ..planning import declared_labels, plan_run
+    from ..planning import WARN_VERDICTS, declared_labels, plan_run
     from .generate import parse_sets
 
     cfg = load_config(config, parse_sets(set_ or []))
@@ -72,7 +72,7 @@ def plan(
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return
-    swamped = result.verdict in ("noisy", "random")
+    swamped = result.verdict in WARN_VERDICTS
     for line in result.lines()[:-1] if swamped else result.lines():
         typer.echo(line)
     if swamped:

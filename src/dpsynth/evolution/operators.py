@@ -18,6 +18,7 @@ import numpy as np
 from ..config import RunConfig
 from ..progress import step
 from . import prompts as P
+from .lengths import tokens_for
 from .pool import Pool
 from .selection import allocate
 from .textgen import Synthesizer
@@ -64,6 +65,20 @@ class Generation:
         self.progress = progress
         self._given_generators = list(generators) if generators is not None else None
         self._given_embedder = embedder
+        #: the longest text to write, in words (synthesis.max_words, or set from a DP
+        #: estimate by :meth:`write_up_to`); None: 64 tokens
+        self.max_words: int | None = config.synthesis.max_words
+
+    def write_up_to(self, words: int | None) -> None:
+        """Generations of up to ``words`` words from now on (generators whose config sets
+        max_new_tokens keep it)."""
+        self.max_words = words
+        if "synthesizers" in self.__dict__:
+            for synth in self.synthesizers:
+                synth.length_tokens = self._length_tokens()
+
+    def _length_tokens(self) -> int:
+        return 64 if self.max_words is None else tokens_for(self.max_words)
 
     # -- models ----------------------------------------------------------------------------
     @cached_property
@@ -97,7 +112,7 @@ class Generation:
                 with step(f"loading generator {gen_cfg.short_name}"):
                     generator = load_generator(gen_cfg.load_spec(), cache_path=self.cache_path)
             out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed,
-                                   self.config.prompts.writer))
+                                   self.config.prompts.writer, self._length_tokens()))
         return out
 
     @property

@@ -8,7 +8,9 @@ import numpy as np
 
 from ..config import SynthesisConfig
 from ..context import PrivateView, Releaser, Rngs
+from ..errors import PrivacyError
 from ..privacy.lattice import count_lattice
+from .lengths import Sizes, exact_label_lengths
 from .operators import Generation
 from .pool import Pool
 from .selection import allocate, select_per_label
@@ -23,6 +25,43 @@ def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray
     lattice = count_lattice(view.config.privacy.unit == "user")
     noisy = releaser.gaussian("label_counts", counts, 1.0, name="label_counts", lattice=lattice)
     return allocate(total, noisy)
+
+
+def released_sizes(view: PrivateView, releaser: Releaser) -> Sizes:
+    """The noisy (label class x length bin) histogram (:mod:`dpsynth.evolution.lengths`),
+    released under the label counts' name and lattice: one Gaussian release, L2 sensitivity
+    1, in place of the label counts (docs/methods.md §1, "Sizes from the data")."""
+    exact = exact_label_lengths(view.compute, view.n_labels)
+    lattice = count_lattice(view.config.privacy.unit == "user")
+    noisy = np.asarray(releaser.gaussian("label_counts", exact.ravel(), 1.0,
+                                         name="label_counts", lattice=lattice))
+    if noisy.size != exact.size:  # a stored release replayed on other label classes
+        raise PrivacyError(f"the stored label_counts release has {noisy.size} cells, this "
+                           f"run's (label x length) histogram {exact.size}: the label classes "
+                           "changed since it was released; start a new run")
+    return Sizes.of(noisy.reshape(exact.shape))
+
+
+def first_per_label(pool: Pool, per_label: np.ndarray) -> Pool:
+    """The first ``per_label[y]`` candidates of each label y, in pool order."""
+    keep = [np.flatnonzero(pool.labels == y)[: int(n)] for y, n in enumerate(per_label)]
+    return pool.take(np.sort(np.concatenate(keep)) if keep else np.zeros(0, np.int64))
+
+
+def release_from_winners(gen: Generation, winners: Pool, quota: np.ndarray, tag: str) -> Pool:
+    """The release drawn from the last vote's winners (post-processing, no budget): every
+    winner, then variations of the winners of label y, spread evenly over them, until
+    ``quota[y]`` texts (fewer where variations fail)."""
+    parents: list[int] = []
+    for y, n_y in enumerate(quota):
+        idx = np.flatnonzero(winners.labels == y)
+        need = int(n_y) - len(idx)
+        if need > 0 and len(idx):
+            parents.extend(idx[np.arange(need) % len(idx)].tolist())
+    if not parents:
+        return winners
+    more, _ = gen.variations(winners.take(np.asarray(parents, dtype=np.int64)), 1, tag)
+    return winners.extend(more)
 
 
 def reference_set(pool: Pool, quota: np.ndarray, rngs: Rngs) -> Pool:

@@ -45,6 +45,8 @@ class Synthesizer:
     synthesis: SynthesisConfig
     seed: int
     writer: str = ""
+    #: max_new_tokens when the generator's config leaves it unset (from the texts' length)
+    length_tokens: int = 64
     counts: GenerationCounts = field(default_factory=GenerationCounts)
 
     @property
@@ -77,7 +79,7 @@ class Synthesizer:
                         temperature=self.config.temperature,
                         top_p=self.config.top_p,
                         top_k=self.config.sampling_top_k,
-                        max_new_tokens=self.config.max_new_tokens,
+                        max_new_tokens=self.config.max_new_tokens or self.length_tokens,
                         seed=stable_seed(self.seed, self.name, tags[i], attempt),
                         stop=() if self.chat else ("\n\n",),
                     ),

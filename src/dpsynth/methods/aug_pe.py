@@ -1,31 +1,40 @@
 """Aug-PE (Xie et al. 2024, "Differentially Private Synthetic Data via Foundation Model APIs 2:
 Text"), the baseline of the family. docs/methods.md §1.
 
-1. noisy label counts -> N_y samples per label (Gaussian, sensitivity 1);
-2. RANDOM_API: N_y * L zero-shot generations per label;
+1. the noisy (label x length) histogram (Gaussian, sensitivity 1) -> N_y released texts per
+   label, V_y samples kept per label each round (the voting population, sized so a
+   candidate's expected votes stand above the noise) and the texts' length;
+2. RANDOM_API: V_y * L zero-shot generations per label;
 3. T times: embed; each private record votes for its k nearest same-label candidates with
    weight 1/sqrt(k) (L2 sensitivity 1); H~ = H + N(0, sigma^2); H~ <- max(H~ - theta, 0);
-   keep the top N_y (or sample); VARIATION_API gives each kept sample L - 1 variations.
-Privacy: (T + 1) Gaussian mechanisms of one noise multiplier, composed by the accountant.
+   keep the top V_y (or sample); VARIATION_API gives each kept sample L - 1 variations;
+4. the release: the last vote's winners and their variations, N_y per label.
+Privacy: (T + 1) Gaussian mechanisms of one noise multiplier, composed by the accountant (T
+when one label class and declared sizes need no histogram).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..config import RunConfig, SynthesisConfig
+from ..config import RunConfig
 from ..context import PrivateView, Releaser, Rngs
 from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
 from ..evolution.parts import (
+    first_per_label,
     lookahead_embeddings,
-    noisy_quota,
     reference_set,
+    release_from_winners,
+    released_sizes,
     select_and_vary,
 )
 from ..evolution.pool import Pool
-from ..evolution.selection import thresholded
+from ..evolution.selection import allocate, select_per_label, thresholded
 from ..evolution.voting import vote_index_from
+from ..planning import voting_population
 from ..privacy.lattice import Lattice
 from .pe import PEMethod
 
@@ -44,26 +53,68 @@ def knn_lattice(cand_labels: np.ndarray, k: int, unit: str) -> Lattice:
     return Lattice(knn_weights(np.asarray(cand_labels, dtype=np.int64), k), True)
 
 
-class AugPEStrategy:
-    """Aug-PE's parts for the shared loop."""
+@dataclass
+class AugPEState(StrategyState):
+    """Aug-PE's state: ``quota`` (released texts per label), ``vote_quota`` (samples kept per
+    label each voting round) and ``max_words`` (the length the generators write), all
+    post-processing of the released (label x length) histogram or public settings."""
 
-    def __init__(self, syn: SynthesisConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs) -> None:
-        self.syn = syn
+    vote_quota: np.ndarray | None = None
+    max_words: int | None = None
+
+
+class AugPEStrategy:
+    """Aug-PE's parts for the shared loop. The votes run on a population sized so that a
+    candidate's expected votes stand above the noise (:func:`dpsynth.planning.
+    voting_population`); the release is drawn from the last vote's winners
+    (:func:`release_from_winners`), so its size does not thin the votes."""
+
+    def __init__(self, config: RunConfig, method: PEMethod, view: PrivateView,
+                 releaser: Releaser, gen: Generation, rngs: Rngs) -> None:
+        self.config = config
+        self.syn = config.synthesis
+        self.method = method
         self.view = view
         self.releaser = releaser
         self.gen = gen
         self.rngs = rngs
-        self.state = StrategyState()
+        self.state = AugPEState()
+
+    def _sizes(self) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """(quota, vote_quota, max_words) from one release of the (label x length) histogram
+        when anything needs it (several labels, an automatic population or length), else from
+        the public settings."""
+        syn, n_labels = self.syn, self.view.n_labels
+        if not AugPE.releases_sizes(self.config, n_labels):
+            quota = np.array([syn.samples])
+            population = min(syn.population or syn.samples, syn.samples)
+            return quota, np.array([population if syn.iterations else syn.samples]), \
+                syn.max_words
+        sizes = released_sizes(self.view, self.releaser)
+        quota = allocate(syn.samples, sizes.label_counts)
+        if not syn.iterations:
+            vote_quota = quota
+        else:
+            population = voting_population(self.config, self.method, sizes.records, n_labels,
+                                           self.releaser.sigma)
+            vote_quota = allocate(population, sizes.label_counts)
+            vote_quota = np.minimum(np.maximum(vote_quota, (quota > 0).astype(np.int64)), quota)
+        return quota, vote_quota, syn.max_words or sizes.max_words()
 
     def initial(self) -> Start:
-        quota = noisy_quota(self.view, self.releaser, self.syn.samples)
-        self.state.quota = quota
-        pool = self.gen.zero_shot(quota * self.syn.pool_multiplier, "init")
-        return Start(pool, reference_set(pool, quota, self.rngs))
+        quota, vote_quota, words = self._sizes()
+        self.state.quota, self.state.vote_quota, self.state.max_words = quota, vote_quota, words
+        self.gen.write_up_to(words)
+        # one zero-shot pass serves both: the voting pool (the first vote_quota x L of each
+        # label) and the zero-shot reference of the release's size
+        full = self.gen.zero_shot(np.maximum(quota, vote_quota * self.syn.pool_multiplier),
+                                  "init")
+        pool = first_per_label(full, vote_quota * self.syn.pool_multiplier)
+        return Start(pool, reference_set(full, quota, self.rngs))
 
     def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult:
         syn = self.syn
+        self.gen.write_up_to(self.state.max_words)  # a resumed run reads it from the state
         vote_emb = lookahead_embeddings(self.gen, pool, emb, syn.lookahead, f"look{t}")
         votes = self.view.compute.knn_histogram(vote_emb, pool.labels, syn.k,
                                                 index=vote_index_from(syn))
@@ -78,18 +129,37 @@ class AugPEStrategy:
         })
 
     def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool:
-        assert self.state.quota is not None
-        return select_and_vary(self.gen, self.rngs, self.syn, t, pool, vote.scores,
-                               self.state.quota, last)
+        assert self.state.quota is not None and self.state.vote_quota is not None
+        self.gen.write_up_to(self.state.max_words)
+        if not last:
+            return select_and_vary(self.gen, self.rngs, self.syn, t, pool, vote.scores,
+                                   self.state.vote_quota, last)
+        winners = pool.take(select_per_label(vote.scores, pool.labels, self.state.vote_quota,
+                                             self.syn.selection, self.rngs(f"select{t}")))
+        return release_from_winners(self.gen, winners, self.state.quota, f"release{t}")
 
 
 class AugPE(PEMethod):
     name = "aug_pe"
     private_passes = ("embed",)
+    #: the voting population is sized from the released record count (planning)
+    sizes_votes = True
+
+    @staticmethod
+    def releases_sizes(config: RunConfig, n_labels: int) -> bool:
+        """Whether the run releases the (label x length) histogram: with several label
+        classes (the label counts), or to size the votes or the texts automatically."""
+        syn = config.synthesis
+        return n_labels > 1 or syn.max_words is None or (
+            syn.population is None and syn.iterations > 0)
+
+    def vote_releases(self, config: RunConfig, n_labels: int) -> int:
+        """The sizes histogram (:meth:`releases_sizes`) and the T votes."""
+        return int(self.releases_sizes(config, n_labels)) + config.synthesis.iterations
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs) -> AugPEStrategy:
-        return AugPEStrategy(config.synthesis, view, releaser, gen, rngs)
+        return AugPEStrategy(config, self, view, releaser, gen, rngs)
 
     def vote_shifts(self, config: RunConfig) -> tuple[int, ...]:
         """k = 1 at record level: one record adds 1 to one candidate's count."""

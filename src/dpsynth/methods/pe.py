@@ -47,14 +47,14 @@ def show_vote_plan(method: PEMethod, config: RunConfig, records: int, labels: in
     spent: on the terminal, a warning when it swamps them, and in private/plan.json (it uses
     the exact record count: never log.txt or release/)."""
     from ..files import atomic_write_json
-    from ..planning import plan_run
+    from ..planning import WARN_VERDICTS, plan_run
     from ..progress import note, warn
 
     plan = plan_run(config, method, records, labels, sigma)
     atomic_write_json(run.private / "plan.json", plan.to_dict(), mode=0o600)
     for line in plan.lines()[:-1] if plan.message else plan.lines():
         note(line)
-    if plan.verdict in ("noisy", "random"):
+    if plan.verdict in WARN_VERDICTS:
         warn(plan.message)
     elif plan.message:
         note(plan.message)
@@ -65,6 +65,9 @@ class PEMethod(Method):
 
     #: the method reads private records through noisy votes (False: zero-shot)
     private_votes: ClassVar[bool] = True
+    #: the method sizes its voting population from the released record count
+    #: (``synthesis.population``; :func:`dpsynth.planning.voting_population`)
+    sizes_votes: ClassVar[bool] = False
 
     # -- validation and the privacy plan -------------------------------------------------
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:

@@ -1,0 +1,101 @@
+"""How long the records are, as the generators need to know it: a DP estimate from one noisy
+histogram over (label class x length bin), released in place of the label counts.
+
+A record adds 1 to one cell of the joint histogram (its label class, the bin of its word
+count), so the release has L2 sensitivity 1, the same as the label counts alone: one Gaussian
+release buys the label counts (row sums), the length distribution (column sums) and a noisy
+record count (the total), all post-processing (docs/methods.md §1, "Sizes from the data").
+At user level each user's cell counts are scaled to norm 1 (:func:`user_label_counts`), as
+for the label counts. The bins are fixed and public (:data:`LENGTH_EDGES`): nothing about
+them is read from the records.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compute.kernels import Partial, finish, per_bucket, sum_partials
+from ..compute.shard import Shard, shard_kernel, text_chunks
+from .voting import user_label_counts
+
+#: upper edges (exclusive) of the public word-count bins; the last bin is open
+LENGTH_EDGES = (4, 8, 16, 32, 64, 128, 256)
+N_BINS = len(LENGTH_EDGES) + 1
+#: the word count the open last bin stands for
+LONGEST = 400
+#: the share of the records' (noisy) length mass a generation may cover: the generators write
+#: up to the length of the 90th percentile's bin
+COVER = 0.9
+#: tokens a word takes on average in the default models' tokenizers (SmolLM2, Gemma 3:
+#: 1.3-1.4 on English reviews and questions), with headroom
+TOKENS_PER_WORD = 1.5
+
+
+def length_bin(text: str) -> int:
+    """The public bin of a text's word count."""
+    return int(np.searchsorted(LENGTH_EDGES, len(text.split()), side="right"))
+
+
+@shard_kernel
+def label_length_partial(shard: Shard, n_labels: int) -> Partial:
+    """The shard's exact (label class x length bin) histogram, flattened label-major; L2
+    sensitivity 1 per record (or per user)."""
+    bins = np.fromiter((length_bin(t) for _, chunk in text_chunks(shard.text) for t in chunk),
+                       dtype=np.int64, count=len(shard))
+    codes = shard.labels * N_BINS + bins
+    if not shard.user_level:
+        return Partial(ints=np.bincount(codes, minlength=n_labels * N_BINS).astype(np.int64))
+    return per_bucket(shard, lambda sel, users: user_label_counts(
+        codes[sel], n_labels * N_BINS, users))
+
+
+def exact_label_lengths(compute: object, n_labels: int) -> np.ndarray:
+    """The exact joint histogram, [n_labels, N_BINS] (private: the releaser noises it)."""
+    parts = compute.map(label_length_partial, n_labels)  # type: ignore[attr-defined]
+    return finish(sum_partials(parts), n_labels * N_BINS, 1.0).reshape(n_labels, N_BINS)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the released joint histogram says, all post-processing: noisy counts per label
+    class, the noisy length distribution over :data:`LENGTH_EDGES`' bins and the noisy
+    record count (clipped at 0)."""
+
+    label_counts: np.ndarray
+    lengths: np.ndarray
+    records: float
+
+    @classmethod
+    def of(cls, noisy: np.ndarray) -> Sizes:
+        noisy = np.asarray(noisy, dtype=np.float64)
+        return cls(noisy.sum(axis=1), noisy.sum(axis=0), max(float(noisy.sum()), 0.0))
+
+    def max_words(self) -> int:
+        """The upper edge of the bin holding the :data:`COVER` quantile of the (clipped)
+        noisy length distribution; :data:`LONGEST` for the open bin; 64 words when the
+        released mass is not positive."""
+        mass = np.maximum(self.lengths, 0.0)
+        if mass.sum() <= 0:
+            return 64
+        below = np.cumsum(mass) / mass.sum()
+        b = int(np.searchsorted(below, COVER))
+        return LENGTH_EDGES[b] if b < len(LENGTH_EDGES) else LONGEST
+
+    def min_words(self) -> int:
+        """Half the lower edge of the bin holding the 5th percentile (at least 1): the
+        shortest text the release keeps."""
+        mass = np.maximum(self.lengths, 0.0)
+        if mass.sum() <= 0:
+            return 1
+        b = int(np.searchsorted(np.cumsum(mass) / mass.sum(), 0.05))
+        lower = (0,) + LENGTH_EDGES
+        return max(1, lower[min(b, len(LENGTH_EDGES))] // 2)
+
+
+def tokens_for(words: int) -> int:
+    """max_new_tokens for texts of up to ``words`` words (:data:`TOKENS_PER_WORD`, plus 8
+    for punctuation and an end token), at most 1024."""
+    return min(1024, int(math.ceil(words * TOKENS_PER_WORD)) + 8)
