@@ -1,4 +1,10 @@
-"""LLM backends behind one :class:`Generator` protocol, plus an on-disk request cache."""
+"""LLM backends behind one :class:`Generator` protocol, plus an on-disk request cache.
+
+What a generator can do beyond ``generate`` is a runtime-checkable protocol each
+(:data:`~dpsynth.llm.base.CAPABILITIES`); callers branch on ``isinstance`` against them, never
+on ``hasattr``. :func:`load_generator` imports a backend's module only when its spec names it
+(a registry of backends: ``import dpsynth.llm`` stays light), and checks what it built.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ from .base import (
     GenerationRequest,
     Generator,
     SamplingParams,
+    checked_generator,
     render_chat_fallback,
 )
+from .cache import CachedGenerator, RequestCache
 
 __all__ = [
     "Completion",
@@ -68,39 +76,41 @@ def load_generator(
     """
     gen: Generator
     if isinstance(spec, dict):
-        conf = dict(spec)
-        backend = conf.pop("backend", "local")
-        conf.update(kwargs)
-        if backend == "openai":
-            unknown = set(conf) - _OPENAI_KEYS
-            if unknown:
-                raise ConfigError(f"generator spec: unknown openai keys {sorted(unknown)}")
-            if conf.get("base_url") is None and conf.get("base_urls") is None:
-                raise ConfigError("generator spec: openai backend needs 'base_url' or "
-                                 "'base_urls'")
-            if "model" not in conf:
-                raise ConfigError("generator spec: openai backend needs 'model'")
-            from .openai_compat import OpenAIGenerator
-
-            conf.setdefault("base_url", None)
-            gen = OpenAIGenerator(**conf)
-        elif backend == "local":
-            unknown = set(conf) - _LOCAL_KEYS
-            if unknown:
-                raise ConfigError(f"generator spec: unknown local keys {sorted(unknown)}")
-            from .local import LocalGenerator
-
-            gen = LocalGenerator(**{k: v for k, v in conf.items() if v is not None})
-        else:
-            raise ConfigError(f"generator spec: unknown backend {backend!r} (local or openai)")
+        gen = _from_dict(spec, kwargs)
     elif isinstance(spec, str | Path):
         from .local import LocalGenerator
 
         gen = LocalGenerator(spec, **{k: v for k, v in kwargs.items() if v is not None})
     else:
         raise TypeError(f"generator spec must be a str, Path or dict, got {type(spec).__name__}")
+    gen = checked_generator(gen)  # the one check; callers then branch on capability protocols
     if cache_path is not None:
-        from .cache import CachedGenerator, RequestCache
-
         gen = CachedGenerator(gen, RequestCache(Path(cache_path)))
     return gen
+
+
+def _from_dict(spec: dict[str, Any], kwargs: dict[str, Any]) -> Generator:
+    """The generator of a dict spec (its ``backend``'s keys checked)."""
+    conf = dict(spec)
+    backend = conf.pop("backend", "local")
+    conf.update(kwargs)
+    if backend == "openai":
+        unknown = set(conf) - _OPENAI_KEYS
+        if unknown:
+            raise ConfigError(f"generator spec: unknown openai keys {sorted(unknown)}")
+        if conf.get("base_url") is None and conf.get("base_urls") is None:
+            raise ConfigError("generator spec: openai backend needs 'base_url' or 'base_urls'")
+        if "model" not in conf:
+            raise ConfigError("generator spec: openai backend needs 'model'")
+        from .openai_compat import OpenAIGenerator
+
+        conf.setdefault("base_url", None)
+        return OpenAIGenerator(**conf)
+    if backend == "local":
+        unknown = set(conf) - _LOCAL_KEYS
+        if unknown:
+            raise ConfigError(f"generator spec: unknown local keys {sorted(unknown)}")
+        from .local import LocalGenerator
+
+        return LocalGenerator(**{k: v for k, v in conf.items() if v is not None})
+    raise ConfigError(f"generator spec: unknown backend {backend!r} (local or openai)")

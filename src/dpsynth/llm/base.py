@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import GenerationError as GenerationError  # re-export; lives in dpsynth.errors
+from ..progress import bar
 
 Messages = tuple[dict[str, str], ...]
 Prompt = str | Messages
@@ -219,11 +220,136 @@ class Generator(Protocol):
     ) -> list[str]: ...
 
 
+@runtime_checkable
+class Completer(Protocol):
+    """Says how each text ended: ``complete`` returns one :class:`Completion` per request."""
+
+    def complete(
+        self, requests: Sequence[GenerationRequest], *, progress: bool = True
+    ) -> list[Completion]: ...
+
+
+@runtime_checkable
+class TokenEncoder(Protocol):
+    """Counts tokens: ``encode(text)`` gives the token ids of ``text``."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@runtime_checkable
+class PromptTokens(Protocol):
+    """Renders a request to its prompt text and counts its tokens against ``max_context``."""
+
+    max_context: int
+
+    def render(self, request: GenerationRequest) -> tuple[str, tuple[str, ...], bool]: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+
+@runtime_checkable
+class RowDecoder(Protocol):
+    """Batching row by row: what :func:`dpsynth.llm.server.decode_rows` decodes, each row of a
+    KV-cached batch from its own seeded stream (the local backend; the server's batcher)."""
+
+    name: str
+    max_context: int
+    pad_token_id: int
+    eos_token_ids: tuple[int, ...]
+
+    def render(self, request: GenerationRequest) -> tuple[str, tuple[str, ...], bool]: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def forward_last(self, cache: Any = None, **inputs: Any) -> tuple[Any, Any]: ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """Keeps a running count of the tokens it generated."""
+
+    generated_tokens: int
+
+
+@runtime_checkable
+class NextTokenScorer(Protocol):
+    """Next-token logits ``[B, vocab]`` of rendered plain-text prompts."""
+
+    def render(self, request: GenerationRequest) -> tuple[str, tuple[str, ...], bool]: ...
+
+    def next_token_logits(self, prompts: Sequence[str]) -> Any: ...
+
+
+@runtime_checkable
+class Steppable(Protocol):
+    """Opens a KV-cached stepper over prompts (DP-SynRAG's private prediction)."""
+
+    def open_stepper(self, prompts: Sequence[str], shared_prefix: str = "") -> Any: ...
+
+
+@runtime_checkable
+class RowsApartOpener(Protocol):
+    """Opens its own stepper whose rows' logits each depend on that row's prompt alone."""
+
+    def open_rows_apart(self, prompts: Sequence[str], shared_prefix: str = "",
+                        width: int | None = None, rows: int = 16) -> Any: ...
+
+
+@runtime_checkable
+class LogitsDtypeChoice(Protocol):
+    """Runs its stepper in a chosen dtype (``float32`` or ``bfloat16``)."""
+
+    def set_logits_dtype(self, dtype: str) -> None: ...
+
+
+@runtime_checkable
+class StepperEngineChoice(Protocol):
+    """Runs its stepper on a chosen engine (``transformers`` or ``openvino``)."""
+
+    def set_stepper_engine(self, engine: str) -> None: ...
+
+
+@runtime_checkable
+class NamedModel(Protocol):
+    """Has a model id (``smollm2``, a directory's name): the name a server serves it under."""
+
+    model_id: str
+
+
+#: Every capability protocol a generator may satisfy beside :class:`Generator`, by name.
+CAPABILITIES: dict[str, type] = {
+    "completions": Completer,
+    "token_counts": TokenEncoder,
+    "prompt_tokens": PromptTokens,
+    "row_decoding": RowDecoder,
+    "generated_tokens": CountsTokens,
+    "next_token_logits": NextTokenScorer,
+    "stepper": Steppable,
+    "rows_apart": RowsApartOpener,
+    "logits_dtype": LogitsDtypeChoice,
+    "stepper_engine": StepperEngineChoice,
+    "model_id": NamedModel,
+}
+
+
+def capabilities(gen: object) -> frozenset[str]:
+    """The names (:data:`CAPABILITIES`) of the capability protocols ``gen`` satisfies."""
+    return frozenset(k for k, proto in CAPABILITIES.items() if isinstance(gen, proto))
+
+
+def checked_generator(gen: object) -> Generator:
+    """``gen`` when it satisfies :class:`Generator`, else a TypeError."""
+    if not isinstance(gen, Generator):
+        raise TypeError(f"{type(gen).__name__} is not a Generator (it needs name, "
+                        "supports_chat and generate)")
+    return gen
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Any]:
     """A bar on the run's one progress display (:mod:`dpsynth.progress`; a display of its own
     outside a run); yields a zero-argument ``advance`` callable."""
-    from ..progress import bar
-
     with bar(label, total, enabled) as advance:
         yield advance

@@ -38,6 +38,7 @@ from typing import Any
 
 from ..files import publish_dir
 from .base import GenerationError, SamplingParams
+from .models import quiet_transformers
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ def convert(model_dir: Path, out_dir: Path) -> None:
     """
     import ctranslate2
     from ctranslate2.converters import TransformersConverter
-
-    from .models import quiet_transformers
 
     log.info("converting %s to CTranslate2 %s (first use only)", Path(model_dir).name,
              COMPUTE_TYPE)
@@ -241,30 +240,35 @@ class Ct2Engine:
                 return any(s in decode(row) for s in stops[step.batch_id])
 
             kw["callback"] = on_step
-        try:
-            if not sample:
-                with _SEED_LOCK:
-                    if self._greedy is None:
-                        self._greedy = self._load()
-                    results = self._greedy.generate_batch(tokens, **kw)
-            else:
-                with _SEED_LOCK:
-                    self._ct2.set_random_seed(seed32(seed))
-                    gen = self._load()
-                    try:
-                        results = gen.generate_batch(tokens, **kw)
-                    finally:
-                        del gen
-        except Exception as exc:  # the message of an engine error holds no prompt text
-            raise GenerationError(
-                f"ctranslate2 generate_batch failed ({type(exc).__name__})"
-            ) from exc
+        results = self._generate_batch(tokens, kw, sample, seed)
         out: list[tuple[list[int], bool]] = []
         for i, r in enumerate(results):
             ids = [int(t) for t in r.sequences_ids[0]]
             stopped = i in seen and any(s in decode(ids) for s in stops[i])
             out.append((ids, len(ids) < params.max_new_tokens and not stopped))
         return out
+
+    def _generate_batch(self, tokens: list[list[str]], kw: dict[str, Any], sample: bool,
+                        seed: int | None) -> Any:
+        """One ``generate_batch``: greedy on the kept engine; sampled on a fresh engine seeded
+        under the process-wide seed lock."""
+        try:
+            if not sample:
+                with _SEED_LOCK:
+                    if self._greedy is None:
+                        self._greedy = self._load()
+                    return self._greedy.generate_batch(tokens, **kw)
+            with _SEED_LOCK:
+                self._ct2.set_random_seed(seed32(seed))
+                gen = self._load()
+                try:
+                    return gen.generate_batch(tokens, **kw)
+                finally:
+                    del gen
+        except Exception as exc:  # the message of an engine error holds no prompt text
+            raise GenerationError(
+                f"ctranslate2 generate_batch failed ({type(exc).__name__})"
+            ) from exc
 
 
 

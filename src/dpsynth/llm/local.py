@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
+from . import ct2, ov_stepper
 from .base import (
     FALLBACK_STOPS,
     Completion,
@@ -140,14 +141,36 @@ class LocalGenerator:
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         requested = engine
+        engine = self._place(engine, device)
+        spec, embedded, root = self._locate(model, cache_dir)
+        self._set_threads(num_threads)
+        self.load_source = self._float_weights(spec, embedded, root)
+        self._read_tokenizer()
+        self.last_batch_sizes: list[int] = []
+        self.generated_tokens = 0
+        self.ct2_converted = False
+        self._ct2: Any = None
+        if engine == "ctranslate2":
+            engine = self._open_ct2(requested, root, embedded, num_threads)
+        self.engine: str = engine
+        self.batch_size: int = batch_size or AUTO_BATCH[engine]
+        if engine == "transformers":
+            self._load_model()
+
+    # ---------------------------------------------------------------- construction
+    def _place(self, engine: str, device: str) -> str:
+        """Set :attr:`device`; the engine to run (a GPU runs transformers)."""
         self.device = resolve_device(device)
         if self.device != "cpu":
             if engine == "ctranslate2":
                 raise ConfigError(f"engine 'ctranslate2' runs on the CPU in dpsynth; with "
                                   f"device {device!r} use engine 'transformers' (or 'auto')")
             engine = "transformers"
-        engine = resolve_engine(engine)
+        return resolve_engine(engine)
 
+    def _locate(self, model: str | Path, cache_dir: Path | None) -> tuple[str, bool, Path]:
+        """Set :attr:`model_dir`, :attr:`model_id` and :attr:`name`; (spec, whether it is an
+        embedded model, the model cache root)."""
         spec = str(model)
         if spec.startswith("local:"):
             spec = spec[len("local:") :]
@@ -166,33 +189,43 @@ class LocalGenerator:
             self.model_id = model_dir.resolve().name
         self.model_dir = model_dir
         self.name = f"local:{self.model_id}"
+        return spec, embedded, root
 
+    def _set_threads(self, num_threads: int | None) -> None:
+        """Set :attr:`num_threads` (never more than the cores) and torch's threads to it."""
         import torch
-        from transformers import AutoConfig, AutoTokenizer
 
         threads = min(num_threads or default_threads(), available_cores())
         self.num_threads = threads
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
+
+    def _float_weights(self, spec: str, embedded: bool, root: Path) -> str:
+        """Make sure the float weights are in :attr:`model_dir`; where they came from:
+        ``"directory"``, ``"cache"`` or ``"gguf"`` (de-quantised now)."""
         if not embedded:
-            self.load_source = "directory"
-        elif (model_dir / MARKER).is_file():
-            self.load_source = "cache"
-        else:
-            gguf = embedded_gguf_path(spec, root)
-            convert_gguf(gguf, model_dir)
-            if gguf.parent == root / "_gguf":  # assembled by us from chunks: not needed now
-                gguf.unlink(missing_ok=True)
-            self.load_source = "gguf"
+            return "directory"
+        if (self.model_dir / MARKER).is_file():
+            return "cache"
+        gguf = embedded_gguf_path(spec, root)
+        convert_gguf(gguf, self.model_dir)
+        if gguf.parent == root / "_gguf":  # assembled by us from chunks: not needed now
+            gguf.unlink(missing_ok=True)
+        return "gguf"
+
+    def _read_tokenizer(self) -> None:
+        """Load the tokenizer; set the end-of-sequence and padding ids, chat support, the
+        context length and the vocabulary size."""
+        from transformers import AutoConfig, AutoTokenizer
 
         with quiet_transformers():
-            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-            config = AutoConfig.from_pretrained(str(model_dir))
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+            config = AutoConfig.from_pretrained(str(self.model_dir))
         self._model: Any = None
         tok = self.tokenizer
         tok.padding_side = "left"
         eos: list[int] = []
-        for e in (tok.eos_token_id, *generation_eos(model_dir)):
+        for e in (tok.eos_token_id, *generation_eos(self.model_dir)):
             if e is not None and e not in eos:
                 eos.append(int(e))
         if not eos:
@@ -207,43 +240,36 @@ class LocalGenerator:
             getattr(text_config, "max_position_embeddings", None) or 2048
         )
         self.vocab_size: int = int(text_config.vocab_size)
-        self.last_batch_sizes: list[int] = []
-        self.generated_tokens = 0
 
-        self.ct2_converted = False
-        self._ct2: Any = None
-        if engine == "ctranslate2":
-            from . import ct2
-
-            out_dir = ct2.converted_dir(model_dir, root, self.model_id, embedded)
-            try:
-                self.ct2_converted = ct2.ensure_converted(model_dir, out_dir)
-            except Exception as exc:
-                if requested == "ctranslate2":
-                    raise GenerationError(
-                        f"{self.name}: conversion to ctranslate2 failed ({type(exc).__name__}: "
-                        f"{exc})"
-                    ) from exc
-                log.warning(
-                    "%s: ctranslate2 cannot convert this model (%s); using transformers",
-                    self.name,
-                    type(exc).__name__,
-                )
-                engine = "transformers"
-            else:
-                # Without num_threads each batch re-reads the idle cores (a fresh engine per
-                # sampled batch anyway), so a run never oversubscribes when the load rises.
-                self._ct2 = ct2.Ct2Engine(
-                    out_dir,
-                    tok,
-                    threads=threads if num_threads else idle_threads,
-                    eos_token_ids=self.eos_token_ids,
-                )
-                self.ct2_dir = out_dir
-        self.engine: str = engine
-        self.batch_size: int = batch_size or AUTO_BATCH[engine]
-        if engine == "transformers":
-            self._load_model()
+    def _open_ct2(self, requested: str, root: Path, embedded: bool,
+                  num_threads: int | None) -> str:
+        """Convert to ctranslate2 int8 (once) and open its engine; the engine then run:
+        ``"ctranslate2"``, or ``"transformers"`` when ``auto`` picked it and it cannot convert."""
+        out_dir = ct2.converted_dir(self.model_dir, root, self.model_id, embedded)
+        try:
+            self.ct2_converted = ct2.ensure_converted(self.model_dir, out_dir)
+        except Exception as exc:
+            if requested == "ctranslate2":
+                raise GenerationError(
+                    f"{self.name}: conversion to ctranslate2 failed ({type(exc).__name__}: "
+                    f"{exc})"
+                ) from exc
+            log.warning(
+                "%s: ctranslate2 cannot convert this model (%s); using transformers",
+                self.name,
+                type(exc).__name__,
+            )
+            return "transformers"
+        # Without num_threads each batch re-reads the idle cores (a fresh engine per
+        # sampled batch anyway), so a run never oversubscribes when the load rises.
+        self._ct2 = ct2.Ct2Engine(
+            out_dir,
+            self.tokenizer,
+            threads=self.num_threads if num_threads else idle_threads,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self.ct2_dir = out_dir
+        return "ctranslate2"
 
     # ------------------------------------------------------------------ model
     @property
@@ -516,9 +542,7 @@ class LocalGenerator:
         if engine not in STEPPER_ENGINES:
             raise ConfigError(f"stepper engine must be one of {STEPPER_ENGINES}, got {engine!r}")
         if engine == "openvino":
-            from .ov_stepper import compiled
-
-            compiled(self, self._ov_precision())
+            ov_stepper.compiled(self, self._ov_precision())
         self.stepper_engine = engine
 
     def _ov_precision(self) -> str:
@@ -532,9 +556,7 @@ class LocalGenerator:
         ``rows`` at a time at fixed shapes
         (:class:`~dpsynth.llm.ov_stepper.OpenVinoRowsApart`); else one stepper a row."""
         if getattr(self, "stepper_engine", "transformers") == "openvino" and width is not None:
-            from .ov_stepper import OpenVinoRowsApart
-
-            return OpenVinoRowsApart(self, prompts, shared_prefix, self._ov_precision(),
+            return ov_stepper.OpenVinoRowsApart(self, prompts, shared_prefix, self._ov_precision(),
                                      width, rows)
         return rows_apart_of(lambda p: self.open_stepper([p], shared_prefix), prompts)
 
@@ -547,7 +569,5 @@ class LocalGenerator:
         (tokenised separately: end the prefix at a whitespace or newline boundary).
         """
         if getattr(self, "stepper_engine", "transformers") == "openvino":
-            from .ov_stepper import OpenVinoStepper
-
-            return OpenVinoStepper(self, prompts, shared_prefix, self._ov_precision())
+            return ov_stepper.OpenVinoStepper(self, prompts, shared_prefix, self._ov_precision())
         return Stepper(self, prompts, shared_prefix)

@@ -252,22 +252,8 @@ class OpenAIGenerator:
         self.breaker = CircuitBreaker(breaker_threshold, outage_patience_s, probe_interval_s)
         self._wait = _Wait(backoff_base, backoff_max, max_retry_after)
         self._count_lock = threading.Lock()
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(api_key_env) if api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-
-        def make_client(url: str) -> httpx.Client:
-            return httpx.Client(
-                base_url=url,
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-                limits=httpx.Limits(max_connections=max_concurrency),
-            )
-
-        self.pool = EndpointPool(urls, make_client, max_concurrency=max_concurrency,
-                                 cooldown_s=endpoint_cooldown_s,
-                                 max_cooldown_s=max(60.0, endpoint_cooldown_s))
+        self.pool = _endpoint_pool(urls, api_key_env, timeout, max_concurrency,
+                                   endpoint_cooldown_s)
         self.attempts = 0  # HTTP attempts made
         self.retries = 0  # attempts that were retried after a transient failure
         self.failovers = 0  # retries sent at once to another endpoint that was up
@@ -350,32 +336,7 @@ class OpenAIGenerator:
                     self.attempts += 1
                 left = self.retry_budget_s - (time.monotonic() - start - paused)
                 t = max(1.0, min(self.timeout, left))
-                try:
-                    resp = ep.client.post(
-                        path, json=body, timeout=httpx.Timeout(t, connect=min(t, 10.0))
-                    )
-                except httpx.TimeoutException:
-                    over = self._failed(ep, "timeout")
-                    raise _Transient(None, "timeout", None, over) from None
-                except httpx.TransportError as exc:
-                    cause = f"connection error ({type(exc).__name__})"
-                    over = self._failed(ep, cause)
-                    raise _Transient(None, cause, None, over) from None
-                status = resp.status_code
-                if status in RETRY_STATUS:
-                    after = parse_retry_after(resp.headers.get("Retry-After"))
-                    over = self._failed(ep, f"HTTP {status}", after)
-                    raise _Transient(status, f"HTTP {status}", after, over)
-                self.breaker.success()  # any non-transient answer: the server is up
-                if status >= 400:
-                    self.pool.answered(ep)
-                    raise _RequestFailed(status, f"HTTP {status}", attempts)
-                done = self._parse(resp, path, attempts)
-                self.pool.success(ep)
-                text = apply_stops(done.text, stops)
-                if text == done.text:
-                    return done
-                return Completion(text, "stop", done.prompt_tokens, done.completion_tokens)
+                return self._post(ep, path, body, stops, t, attempts)
             finally:
                 self.pool.release(ep)
 
@@ -406,6 +367,37 @@ class OpenAIGenerator:
             return retrying(attempt)
         except _Transient as exc:
             raise _RequestFailed(exc.status, exc.cause, attempts) from None
+
+    def _post(self, ep: Endpoint, path: str, body: dict[str, Any], stops: tuple[str, ...],
+              t: float, attempts: int) -> Completion:
+        """One HTTP attempt on ``ep`` within ``t`` seconds: its completion (stops applied), a
+        ``_Transient`` failure (retried) or a ``_RequestFailed`` one (not)."""
+        try:
+            resp = ep.client.post(
+                path, json=body, timeout=httpx.Timeout(t, connect=min(t, 10.0))
+            )
+        except httpx.TimeoutException:
+            over = self._failed(ep, "timeout")
+            raise _Transient(None, "timeout", None, over) from None
+        except httpx.TransportError as exc:
+            cause = f"connection error ({type(exc).__name__})"
+            over = self._failed(ep, cause)
+            raise _Transient(None, cause, None, over) from None
+        status = resp.status_code
+        if status in RETRY_STATUS:
+            after = parse_retry_after(resp.headers.get("Retry-After"))
+            over = self._failed(ep, f"HTTP {status}", after)
+            raise _Transient(status, f"HTTP {status}", after, over)
+        self.breaker.success()  # any non-transient answer: the server is up
+        if status >= 400:
+            self.pool.answered(ep)
+            raise _RequestFailed(status, f"HTTP {status}", attempts)
+        done = self._parse(resp, path, attempts)
+        self.pool.success(ep)
+        text = apply_stops(done.text, stops)
+        if text == done.text:
+            return done
+        return Completion(text, "stop", done.prompt_tokens, done.completion_tokens)
 
     @staticmethod
     def _parse(resp: httpx.Response, path: str, attempts: int = 1) -> Completion:
@@ -496,6 +488,27 @@ class OpenAIGenerator:
                 status=failure.status,
             )
         return [c if c is not None else Completion("", "stop") for c in out]
+
+
+def _endpoint_pool(urls: list[str], api_key_env: str | None, timeout: float,
+                   max_concurrency: int, cooldown_s: float) -> EndpointPool:
+    """An HTTP client per endpoint (the key of ``$api_key_env`` as a bearer token, when set)
+    in a pool of up to ``max_concurrency`` requests each."""
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get(api_key_env) if api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+
+    def make_client(url: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=max_concurrency),
+        )
+
+    return EndpointPool(urls, make_client, max_concurrency=max_concurrency,
+                        cooldown_s=cooldown_s, max_cooldown_s=max(60.0, cooldown_s))
 
 
 def _endpoint_urls(base_url: str | Sequence[str] | None,

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..embed.engines import import_openvino
 from ..files import publish_dir
+from . import ct2
 from .base import GenerationError
 from .stepper import SharedTokenStepper, cache_keyword, output_logits
 
@@ -88,11 +89,9 @@ def export_dir(gen: Any) -> Path:
 
 
 def _fingerprint(gen: Any) -> dict[str, Any]:
-    from .ct2 import source_fingerprint
-
     ov = import_openvino()
     return {"version": EXPORT_VERSION, "openvino": ov.__version__,
-            "source": source_fingerprint(Path(gen.model_dir))}
+            "source": ct2.source_fingerprint(Path(gen.model_dir))}
 
 
 def _is_current(out: Path, want: dict[str, Any]) -> bool:
@@ -126,9 +125,7 @@ def ensure_exported(gen: Any) -> Path:
 def _export(gen: Any, path: Path) -> None:
     """Trace the decoder with explicit past keys / values, then make them the request's state
     with an initial value of batch = the input's batch and length 0."""
-    import openvino.opset13 as ops
     import torch
-    from openvino._offline_transformations import apply_make_stateful_transformation
     from transformers import DynamicCache
 
     ov = import_openvino()
@@ -167,6 +164,17 @@ def _export(gen: Any, path: Path) -> None:
                *(torch.zeros(batch, kv_heads, past_len, head_dim) for _ in range(2 * n_layers)))
     with torch.no_grad():
         graph = ov.convert_model(_Step().eval(), example_input=example)
+    _make_stateful(graph, n_layers, kv_heads, head_dim)
+    ov.save_model(graph, str(path), compress_to_fp16=False)
+
+
+def _make_stateful(graph: Any, n_layers: int, kv_heads: int, head_dim: int) -> None:
+    """Name the traced graph's ports, free its shapes and make the past keys / values the
+    request's state, initially of batch = the input's batch and length 0."""
+    import openvino.opset13 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    ov = import_openvino()
     kv = [f"{i}.{part}" for i in range(n_layers) for part in ("key", "value")]
     for port, name in zip(graph.inputs, ["input_ids", "mask", "position_ids", "beam_idx",
                                          *(f"past.{k}" for k in kv)], strict=True):
@@ -185,7 +193,6 @@ def _export(gen: Any, path: Path) -> None:
         if op.get_type_name() == "ReadValue":
             op.set_arguments([ops.broadcast(ops.constant(np.float32(0.0)), empty)])
     graph.validate_nodes_and_infer_types()
-    ov.save_model(graph, str(path), compress_to_fp16=False)
 
 
 def runnable_precision(precision: str, threads: int) -> str:
@@ -321,11 +328,30 @@ class OpenVinoRowsApart(SharedTokenStepper):
             raise ValueError("open_stepper: each prompt needs at least one token")
         if max(len(r) for r in ids) > width:
             raise ValueError(f"open_stepper: a prompt is longer than the width ({width} tokens)")
+        p, base, hidden, caches = self._prefill_rows(ov, ids, shared_prefix)
+        total = p + width
+        self._rows = rows
+        #: per decode batch: [request, valid keys (rows, length), next positions, real rows]
+        self._batches: list[list[Any]] = [
+            self._decode_batch(ov, list(range(start, min(len(ids), start + rows))), ids,
+                               p, base, caches, total)
+            for start in range(0, len(ids), rows)]
+        #: per decode batch, the last hidden states [rows, H] (filler rows zero)
+        self._hidden = [self._padded(np.concatenate(hidden[i:i + rows]))
+                        for i in range(0, len(ids), rows)]
+        self._length = total
+        self._logits = None
+
+    def _prefill_rows(self, ov: Any, ids: list[list[int]], shared_prefix: str
+                      ) -> tuple[int, dict[str, np.ndarray], list[np.ndarray],
+                                 list[dict[str, np.ndarray]]]:
+        """Each row prefilled alone (after the shared prefix's KV state, when there is one):
+        (prefix length, the prefix's state, each row's last hidden state, each row's KV)."""
         prefill = self._compiled.create_infer_request()
         base: dict[str, np.ndarray] = {}
         p = 0
         if shared_prefix:
-            prefix = gen.encode_prompt(shared_prefix)
+            prefix = self._gen.encode_prompt(shared_prefix)
             p = len(prefix)
             self._run(prefill, np.asarray([prefix], dtype=np.int64),
                       _prefill_mask(0, np.ones((1, p), dtype=bool)),
@@ -346,35 +372,32 @@ class OpenVinoRowsApart(SharedTokenStepper):
                                     p + np.arange(n, dtype=np.int64)[None], 1))
             caches.append({s.name: np.array(s.state.data, dtype=np.float32)[0, :, p:]
                            for s in prefill.query_state()})
-        total = p + width
-        self._rows = rows
-        #: per decode batch: [request, valid keys (rows, length), next positions, real rows]
-        self._batches: list[list[Any]] = []
-        for start in range(0, len(ids), rows):
-            part = list(range(start, min(len(ids), start + rows)))
-            valid = np.zeros((rows, total), dtype=bool)
-            valid[:, :p] = True
-            valid[len(part):, total - 1] = True  # a filler row attends to one (zero) key
-            pos = np.full((rows, 1), p + 1, dtype=np.int64)
-            request = self._compiled.create_infer_request()
-            for s in request.query_state():
-                some = caches[part[0]][s.name]
-                state = np.zeros((rows, some.shape[0], total, some.shape[2]), dtype=np.float32)
-                if base:
-                    state[:, :, :p] = base[s.name][0]
-                for j, i in enumerate(part):
-                    n = len(ids[i])
-                    state[j, :, total - n:] = caches[i][s.name]
-                s.state = ov.Tensor(state)
+        return p, base, hidden, caches
+
+    def _decode_batch(self, ov: Any, part: list[int], ids: list[list[int]], p: int,
+                      base: dict[str, np.ndarray], caches: list[dict[str, np.ndarray]],
+                      total: int) -> list[Any]:
+        """The rows ``part`` as one decode batch of ``self._rows`` rows at the fixed length
+        ``total`` (filler rows zero): [request, valid keys, next positions, real rows]."""
+        rows = self._rows
+        valid = np.zeros((rows, total), dtype=bool)
+        valid[:, :p] = True
+        valid[len(part):, total - 1] = True  # a filler row attends to one (zero) key
+        pos = np.full((rows, 1), p + 1, dtype=np.int64)
+        request = self._compiled.create_infer_request()
+        for s in request.query_state():
+            some = caches[part[0]][s.name]
+            state = np.zeros((rows, some.shape[0], total, some.shape[2]), dtype=np.float32)
+            if base:
+                state[:, :, :p] = base[s.name][0]
             for j, i in enumerate(part):
-                valid[j, total - len(ids[i]):] = True
-                pos[j, 0] = p + len(ids[i])
-            self._batches.append([request, valid, pos, len(part)])
-        #: per decode batch, the last hidden states [rows, H] (filler rows zero)
-        self._hidden = [self._padded(np.concatenate(hidden[i:i + rows]))
-                        for i in range(0, len(ids), rows)]
-        self._length = total
-        self._logits = None
+                n = len(ids[i])
+                state[j, :, total - n:] = caches[i][s.name]
+            s.state = ov.Tensor(state)
+        for j, i in enumerate(part):
+            valid[j, total - len(ids[i]):] = True
+            pos[j, 0] = p + len(ids[i])
+        return [request, valid, pos, len(part)]
 
     def _run(self, request: Any, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
              b: int) -> np.ndarray:

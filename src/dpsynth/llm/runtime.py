@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError
+from . import ct2
 
 
 def available_cores() -> int:
@@ -54,8 +55,6 @@ def resolve_engine(engine: str) -> str:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine != "auto":
         return engine
-    from . import ct2
-
     return "ctranslate2" if ct2.available() else "transformers"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import GenerationError
+from .base import GenerationError, RowsApartOpener
 
 
 def cache_keyword(module: Any) -> str:
@@ -250,9 +250,8 @@ def open_rows_apart(gen: Any, prompts: Sequence[str], shared_prefix: str = "",
     (see :class:`RowsApart`): the generator's own ``open_rows_apart`` where it has one (the
     OpenVINO stepper: rows prefilled one by one, decoded ``rows`` at a time at the public
     ``width``), else one ``open_stepper`` per prompt."""
-    own = getattr(gen, "open_rows_apart", None)
-    if callable(own):
-        return own(prompts, shared_prefix, width=width, rows=rows)
+    if isinstance(gen, RowsApartOpener):
+        return gen.open_rows_apart(prompts, shared_prefix, width=width, rows=rows)
     return rows_apart_of(lambda p: gen.open_stepper([p], shared_prefix=shared_prefix), prompts)
 
 

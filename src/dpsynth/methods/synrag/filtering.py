@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...llm import GenerationRequest, SamplingParams
+from ...llm.base import NextTokenScorer
 
 _YES = ("YES", "Yes", "yes", " YES", " Yes", " yes")
 _NO = ("NO", "No", "no", " NO", " No", " no")
@@ -44,7 +45,7 @@ def self_filter(gen: Any, documents: Sequence[str], question: str,
     todo = [i for i, d in enumerate(documents) if d.strip()]
     if not todo:
         return keep
-    if hasattr(gen, "next_token_logits") and hasattr(gen, "render"):
+    if isinstance(gen, NextTokenScorer):
         yes, no = _first_ids(gen, _YES), _first_ids(gen, _NO)
         for s in range(0, len(todo), batch_size):
             idx = todo[s : s + batch_size]

@@ -14,6 +14,7 @@ from ... import progress
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...files import SHARED_MODE, write_jsonl
+from ...llm.base import LogitsDtypeChoice, StepperEngineChoice
 from ...privacy.lattice import Lattice
 from ...run_folder import RunDir
 from .. import canonical_name
@@ -115,9 +116,9 @@ class SynRAG(Method):
                   else Corpus.in_process(cfg, job.dataset, run))
         gen, emb_model = load_models(cfg, run, job.generators[0] if job.generators else None,
                                      job.embedder)
-        if hasattr(gen, "set_logits_dtype"):
+        if isinstance(gen, LogitsDtypeChoice):
             gen.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
-        if hasattr(gen, "set_stepper_engine"):
+        if isinstance(gen, StepperEngineChoice):
             note(f"{self.name}: private prediction on {choose_stepper(gen, scfg.stepper)}")
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)

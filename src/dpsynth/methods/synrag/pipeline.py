@@ -21,6 +21,7 @@ import numpy as np
 from ...compute.kernels import FIXED_POINT_BITS
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
+from ...llm.base import Steppable
 from ...run_folder import RunDir
 from .config import SynRAGConfig, parse_synrag, stepper_rows
 from .keywords import BUILT_IN_VOCABULARIES
@@ -184,7 +185,7 @@ def load_models(cfg: RunConfig, run: RunDir, generator: Any = None,
         from ...llm import load_generator
 
         generator = load_generator(cfg.generators[0].load_spec())
-    if not hasattr(generator, "open_stepper"):
+    if not isinstance(generator, Steppable):
         raise ConfigError("DP-SynRAG's private prediction needs next-token logits: use a local "
                           "generator (generators[0].backend: local)")
     if embedder is None:
