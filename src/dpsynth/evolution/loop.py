@@ -108,11 +108,13 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
     """
     if iterations and not isinstance(strategy, Strategy):
         raise TypeError(f"{type(strategy).__name__} cannot vote: it runs with 0 iterations")
+    generated = _Filtered(gen)
     saved = run.load_checkpoint(CHECKPOINT)
     if saved is not None:
         pool = Pool.from_state(saved["pool"])
         strategy.state = type(strategy.state).from_json(saved["strategy"])
         start = int(saved["iteration"])
+        initial_filtered = saved.get("initial_filtered", {})
         run.log(f"resuming at iteration {start} with {len(pool)} candidates")
     else:
         progress.stage("initial pool")
@@ -122,11 +124,13 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
             write_jsonl(run.release / "zero_shot.jsonl", gen.rows(begun.reference),
                         mode=SHARED_MODE)
         start = 0
-        _save(run, 0, pool, strategy)
+        initial_filtered = {f"{k}_initial": v for k, v in generated.since_last().items()}
+        _save(run, 0, pool, strategy, initial_filtered)
         run.log(f"initial pool: {len(pool)} candidates")
     for t in range(start, iterations):
         assert isinstance(strategy, Strategy)
         progress.stage(f"iteration {t + 1}/{iterations}")
+        generated.since_last()  # this round's generations only: a resumed round counts alike
         emb = gen.embed(pool.texts)
         with progress.step("private vote and noise"):
             vote = strategy.vote(t, pool, emb)
@@ -139,18 +143,59 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
         write_jsonl(run.release / "iterations" / f"iter{t + 1}.jsonl", gen.rows(pool),
                     mode=SHARED_MODE)
         run.append_stats({"iteration": t + 1, "candidates": int(len(emb)),
-                          "kept": int(len(pool)), **vote.stats})
-        _save(run, t + 1, pool, strategy)
+                          "kept": int(len(pool)), **vote.stats, **generated.since_last(),
+                          **(initial_filtered if t == 0 else {})})
+        _save(run, t + 1, pool, strategy, initial_filtered)
         run.log(f"iteration {t + 1}/{iterations}: {len(pool)} in pool")
     quota = strategy.state.quota
     final = pool if quota is None else trim_to_quota(pool, quota, rngs)
     progress.stage("release")
+    generated.warn_if_mostly_filtered(run)
     write_jsonl(run.release / "synthetic.jsonl", gen.rows(final), mode=SHARED_MODE)
     run.log(f"release: {len(final)} synthetic samples in {run.release / 'synthetic.jsonl'}")
     progress.stage("")
     return final
 
 
-def _save(run: RunDir, iteration: int, pool: Pool, strategy: Starter) -> None:
+#: the share of generations the filters refused above which a run warns
+MOSTLY_FILTERED = 0.5
+
+
+class _Filtered:
+    """How many generations the public filters refused (chatter, echoes, placeholders,
+    duplicates: :func:`dpsynth.evolution.prompts.clean_generation`), per iteration for
+    stats.jsonl and over this attempt for the closing warning. Synthetic texts only."""
+
+    def __init__(self, gen: Generation) -> None:
+        self.gen = gen
+        self.last = self._now()
+
+    def _now(self) -> tuple[int, int]:
+        counts = self.gen.counts()
+        return counts.get("sent", 0), counts.get("rejected", 0)
+
+    def since_last(self) -> dict[str, Any]:
+        """{"generated", "filtered_share"} since the previous call (or the start)."""
+        (sent, rejected), (sent0, rejected0) = self._now(), self.last
+        self.last = (sent, rejected)
+        n = sent - sent0
+        return {"generated": n, "filtered_share": round((rejected - rejected0) / n, 4)
+                if n else 0.0}
+
+    def warn_if_mostly_filtered(self, run: RunDir) -> None:
+        sent, rejected = self._now()
+        if sent and rejected / sent > MOSTLY_FILTERED:
+            message = (f"{rejected / sent:.0%} of this run's generations were refused by the "
+                       "filters (assistant chatter, echoes of the prompt, placeholders, "
+                       "answers, duplicates): the model writes poorly for this task. Try "
+                       "prompts.writer and prompts.task in the words of the texts' writers, "
+                       "a larger generator, or more synthesis.retries")
+            progress.warn(message)
+            run.log(f"warning: {message}")
+
+
+def _save(run: RunDir, iteration: int, pool: Pool, strategy: Starter,
+          initial_filtered: dict[str, Any]) -> None:
     run.save_checkpoint(CHECKPOINT, {"iteration": iteration, "pool": pool.to_state(),
-                                     "strategy": strategy.state.to_json()})
+                                     "strategy": strategy.state.to_json(),
+                                     "initial_filtered": initial_filtered})

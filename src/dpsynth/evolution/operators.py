@@ -75,7 +75,7 @@ class Generation:
         self.max_words = words
         if "synthesizers" in self.__dict__:
             for synth in self.synthesizers:
-                synth.length_tokens = self._length_tokens()
+                synth.length_tokens, synth.max_words = self._length_tokens(), words
 
     def _length_tokens(self) -> int:
         return 64 if self.max_words is None else tokens_for(self.max_words)
@@ -112,7 +112,8 @@ class Generation:
                 with step(f"loading generator {gen_cfg.short_name}"):
                     generator = load_generator(gen_cfg.load_spec(), cache_path=self.cache_path)
             out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed,
-                                   self.config.prompts.writer, self._length_tokens()))
+                                   self.config.prompts.writer, self._length_tokens(),
+                                   self.max_words))
         return out
 
     @property
@@ -131,7 +132,8 @@ class Generation:
 
     def counts(self) -> dict[str, int]:
         """LLM request counts of this attempt, for summary.json."""
-        total: dict[str, int] = {"requested": 0, "sent": 0, "dropped": 0, "retried": 0}
+        total: dict[str, int] = {"requested": 0, "sent": 0, "dropped": 0, "retried": 0,
+                                 "rejected": 0}
         if "synthesizers" not in self.__dict__:
             return total
         for synth in self.synthesizers:
@@ -149,16 +151,29 @@ class Generation:
 
     # -- operators -------------------------------------------------------------------------
     def _run_jobs(self, instructions: list[str], labels: list[int], sources: list[int],
-                  tags: list[str]) -> tuple[Pool, np.ndarray]:
-        """Send each instruction to its generator; keep the cleaned successes (and say which)."""
+                  tags: list[str], parents: Sequence[str] | None = None
+                  ) -> tuple[Pool, np.ndarray]:
+        """Send each instruction to its generator; keep the cleaned successes (and say which).
+        A text that repeats another text of the call, or (``parents``) the text it varies,
+        is refused and retried (public: synthetic texts only)."""
         texts: list[str | None] = [None] * len(instructions)
         src = np.asarray(sources, dtype=np.int64)
+        seen: set[str] = set()
         for g, synth in enumerate(self.synthesizers):
             idx = np.flatnonzero(src == g)
             if len(idx) == 0:
                 continue
+
+            def fresh(j: int, text: str, idx: np.ndarray = idx) -> bool:
+                key = P.normalised(text)
+                if key in seen or (parents is not None and key == P.normalised(
+                        parents[int(idx[j])])):
+                    return False
+                seen.add(key)
+                return True
+
             out = synth.complete([instructions[i] for i in idx], [tags[i] for i in idx],
-                                 progress=self.progress)
+                                 progress=self.progress, accept=fresh)
             for i, text in zip(idx, out, strict=True):
                 texts[i] = text
         ok = np.array([i for i, t in enumerate(texts) if t is not None], dtype=np.int64)
@@ -191,7 +206,7 @@ class Generation:
         styles = self.config.prompts.styles
         task = self.config.prompts.task
         rng = self.rng(tag)
-        instructions, labels, sources, tags = [], [], [], []
+        instructions, labels, sources, tags, parents = [], [], [], [], []
         for i, text in enumerate(pool.texts):
             label = int(pool.labels[i])
             label_text = self._label_text(label)
@@ -209,7 +224,8 @@ class Generation:
                 labels.append(label)
                 sources.append(int(pool.sources[i]))
                 tags.append(f"{tag}/{i}/{j}")
-        out, ok = self._run_jobs(instructions, labels, sources, tags)
+                parents.append(text)
+        out, ok = self._run_jobs(instructions, labels, sources, tags, parents)
         return out, ok // max(n_each, 1)
 
     def contrastive(self, per_label: np.ndarray, weights: np.ndarray,

@@ -133,7 +133,21 @@ def render(instruction: str, chat: bool, writer: str = ""
 _PREFIX = re.compile(
     r"^\s*(?:(?:sure|okay|ok|certainly|of course)[,!.]?\s*)?"
     r"(?:here(?:'s| is| are)[^:\n]{0,80}:\s*)?"
-    r"(?:(?:rephrased|completed|new|the)?\s*(?:text|message|version|review|example)\s*:\s*)?",
+    r"(?:\*?(?:rephras\w*|completed|new|the|customer'?s?|my)?\s*(?:text|message|version|review|"
+    r"example|question|query|request|sentence)?\s*:\s*)?",
+    re.IGNORECASE,
+)
+#: A template slot or elision instead of words: "[...]", "[Insert date]", "{name}", "<amount>".
+_PLACEHOLDER = re.compile(
+    r"\[(?:\s*(?:\.\s*){2,}|\s*…\s*|insert\b[^\]]*|[^\]]{0,30}\b(?:name|date|number|amount|"
+    r"address|email|phone)\b[^\]]{0,30})\]|\{[a-z_ ]{1,30}\}|<[a-z_ ]{1,30}>|\bX{3,}\b",
+    re.IGNORECASE,
+)
+#: An answer or explanation where a record was asked for: "The answer to this question
+#: is ...", "Answer: ...", "Explanation: ...".
+_ANSWER = re.compile(
+    r"^\s*(?:the )?(?:answer|response|reply|explanation|solution)\b(?:\s+to\b|\s*:)|"
+    r"\bthe answer to (?:this|your|the|that) question\b",
     re.IGNORECASE,
 )
 #: The model declining the request. "I cannot" / "I am unable" alone are a customer's words
@@ -165,6 +179,9 @@ _OFF_TASK = re.compile(
 _ASSISTANT_VOICE = re.compile(
     r"\bhow (?:can|may|could) (?:i|we) (?:help|assist)\b|"
     r"\b(?:i'?m|i am|we'?re|we are) (?:here|happy|glad|delighted) to (?:help|assist)\b|"
+    r"\b(?:i|we)(?:'d| would) be (?:happy|glad|delighted) to (?:help|assist)\b|"
+    r"\b(?:please )?follow these steps\b|\bif you have any (?:other |further |more )?"
+    r"questions\b|\bfeel free to (?:ask|contact|reach)\b|\bas an? (?:ai|assistant|language)\b|"
     r"\bwelcome to\b|\bdear (?:valued|customer|sir|madam)\b|"
     r"\[(?:your|user'?s?|customer'?s?|client'?s?|company|business|bank)\b[^\]]{0,40}\]",
     re.IGNORECASE,
@@ -206,6 +223,17 @@ def about_the_writer(writer: str) -> re.Pattern[str] | None:
         re.IGNORECASE)
 
 
+def echoes_writer(text: str, writer: str) -> bool:
+    """The text repeats the public ``prompts.writer`` description past its head noun ("I am
+    a customer of an online bank who ..."): the prompt echoed, not a record."""
+    words = re.findall(r"[a-z']+", writer.lower())
+    if words and words[0] in ("a", "an", "the"):
+        words = words[1:]
+    if len(words) < 3:
+        return False
+    return " ".join(words) in " ".join(re.findall(r"[a-z']+", text.lower()))
+
+
 def instruction_sentences(instruction: str) -> list[str]:
     """The sentences of an instruction's first line (the request and the label sentence, never
     a quoted text or a demonstration), for :func:`clean_generation`'s echo removal."""
@@ -226,7 +254,8 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
         text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
     text = re.sub(r"\*\*|^#+\s*", "", text, flags=re.MULTILINE).strip()
     text = _PREFIX.sub("", text, count=1).strip()
-    text = re.split(r"\n\s*\n(?:note|explanation|analysis|---)", text, flags=re.IGNORECASE)[0]
+    text = re.split(r"\n\s*\n(?:note|explanation|analysis|---)|\n\s*\(?\bnote:\s",
+                    text, flags=re.IGNORECASE)[0]
     if len(text) >= 2 and text[0] in "\"'“" and text[-1] in "\"'”":
         text = text[1:-1].strip()
     text = re.sub(r"\s+", " ", text).strip()
@@ -235,6 +264,29 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
     if drop_off_task:
         third_person = about_the_writer(writer)
         if (_OFF_TASK.search(text) or _ASSISTANT_VOICE.search(text)
-                or (third_person is not None and third_person.search(text))):
+                or _PLACEHOLDER.search(text) or _ANSWER.search(text)
+                or (third_person is not None and third_person.search(text))
+                or echoes_writer(text, writer)):
             return None
     return text[:max_chars]
+
+
+_SENTENCE_END = re.compile(r"[.!?…][\"')\]]*(?=\s|$)")
+
+
+def trim_cut_off(text: str, max_words: int) -> str:
+    """A text of at least 0.8 x ``max_words`` words that stops mid-sentence (the token cap
+    cut it) back to its last full sentence, when that keeps at least half of it; any other
+    text as it is."""
+    stripped = text.rstrip()
+    if len(stripped.split()) < 0.8 * max_words or _SENTENCE_END.search(stripped[-3:]):
+        return text
+    ends = [m.end() for m in _SENTENCE_END.finditer(stripped)]
+    if ends and ends[-1] >= len(stripped) / 2:
+        return stripped[:ends[-1]]
+    return text
+
+
+def normalised(text: str) -> str:
+    """Lower-case words only: two texts with the same are duplicates."""
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))

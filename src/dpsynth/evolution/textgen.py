@@ -8,12 +8,12 @@ on-disk request cache answers them without a second LLM call.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import GeneratorConfig, SynthesisConfig
 from ..llm.base import Generator
-from .prompts import clean_generation, instruction_sentences, render, with_writer
+from .prompts import clean_generation, instruction_sentences, render, trim_cut_off, with_writer
 
 
 def stable_seed(*parts: object) -> int:
@@ -27,12 +27,15 @@ class GenerationCounts:
     sent: int = 0
     dropped: int = 0
     retried: int = 0
+    #: answers the filters refused (chatter, echoes, placeholders, duplicates), then retried
+    rejected: int = 0
 
     def add(self, other: GenerationCounts) -> None:
         self.requested += other.requested
         self.sent += other.sent
         self.dropped += other.dropped
         self.retried += other.retried
+        self.rejected += other.rejected
 
 
 @dataclass
@@ -47,6 +50,9 @@ class Synthesizer:
     writer: str = ""
     #: max_new_tokens when the generator's config leaves it unset (from the texts' length)
     length_tokens: int = 64
+    #: the texts' length in words (None: unknown): a longer text that stops mid-sentence is
+    #: cut back to its last full sentence (:func:`trim_cut_off`)
+    max_words: int | None = None
     counts: GenerationCounts = field(default_factory=GenerationCounts)
 
     @property
@@ -60,8 +66,11 @@ class Synthesizer:
         return bool(getattr(self.generator, "supports_chat", True))
 
     def complete(self, instructions: Sequence[str], tags: Sequence[str],
-                 progress: bool = True) -> list[str | None]:
-        """Generate one cleaned text per instruction; None where every attempt failed."""
+                 progress: bool = True, accept: Callable[[int, str], bool] | None = None
+                 ) -> list[str | None]:
+        """Generate one cleaned text per instruction; None where every attempt failed.
+        ``accept(i, text)``: False refuses instruction i's cleaned text too (a duplicate, an
+        unchanged variation), which is then retried like a refused one."""
         from ..llm import GenerationRequest, SamplingParams
 
         results: list[str | None] = [None] * len(instructions)
@@ -95,7 +104,10 @@ class Synthesizer:
                 text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes,
                                         drop_off_task=self.synthesis.drop_off_task,
                                         writer=self.writer)
-                if text is None:
+                if text is not None and self.max_words is not None:
+                    text = trim_cut_off(text, self.max_words)
+                if text is None or (accept is not None and not accept(i, text)):
+                    self.counts.rejected += 1
                     failed.append(i)
                 else:
                     results[i] = text
