@@ -55,9 +55,18 @@ SETS: dict[str, dict[str, Any]] = {
 
 #: the arms: overrides on top of the set's config. "today" is the configuration the issue
 #: measured (N = 500, L = 3, T = 2, 64 tokens, no filtering); the others switch levers.
+_OFF = {"drop_off_task": False, "strip_echoes": False}
 ARMS: dict[str, dict[str, Any]] = {
+    # the issue's configuration on the code before issue 44 (run from that commit)
     "today": {"synthesis": {"samples": 500, "pool_multiplier": 3, "iterations": 2}},
+    # every lever on: the defaults
     "defaults": {"synthesis": {"samples": 500}},
+    # one lever at a time, the others as before issue 44 (64 tokens, no filters)
+    "population": {"synthesis": {"samples": 500, "max_words": 40, **_OFF},
+                   "generators": [{"model": "smollm2", "batch_size": 32, "max_new_tokens": 64}]},
+    "filters": {"synthesis": {"samples": 500, "population": 500, "max_words": 40},
+                "generators": [{"model": "smollm2", "batch_size": 32, "max_new_tokens": 64}]},
+    "length": {"synthesis": {"samples": 500, "population": 500, **_OFF}},
 }
 
 
