@@ -1,0 +1,260 @@
+"""Released text worth reading (issue 44): votes sized above the noise, the release drawn from
+the last vote's winners, the texts' length from a DP histogram released with the label
+counts, and public filters that keep chatter, echoes and placeholders out of the release."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpsynth.api import run_generation
+from dpsynth.compute.kernels import finish, sum_partials
+from dpsynth.compute.shard import Shard, TextShard
+from dpsynth.config import parse_config
+from dpsynth.evolution import prompts as P
+from dpsynth.evolution.lengths import (
+    LENGTH_EDGES,
+    N_BINS,
+    Sizes,
+    label_length_partial,
+    length_bin,
+    tokens_for,
+)
+from dpsynth.evolution.parts import release_from_winners
+from dpsynth.evolution.pool import Pool
+from dpsynth.methods import get_method
+from dpsynth.planning import VOTE_MARGIN, auto_population, plan_run, voting_population
+from dpsynth.privacy import calibrate_steps
+from fakes import FakeEmbedder, FakeGenerator
+from test_release_check import pe_config, private_rows, write_csv
+
+# ------------------------------------------------------------------------------ the lengths
+
+
+def test_length_bins_are_the_public_edges() -> None:
+    assert length_bin("") == 0 and length_bin("one two three") == 0
+    assert length_bin("w " * 4) == 1 and length_bin("w " * 7) == 1 and length_bin("w " * 8) == 2
+    assert length_bin("w " * 1000) == N_BINS - 1 == len(LENGTH_EDGES)
+
+
+def test_sizes_read_label_counts_length_and_record_count_from_one_histogram() -> None:
+    noisy = np.zeros((2, N_BINS))
+    noisy[0, 2] = 30  # 8-15 words
+    noisy[1, 3] = 60  # 16-31 words
+    noisy[1, 5] = 10  # 64-127 words: the top 10 %
+    noisy[0, 0] = -4  # noise below zero
+    sizes = Sizes.of(noisy)
+    assert sizes.label_counts.tolist() == [26, 70] and sizes.records == 96
+    # the 90th percentile of the clipped mass (100) lies in the 16-31 bin
+    assert sizes.max_words() == 32
+    noisy[1, 5] = 40
+    assert Sizes.of(noisy).max_words() == 128
+    assert Sizes.of(np.full((1, N_BINS), -1.0)).max_words() == 64  # no positive mass
+    assert tokens_for(32) == math.ceil(32 * 1.5) + 8 and tokens_for(10_000) == 1024
+
+
+def _shard(labels: list[int], texts: list[str], users: list[str] | None) -> Shard:
+    rows = np.arange(len(labels))
+    return Shard(0, 1, rows=rows, buckets=np.zeros(len(labels), np.int64),
+                 users=None if users is None else np.asarray(users),
+                 labels=lambda: np.asarray(labels),
+                 text=lambda: TextShard(texts, {}, rows, np.zeros(len(labels), np.int64)))
+
+
+def test_the_length_histogram_has_sensitivity_one_per_record_and_per_user() -> None:
+    texts = ["short one", "w " * 20, "w " * 20, "w " * 200, "two words"]
+    labels = [0, 1, 1, 0, 1]
+    exact = finish(sum_partials([label_length_partial(_shard(labels, texts, None), 2)]),
+                   2 * N_BINS, 1.0).reshape(2, N_BINS)
+    assert exact[0, 0] == 1 and exact[1, 3] == 2 and exact[0, 6] == 1 and exact[1, 0] == 1
+    assert exact.sum() == 5
+    users = ["a", "a", "a", "b", "c"]  # user a holds three records in two cells
+    per_user = label_length_partial(_shard(labels, texts, users), 2)
+    total = np.zeros(2 * N_BINS)
+    for vec in per_user.buckets.values():
+        total += vec
+    # user a's contribution (0,0): 1, (1,3): 2, scaled to norm 1; b and c one each
+    a = np.zeros(2 * N_BINS)
+    a[0], a[N_BINS + 3] = 1, 2
+    a /= np.linalg.norm(a)
+    expected = a.copy()
+    expected[6] += 1
+    expected[N_BINS] += 1
+    assert np.allclose(total, expected, atol=1e-9)
+
+
+# ------------------------------------------------------------------ the voting population
+
+
+def _config(tmp_path: Path, rows: int = 61, **over: Any) -> Any:
+    data = write_csv(tmp_path / "d.csv", private_rows(rows))
+    return parse_config(pe_config("aug_pe", data, **{"synthesis.population": None, **over}))
+
+
+def test_the_automatic_population_gives_each_candidate_twice_the_noise(tmp_path) -> None:
+    cfg = _config(tmp_path, **{"synthesis.samples": 200, "synthesis.pool_multiplier": 3})
+    method = get_method("aug_pe")
+    n = auto_population(cfg, method, 2000, 3, 1.88)
+    assert n == math.floor(2000 / (3 * VOTE_MARGIN * 1.88)) == 177
+    expected = 2000 / (3 * n)
+    assert expected >= VOTE_MARGIN * 1.88 > 2000 / (3 * (n + 1)) * 0.99
+    assert auto_population(cfg, method, 20, 3, 1.88) == 3  # at least one a label class
+    assert auto_population(cfg, method, 10**7, 3, 1.88) == 200  # at most the release
+    assert voting_population(cfg, method, 2000, 3, 1.88) == 177
+    pinned = _config(tmp_path, **{"synthesis.samples": 200, "synthesis.population": 500})
+    assert voting_population(pinned, method, 2000, 3, 1.88) == 200
+    assert voting_population(cfg, get_method("wasp"), 2000, 3, 1.88) == 200  # WASP: samples
+
+
+def test_a_population_below_the_margin_is_warned_about(tmp_path) -> None:
+    method = get_method("aug_pe")
+    thin = _config(tmp_path, **{"synthesis.samples": 500, "synthesis.population": 400,
+                                "synthesis.pool_multiplier": 3})
+    plan = plan_run(thin, method, 2000, 3, 1.0)  # expected 2000 / 1200 = 1.67, noise 1
+    assert plan.verdict == "thin" and "below the margin of 2x" in plan.message
+    assert "synthesis.population" in plan.message
+    auto = plan_run(_config(tmp_path, **{"synthesis.samples": 500,
+                                         "synthesis.pool_multiplier": 3}), method, 2000, 3, 1.0)
+    assert auto.verdict == "ok" and auto.population == 333 and auto.samples == 500
+
+
+def test_one_label_with_automatic_sizes_is_charged_for_the_sizes_release(tmp_path) -> None:
+    method = get_method("aug_pe")
+    one = _config(tmp_path, **{"data.label_values": {"label": ["billing"]}})
+    assert method.vote_releases(one, 1) == 3  # the sizes histogram and two votes
+    pinned = _config(tmp_path, **{"synthesis.population": 9, "synthesis.max_words": 20})
+    assert method.vote_releases(pinned, 1) == 2
+    events = method.planned_events(one, 1, 2.0)
+    assert [e.name for e in events] == ["label_counts", "votes"]
+    assert [e.count for e in events] == [1, 2]
+
+
+# ------------------------------------------------------------------------------ the release
+
+
+class _Variations:
+    """Generation's variations, recorded: the i-th variation of parent text t is 't #i'."""
+
+    def __init__(self) -> None:
+        self.parents: list[str] = []
+
+    def variations(self, pool: Pool, n_each: int, tag: str) -> tuple[Pool, np.ndarray]:
+        self.parents += pool.texts
+        texts = [f"{t} #{i}" for i, t in enumerate(pool.texts)]
+        return Pool(texts, pool.labels.copy(), pool.sources.copy()), np.arange(len(texts))
+
+
+def test_the_release_is_the_winners_and_their_variations_spread_evenly() -> None:
+    winners = Pool(["a0", "a1", "b0"], np.array([0, 0, 1]), np.zeros(3, np.int64))
+    gen = _Variations()
+    out = release_from_winners(gen, winners, np.array([7, 1]), "release1")  # type: ignore
+    assert out.texts[:3] == ["a0", "a1", "b0"]
+    assert np.bincount(out.labels).tolist() == [7, 1]
+    assert sorted(gen.parents) == ["a0", "a0", "a0", "a1", "a1"]  # 5 more, evenly
+
+
+def _run(tmp_path: Path, over: dict[str, Any], gen: Any = None, name: str = "run") -> Path:
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(120)), **over)
+    cfg["privacy"]["ledger"] = str(tmp_path / f"{name}.ledger.json")
+    return Path(run_generation(parse_config(cfg), tmp_path / name, progress=False,
+                               generators=[gen or FakeGenerator("fake-g0")],
+                               embedder=FakeEmbedder()))
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_a_run_votes_on_its_population_and_releases_its_samples(tmp_path) -> None:
+    run = _run(tmp_path, {"synthesis.population": None, "synthesis.samples": 30,
+                          "privacy.epsilon": 8.0})
+    plan = json.loads((run / "private" / "plan.json").read_text())
+    stats = _jsonl(run / "stats.jsonl")
+    assert stats[0]["candidates"] < 30 * 2  # the votes ran on fewer than the release's pool
+    assert stats[0]["candidates"] % 2 == 0  # population x L (L = 2)
+    synthetic = _jsonl(run / "release" / "synthetic.jsonl")
+    zero_shot = _jsonl(run / "release" / "zero_shot.jsonl")
+    assert len(synthetic) == len(zero_shot) == 30  # the release keeps its size
+    assert plan["population"] * 2 == plan["candidates"]
+    privacy = json.loads((run / "release" / "privacy.json").read_text())
+    assert privacy["epsilon"] <= 8.0 + 1e-9
+    sigma = calibrate_steps(8.0, 1e-5, 3, kind="rdp")  # sizes + 2 votes, one sigma
+    assert privacy["noise_multiplier"] == pytest.approx(sigma, rel=1e-6)
+
+
+def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:
+    seen: list[int] = []
+
+    class Recording(FakeGenerator):
+        def generate(self, requests: Any, **kw: Any) -> Any:
+            seen.extend(r.params.max_new_tokens for r in requests)
+            return super().generate(requests, **kw)
+
+    _run(tmp_path, {"synthesis.max_words": None, "privacy.epsilon": 8.0,
+                    "generators": [{"model": "fake-g0"}]}, Recording("fake-g0"))
+    # the private rows run to 8-15 words: the 90th percentile's bin ends at 16 (or a
+    # neighbouring bin under the noise)
+    assert set(seen) <= {tokens_for(w) for w in (8, 16, 32)} and len(set(seen)) == 1
+    seen.clear()
+    _run(tmp_path, {"synthesis.max_words": 50, "generators": [{"model": "fake-g0"}]},
+         Recording("fake-g0"), name="declared")
+    assert set(seen) == {tokens_for(50)}
+
+
+# ------------------------------------------------------------------------------ the filters
+
+
+@pytest.mark.parametrize("text", [
+    "I'd be happy to assist you with editing personal details? I'm a banking expert.",
+    "Hi sir, Please follow these steps: 1. Visit the bank's website.",
+    "My card arrived but [...] it does not work.",
+    "Please send the card to [Insert address] by Monday.",
+    "The answer to this question is that the card arrives in a week.",
+    "Answer: the card arrives in a week.",
+    "I am a customer of an online bank who is unable to provide direct debit.",
+    "If you have any questions, feel free to contact us.",
+])
+def test_chatter_echoes_placeholders_and_answers_are_refused(text: str) -> None:
+    assert P.clean_generation(text, 12, drop_off_task=True,
+                              writer="a customer of an online bank") is None
+
+
+@pytest.mark.parametrize("text", [
+    "Where is my new card? It has been two weeks.",
+    "Why was I charged a fee for my transfer?",
+    "Great tacos, friendly staff. The answer is always yes when they ask about salsa.",
+])
+def test_records_of_the_task_are_kept(text: str) -> None:
+    assert P.clean_generation(text, 12, drop_off_task=True,
+                              writer="a customer of an online bank") == text
+
+
+def test_prefixes_are_stripped_and_cut_off_texts_trimmed() -> None:
+    assert P.clean_generation("Rephrased question: Where is my card?", 5) == "Where is my card?"
+    cut = "My card came last week and it does not work at all. I have tried every shop in my"
+    assert P.trim_cut_off(cut, 16) == "My card came last week and it does not work at all."
+    early = "My card came. It does not work at all and I have tried every shop in my"
+    assert P.trim_cut_off(early, 16) == early  # trimming would drop most of it
+    assert P.trim_cut_off("Short and cut", 16) == "Short and cut"  # not at the cap
+    whole = "My card came and it does not work at all in any shop I have tried today."
+    assert P.trim_cut_off(whole, 16) == whole
+
+
+def test_the_filtered_share_is_in_the_stats_and_mostly_filtered_runs_warn(
+        tmp_path, capsys) -> None:
+    chatter = FakeGenerator("fake-g0", transform=lambda t: "How can I help you? " + t)
+    # a fake that chatters in every answer: everything is refused, the run says so
+    run = _run(tmp_path, {"synthesis.retries": 1, "synthesis.samples": 6}, chatter)
+    stats = _jsonl(run / "stats.jsonl")
+    assert stats[0]["filtered_share_initial"] == 1.0
+    assert all(s["filtered_share"] in (0.0, 1.0) for s in stats)
+    log = (run / "log.txt").read_text()
+    assert "were refused by the filters" in log
+    clean = _run(tmp_path, {"synthesis.samples": 6}, name="clean")
+    assert _jsonl(clean / "stats.jsonl")[0]["filtered_share_initial"] == 0.0
+    assert "were refused by the filters" not in (clean / "log.txt").read_text()
