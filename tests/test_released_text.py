@@ -258,3 +258,100 @@ def test_the_filtered_share_is_in_the_stats_and_mostly_filtered_runs_warn(
     clean = _run(tmp_path, {"synthesis.samples": 6}, name="clean")
     assert _jsonl(clean / "stats.jsonl")[0]["filtered_share_initial"] == 0.0
     assert "were refused by the filters" not in (clean / "log.txt").read_text()
+
+
+# ------------------------------------------------------------------ learning from the votes
+
+
+class _RecordingTrainer:
+    """A trainer that records what it is shown and writes a finished (empty) model folder."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, list[Any], Path]] = []
+
+    def __call__(self, base: Any, pairs: Any, out: Path, settings: Any, seed: int) -> None:
+        from dpsynth.evolution.preference import MARKER
+
+        self.calls.append((base, list(pairs), out))
+        out.mkdir(parents=True)
+        (out / MARKER).write_text("{}")
+
+
+def _run_learning(tmp_path: Path, trainer: _RecordingTrainer, name: str = "run",
+                  resume: bool = False, stop: Any = None) -> Path:
+    from dpsynth.hooks import RunHooks
+
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(120)),
+                    **{"synthesis.preference": {"enabled": True, "pairs": 5},
+                       "privacy.epsilon": 8.0})
+    cfg["privacy"]["ledger"] = str(tmp_path / f"{name}.ledger.json")
+    config: Any = tmp_path / name / "config.yaml" if resume else parse_config(cfg)
+    return Path(run_generation(config, tmp_path / name, resume=resume, progress=False,
+                               generators=[FakeGenerator("fake-g0")],
+                               embedder=FakeEmbedder(),
+                               hooks=RunHooks(preference_trainer=trainer,
+                                              on_checkpoint=stop)))
+
+
+def test_the_generator_learns_from_released_votes_and_never_sees_a_record(tmp_path) -> None:
+    trainer = _RecordingTrainer()
+    run = _run_learning(tmp_path, trainer)
+    assert len(trainer.calls) == 2  # after each of the two votes
+    private = {r["text"] for r in private_rows(120)}
+    candidates = {r["text"] for f in (run / "release").rglob("*.jsonl") for r in _jsonl(f)}
+    for base, pairs, out in trainer.calls:
+        assert base is None and out.parent == run / "private" / "preference"
+        assert 0 < len(pairs) <= 5
+        for p in pairs:
+            assert p.chosen not in private and p.rejected not in private
+            assert p.chosen != p.rejected
+            prompt = json.dumps(p.prompt)
+            assert not any(t in prompt for t in private)  # a public prompt
+    # the first vote's pairs are candidates of the initial pool, which release/ does not
+    # hold whole; the second's are candidates of iteration 1's pool, released in iter1.jsonl
+    iter1 = {r["text"] for r in _jsonl(run / "release" / "iterations" / "iter1.jsonl")}
+    assert {p.chosen for p in trainer.calls[1][1]} <= iter1 | candidates
+    statement = json.loads((run / "release" / "privacy.json").read_text())
+    assert "no private record reached the trainer" in statement["preference_training"]
+
+
+def test_a_resumed_run_trains_nothing_again(tmp_path) -> None:
+    from faults import StopAt
+
+    whole = _RecordingTrainer()
+    done = _run_learning(tmp_path, whole, name="whole")
+    first = _RecordingTrainer()
+    with pytest.raises(KeyboardInterrupt):  # stopped after iteration 1's checkpoint
+        _run_learning(tmp_path, first, stop=StopAt(2, "evolution"))
+    assert len(first.calls) == 1
+    folders = sorted(p.name for p in (tmp_path / "run" / "private" / "preference").iterdir())
+    again = _RecordingTrainer()
+    run = _run_learning(tmp_path, again, resume=True)
+    assert len(again.calls) == 1  # only after the second vote: the first model is loaded
+    assert again.calls[0][2].name not in folders
+    # the same pairs, models and release as the uninterrupted run
+    assert [c[2].name for c in whole.calls] == [first.calls[0][2].name, again.calls[0][2].name]
+    assert (run / "release" / "synthetic.jsonl").read_bytes() == \
+        (done / "release" / "synthetic.jsonl").read_bytes()
+
+
+@pytest.mark.models
+def test_dpo_tunes_the_real_generator_and_the_tuned_model_generates(tmp_path) -> None:
+    """trl's DPO on SmolLM2 (two pairs, one step), merged, loaded back by the local engine."""
+    from dpsynth.config import PreferenceConfig
+    from dpsynth.evolution.preference import PreferencePair, is_tuned, train_dpo
+    from dpsynth.llm import GenerationRequest, SamplingParams, load_generator
+
+    base = load_generator({"backend": "local", "model": "smollm2", "engine": "transformers"})
+    prompt = P.render(P.zero_shot_instruction("a short question to your bank",
+                                              "It is about card arrival."), True, "")
+    pairs = [PreferencePair(prompt, "Where is my new card?", "How can I help you today?"),
+             PreferencePair(prompt, "My card has not arrived yet.", "Sure! Here is a text.")]
+    out = tmp_path / "iter0-g0-test"
+    train_dpo(Path(base.model_dir), pairs, out, PreferenceConfig(enabled=True, batch_size=2),
+              seed=0)
+    assert is_tuned(out) and (out / "config.json").is_file()
+    tuned = load_generator({"backend": "local", "model": str(out)})
+    text = tuned.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=12,
+                                                                      seed=1))])[0]
+    assert isinstance(text, str) and text.strip()

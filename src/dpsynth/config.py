@@ -423,6 +423,20 @@ class PromptConfig(Section):
     )
 
 
+class PreferenceConfig(Section):
+    """Aug-PE: a local generator that learns from the released votes (POPri's idea; no
+    budget: the votes are released; docs/methods.md §1). Opt-in: ``enabled``."""
+
+    enabled: bool = False
+    pairs: int = Field(64, ge=1, description="preference pairs trained on after each vote")
+    rank: int = Field(8, ge=1, description="LoRA rank")
+    beta: float = Field(0.1, gt=0, description="DPO's beta")
+    learning_rate: float = Field(5e-5, gt=0)
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(8, ge=1)
+    max_length: int = Field(256, ge=16, description="prompt + answer tokens per pair")
+
+
 class SynthesisConfig(Section):
     """Sizes and switches of the shared evolution loop (docs/methods.md §1)."""
 
@@ -460,6 +474,7 @@ class SynthesisConfig(Section):
                           "its description, instead of being a sample. On the real records of "
                           "Banking77 and Yelp it refuses 0 % and 0.5 %")
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     max_candidates: int = Field(200_000, gt=0)
     voting: Literal["exact", "pq", "ivf", "hnsw"] = Field(
         "exact", description="nearest-candidate search of the private vote: exact, or faiss "

@@ -24,3 +24,6 @@ class RunHooks:
 
     shard_actor: type[Any] | None = None
     on_checkpoint: Callable[[str], None] | None = None
+    #: trains a generator on preference pairs in place of trl's DPO (synthesis.preference;
+    #: dpsynth.evolution.preference.Trainer): a test records what the trainer is shown
+    preference_trainer: Callable[..., None] | None = None

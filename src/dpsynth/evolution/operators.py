@@ -8,6 +8,7 @@ its work over the run's generators by given weights.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -20,6 +21,8 @@ from ..progress import step
 from . import prompts as P
 from .lengths import tokens_for
 from .pool import Pool
+from .preference import PreferencePair, Trainer, is_tuned, ranked_pairs, train_dpo
+from .prompts import render
 from .selection import allocate
 from .textgen import Synthesizer
 
@@ -51,7 +54,7 @@ class Generation:
                  seed: int, cache_path: Path, embed_cache: Path, *,
                  rng: Callable[[str], np.random.Generator], log: Callable[[str], None],
                  progress: bool = True, generators: Sequence[Any] | None = None,
-                 embedder: Any | None = None) -> None:
+                 embedder: Any | None = None, trainer: Trainer | None = None) -> None:
         if generators is not None and len(generators) != len(config.generators):
             raise ValueError(f"{len(generators)} generators given for "
                              f"{len(config.generators)} configured")
@@ -68,6 +71,10 @@ class Generation:
         #: the longest text to write, in words (synthesis.max_words, or set from a DP
         #: estimate by :meth:`write_up_to`); None: 64 tokens
         self.max_words: int | None = config.synthesis.max_words
+        #: trains a generator on preference pairs (:func:`preference.train_dpo`; a test's
+        #: recorder) and the tuned model each generator runs now (folder), if any
+        self.trainer: Trainer = trainer or train_dpo
+        self.tuned: dict[int, Path] = {}
 
     def write_up_to(self, words: int | None) -> None:
         """Generations of up to ``words`` words from now on (generators whose config sets
@@ -148,6 +155,51 @@ class Generation:
         total["http_retries"] = sum(int(getattr(s.generator, "retries", 0) or 0)
                                     for s in self.synthesizers)
         return total
+
+    # -- learning from the released votes (docs/methods.md §1) ---------------------------
+    def learn_from_votes(self, pool: Pool, scores: np.ndarray, folder: Path, tag: str
+                         ) -> list[str]:
+        """Train each generator on pairs of its own candidates ranked by the released
+        ``scores`` (:func:`preference.ranked_pairs`; the label's zero-shot prompt as the
+        prompt) and generate with the tuned model from now on. A tuned model already in
+        ``folder`` (a resumed run) is loaded, not trained again. Returns the tuned models'
+        folder names, for the strategy's checkpoint."""
+        settings = self.config.synthesis.preference
+        names = []
+        for g, synth in enumerate(self.synthesizers):
+            chosen = ranked_pairs(pool, scores, settings.pairs, self.rng(f"pairs/{tag}/{g}"),
+                                  source=g)
+            if not chosen:
+                continue
+            pairs = [PreferencePair(render(P.zero_shot_instruction(
+                self.config.prompts.task, self._label_text(int(pool.labels[c]))), synth.chat,
+                self.config.prompts.writer), pool.texts[c], pool.texts[r]) for c, r in chosen]
+            digest = hashlib.sha256(repr([(p.chosen, p.rejected) for p in pairs]).encode())
+            out = folder / f"{tag}-g{g}-{digest.hexdigest()[:12]}"
+            if not is_tuned(out):
+                base = (None if self._given_generators is not None
+                        else Path(synth.generator.model_dir))
+                self.log(f"preference training of generator {g} on {len(pairs)} pairs")
+                with step(f"learning from the votes ({len(pairs)} pairs)"):
+                    self.trainer(base, pairs, out, settings, self.seed)
+            self.use_tuned(g, out)
+            names.append(out.name)
+        return names
+
+    def use_tuned(self, g: int, folder: Path) -> None:
+        """Generator ``g`` writes with the tuned model in ``folder`` from now on (the
+        given test generators stay as they are: they have no weights)."""
+        if self.tuned.get(g) == folder:
+            return
+        self.tuned[g] = folder
+        if self._given_generators is not None:
+            return
+        from ..llm import load_generator
+
+        cfg = self.config.generators[g]
+        spec = {"backend": "local", "model": str(folder), "engine": cfg.engine,
+                "num_threads": cfg.threads, "batch_size": cfg.batch_size}
+        self.synthesizers[g].generator = load_generator(spec, cache_path=self.cache_path)
 
     # -- operators -------------------------------------------------------------------------
     def _run_jobs(self, instructions: list[str], labels: list[int], sources: list[int],

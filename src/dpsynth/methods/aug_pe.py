@@ -16,10 +16,11 @@ when one label class and declared sizes need no histogram).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from ..context import PrivateView, Releaser, Rngs
 from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
@@ -36,6 +37,7 @@ from ..evolution.selection import allocate, select_per_label, thresholded
 from ..evolution.voting import vote_index_from
 from ..planning import voting_population
 from ..privacy.lattice import Lattice
+from .base import Job, Outcome
 from .pe import PEMethod
 
 
@@ -61,6 +63,8 @@ class AugPEState(StrategyState):
 
     vote_quota: np.ndarray | None = None
     max_words: int | None = None
+    #: the tuned models the generators run (folders under private/preference), if any
+    tuned: list[str] | None = None
 
 
 class AugPEStrategy:
@@ -112,9 +116,15 @@ class AugPEStrategy:
         pool = first_per_label(full, vote_quota * self.syn.pool_multiplier)
         return Start(pool, reference_set(full, quota, self.rngs))
 
+    def _restore(self) -> None:
+        """The generators' length and tuned models from the state (a resumed run)."""
+        self.gen.write_up_to(self.state.max_words)
+        for g, name in enumerate(self.state.tuned or []):
+            self.gen.use_tuned(g, self.view.run.private / "preference" / name)
+
     def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult:
         syn = self.syn
-        self.gen.write_up_to(self.state.max_words)  # a resumed run reads it from the state
+        self._restore()
         vote_emb = lookahead_embeddings(self.gen, pool, emb, syn.lookahead, f"look{t}")
         votes = self.view.compute.knn_histogram(vote_emb, pool.labels, syn.k,
                                                 index=vote_index_from(syn))
@@ -130,7 +140,10 @@ class AugPEStrategy:
 
     def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool:
         assert self.state.quota is not None and self.state.vote_quota is not None
-        self.gen.write_up_to(self.state.max_words)
+        self._restore()
+        if self.syn.preference.enabled:  # trained on the released scores: post-processing
+            self.state.tuned = self.gen.learn_from_votes(
+                pool, vote.scores, self.view.run.private / "preference", f"iter{t}")
         if not last:
             return select_and_vary(self.gen, self.rngs, self.syn, t, pool, vote.scores,
                                    self.state.vote_quota, last)
@@ -160,6 +173,30 @@ class AugPE(PEMethod):
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs) -> AugPEStrategy:
         return AugPEStrategy(config, self, view, releaser, gen, rngs)
+
+    @classmethod
+    def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
+        """Learning from the votes trains with trl and peft (``[finetune]``)."""
+        if not config.synthesis.preference.enabled:
+            return []
+        return [("trl", "finetune", "synthesis.preference"),
+                ("peft", "finetune", "synthesis.preference")]
+
+    def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
+        super().validate(config, n_records, n_labels)
+        if config.synthesis.preference.enabled and any(
+                g.backend != "local" for g in config.generators):
+            raise ConfigError("synthesis.preference trains the generator's weights: every "
+                              "generator must be local (backend local)")
+
+    def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
+        """Whether the generators learned from the votes, and from what."""
+        if not job.config.synthesis.preference.enabled:
+            return {}
+        return {"preference_training": (
+            "after each vote the local generator was tuned (LoRA, DPO) on pairs of synthetic "
+            "candidates ranked by the released noisy votes, with public prompts: "
+            "post-processing of released values; no private record reached the trainer")}
 
     def vote_shifts(self, config: RunConfig) -> tuple[int, ...]:
         """k = 1 at record level: one record adds 1 to one candidate's count."""

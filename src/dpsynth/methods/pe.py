@@ -224,7 +224,8 @@ class PEMethod(Method):
         gen = Generation(
             cfg, view.label_dict, rngs.seed, _llm_cache_path(cfg, run),
             run.private / "embed-cache", rng=rngs, log=run.log, progress=job.progress,
-            generators=job.generators, embedder=job.embedder)
+            generators=job.generators, embedder=job.embedder,
+            trainer=job.hooks.preference_trainer)
         job.paid_calls = lambda: gen.counts().get("llm_calls", 0)
         releaser = Releaser(job.session, sigma, private=not math.isinf(cfg.privacy.epsilon))
         # the exact record count is a fact about the private data: diagnostics only
