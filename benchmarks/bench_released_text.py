@@ -67,6 +67,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "filters": {"synthesis": {"samples": 500, "population": 500, "max_words": 40},
                 "generators": [{"model": "smollm2", "batch_size": 32, "max_new_tokens": 64}]},
     "length": {"synthesis": {"samples": 500, "population": 500, **_OFF}},
+    # the defaults plus a generator that learns from the votes
+    "preference": {"synthesis": {"samples": 500, "preference": {"enabled": True}}},
 }
 
 

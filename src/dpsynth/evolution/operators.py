@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig
+from ..llm.cache import CachedGenerator
 from ..progress import step
 from . import prompts as P
 from .lengths import tokens_for
@@ -106,7 +107,7 @@ class Generation:
     @cached_property
     def synthesizers(self) -> list[Synthesizer]:
         from ..llm import load_generator
-        from ..llm.cache import CachedGenerator, RequestCache
+        from ..llm.cache import RequestCache
 
         out = []
         for i, gen_cfg in enumerate(self.config.generators):
@@ -148,10 +149,10 @@ class Generation:
                 total[key] += getattr(synth.counts, key)
         # llm_calls: answers received (and stored) by this attempt, i.e. calls paid for;
         # requests that failed for good are in llm_requests_sent but not in llm_calls
-        total["llm_calls"] = sum(int(getattr(s.generator, "delivered", 0))
-                                 for s in self.synthesizers)
-        total["llm_requests_sent"] = sum(int(getattr(s.generator, "misses", 0))
-                                         for s in self.synthesizers)
+        cached = [s.generator for s in self.synthesizers
+                  if isinstance(s.generator, CachedGenerator)]
+        total["llm_calls"] = sum(g.delivered for g in cached)
+        total["llm_requests_sent"] = sum(g.misses for g in cached)
         total["http_retries"] = sum(int(getattr(s.generator, "retries", 0) or 0)
                                     for s in self.synthesizers)
         return total

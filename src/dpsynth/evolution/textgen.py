@@ -63,7 +63,7 @@ class Synthesizer:
     def chat(self) -> bool:
         if self.config.chat is not None:
             return self.config.chat
-        return bool(getattr(self.generator, "supports_chat", True))
+        return bool(self.generator.supports_chat)
 
     def complete(self, instructions: Sequence[str], tags: Sequence[str],
                  progress: bool = True, accept: Callable[[int, str], bool] | None = None
