@@ -24,7 +24,6 @@ from dpsynth.federated.core import (
     PartyData,
     party_submission,
     plan_quantisation,
-    zero_votes,
 )
 from dpsynth.federated.simulation import (
     _SimulationParties,
@@ -37,6 +36,28 @@ VOTE = functools.partial(topq_vote, q=4)
 BOUND = 11.0  # the public vote bound B (>= the largest party's 11 records: nothing is clipped)
 
 pytestmark = pytest.mark.cluster  # every test runs Flower's simulation engine (Ray)
+
+
+def zero_votes(party_embeddings: np.ndarray, party_labels: np.ndarray,
+               candidate_embeddings: np.ndarray, candidate_labels: np.ndarray) -> np.ndarray:
+    """A vote function that casts no votes: concat(H_near, H_far) = 0 (noise-only rounds)."""
+    return np.zeros(2 * len(candidate_embeddings), dtype=np.float64)
+
+
+class ObservedGrid:
+    """A Flower grid that shows every reply message the server receives to an observer."""
+
+    def __init__(self, grid: Any, observer: Any) -> None:
+        self._grid = grid
+        self._observer = observer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        self._observer(replies)
+        return replies
 
 
 class DroppedParty(PartyClient):
@@ -103,13 +124,14 @@ def test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate(setup) -
     # The server factory takes only public inputs.
     params = set(inspect.signature(make_server_app).parameters)
     assert params == {"candidate_embeddings", "candidate_labels", "num_parties", "min_parties",
-                      "sigma", "plan", "sink", "timeout_s", "wire_observer"}
+                      "sigma", "plan", "sink", "timeout_s", "grid_wrapper"}
 
     plan = plan_quantisation(vote_bound=BOUND, sigma=SIGMA, num_parties=3)
     sink = ServerSink()
     replies = []
     server_app = make_server_app(cand, cand_lab, num_parties=3, min_parties=3, sigma=SIGMA,
-                                 plan=plan, sink=sink, wire_observer=replies.extend)
+                                 plan=plan, sink=sink,
+                                 grid_wrapper=lambda grid: ObservedGrid(grid, replies.extend))
     closure = inspect.getclosurevars(server_app._main).nonlocals  # noqa: SLF001
     assert not any(isinstance(v, (PartyData, _SimulationParties, list)) for v in closure.values())
     client_app = make_client_app(_SimulationParties(parties), VOTE, noise_mode="seeded", seed=5)

@@ -17,7 +17,6 @@ from dpsynth.federated.core import (
     effective_sigma,
     party_submission,
     plan_quantisation,
-    zero_votes,
 )
 from dpsynth.federated.simulation import federated_noisy_histogram
 
@@ -32,5 +31,4 @@ __all__ = [
     "federated_noisy_histogram",
     "party_submission",
     "plan_quantisation",
-    "zero_votes",
 ]

@@ -26,12 +26,12 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.client import Client, NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
@@ -173,28 +173,13 @@ class SecureSumStrategy(Strategy):
         return None
 
 
-class _ObservedGrid:
-    """Grid proxy that shows every reply message the server receives to an observer (tests)."""
-
-    def __init__(self, grid: Grid, observer: Callable[[list[Message]], None]) -> None:
-        self._grid = grid
-        self._observer = observer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-        self._observer(replies)
-        return replies
-
-
 def make_server_app(candidate_embeddings: np.ndarray, candidate_labels: np.ndarray, *,
                     num_parties: int, min_parties: int, sigma: float, plan: QuantisationPlan,
                     sink: ServerSink, timeout_s: float | None = 600.0,
-                    wire_observer: Callable[[list[Message]], None] | None = None) -> ServerApp:
-    """ServerApp running one SecAgg+ round; its inputs are public (no party data, no seed)."""
+                    grid_wrapper: Callable[[Grid], Grid] | None = None) -> ServerApp:
+    """ServerApp running one SecAgg+ round; its inputs are public (no party data, no seed).
+    ``grid_wrapper``: the server's grid as the caller wraps it (an audit that reads every
+    reply the server receives)."""
     threshold = reconstruction_threshold(num_parties, min_parties)
 
     app = ServerApp()
@@ -215,7 +200,7 @@ def make_server_app(candidate_embeddings: np.ndarray, candidate_labels: np.ndarr
             modulus_range=plan.modulus_range,
             timeout=timeout_s,
         ))
-        workflow(grid if wire_observer is None else _ObservedGrid(grid, wire_observer), legacy)
+        workflow(grid if grid_wrapper is None else grid_wrapper(grid), legacy)
         if sink.released is None:
             sink.fail(f"SecAgg+ halted: fewer than the reconstruction threshold ({threshold}) of "
                       f"{num_parties} parties completed the protocol; nothing released",

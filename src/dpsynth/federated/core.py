@@ -298,9 +298,3 @@ def validate_parties(parties: Sequence[PartyData]) -> int:
     if len(dims) != 1:
         raise ValueError(f"parties disagree on the embedding dimension: {sorted(dims)}")
     return dims.pop()
-
-
-def zero_votes(party_embeddings: np.ndarray, party_labels: np.ndarray,
-               candidate_embeddings: np.ndarray, candidate_labels: np.ndarray) -> np.ndarray:
-    """Vote function that casts no votes: concat(H_near, H_far) = 0 (noise-only rounds, tests)."""
-    return np.zeros(2 * len(candidate_embeddings), dtype=np.float64)

@@ -68,7 +68,7 @@ def federated_noisy_histogram(
     modulus_range: int = DEFAULT_MODULUS_RANGE,
     timeout_s: float | None = 600.0,
     verbose: bool = False,
-    wire_observer: Callable[[list[Any]], None] | None = None,
+    grid_wrapper: Callable[[Any], Any] | None = None,
     ray_address: str = "local",
     client_app: Callable[..., Any] | None = None,
 ) -> FederatedResult:
@@ -81,7 +81,7 @@ def federated_noisy_histogram(
     round. Raises InsufficientPartiesError when fewer than ``min_parties`` contribute.
     ``vote_grid``: the lattice the votes lie on (WASP: 2^-(Q-1)), so that each party's discrete
     Gaussian share is drawn on SecAgg+'s grid (:func:`plan_quantisation`).
-    ``wire_observer`` (audit/tests) sees every reply message the server receives.
+    ``grid_wrapper`` (an audit) wraps the server's grid, e.g. to read every reply it receives.
     ``ray_address``: where the simulation runs (:func:`run_flower_simulation`);
     ``client_app``: builds the parties' ClientApp (default ``app.make_client_app``).
     """
@@ -109,7 +109,7 @@ def federated_noisy_histogram(
     sink = ServerSink()
     server_app = make_server_app(cand_emb, cand_lab, num_parties=num_parties,
                                  min_parties=min_parties, sigma=sigma, plan=plan, sink=sink,
-                                 timeout_s=timeout_s, wire_observer=wire_observer)
+                                 timeout_s=timeout_s, grid_wrapper=grid_wrapper)
     clients = (client_app or make_client_app)(_SimulationParties(parties), vote_fn,
                                               noise_mode=noise_mode, seed=seed)
     run_flower_simulation(server_app, clients, num_parties, verbose=verbose,

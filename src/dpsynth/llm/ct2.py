@@ -181,7 +181,6 @@ class Ct2Engine:
         self._threads = threads
         self.eos_token_ids = [int(e) for e in eos_token_ids]
         self._greedy: Any = None  # greedy decoding draws nothing: one generator is kept
-        self.loads = 0  # ctranslate2.Generator objects created (for tests)
         self.last_threads = 0
 
     @property
@@ -191,7 +190,6 @@ class Ct2Engine:
         return max(1, int(t))
 
     def _load(self) -> Any:
-        self.loads += 1
         self.last_threads = self.threads
         return self._ct2.Generator(
             str(self.model_dir),
