@@ -119,3 +119,15 @@ def test_plan_and_privacy_calibrate_share_one_calibration() -> None:
     assert "continuous Gaussian" in bare and "--config" in bare  # says why it differs
     res = run.invoke(app, ["privacy", "calibrate", "--epsilon", "4"])
     assert res.exit_code == 2 and "--steps" in res.output
+
+
+def test_the_plan_shows_the_length_the_run_will_use(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    from_data = _plan(cfg)  # the rows run to 8-15 words: the 90th percentile's bin ends at 16
+    assert from_data["max_words"] == 16 and "noisy estimate" in from_data["length_source"]
+    declared = _plan(cfg, "--set", "synthesis.max_words=30")
+    assert declared["max_words"] == 30 and "declared" in declared["length_source"]
+    blind = _plan(cfg, "--no-data", "--records", 61)
+    assert blind["max_words"] is None and "estimated by the run" in blind["length_source"]
+    wasp = _plan(cfg, "--set", "method=wasp")
+    assert wasp["length_source"] == ""  # WASP writes its generators' max_new_tokens

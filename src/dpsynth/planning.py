@@ -21,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .evolution.lengths import tokens_for
+
 if TYPE_CHECKING:
     from .config import RunConfig
 
@@ -63,6 +65,8 @@ class RunPlan:
     population: int = 0  # samples kept per voting round (candidates / pool_multiplier)
     samples: int = 0  # texts released
     releases: list[PlannedRelease] = field(default_factory=list)
+    max_words: int | None = None  # the texts' length, where known before the run
+    length_source: str = ""  # where the length comes from
     vote_noise: float | None = None  # std of the noise on one candidate's votes
     expected_votes: float | None = None  # per candidate, on average
     verdict: str = "ok"  # ok | noisy | random | none
@@ -89,6 +93,10 @@ class RunPlan:
         for r in self.releases:
             out.append(f"  {r.name}: {r.count} release{'s' if r.count != 1 else ''}, noise "
                        f"sigma {r.sigma / r.sensitivity:.4g} per unit of sensitivity")
+        if self.length_source:
+            words = (f"texts up to {self.max_words} words (max_new_tokens "
+                     f"{tokens_for(self.max_words)}), " if self.max_words else "texts' length ")
+            out.append(f"  {words}{self.length_source}")
         if self.vote_noise is not None and self.expected_votes is not None:
             out.append(f"  votes per candidate: {self.expected_votes:.3g} expected, noise "
                        f"sigma {self.vote_noise:.3g}")
@@ -152,8 +160,23 @@ def voting_population(config: RunConfig, method: Any, records: float, labels: in
     return auto_population(config, method, records, labels, sigma or 0.0)
 
 
+def plan_length(config: RunConfig, method: Any, exact_words: int | None
+                ) -> tuple[int | None, str]:
+    """(words, where they come from) of the texts a method that sizes its votes writes:
+    ``synthesis.max_words`` when declared, else the run's DP estimate, shown from the exact
+    lengths (``exact_words``, the operator's plan only) when the data is at hand."""
+    if not getattr(method, "sizes_votes", False):
+        return None, ""
+    if config.synthesis.max_words is not None:
+        return config.synthesis.max_words, "declared (synthesis.max_words)"
+    if exact_words is not None:
+        return exact_words, ("from the records' lengths; the run uses its noisy estimate, "
+                             "released with the label counts")
+    return None, "from the records: estimated by the run, released with the label counts"
+
+
 def plan_run(config: RunConfig, method: Any, records: int, labels: int,
-             sigma: float | None) -> RunPlan:
+             sigma: float | None, exact_words: int | None = None) -> RunPlan:
     """The plan of a PE-family ``method``'s run on ``records`` records in ``labels`` label
     classes at noise multiplier ``sigma`` (the run's: calibrated from the config, or SecPE's
     from its secrets; None when nothing is noised). The method says what its releases are
@@ -163,6 +186,7 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
     candidates = population * syn.pool_multiplier
     plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
                    candidates, None, population=population, samples=syn.samples)
+    plan.max_words, plan.length_source = plan_length(config, method, exact_words)
     if not sigma or not getattr(method, "private_votes", False) or method.guarantee(
             config) not in ("dp", "secret-protection"):
         plan.verdict = "none"

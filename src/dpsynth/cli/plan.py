@@ -52,7 +52,7 @@ def plan(
     if not isinstance(method, PEMethod):  # no plan printer of its own: what its plan holds
         _plan_held(cfg, method, as_json, no_data or records is not None)
         return
-    sigma = None
+    sigma, words = None, None
     if no_data or records is not None:
         if records is None or records < 1:
             raise ConfigError("--no-data needs --records N (N >= 1), the number of records")
@@ -64,11 +64,11 @@ def plan(
             raise ConfigError("SecPE's noise follows from the secrets found in the data: run "
                               "`dpsynth plan` with the data (without --no-data)")
     else:
-        records, n_labels, sigma = _from_data(cfg, labels)
+        records, n_labels, sigma, words = _from_data(cfg, labels)
     if sigma is None and isinstance(method, PEMethod) and method.guarantee(cfg) == "dp":
         # with data.limit the run calibrates for the subset's share (dpsynth.neighbours)
         sigma = calibrate_sigma(mechanism_config(cfg), method, n_labels)
-    result = plan_run(cfg, method, records, n_labels, sigma)
+    result = plan_run(cfg, method, records, n_labels, sigma, words)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return
@@ -168,9 +168,11 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool) -> None:
             typer.echo(f"  {key}: {value}")
 
 
-def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None]:
-    """(records, label classes, SecPE's noise multiplier) of the configured data."""
+def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None, int | None]:
+    """(records, label classes, SecPE's noise multiplier, the records' length in words for a
+    method that estimates it) of the configured data."""
     from ..context import label_classes
+    from ..evolution.lengths import exact_max_words
     from ..methods import get_method
     from ..run_dataset import load_run_data
     from ..run_folder import RunDir
@@ -186,7 +188,11 @@ def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None]
                               "(the label classes you expect)") from None
         method = get_method(cfg.method, "text")  # type: ignore[attr-defined]
         sigma = method.noise_multiplier(cfg, dataset)
-        return len(dataset), n, sigma
+        words = None
+        syn = cfg.synthesis  # type: ignore[attr-defined]
+        if getattr(method, "sizes_votes", False) and syn.max_words is None:
+            words = exact_max_words(dataset.texts)
+        return len(dataset), n, sigma, words
 
 
 def register(root: typer.Typer) -> None:

@@ -42,7 +42,7 @@ def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
 
 
 def show_vote_plan(method: PEMethod, config: RunConfig, records: int, labels: int,
-                   sigma: float, run: RunDir) -> None:
+                   sigma: float, run: RunDir, exact_words: int | None = None) -> None:
     """What the noise will do to the votes (:mod:`dpsynth.planning`), before anything is
     spent: on the terminal, a warning when it swamps them, and in private/plan.json (it uses
     the exact record count: never log.txt or release/)."""
@@ -50,7 +50,7 @@ def show_vote_plan(method: PEMethod, config: RunConfig, records: int, labels: in
     from ..planning import WARN_VERDICTS, plan_run
     from ..progress import note, warn
 
-    plan = plan_run(config, method, records, labels, sigma)
+    plan = plan_run(config, method, records, labels, sigma, exact_words)
     atomic_write_json(run.private / "plan.json", plan.to_dict(), mode=0o600)
     for line in plan.lines()[:-1] if plan.message else plan.lines():
         note(line)
@@ -173,7 +173,8 @@ class PEMethod(Method):
         else:
             n_labels = None
         if sigma is not None and n_labels is not None and sigma > 0:
-            show_vote_plan(self, config, len(dataset), n_labels, sigma, run)
+            show_vote_plan(self, config, len(dataset), n_labels, sigma, run,
+                           _exact_words(self, config, dataset))
         delta_used = config.data.label_domain_delta if discover else 0.0
         target = None
         if guarantee == "dp":
@@ -281,6 +282,17 @@ class PEMethod(Method):
         statement["noise_multiplier"] = outcome.facts.get("sigma")
         statement.update(self.statement_extras(job, outcome))
         return statement
+
+
+def _exact_words(method: PEMethod, config: RunConfig, dataset: Any) -> int | None:
+    """The records' length as the plan shows it (exact: terminal and private/plan.json only),
+    for a method that estimates it; None when the data is not in this process."""
+    from ..evolution.lengths import exact_max_words
+
+    if not method.sizes_votes or config.synthesis.max_words is not None:
+        return None
+    texts = getattr(dataset, "texts", None)
+    return None if texts is None else exact_max_words(texts)
 
 
 def _llm_cache_path(cfg: RunConfig, run: RunDir) -> Path:
