@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--set", choices=sorted(SETS), default="banking")
     ap.add_argument("--records", type=int, default=2000)
     ap.add_argument("--arms", default="today,defaults")
+    ap.add_argument("--samples", type=int, default=500, help="texts released per arm")
     ap.add_argument("--tag", default="", help="suffix of the runs folder and the result file")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()
@@ -129,7 +130,9 @@ def main() -> None:
     for arm in args.arms.split(","):
         start_load = load()
         t0 = time.time()
-        row = run_arm(arm, config, ARMS[arm], out, test, spec["labels"], fresh=args.fresh)
+        over = json.loads(json.dumps(ARMS[arm]))
+        over["synthesis"]["samples"] = args.samples
+        row = run_arm(arm, config, over, out, test, spec["labels"], fresh=args.fresh)
         row["wall_this_call"] = round(time.time() - t0)
         row["load_at_start"] = start_load
         for c in spec["labels"]:

@@ -65,3 +65,21 @@ def test_no_real_banking77_message_is_dropped_as_off_task(shared_data: Path) -> 
         dropped = [i for i, t in enumerate(texts)
                    if clean_generation(t, 1, drop_off_task=True, writer=writer) is None]
         assert dropped == [], f"{split}.csv rows {dropped[:5]}"
+
+
+@pytest.mark.parametrize(("path", "writer", "most"), [
+    ("banking77/train.csv", "a customer of an online bank", 0.0),
+    ("yelp/dev.csv", "", 0.006),
+])
+def test_the_filters_keep_real_records(shared_data: Path, path: str, writer: str,
+                                       most: float) -> None:
+    """The public filters that keep chatter out of a release refuse (almost) no real record:
+    none of Banking77's messages, at most 0.6 % of Yelp's reviews (measured 0.44 %)."""
+    import pandas as pd
+
+    from dpsynth.evolution.prompts import clean_generation
+
+    texts = pd.read_csv(shared_data / path)["text"].astype(str).tolist()
+    refused = sum(clean_generation(t, 1, max_chars=10**6, drop_off_task=True, writer=writer)
+                  is None for t in texts)
+    assert refused / len(texts) <= most

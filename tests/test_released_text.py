@@ -218,6 +218,8 @@ def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:
     "Answer: the card arrives in a week.",
     "I am a customer of an online bank who is unable to provide direct debit.",
     "If you have any questions, feel free to contact us.",
+    "You're welcome. What can I help you with today?",
+    "Please do not hesitate. Here is a rewritten message: my card is late.",
 ])
 def test_chatter_echoes_placeholders_and_answers_are_refused(text: str) -> None:
     assert P.clean_generation(text, 12, drop_off_task=True,

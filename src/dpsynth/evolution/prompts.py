@@ -182,6 +182,9 @@ _ASSISTANT_VOICE = re.compile(
     r"\b(?:i|we)(?:'d| would) be (?:happy|glad|delighted) to (?:help|assist)\b|"
     r"\b(?:please )?follow these steps\b|\bif you have any (?:other |further |more )?"
     r"questions\b|\bfeel free to (?:ask|contact|reach)\b|\bas an? (?:ai|assistant|language)\b|"
+    r"\bwhat can (?:i|we) (?:help|do for) you\b|^\s*you'?re (?:very |most )?welcome\b|"
+    r"\bhere(?:'s| is) (?:a |the |my )?(?:rewritten|revised|rephrased) (?:message|text|"
+    r"version|question)\b|"
     r"\bwelcome to\b|\bdear (?:valued|customer|sir|madam)\b|"
     r"\[(?:your|user'?s?|customer'?s?|client'?s?|company|business|bank)\b[^\]]{0,40}\]",
     re.IGNORECASE,
