@@ -238,6 +238,22 @@ def test_cluster_prompts_name_their_released_keyword(tmp_path) -> None:
     assert [r["text"].split(":")[0].lower() for r in rows] == [f"about {k}" for k in keywords]
 
 
+def test_the_build_drops_garbled_passages_and_says_why(tmp_path) -> None:
+    """The fake's passages are token codes: the build drops them as garbled and says how many
+    and why, in the summary and the warnings (post-processing of the released texts)."""
+    from dpsynth.rag.build import build_kb
+
+    over = _overrides() | {"privacy.noise": "seeded", "privacy.seed": 11}
+    out = build_kb(EXAMPLE, tmp_path / "run", overrides=over, generator=FakeGen(),
+                   embedder=FakeEmbedder())
+    summary = json.loads((out / "release" / "summary.json").read_text())
+    rows = [json.loads(x) for x in (out / "release" / "synthetic_all.jsonl").read_text()
+            .splitlines() if x.strip()]
+    assert summary["garbled_dropped"] == {"non-words": len(rows)} and rows
+    assert all(r["garbled"] == "non-words" and not r["kept"] for r in rows)
+    assert any("as garbled: " in w for w in summary["warnings"])
+
+
 @pytest.mark.parametrize("retrieve", [1, 2])
 def test_ask_retrieves_what_the_build_says(tmp_path, retrieve: int) -> None:
     """``synrag.retrieve`` is stored with the index: `rag ask` without -k (and the service
@@ -247,9 +263,15 @@ def test_ask_retrieves_what_the_build_says(tmp_path, retrieve: int) -> None:
 
     # a seeded build: with fresh noise a cluster may fall below the threshold and the KB hold
     # fewer passages than asked for
-    over = _overrides(retrieve=retrieve) | {"privacy.noise": "seeded", "privacy.seed": 11}
+    # (the fake's passages are token codes, not text: the garbled filter is off here)
+    over = _overrides(retrieve=retrieve) | {"privacy.noise": "seeded", "privacy.seed": 11,
+                                            "synrag.drop_garbled": False}
     out = build_kb(EXAMPLE, tmp_path / "run", overrides=over, generator=FakeGen(),
                    embedder=FakeEmbedder())
     models = {"generator": FakeGen(), "embedder": FakeEmbedder()}
-    assert len(answer("fever?", out, **models)["passages"]) == retrieve
+    result = answer("fever?", out, **models)
+    assert len(result["passages"]) == retrieve
+    # the sources are returned with their ids; the fake's answer names none of their words
+    assert all(isinstance(p["id"], int) for p in result["passages"])
+    assert result["supported"] is (not result["unsupported"])
     assert len(answer("fever?", out, 3, **models)["passages"]) == 3

@@ -85,8 +85,12 @@ def ask(
         typer.echo(json.dumps(result, ensure_ascii=False))
         return
     typer.echo(result["answer"])
+    if result["unsupported"]:
+        typer.echo("warning: the answer names " + ", ".join(result["unsupported"])
+                   + ", which none of its sources contains", err=True)
+    typer.echo("sources:")
     for p in result["passages"]:
-        typer.echo(f"  [{p['score']:.3f}] {p['text'][:200]}")
+        typer.echo(f"  passage {p['id']} (similarity {p['score']:.3f}): {p['text'][:200]}")
 
 
 @group.command("serve")

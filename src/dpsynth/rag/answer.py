@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import MissingFileError
 from ..llm import GenerationRequest, SamplingParams
+from .grounding import unsupported_terms
 from .index import KnowledgeBase
 
 SYSTEM = "You answer questions using the given documents. Answer briefly."
@@ -62,15 +63,25 @@ class Answerer:
         reqs = [GenerationRequest(answer_prompt(q, [p["text"] for p in ps]), params)
                 for q, ps in zip(questions, passages, strict=True)]
         texts = self.generator.generate(reqs, progress=False) if reqs else []
-        return [
-            {"question": q, "answer": t.strip(),
-             "passages": [{"id": p.get("id"), "text": p["text"], "score": round(s, 4)}
-                          for p, (_, s) in zip(ps, h, strict=True)]}
-            for q, t, ps, h in zip(questions, texts, passages, hits, strict=True)
-        ]
+        return [_result(q, t.strip(), ps, h)
+                for q, t, ps, h in zip(questions, texts, passages, hits, strict=True)]
 
     def ask(self, question: str, k: int | None = None) -> dict[str, Any]:
         return self.ask_many([question], k)[0]
+
+
+def _result(question: str, text: str, passages: Sequence[dict[str, Any]],
+            hits: Sequence[tuple[int, float]]) -> dict[str, Any]:
+    """One answer with its sources (the passages used, with their ids) and whether it stays
+    within them: ``unsupported`` lists what it names that no source contains (None without
+    sources, the no-RAG baseline)."""
+    unsupported = (unsupported_terms(text, [p["text"] for p in passages], question)
+                   if passages else None)
+    return {"question": question, "answer": text,
+            "passages": [{"id": p.get("id"), "text": p["text"], "score": round(s, 4)}
+                         for p, (_, s) in zip(passages, hits, strict=True)],
+            "supported": None if unsupported is None else not unsupported,
+            "unsupported": unsupported or []}
 
 
 def open_answerer(kb_dir: str | Path, *, generator: Any = None, embedder: Any = None,

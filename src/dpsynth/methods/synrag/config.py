@@ -130,6 +130,10 @@ class SynRAGConfig(BaseModel):
         "(BENCHMARKS.md: on Medical Synth run 3 it dropped all 5 texts naming a disease and "
         "kept 7 noise texts; on the tiny example it kept 6 of 16 texts, none naming one)")
     filter_question: str = DEFAULT_FILTER
+    drop_garbled: bool = Field(
+        True, description="drop passages that are not text (a loop of repeated words, mostly "
+        "non-words, under five words; dpsynth.rag.grounding.garbled_reason): post-processing "
+        "of the released texts; the build says how many it dropped and why")
     # RAG over the KB
     retrieve: int = Field(3, ge=1, le=50, description="passages retrieved per question")
     answer_max_new_tokens: int = Field(48, ge=1, le=512)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -16,6 +17,7 @@ from ...diagnostics import append_diagnostic
 from ...files import SHARED_MODE, write_jsonl
 from ...llm.base import LogitsDtypeChoice, StepperEngineChoice
 from ...privacy.lattice import Lattice
+from ...rag.grounding import garbled_reason
 from ...run_folder import RunDir
 from .. import canonical_name
 from ..base import Job, Method, Outcome, PrivacyPlan
@@ -169,10 +171,19 @@ class SynRAG(Method):
         texts = [r["text"] for r in results]
         keep = (self_filter(gen, texts, scfg.filter_question) if scfg.self_filter
                 else [bool(t.strip()) for t in texts])
+        garbled = [garbled_reason(t) if scfg.drop_garbled and kp else None
+                   for t, kp in zip(texts, keep, strict=True)]
+        keep = [kp and g is None for kp, g in zip(keep, garbled, strict=True)]
+        dropped = Counter(g for g in garbled if g is not None)
+        if dropped:
+            note(f"dropped {sum(dropped.values())} of {len(results)} synthetic passages as "
+                 "garbled: " + ", ".join(f"{n} {GARBLED[why]}" for why, n in
+                                        sorted(dropped.items())), warn=True)
         rows = [{"id": r["cluster"], "text": r["text"], "keyword": r["keyword"]}
                 for r, kp in zip(results, keep, strict=True) if kp]
         write_jsonl(run.release / "synthetic_all.jsonl",
-                    [{**r, "kept": bool(kp)} for r, kp in zip(results, keep, strict=True)],
+                    [{**r, "kept": bool(kp), **({"garbled": g} if g else {})}
+                     for r, kp, g in zip(results, keep, garbled, strict=True)],
                     mode=SHARED_MODE)
         write_jsonl(run.release / "kb.jsonl", rows, mode=SHARED_MODE)
         build_index(run.release, [r["text"] for r in rows], emb_model, cfg.embedder.model,
@@ -191,7 +202,8 @@ class SynRAG(Method):
                  "grows; `rag build --require-passages` makes this an error", warn=True)
         # wall time depends on the private data (document count, cluster sizes): operator only
         append_diagnostic(run, {"wall_seconds": round(time.time() - started, 1)})
-        summary = {"clusters": len(results), "kb_passages": len(rows), "epsilon": None,
+        summary = {"clusters": len(results), "kb_passages": len(rows),
+                   "garbled_dropped": dict(sorted(dropped.items())), "epsilon": None,
                    "delta": cfg.privacy.delta, "clip": clip, "warnings": note.messages}
         return Outcome(summary, facts={"sigma_h": sigma_h, "clip": clip},
                        message=f"{len(rows)} of {len(results)} synthetic documents kept")
@@ -229,6 +241,11 @@ def _llm(cfg: RunConfig, scfg: SynRAGConfig, gen: Any, corpus: Corpus) -> Any:
 
         return generator_factory(cfg, gen)
     return lambda: gen
+
+
+#: how the build's note names each reason a passage was dropped as garbled
+GARBLED = {"loop": "a loop of repeated words", "non-words": "mostly non-words",
+           "too short": "under five words"}
 
 
 def _embedder(cfg: RunConfig, run: RunDir, emb_model: Any, given: Any, corpus: Corpus) -> Any:
