@@ -90,3 +90,45 @@ def test_next_token_accuracy_prefers_in_domain_training_text(demo_frames):
     assert in_domain["accuracy"] > off_domain["accuracy"] + 0.1
     with pytest.raises(MetricUnavailable):
         next_token_accuracy(["   "], test_texts)
+
+
+# -- how sure a difference of two accuracies is (the report's verdict) ------------------------
+
+
+def test_wilson_interval_matches_the_published_example():
+    from dpsynth.eval.utility import wilson_interval
+
+    low, high = wilson_interval(81, 263)  # Newcombe (1998), the score method: 0.2553-0.3662
+    assert low == pytest.approx(0.2553, abs=1e-4) and high == pytest.approx(0.3662, abs=1e-4)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+
+
+def test_difference_interval_paired_and_independent():
+    from dpsynth.eval.utility import difference_interval, paired_counts
+
+    # large n: the paired interval is McNemar's normal one, diff +-1.96 sqrt(b+c-(b-c)^2/n)/n
+    n, b, c = 10000, 500, 400
+    paired = {"n": n, "both": 6000, "first_only": b, "second_only": c,
+              "neither": n - 6000 - b - c}
+    low, high = difference_interval(0, 0, 0, 0, paired)
+    half = 1.959964 * np.sqrt(b + c - (b - c) ** 2 / n) / n
+    assert low == pytest.approx(0.01 - half, abs=5e-4)
+    assert high == pytest.approx(0.01 + half, abs=5e-4)
+    # two classifiers that agree on most texts: paired is much narrower than independent
+    independent = difference_interval(0.65, 0.64, n, n)
+    assert independent[0] < low and independent[1] > high
+    assert independent[0] < 0 < independent[1]  # +1 point on 10000 texts, unpaired: unclear
+    assert low > 0  # paired: measurable
+    counts = paired_counts(["a", "b", "a", "b"], ["a", "b", "b", "b"], ["a", "a", "a", "a"])
+    assert counts == {"n": 4, "both": 1, "first_only": 2, "second_only": 1, "neither": 0}
+
+
+def test_majority_share_of_a_test_file(tmp_path):
+    from dpsynth.eval.utility import majority_share_of_file
+
+    path = tmp_path / "test.csv"
+    pd.DataFrame({"text": list("abcde"), "y": ["x", "x", "x", "z", "w"]}).to_csv(path,
+                                                                                index=False)
+    assert majority_share_of_file(path, "y") == pytest.approx(0.6)
+    assert majority_share_of_file(path, "absent") is None
+    assert majority_share_of_file(tmp_path / "missing.csv", "y") is None

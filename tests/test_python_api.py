@@ -119,6 +119,9 @@ def test_bad_frames_are_named_by_column_never_echoed(tmp_path: Path) -> None:
     with pytest.raises(dpsynth.errors.DpsynthError) as err:
         _generate(bad_label, tmp_path / "r3")
     assert re.search(r"row 5\b", str(err.value)) and "label" in str(err.value)
+    # the API's words: the argument, not the run's internal copy or a config key
+    assert "records.parquet" not in str(err.value) and "data.label_values" not in str(err.value)
+    assert "label_values" in str(err.value)
     assert not (tmp_path / "r3").exists()
     with pytest.raises(InputError, match="item 2 is a str"):
         _generate([{"text": "a", "label": "billing"}, SECRET], tmp_path / "r4")
@@ -183,3 +186,26 @@ def test_evaluate_writes_and_returns_the_shareable_evaluation(tmp_path: Path) ->
     assert ev == result.evaluation
     assert "verdict" in ev and "created" not in ev
     assert (result.run_dir / "eval" / "report.html").is_file()
+    # the verdict is worded from the interval of the accuracy difference, on paired counts
+    cell = ev["versus_zero_shot"]["logreg"]["department"]
+    low, high = cell["interval_points"]
+    assert low <= cell["accuracy_points"] <= high and cell["interval"] == "paired"
+    assert "95 % interval" in ev["verdict"]
+
+    # the test set as a DataFrame, a list of dicts: the same evaluation as from its file
+    test = pd.read_csv(paths["test"])
+    for given, kind in ((test, "DataFrame"), (test.to_dict("records"), "list")):
+        again = dpsynth.evaluate(result.run_dir, given, mauve=False, audits=False,
+                                 report=False, embedder=FakeEmbedder())
+        assert again["utility"] == ev["utility"]
+        assert again["test_file"] == f"(a {kind} of {len(test)} rows given to evaluate())"
+    # errors name the Python argument, not a CLI flag
+    with pytest.raises(dpsynth.errors.DpsynthError) as err:
+        result.evaluate(test.drop(columns=["department"]), audits=False,
+                        embedder=FakeEmbedder())
+    assert "labels" in str(err.value) and "--" not in str(err.value)
+    with pytest.raises(dpsynth.errors.DpsynthError) as err:
+        result.evaluate(test, text="body", audits=False, embedder=FakeEmbedder())
+    assert "no text column 'body'" in str(err.value) and "--" not in str(err.value)
+    page = dpsynth.api.report(result, tmp_path / "again.html")
+    assert page == tmp_path / "again.html" and "synthetic" in page.read_text(encoding="utf-8")

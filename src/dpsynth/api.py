@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, RunConfig, parse_config
-from .errors import InputError, MissingFileError
+from .errors import DpsynthError, InputError, MissingFileError
 from .hooks import RunHooks
 from .run_folder import RunDir
 from .runner import RunOptions, open_run, run_method
@@ -45,9 +49,128 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["RagResult", "Result", "build_rag", "evaluate", "generate", "load_run",
-           "open_run", "run_generation"]
+           "open_run", "report", "run_generation"]
 
 STAGED_INPUT = Path("private") / "input" / "records.parquet"
+
+
+# -- argument checks: a wrong type is a TypeError naming the argument, at the call ----------
+
+
+def _type_name(value: Any) -> str:
+    return "a string" if isinstance(value, str) else f"a {type(value).__name__}"
+
+
+def check_text(name: str, value: Any, *, optional: bool = True) -> None:
+    """``value`` is a string (or None when ``optional``)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: give a string, not {_type_name(value)}")
+
+
+def check_number(name: str, value: Any, *, optional: bool = True) -> None:
+    """``value`` is an int or a float, not a bool or a string (or None when ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        example = f" (e.g. {name}=4.0)" if name == "epsilon" else ""
+        raise TypeError(f"{name}: give a number{example}, not {_type_name(value)}")
+
+
+def check_int(name: str, value: Any, *, optional: bool = True) -> None:
+    """``value`` is an int, not a bool (or None when ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: give a whole number, not {_type_name(value)}")
+
+
+def check_flag(name: str, value: Any) -> None:
+    """``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: give True or False, not {_type_name(value)}")
+
+
+def check_path(name: str, value: Any, *, optional: bool = True) -> None:
+    """``value`` is a path (a string or an os.PathLike) (or None when ``optional``)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{name}: give a path (a string or pathlib.Path), not "
+                        f"{_type_name(value)}")
+
+
+def check_names(name: str, value: Any) -> None:
+    """``value`` is a list (or tuple) of strings, or None; a lone string is refused (one
+    column is ``[name]``: a string is a sequence of characters, not of names)."""
+    if value is None:
+        return
+    if isinstance(value, str):
+        raise TypeError(f"{name}: give a list of column names, e.g. {name}=[{value!r}], not a "
+                        "string")
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}: give a list of column names (strings), not "
+                        f"{_type_name(value)}")
+
+
+def check_mapping(name: str, value: Any) -> None:
+    """``value`` is a dict (any Mapping), or None."""
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"{name}: give a dict, not {_type_name(value)}")
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    """``value`` is one of ``choices`` (a TypeError for a non-string, ValueError else)."""
+    check_text(name, value, optional=False)
+    if value not in choices:
+        raise ValueError(f"{name}: give one of {', '.join(map(repr, choices))}, not {value!r}")
+
+
+#: CLI flags and config keys in messages from the layers below, as the Python arguments.
+_API_WORDS: tuple[tuple[str, str], ...] = (
+    (r"--set data\.text(=\S*)?", "text=..."),
+    (r"--set data\.labels(=\S*)?", "labels=[...]"),
+    (r"--set data\.label_values(=\S*)?", "label_values={...}"),
+    (r"--set privacy\.epsilon(=\S*)?", "epsilon=..."),
+    (r"--set privacy\.delta(=\S*)?", "delta=..."),
+    (r"--set (\w+)\.(\w+)(=\S*)?", r"config={'\1': {'\2': ...}}"),
+    (r"\bdata\.label_values\b", "label_values"),
+    (r"\bdata\.labels\b", "labels"),
+    (r"\bdata\.text\b", "text"),
+    (r"\bdata\.user\b", "user"),
+    (r"\bdata\.source\b", "source"),
+    (r"--test FILE", "test=FILE"),
+    (r"--zero-shot RUN_DIR", "zero_shot=RUN_DIR"),
+    (r"--resume", "resume=True"),
+    (r"--pii-column", "pii_columns"),
+    (r"--(test|text|classifier|epochs)\b", r"\1"),
+    (r"--label\b", "labels"),
+    (r"--zero-shot\b", "zero_shot"),
+)
+
+
+def api_message(message: str, staged: Path | None = None) -> str:
+    """``message`` in the API's words: the Python argument for a CLI flag or config key, and
+    ``data`` for the run's internal copy of a DataFrame (``staged``)."""
+    if staged is not None:
+        message = message.replace(str(staged), "data").replace(STAGED_INPUT.name, "data")
+    for pattern, words in _API_WORDS:
+        message = re.sub(pattern, words, message)
+    return message
+
+
+@contextmanager
+def api_errors(staged: Path | None = None) -> Iterator[None]:
+    """Errors raised inside, reworded by :func:`api_message` (same class, same object)."""
+    try:
+        yield
+    except DpsynthError as err:
+        if err.args and isinstance(err.args[0], str):
+            err.args = (api_message(err.args[0], staged), *err.args[1:])
+        if err.hint:
+            err.hint = api_message(err.hint, staged)
+        raise
 
 
 def _finished(output_dir: str | Path) -> bool:
@@ -79,6 +202,12 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
     """
     from . import progress as display
 
+    if not isinstance(config, RunConfig):
+        check_path("config", config, optional=False)
+    check_path("output_dir", output_dir, optional=False)
+    check_flag("resume", resume)
+    check_mapping("overrides", overrides)
+    check_flag("progress", progress)
     if resume and not overrides and _finished(output_dir):
         return RunDir(output_dir).root  # nothing to do; with --set the runner says why
     _prepare_output(output_dir)
@@ -191,16 +320,18 @@ class Result:
         """eval/eval.json (the shareable evaluation), once :meth:`evaluate` ran."""
         return _read_json(self.run_dir / "eval" / "eval.json") or None
 
-    def evaluate(self, test: str | Path, **options: Any) -> dict[str, Any]:
-        """See :func:`evaluate`."""
+    def evaluate(self, test: str | Path | pd.DataFrame | list[Any] | None = None,
+                 **options: Any) -> dict[str, Any]:
+        """:func:`evaluate` of this run: ``test`` a path, a DataFrame or a list of dicts (or
+        of texts)."""
         return evaluate(self.run_dir, test, **options)
 
-    def report(self, out: str | Path | None = None) -> Path:
+    def report(self, out: str | Path | None = None, *,
+               test: str | Path | pd.DataFrame | list[Any] | None = None) -> Path:
         """Write the shareable HTML report (default RUN_DIR/eval/report.html; the operator's
-        page goes to private/); returns its path."""
-        from .eval.report import write_report
-
-        return write_report(self.run_dir, out)
+        page goes to private/), evaluating against ``test`` first when given; returns its
+        path (:func:`report`)."""
+        return report(self.run_dir, out, test=test)
 
     def __repr__(self) -> str:
         eps = self.privacy.get("epsilon")
@@ -230,6 +361,8 @@ class RagResult:
             embedder: Any = None) -> dict[str, Any]:
         """The answer and the ``k`` retrieved passages (default: the build's
         ``synrag.retrieve``); post-processing of the release."""
+        check_text("question", question, optional=False)
+        check_int("k", k)
         if not str(question).strip():
             raise ConfigError("the question is blank (empty or whitespace only)")
         if self._answerer is None or generator is not None or embedder is not None:
@@ -243,13 +376,14 @@ class RagResult:
 def load_run(path: str | Path) -> Result | RagResult:
     """The :class:`Result` (or, for a DP-SynRAG build, :class:`RagResult`) of a finished run
     folder; a run that did not finish is an error saying how to continue it."""
+    check_path("path", path, optional=False)
     run = RunDir(path)
     meta = run.meta()  # MissingFileError: not a run folder
     if meta.get("status") != "finished":
         raise MissingFileError(
             f"{run.root}: the run has not finished (status {meta.get('status')!r}); continue it "
-            f"with dpsynth generate CONFIG -o {run.root} --resume (or generate(..., "
-            "resume=True))")
+            f"with generate(None, output={str(run.root)!r}, resume=True) (the CLI: dpsynth "
+            f"generate CONFIG -o {run.root} --resume)")
     privacy = _read_json(run.release / "privacy.json")
     summary = _read_json(run.release / "summary.json")
     if (run.release / "kb.jsonl").is_file():
@@ -261,24 +395,121 @@ def load_run(path: str | Path) -> Result | RagResult:
     return Result(run.root, privacy, summary, labels)
 
 
-def evaluate(run: str | Path | Result, test: str | Path, *, text: str | None = None,
-             labels: list[str] | None = None, classifier: str = "logreg",
-             mauve: bool = True, audits: bool = True, report: bool = True,
-             embedder: Any = None) -> dict[str, Any]:
-    """``dpsynth eval``: fidelity and utility of the synthetic data against the real test
-    file ``test`` (and the operator's audits); writes eval/eval.json (and, with ``report``,
-    the HTML report) and returns the shareable evaluation (what eval/eval.json holds)."""
+CLASSIFIERS = ("logreg", "finetune", "both")
+
+
+def _test_frame(test: Any, text: str) -> pd.DataFrame:
+    """A DataFrame of test data given as a DataFrame, a list of dicts or a list of texts."""
+    import pandas as pd
+
+    if isinstance(test, pd.DataFrame):
+        return test
+    if isinstance(test, list | tuple) and test and all(isinstance(t, str) for t in test):
+        return pd.DataFrame({text: list(test)})
+    try:
+        return _frame(test)
+    except InputError as err:
+        raise InputError(str(err).replace("data:", "test:", 1)) from None
+
+
+@contextmanager
+def _test_file(test: Any, text: str) -> Iterator[tuple[Path | None, str | None]]:
+    """(the path :func:`dpsynth.eval.suite.evaluate_run` reads, the name eval.json gives it):
+    a path as it is; a DataFrame or list written to a private temporary file (mode 0600),
+    removed afterwards, and named for what it was."""
+    if test is None or isinstance(test, str | os.PathLike):
+        yield (None if test is None else Path(test)), None
+        return
+    import pandas as pd
+
+    if not isinstance(test, pd.DataFrame | list | tuple):
+        raise TypeError(f"test: give a path, a pandas DataFrame or a list of dicts (or of "
+                        f"texts), not {_type_name(test)}")
+    frame = _test_frame(test, text)
+    with tempfile.TemporaryDirectory(prefix="dpsynth-test-") as folder:
+        path = Path(folder) / "test.parquet"
+        try:
+            frame.to_parquet(path, index=False)
+        except (ValueError, TypeError, ImportError) as err:
+            raise InputError(f"test: the table cannot be stored ({type(err).__name__}); give "
+                             "strings (labels may also be integers)") from None
+        path.chmod(0o600)
+        kind = "DataFrame" if isinstance(test, pd.DataFrame) else "list"
+        yield path, f"(a {kind} of {len(frame):,} rows given to evaluate())"
+
+
+def evaluate(run: str | Path | Result,
+             test: str | Path | pd.DataFrame | list[Any] | None = None, *, text: str | None = None,
+             labels: list[str] | None = None, classifier: str = "logreg", epochs: int = 3,
+             k: int = 3, mauve: bool = True, audits: bool = True,
+             pii_columns: list[str] | None = None, zero_shot: str | Path | None = None,
+             report: bool = True, embedder: Any = None) -> dict[str, Any]:
+    """``dpsynth eval``: fidelity and utility of the synthetic data against real test data
+    (and the operator's audits); writes eval/eval.json (and, with ``report``, the HTML report)
+    and returns the shareable evaluation (what eval/eval.json holds).
+
+    ``test``: a path (CSV, JSONL, Parquet), a pandas DataFrame or a list of dicts (a list of
+    texts for an unlabeled corpus); None: the demo corpus's test split for a demo run.
+    ``text`` / ``labels``: its columns (default the run's); ``classifier``: logreg, finetune or
+    both, fine-tuned for ``epochs``; ``k`` of kNN precision / recall; ``mauve``, ``audits``;
+    ``pii_columns``: private columns whose values the PII audit looks for; ``zero_shot``: a
+    zero-shot run folder as the reference. The same options as ``dpsynth eval``."""
     from .eval.suite import EvalOptions, evaluate_run
 
+    if not isinstance(run, Result):
+        check_path("run", run, optional=False)
+    check_text("text", text)
+    check_names("labels", labels)
+    check_choice("classifier", classifier, CLASSIFIERS)
+    check_int("epochs", epochs, optional=False)
+    check_int("k", k, optional=False)
+    for name, flag in (("mauve", mauve), ("audits", audits), ("report", report)):
+        check_flag(name, flag)
+    check_names("pii_columns", pii_columns)
+    check_path("zero_shot", zero_shot)
     run_dir = run.run_dir if isinstance(run, Result) else Path(run)
-    options = EvalOptions(text=text, labels=labels, classifier=classifier,  # type: ignore[arg-type]
-                          with_mauve=mauve, with_audits=audits)
-    evaluate_run(run_dir, test, options, embedder=embedder)
-    if report:
-        from .eval.report import write_report
+    with api_errors(), _test_file(test, text or _run_text(run_dir)) as (path, name):
+        options = EvalOptions(
+            text=text, labels=None if labels is None else list(labels),
+            classifier=classifier,  # type: ignore[arg-type]
+            k=k, finetune_epochs=epochs, with_mauve=mauve, with_audits=audits,
+            pii_columns=None if pii_columns is None else list(pii_columns),
+            zero_shot_run=zero_shot, test_name=name)
+        evaluate_run(run_dir, path, options, embedder=embedder)
+        if report:
+            from .eval.report import write_report
 
-        write_report(run_dir)
+            write_report(run_dir)
     return _read_json(run_dir / "eval" / "eval.json")
+
+
+def _run_text(run_dir: Path) -> str:
+    """The text column of a run's config (for test data given as a list of texts)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return "text"
+    return str((cfg.get("data") or {}).get("text") or "text")
+
+
+def report(run: str | Path | Result, out: str | Path | None = None, *,
+           test: str | Path | pd.DataFrame | list[Any] | None = None) -> Path:
+    """``dpsynth report``: write the shareable HTML report (default RUN_DIR/eval/report.html)
+    and the operator's page (private/report-operator.html); with ``test`` (as
+    :func:`evaluate` takes it), evaluate against it first. Returns the shareable page's
+    path."""
+    from .eval.report import write_report
+
+    if not isinstance(run, Result):
+        check_path("run", run, optional=False)
+    check_path("out", out)
+    run_dir = run.run_dir if isinstance(run, Result) else Path(run)
+    if test is not None:
+        evaluate(run_dir, test, report=False)
+    with api_errors():
+        return write_report(run_dir, out)
 
 
 # -- building a config from keyword arguments --------------------------------------------------
@@ -347,6 +578,31 @@ def build_config(data: Any, output: Path, *, method: str, text: str,
     return cfg
 
 
+def _check_run_arguments(data: Any, *, text: Any, epsilon: Any, delta: Any, output: Any,
+                         config: Any, resume: Any, progress: Any, source: Any) -> None:
+    """The type checks :func:`generate` and :func:`build_rag` share."""
+    import pandas as pd
+
+    if data is not None and not isinstance(data, str | os.PathLike | pd.DataFrame | list
+                                           | tuple):
+        raise TypeError(f"data: give a path, a pandas DataFrame or a list of dicts, not "
+                        f"{_type_name(data)}")
+    check_text("text", text, optional=False)
+    check_number("epsilon", epsilon)
+    check_number("delta", delta)
+    check_path("output", output)
+    check_mapping("config", config)
+    check_flag("resume", resume)
+    check_flag("progress", progress)
+    check_text("source", source)
+
+
+def _staged(data: Any, out: Path) -> Path | None:
+    """Where a DataFrame or list given as ``data`` is stored in the run (None for a path)."""
+    return None if data is None or isinstance(data, str | os.PathLike) else \
+        (out / STAGED_INPUT).resolve()
+
+
 def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = None,
              label_values: Mapping[str, Any] | None = None, user: str | None = None,
              epsilon: float | None = None, delta: float | None = None,
@@ -367,18 +623,28 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
     ``output``: the run folder (default runs/METHOD-TIME). ``resume=True`` continues a
     stopped run in ``output`` with its stored configuration and records. ``generators`` /
     ``embedder``: ready model objects instead of the configured ones.
+
+    A wrong type (``labels="sentiment"``, ``epsilon="4"``) is a TypeError naming the
+    argument, raised before anything is read or spent.
     """
+    _check_run_arguments(data, text=text, epsilon=epsilon, delta=delta, output=output,
+                         config=config, resume=resume, progress=progress, source=source)
+    check_names("labels", labels)
+    check_mapping("label_values", label_values)
+    check_text("user", user)
+    check_text("method", method, optional=False)
     out = Path(output) if output is not None else _default_output(method)
     if resume:
         if not RunDir(out).exists():
             raise ConfigError(f"{out}: nothing to resume (no run.json there)")
         cfg: RunConfig | Path = out / "config.yaml"
-    else:
-        cfg = build_config(data, out, method=method, text=text, labels=labels,
-                           label_values=label_values, user=user, epsilon=epsilon, delta=delta,
-                           config=config, source=source)
-    run_dir = run_generation(cfg, out, resume=resume, progress=progress, generators=generators,
-                             embedder=embedder)
+    with api_errors(_staged(data, out)):
+        if not resume:
+            cfg = build_config(data, out, method=method, text=text, labels=labels,
+                               label_values=label_values, user=user, epsilon=epsilon,
+                               delta=delta, config=config, source=source)
+        run_dir = run_generation(cfg, out, resume=resume, progress=progress,
+                                 generators=generators, embedder=embedder)
     result = load_run(run_dir)
     assert isinstance(result, Result)
     return result
@@ -395,20 +661,23 @@ def build_rag(data: Any, *, text: str = "text", epsilon: float | None = None,
     from . import progress as display
     from .rag.build import build_kb
 
+    _check_run_arguments(data, text=text, epsilon=epsilon, delta=delta, output=output,
+                         config=config, resume=resume, progress=progress, source=source)
     out = Path(output) if output is not None else _default_output("synrag")
     if resume:
         if not RunDir(out).exists():
             raise ConfigError(f"{out}: nothing to resume (no run.json there)")
         cfg: RunConfig | Path = out / "config.yaml"
-    else:
-        cfg = build_config(data, out, method="synrag", text=text, labels=None,
-                           label_values=None, user=None, epsilon=epsilon, delta=delta,
-                           config=config, source=source)
-    if not (resume and _finished(out)):
-        _prepare_output(out)
-        with display.session(enabled=progress):
-            build_kb(cfg, out, resume=resume, generator=generator, embedder=embedder,
-                     progress=progress)
+    with api_errors(_staged(data, out)):
+        if not resume:
+            cfg = build_config(data, out, method="synrag", text=text, labels=None,
+                               label_values=None, user=None, epsilon=epsilon, delta=delta,
+                               config=config, source=source)
+        if not (resume and _finished(out)):
+            _prepare_output(out)
+            with display.session(enabled=progress):
+                build_kb(cfg, out, resume=resume, generator=generator, embedder=embedder,
+                         progress=progress)
     result = load_run(out)
     assert isinstance(result, RagResult)
     return result

@@ -63,7 +63,7 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
     from rich.table import Table
 
     from ..eval.common import fmt_metric, is_unavailable
-    from ..eval.view import utility_tables
+    from ..eval.view import in_context, utility_tables
 
     console = Console()
     from ..statement import format_epsilon
@@ -95,6 +95,10 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
                           else escape(row.note),
                           fmt_metric(row.macro_f1) if row.macro_f1 is not None else "")
         console.print(table)
+    for line in in_context(util, operator=True):
+        gap = "" if line.gap_closed is None else \
+            f"; {100 * line.gap_closed:.0f} % of the zero-shot -> real-trained gap closed"
+        console.print(escape(f"{line.column} ({line.kind}): {line.sentence}{gap}"))
     if "next_token" in util:
         table = Table(title="Utility: next-token accuracy (word bigram LM) on real test text")
         table.add_column("trained on")

@@ -37,8 +37,26 @@ def guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return unavailable(str(err))
 
 
+#: No number is shown with more significant digits than this (issue 46: a score carries about
+#: three; a noise multiplier printed to 16 digits pretends to a precision nobody has).
+MAX_SIGNIFICANT = 4
+
+
+def fmt_number(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, but at most :data:`MAX_SIGNIFICANT` significant
+    digits (12.3456 -> 12.35, 123456.7 -> 123500, 0.612345 -> 0.612)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:.{digits}f}" if math.isfinite(value) else str(value)
+    magnitude = math.floor(math.log10(abs(value))) + 1  # digits before the point
+    decimals = max(0, min(digits, MAX_SIGNIFICANT - magnitude))
+    if magnitude > MAX_SIGNIFICANT:
+        return f"{round(value, MAX_SIGNIFICANT - magnitude):.0f}"
+    return f"{value:.{decimals}f}"
+
+
 def fmt_metric(value: Any, digits: int = 3) -> str:
-    """Human-readable cell: a number, or 'unavailable: reason'."""
+    """Human-readable cell: a number (``digits`` decimals, at most four significant digits),
+    or 'unavailable: reason'."""
     if value is None:
         return "-"
     if is_unavailable(value):
@@ -48,5 +66,5 @@ def fmt_metric(value: Any, digits: int = 3) -> str:
             return "nan"
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
-        return f"{value:.{digits}f}"
+        return fmt_number(value, digits)
     return str(value)

@@ -10,6 +10,12 @@ Two pages per run (docs/methods.md §5 evaluation, §6 threat model):
   everything computed on the private data: the private-trained reference classifier, DCR,
   membership inference, PII and canary audits. It is marked "operator only - do not share".
 
+The headline puts the synthetic classifier's test accuracy beside zero-shot and the
+majority-class rate (the operator's page adds real-trained and the share of the zero-shot ->
+real gap closed), with a verdict worded from the 95 % interval of the difference
+(:mod:`.view`). Every number has at most four significant digits; JSON keys are shown in words
+(:data:`FIELD_WORDS`); the sample table shows released samples of every label.
+
 Neither page opens the private data file; the operator page reads the evaluator's own
 results (``eval/eval.json`` with ``private/eval/reference.json``, the audits). The HTML is the
 Jinja2 template ``templates/report.html.j2`` (autoescaped); plots are matplotlib PNGs inlined
@@ -30,9 +36,9 @@ from typing import Any
 
 from ..files import SHARED_MODE, atomic_write_text
 from ..statement import format_delta, format_epsilon, guarantee_sentence
-from .common import EvalInputError, fmt_metric, is_unavailable
+from .common import EvalInputError, fmt_metric, fmt_number, is_unavailable
 from .release import RunRelease, load_run
-from .view import UtilityTable, utility_tables
+from .view import InContext, UtilityTable, in_context, utility_tables, verdict, versus_zero_shot
 
 # -- plots ----------------------------------------------------------------------------------
 
@@ -121,14 +127,49 @@ def plot_kept(stats: Sequence[dict[str, Any]]) -> str | None:
 
 
 def plot_votes(stats: Sequence[dict[str, Any]]) -> str | None:
-    """Total vote mass against the Gaussian noise scale per iteration."""
-    return _lines_or_bars("Vote mass vs noise scale", [
-        ("vote mass", *_series(stats, "vote_mass"), "o-"),
-        ("noise sigma", *_series(stats, "noise_sigma"), "s--")])
+    """The votes cast in each iteration (all candidates together) against the standard
+    deviation of the noise added to each candidate's count."""
+    return _lines_or_bars("Votes cast vs noise per candidate", [
+        ("votes cast (all candidates)", *_series(stats, "vote_mass"), "o-"),
+        ("noise std. dev. per candidate", *_series(stats, "noise_sigma"), "s--")],
+        ylabel="votes")
+
+
+def plot_filtered(stats: Sequence[dict[str, Any]]) -> str | None:
+    """The share of each iteration's generated texts the public-side filter dropped as
+    off-task (chatter, echoes of the prompt, placeholders, refusals, duplicates)."""
+    return _lines_or_bars("Generated texts filtered out as off-task", [
+        ("share filtered", *_series(stats, "filtered_share"), "o-")],
+        ylabel="share of the generated texts")
+
+
+#: Above this share of filtered generations the report says most of them were off-task.
+MOSTLY_FILTERED = 0.5
+
+
+def filtered_caveat(stats: Sequence[dict[str, Any]]) -> str | None:
+    """A caveat when most of some iteration's generations were filtered out as off-task."""
+    xs, ys = _series(stats, "filtered_share")
+    worst = [(x, y) for x, y in zip(xs, ys, strict=True) if y > MOSTLY_FILTERED]
+    if not worst:
+        return None
+    x, y = max(worst, key=lambda p: p[1])
+    return (f"Most generated texts were off-task: the filter dropped {100 * y:.0f} % of "
+            f"iteration {int(x)}'s generations ({len(worst)} of {len(xs)} iterations above "
+            f"{100 * MOSTLY_FILTERED:.0f} %). The models write few records of the task; the "
+            "release is drawn from what was left.")
 
 
 def plot_fid(stats: Sequence[dict[str, Any]]) -> str | None:
-    return _lines_or_bars("FID per iteration", [("FID", *_series(stats, "fid"), "o-")],
+    """FID of each iteration's pool against the test data; the title says when the pools
+    differ in size (FID grows as the sample shrinks, so unequal sizes do not compare)."""
+    sizes = sorted({int(r["n"]) for r in stats if isinstance(r.get("n"), int)})
+    title = "FID per iteration"
+    if len(sizes) > 1:
+        title += f" (unequal pool sizes, {sizes[0]:,} to {sizes[-1]:,} texts: not comparable)"
+    elif sizes:
+        title += f" ({sizes[0]:,} texts each)"
+    return _lines_or_bars(title, [("FID", *_series(stats, "fid"), "o-")],
                           ylabel="FID (lower is closer)")
 
 
@@ -201,6 +242,9 @@ def plot_labels(column: str, synthetic: dict[str, float], real: dict[str, float]
 
 _SET_COLOURS = {"synthetic": "tab:blue", "zero_shot": "tab:orange", "private": "tab:green",
                 "chance": "tab:gray"}
+#: The names a reader sees for the training sets and classifiers eval.json keys.
+SET_NAMES = {"synthetic": "synthetic", "zero_shot": "zero-shot", "private": "real-trained"}
+KIND_NAMES = {"logreg": "logistic regression", "finetune": "fine-tuned MiniLM"}
 
 
 def utility_figure(table: UtilityTable) -> Any:
@@ -300,7 +344,7 @@ def privacy_statement(privacy: dict[str, Any] | None) -> str:
         text += f", accounted with {privacy['accountant']}"
     target = privacy.get("target_epsilon")
     if target is not None:
-        text += f" (target epsilon {target})"
+        text += f" (target epsilon {format_epsilon(target)})"
     return f"{text}. {noise}".strip()
 
 
@@ -310,21 +354,72 @@ def _time_like(key: str) -> bool:
                                   "created", "ended"))
 
 
+#: Words for the keys of release/privacy.json, release/summary.json and the mechanisms (the
+#: page shows no code name without saying what it is); an unknown key is shown with spaces.
+FIELD_WORDS = {
+    "epsilon": "epsilon (the guarantee achieved)",
+    "delta": "delta",
+    "target_epsilon": "target epsilon (asked for)",
+    "target_delta": "target delta (asked for)",
+    "unit": "privacy unit (record or user)",
+    "accountant": "accountant (how the releases are composed)",
+    "noise": "noise source",
+    "noise_note": "about the noise",
+    "releases": "noisy releases",
+    "method": "method",
+    "noise_multiplier": "noise multiplier (noise std. dev. / sensitivity)",
+    "samples": "synthetic samples",
+    "requested": "generations requested",
+    "sent": "generations sent",
+    "dropped": "generations dropped",
+    "retried": "generations retried",
+    "llm_calls": "language-model calls",
+    "llm_requests_sent": "language-model requests sent",
+    "http_retries": "HTTP retries",
+    "llm_calls_earlier_attempts": "language-model calls of earlier attempts",
+    "attempts": "attempts (runs and resumes)",
+    "iterations": "iterations",
+    "filtered": "candidates filtered out (off-task)",
+    "filtered_share": "share of the generations filtered out (off-task)",
+    "rho": "zCDP rho (the release's privacy cost)",
+    "mu": "GDP mu",
+    "grid": "noise grid step",
+    "shifts": "largest change one record makes (grid steps)",
+    "label_counts": "label counts",
+    "votes": "votes",
+    "topq_votes": "top-Q votes",
+    "label_domain": "label values (discovered)",
+    "length_histogram": "length histogram",
+    "label_length_histogram": "label x length histogram",
+    "discrete_gaussian": "discrete Gaussian",
+    "gaussian": "Gaussian",
+}
+
+
+def field_words(key: str) -> str:
+    """What the reader sees for a JSON key: its words, else the key with spaces."""
+    return FIELD_WORDS.get(key, key.replace("_", " "))
+
+
 def _scalar_rows(obj: dict[str, Any] | None) -> list[list[Any]]:
+    """(key, value) rows of the scalar fields of ``obj``: floats at four significant digits at
+    most, lists joined."""
     rows = []
     for key, value in (obj or {}).items():
-        if isinstance(value, str | int | float | bool) or value is None:
+        if isinstance(value, float):
+            rows.append([key, _cell(value)])
+        elif isinstance(value, str | int | bool) or value is None:
             rows.append([key, value])
         elif isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
-            rows.append([key, ", ".join(map(str, value))])
+            rows.append([key, ", ".join(str(_cell(v)) for v in value)])
     return rows
 
 
 def _fidelity_table(ev: dict[str, Any]) -> dict[str, Any]:
     fid = ev.get("fidelity") or {}
     rows = []
-    for name in ("synthetic", "zero_shot"):
-        block = fid.get(name)
+    for key in ("synthetic", "zero_shot"):
+        block, name = fid.get(key), SET_NAMES[key]
         if not isinstance(block, dict) or is_unavailable(block):
             if block is not None:
                 rows.append([name, fmt_metric(block), "", "", "", "", ""])
@@ -349,10 +444,14 @@ MECHANISM_COLUMNS = (("name", "release"), ("mechanism", "mechanism"), ("count", 
 
 
 def _cell(value: Any) -> Any:
+    """A table cell: a float at four significant digits at most, a code name in words."""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return fmt_number(value, 0) if math.isfinite(value) and abs(value) >= 1e4 \
+            else f"{value:.4g}"
     if isinstance(value, dict | list):
         return json.dumps(value, default=str)[:120]
+    if isinstance(value, str) and value in FIELD_WORDS:
+        return FIELD_WORDS[value]
     return "-" if value is None else value
 
 
@@ -369,8 +468,8 @@ def mechanisms_table(mechanisms: Any) -> dict[str, Any] | None:
     for m in rows_in:
         row = [_cell(m.get(k)) for k, _ in named]
         if others:
-            row.append("; ".join(f"{k} {_cell(v)}" for k, v in m.items() if k not in known)
-                       or "-")
+            row.append("; ".join(f"{FIELD_WORDS.get(k, k)} {_cell(v)}" for k, v in m.items()
+                                 if k not in known) or "-")
         rows.append(row)
     return _table([title for _, title in named] + (["other parameters"] if others else []),
                   rows)
@@ -380,10 +479,13 @@ METHOD_NAMES = {"aug_pe": "Aug-PE", "wasp": "WASP", "secpe": "SecPE",
                 "zero_shot": "Zero-shot", "synrag": "DP-SynRAG"}
 
 
-def headline(release: RunRelease, ev: dict[str, Any] | None) -> dict[str, Any]:
-    """The box at the top: method, the guarantee in one sentence, samples and the verdict
-    against zero-shot when an evaluation exists."""
+def headline(release: RunRelease, ev: dict[str, Any] | None, *, operator: bool = False
+             ) -> dict[str, Any]:
+    """The box at the top: method, the guarantee in one sentence, samples and, when an
+    evaluation exists, the scores in context (:func:`context_table`)."""
     privacy = release.privacy or {}
+    context = in_context((ev or {}).get("utility"), operator=operator,
+                         majority=_majority_from(ev)) if ev else []
     facts = [("method", METHOD_NAMES.get(release.method, release.method)),
              ("synthetic samples", f"{len(release.synthetic):,}"),
              ("epsilon", format_epsilon(privacy.get("epsilon"))),
@@ -395,7 +497,65 @@ def headline(release: RunRelease, ev: dict[str, Any] | None) -> dict[str, Any]:
                      f"{len(release.synthetic):,} synthetic samples",
             "guarantee": guarantee_sentence(privacy),
             "facts": facts,
-            "verdict": (ev or {}).get("verdict") or None}
+            "verdict": report_verdict(ev) if ev and not context else None,
+            **context_table(context, operator)}
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f} %" if abs(share) < 10 else "over 1000 %"
+
+
+def context_table(rows: Sequence[InContext], operator: bool) -> dict[str, Any]:
+    """The headline's numbers in context: per classifier and label column, the synthetic
+    accuracy beside zero-shot and the majority-class rate (and, for the operator, the
+    real-trained accuracy and the share of the zero-shot -> real gap closed), with one
+    sentence each worded from the 95 % interval."""
+    if not rows:
+        return {"context": None, "sentences": []}
+    several = len({r.kind for r in rows}) > 1
+    header = ["label column", *(["classifier"] if several else []), "synthetic", "zero-shot",
+              "majority class"]
+    if operator:
+        header += ["real-trained", "gap closed"]
+    body, sentences = [], []
+    for r in rows:
+        cells = [r.column, *([KIND_NAMES.get(r.kind, r.kind)] if several else []),
+                 fmt_metric(r.synthetic), fmt_metric(r.zero_shot), fmt_metric(r.majority)]
+        if operator:
+            cells += [fmt_metric(r.real), "-" if r.gap_closed is None else _pct(r.gap_closed)]
+        body.append(cells)
+        where = f"{r.column}" + (f" ({KIND_NAMES.get(r.kind, r.kind)})" if several else "")
+        text = f"{where}: {r.sentence}"
+        if r.majority is not None and r.synthetic <= r.majority:
+            text += "; the synthetic classifier does no better than always answering the " \
+                    "majority class"
+        if operator and r.gap_closed is not None:
+            text += f"; it closed {_pct(r.gap_closed)} of the gap between zero-shot and " \
+                    "real-trained"
+        sentences.append(text + ".")
+    return {"context": _table(header, body), "sentences": sentences}
+
+
+def report_verdict(ev: dict[str, Any]) -> str:
+    """eval.json's one-line verdict, recomputed from its utility block (an older eval.json is
+    worded from the interval too) with the classifiers named in words."""
+    if not isinstance(ev.get("utility"), dict):
+        return str(ev.get("verdict") or "")
+    text = verdict(versus_zero_shot(ev["utility"]))
+    for key, words in KIND_NAMES.items():
+        text = text.replace(f" ({key})", f" ({words})")
+    return text
+
+
+def _majority_from(ev: dict[str, Any] | None) -> Any:
+    """The majority-class rate of a label column read from eval.json's (public) test file,
+    for an eval.json without it."""
+    from .utility import majority_share_of_file
+
+    test_file = (ev or {}).get("test_file")
+    if not test_file or not Path(str(test_file)).is_file():
+        return None
+    return lambda column: majority_share_of_file(str(test_file), column)
 
 
 #: Below this many texts (synthetic or test) the distribution metrics are rough.
@@ -452,7 +612,7 @@ def _next_token_table(ev: dict[str, Any], operator: bool) -> dict[str, Any] | No
     for name, cell in cells.items():
         if name in names:
             acc = cell.get("accuracy") if isinstance(cell, dict) and "accuracy" in cell else cell
-            rows.append([name, fmt_metric(acc)])
+            rows.append([SET_NAMES.get(name, name), fmt_metric(acc)])
     return _table(["trained on", "accuracy"], rows)
 
 
@@ -560,14 +720,55 @@ def _label_plots(release: RunRelease, ev: dict[str, Any] | None) -> list[dict[st
     return plots
 
 
-def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = False) -> str:
+#: Label values given their own rows in the sample table (the rest are counted below it).
+MAX_SAMPLE_LABELS = 100
+#: Above this many label values the sample table shows one sample of each.
+FEW_LABELS = 25
+#: A sample longer than this is cut (with "...") in the sample table.
+SAMPLE_CHARS = 600
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS].rstrip() + " ..."
+
+
+def sample_table(release: RunRelease, per_label: int = 2) -> dict[str, Any]:
+    """A few released samples of every label value of the first label column, the first
+    ``per_label`` of each in file order (release/synthetic.jsonl is public); without labels,
+    the first few samples."""
+    syn = release.synthetic
+    if not syn.labels:
+        rows = [["-", _clip(t)] for t in syn.texts[:max(per_label, 5)]]
+        return {"samples": _table(["labels", "text"], rows), "samples_note": None}
+    column = next(iter(syn.labels))
+    picked: dict[str, list[int]] = {}
+    for i, value in enumerate(syn.labels[column]):
+        chosen = picked.setdefault(value, [])
+        if len(chosen) < per_label:
+            chosen.append(i)
+    values = sorted(picked, key=lambda v: picked[v][0])
+    shown = values[:MAX_SAMPLE_LABELS]
+    if len(values) > FEW_LABELS:
+        per_label = 1
+        picked = {v: picked[v][:1] for v in shown}
+    rows = [[", ".join(f"{c} = {v[i]}" for c, v in syn.labels.items()), _clip(syn.texts[i])]
+            for value in shown for i in picked[value]]
+    note = (f"Up to {per_label} samples of each of the {len(shown)} {column} values that have "
+            f"samples" + (f" (of {len(values)}; the others are left out)"
+                          if len(values) > len(shown) else "")
+            + ", the first of each in release/synthetic.jsonl.")
+    return {"samples": _table(["labels", "text"], rows), "samples_note": note}
+
+
+def render_report(release: RunRelease, n_samples: int = 2, *, operator: bool = False) -> str:
     """The report's HTML (one string, no external resources), from the Jinja2 template
     ``templates/report.html.j2`` with autoescaping.
 
     ``operator=False`` (the default): the shareable page, built from release/, stats.jsonl,
     public test-set evaluations of the released sets and privacy.json only.
     ``operator=True``: the same page plus everything computed on the private data, under an
-    "operator only - do not share" banner (docs/methods.md §5)."""
+    "operator only - do not share" banner (docs/methods.md §5). ``n_samples``: samples shown
+    per label value."""
     ev = read_eval(release, operator=operator)
     meta = release.meta
     privacy = release.privacy or {}
@@ -577,6 +778,7 @@ def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = F
         _plot(plot_votes(release.stats), "vote mass vs noise scale"),
         _plot(plot_fid(release.stats) or plot_fid(_fid_rows(ev)), "FID per iteration"),
         _plot(plot_generator_weights(release.stats), "generator weights"),
+        _plot(plot_filtered(release.stats), "generated texts filtered out as off-task"),
     ]
     context: dict[str, Any] = {
         "kind": "operator-only report" if operator else "shareable report",
@@ -584,27 +786,25 @@ def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = F
         "operator": operator,
         "banner": OPERATOR_BANNER,
         "operator_report": OPERATOR_REPORT,
-        "headline": headline(release, ev),
+        "headline": headline(release, ev, operator=operator),
 
         "statement": privacy_statement(release.privacy),
         "privacy_table": _table(["field", "value"], [
-            [k, format_epsilon(v) if k in ("epsilon", "target_epsilon") else v]
+            [field_words(k), format_epsilon(privacy[k]) if k in ("epsilon", "target_epsilon")
+             else METHOD_NAMES.get(str(v), v) if k == "method" else v]
             for k, v in _scalar_rows(privacy)]) if privacy else None,
         "mechanisms": mechanisms_table(mechs),
         "summary_table": _table(["field", "value"], [
             ["run", release.run_id], ["status", meta.get("status", "-")],
-            *([k, format_epsilon(v) if k == "epsilon" else format_delta(v) if k == "delta"
-               else v] for k, v in _scalar_rows(release.summary)
+            *([field_words(k), format_epsilon(release.summary[k]) if k == "epsilon"
+               else format_delta(release.summary[k]) if k == "delta" else v]
+              for k, v in _scalar_rows(release.summary)
               if not _time_like(k) and k != "method")]),
         "curves": [c for c in curves if c],
+        "filtered_caveat": filtered_caveat(release.stats),
         "label_plots": [p for p in _label_plots(release, ev) if p],
         "evaluated": bool(ev),
-        "n_samples": n_samples,
-        "samples": [
-            {"labels": ", ".join(f"{c}={v[i]}" for c, v in release.synthetic.labels.items()),
-             "text": text}
-            for i, text in enumerate(release.synthetic.texts[:n_samples])
-        ],
+        **sample_table(release, n_samples),
         "audits": _audit_parts(
             _read_optional_json(release.audit_dir / "audit.json"),
             _read_optional_json(release.audit_dir / "audit_canary.json"),
@@ -616,7 +816,7 @@ def render_report(release: RunRelease, n_samples: int = 5, *, operator: bool = F
         context.update(
             test_file=Path(str(ev.get("test_file"))).name,
             embedder=ev.get("embedder"),
-            verdict=ev.get("verdict") or "",
+            verdict=report_verdict(ev),
             caveat=small_n_caveat(ev),
             fidelity_table=_fidelity_table(ev),
             utility=_utility_sections(ev, operator),

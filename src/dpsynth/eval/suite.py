@@ -24,11 +24,13 @@ eval.json::
                 labels: {COLUMN: {synthetic, real, tv}}},
                per_iteration: [{iteration, n, fid}]},   (from release/iterations/)
      utility: {logreg | finetune: {COLUMN: {chance, chance_macro_f1, synthetic | zero_shot:
-               {accuracy, macro_f1, n_train, n_test, ...}}}}     (labeled corpora)
+               {accuracy, macro_f1, n_train, n_test, ...}, synthetic_vs_zero_shot: {n, both,
+               synthetic_only, zero_shot_only, neither}}}}     (labeled corpora)
               {next_token: {synthetic | zero_shot: {accuracy, ...}}}  (unlabeled)
      versus_zero_shot: {logreg | finetune: {COLUMN: {accuracy_points, macro_f1_points,
-                        beats_zero_shot}}},
-     verdict: "The synthetic data beat the zero-shot reference: ...",   (one line)
+                        beats_zero_shot, interval_points: [low, high], interval, measurable}}},
+     verdict: "The synthetic data beat the zero-shot reference: ...",   (one line, worded
+              from the 95 % interval of the accuracy difference)
      references, notes}
 
 reference.json::
@@ -59,7 +61,7 @@ from . import fidelity as fi
 from . import utility as ut
 from .common import EvalInputError, guarded, unavailable
 from .release import LabeledTexts, load_private_data, load_run, load_test_data, run_label_domain
-from .view import NOT_GIVEN, verdict, versus_zero_shot
+from .view import NOT_GIVEN, PAIRED_KEY, verdict, versus_zero_shot
 
 Classifier = Literal["logreg", "finetune", "both"]
 
@@ -155,6 +157,7 @@ def utility_block(
             chance = ut.majority_scores(test_y)
             row: dict[str, Any] = {"chance": chance["accuracy"],
                                    "chance_macro_f1": chance["macro_f1"]}
+            predictions: dict[str, list[str]] = {}
             for name in names:
                 data = train_sets[name]
                 if not isinstance(data, tuple):
@@ -166,14 +169,29 @@ def utility_block(
                     row[name] = unavailable(f"the {name} data has no label {col!r}")
                 elif kind == "logreg":
                     row[name] = guarded(ut.logreg_scores, emb, train_y, test_emb, test_y,
-                                        seed=seed)
+                                        seed=seed, keep_predictions=True)
                 else:
                     tx, ty = _cap(texts.texts, train_y, finetune_max_train, seed)
                     row[name] = guarded(ut.finetune_scores, tx, ty, test.texts, test_y,
-                                        epochs=finetune_epochs, seed=seed)
+                                        epochs=finetune_epochs, seed=seed,
+                                        keep_predictions=True)
+                if isinstance(row[name], dict) and "predictions" in row[name]:
+                    predictions[name] = row[name].pop("predictions")
+            if "synthetic" in predictions and "zero_shot" in predictions:
+                row[PAIRED_KEY] = paired_block(test_y, predictions["synthetic"],
+                                               predictions["zero_shot"])
             per_col[col] = row
         out[kind] = per_col
     return out
+
+
+def paired_block(test_y: list[str], synthetic: list[str], zero_shot: list[str]
+                 ) -> dict[str, int]:
+    """Counts of test examples both classifiers got right, only one, or neither (shareable:
+    both are trained on released sets and scored on the public test set)."""
+    counts = ut.paired_counts(test_y, synthetic, zero_shot)
+    return {"n": counts["n"], "both": counts["both"], "synthetic_only": counts["first_only"],
+            "zero_shot_only": counts["second_only"], "neither": counts["neither"]}
 
 
 def _missing(name: str, reason: str | None) -> dict[str, str]:
@@ -219,7 +237,9 @@ class EvalOptions:
     its ``finetune_epochs``; ``k`` of the kNN precision / recall; ``with_mauve`` and
     ``with_audits``; ``pii_columns`` of the private file whose values the PII audit looks for;
     ``zero_shot_run``, a zero-shot run folder as the reference (wins over the run's own
-    release/zero_shot.jsonl); ``seed`` of the classifiers and audits."""
+    release/zero_shot.jsonl); ``seed`` of the classifiers and audits; ``test_name``, what
+    eval.json calls the test data (default its path; the Python API names a DataFrame it
+    wrote to a temporary file)."""
 
     text: str | None = None
     labels: list[str] | None = None
@@ -231,6 +251,7 @@ class EvalOptions:
     pii_columns: list[str] | None = None
     zero_shot_run: str | Path | None = None
     seed: int = 0
+    test_name: str | None = None
 
 
 def evaluate_run(
@@ -338,7 +359,7 @@ def evaluate_run(
         "method": release.method,
         "epsilon": privacy.get("epsilon"),
         "delta": privacy.get("delta"),
-        "test_file": str(test_path),
+        "test_file": o.test_name or str(test_path),
         "text_column": text_col,
         "label_columns": label_cols,
         "embedder": str(getattr(embedder, "name", type(embedder).__name__)),
@@ -372,7 +393,7 @@ def evaluate_run(
         audit = {
             "run_id": release.run_id,
             "method": release.method,
-            "holdout": f"{test_path} (real records not used by the run)",
+            "holdout": f"{o.test_name or test_path} (real records not used by the run)",
             "holdout_overlap_removed": overlap,
             **audit_block(syn_emb, release.synthetic, priv_emb, private.data,
                           test_emb[keep], private.pii_values, seed=seed),

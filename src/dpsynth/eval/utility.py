@@ -9,13 +9,18 @@ private data (the ceiling) and on zero-shot generations that saw no private data
 - :func:`next_token_accuracy`: for corpora without labels, a word-level bigram language model
   (with unigram back-off) fitted on the training text; the score is the share of test tokens it
   predicts exactly from the previous token (the PubMed measure of the Aug-PE paper, scaled down).
+- :func:`paired_counts` and :func:`difference_interval`: how sure a difference of two
+  accuracies on the same test set is (Wilson score intervals combined by Newcombe's method,
+  paired when the per-example agreement is known); :func:`majority_share_of_file`: the
+  majority-class rate of a (public) test file.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,65 @@ def majority_scores(test_y: Sequence[Any]) -> dict[str, float]:
     return classification_scores(test_y, [majority] * len(test_y))
 
 
+def majority_share_of_file(path: str | Path, column: str) -> float | None:
+    """The majority-class rate of ``column`` in a test file (CSV, JSONL, Parquet), or None when
+    the file or the column cannot be read (the test set is public to the evaluator)."""
+    from .release import read_columns
+
+    try:
+        values = read_columns(Path(path), [column]).get(column)
+    except (OSError, ValueError):
+        return None
+    return majority_baseline(values) if values else None
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % by default)."""
+    if n <= 0:
+        raise MetricUnavailable("no test samples")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_counts(true_y: Sequence[Any], pred_a: Sequence[Any], pred_b: Sequence[Any]
+                  ) -> dict[str, int]:
+    """How two classifiers fared on the same test examples: both right, only ``a`` right,
+    only ``b`` right, both wrong (what a paired interval of their accuracies needs)."""
+    out = {"n": len(true_y), "both": 0, "first_only": 0, "second_only": 0, "neither": 0}
+    for t, a, b in zip(true_y, pred_a, pred_b, strict=True):
+        ra, rb = str(a) == str(t), str(b) == str(t)
+        key = "both" if ra and rb else "first_only" if ra else "second_only" if rb else "neither"
+        out[key] += 1
+    return out
+
+
+def difference_interval(acc_a: float, acc_b: float, n_a: int, n_b: int,
+                        paired: Mapping[str, int] | None = None) -> tuple[float, float]:
+    """95 % interval of ``acc_a - acc_b`` (Newcombe's hybrid score method from two Wilson
+    intervals). With ``paired`` (:func:`paired_counts` of a and b on one test set) the
+    correlation of the two classifiers' hits narrows it (Newcombe 1998, method 10); without,
+    the two accuracies are taken as independent, which is wider (conservative)."""
+    phi = 0.0
+    if paired and paired.get("n"):
+        n = int(paired["n"])
+        a, b = int(paired["both"]), int(paired["first_only"])
+        c, d = int(paired["second_only"]), int(paired["neither"])
+        acc_a, acc_b, n_a, n_b = (a + b) / n, (a + c) / n, n, n
+        denom = (a + b) * (c + d) * (a + c) * (b + d)
+        phi = (a * d - b * c) / math.sqrt(denom) if denom > 0 else 0.0
+    la, ua = wilson_interval(round(acc_a * n_a), n_a)
+    lb, ub = wilson_interval(round(acc_b * n_b), n_b)
+    diff = acc_a - acc_b
+    below = math.sqrt(max(0.0, (acc_a - la) ** 2 - 2 * phi * (acc_a - la) * (ub - acc_b)
+                          + (ub - acc_b) ** 2))
+    above = math.sqrt(max(0.0, (ua - acc_a) ** 2 - 2 * phi * (ua - acc_a) * (acc_b - lb)
+                          + (acc_b - lb) ** 2))
+    return diff - below, diff + above
+
+
 def classification_scores(true_y: Sequence[Any], pred_y: Sequence[Any]) -> dict[str, float]:
     """Accuracy and macro-F1 (over the classes present in truth or prediction)."""
     from sklearn.metrics import accuracy_score, f1_score
@@ -75,8 +139,10 @@ def logreg_scores(
     test_y: Sequence[Any],
     c: float = 1.0,
     seed: int = 0,
+    keep_predictions: bool = False,
 ) -> dict[str, Any]:
-    """Multinomial logistic regression on embeddings: fit on train, score on test."""
+    """Multinomial logistic regression on embeddings: fit on train, score on test
+    (``keep_predictions``: the test predictions too, under ``predictions``)."""
     from sklearn.linear_model import LogisticRegression
 
     _check_labels(train_y, test_y, "logistic regression")
@@ -87,6 +153,8 @@ def logreg_scores(
     pred = model.predict(np.asarray(test_x, dtype=np.float64))
     out: dict[str, Any] = classification_scores(test_y, pred)
     out.update(n_train=len(train_y), n_test=len(test_y))
+    if keep_predictions:
+        out["predictions"] = [str(v) for v in pred]
     return out
 
 
@@ -109,11 +177,13 @@ def finetune_scores(
     max_length: int = 128,
     seed: int = 0,
     encoder_dir: str | Path | None = None,
+    keep_predictions: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune MiniLM (mean pooling + linear head) on train, score on test.
 
     Cross-entropy, AdamW with a larger learning rate for the new head, ``epochs`` passes over
-    shuffled mini-batches. Runs on CPU; deterministic for a given seed.
+    shuffled mini-batches. Runs on CPU; deterministic for a given seed. ``keep_predictions``:
+    the test predictions too, under ``predictions``.
     """
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -178,6 +248,8 @@ def finetune_scores(
     out.update(
         n_train=len(train_y), n_test=len(test_y), epochs=epochs, train_loss=losses
     )
+    if keep_predictions:
+        out["predictions"] = preds
     return out
 
 
