@@ -14,7 +14,7 @@ from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = ["RagResult", "Result", "build_rag", "evaluate", "generate", "load_run",
+__all__ = ["RagResult", "Result", "build_rag", "evaluate", "generate", "load_run", "report",
            "run_generation"]
 
 __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, "api"))
