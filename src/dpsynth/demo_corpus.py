@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -416,50 +417,54 @@ def demo_knowledge(seed: int = 0) -> list[dict[str, Any]]:
         vocab = _VOCAB[dept]
         doctors = [f"Dr. {fake.last_name()}" for _ in range(2)]
         for k in range(DISEASES_PER_DEPARTMENT):
-            while True:
-                name = _disease_name(rng, _pick(rng, vocab["stems"]))
-                if name.lower() not in used:
-                    used.add(name.lower())
-                    break
-            real = [str(s) for s in rng.choice(vocab["symptoms"], size=3, replace=False)]
-            while True:
-                signature = _pick(rng, _SIGNATURE_FORMS).format(
-                    sens=_pick(rng, _SENSATIONS),
-                    part=_pick(rng, vocab["parts"]),
-                    color=_pick(rng, _COLORS),
-                    taste=_pick(rng, _TASTES),
-                )
-                if signature not in used:
-                    used.add(signature)
-                    break
-            while True:
-                drug = _join(_root(rng), _pick(rng, vocab["drug_suffix"])).capitalize()
-                if drug not in used:
-                    used.add(drug)
-                    break
-            mg = int(rng.choice([5, 10, 20, 25, 40, 50, 100, 250]))
-            treatment = str(rng.choice(_REGIMENS)).format(drug=drug, mg=mg)
-            symptoms = [*real, signature]
-            neutral = [re.sub(r"\bmy\b", "the", x) for x in symptoms]
-            description = (
-                f"{name} is a {dept.lower()} condition. Typical symptoms are "
-                f"{', '.join(neutral[:-1])} and, most characteristic, {neutral[-1]}. "
-                f"It is treated with {treatment}."
-            )
-            out.append(
-                {
-                    "disease": name,
-                    "department": dept,
-                    "symptoms": symptoms,
-                    "treatment": treatment,
-                    "drug": drug,
-                    "prevalence": DISEASE_PREVALENCE[k],
-                    "department_share": share,
-                    "doctors": doctors,
-                    "description": description,
-                }
-            )
+            out.append(_disease(rng, used, dept, vocab, {
+                "prevalence": DISEASE_PREVALENCE[k], "department_share": share,
+                "doctors": doctors}))
     return out
+
+
+def _fresh(used: set[str], draw: Callable[[], str], key: Callable[[str], str] = str) -> str:
+    """Draw until ``key`` of the draw is not in ``used``; record it there and return it."""
+    while True:
+        value = draw()
+        if key(value) not in used:
+            used.add(key(value))
+            return value
+
+
+def _disease(rng: np.random.Generator, used: set[str], dept: str, vocab: dict[str, Any],
+             facts: dict[str, Any]) -> dict[str, Any]:
+    """One fictional disease of ``dept`` (names new to ``used``); ``facts``: its prevalence,
+    department share and doctors."""
+    name = _fresh(used, lambda: _disease_name(rng, _pick(rng, vocab["stems"])), str.lower)
+    real = [str(s) for s in rng.choice(vocab["symptoms"], size=3, replace=False)]
+    signature = _fresh(used, lambda: _pick(rng, _SIGNATURE_FORMS).format(
+        sens=_pick(rng, _SENSATIONS),
+        part=_pick(rng, vocab["parts"]),
+        color=_pick(rng, _COLORS),
+        taste=_pick(rng, _TASTES),
+    ))
+    drug = _fresh(used, lambda: _join(_root(rng), _pick(rng, vocab["drug_suffix"])).capitalize())
+    mg = int(rng.choice([5, 10, 20, 25, 40, 50, 100, 250]))
+    treatment = str(rng.choice(_REGIMENS)).format(drug=drug, mg=mg)
+    symptoms = [*real, signature]
+    neutral = [re.sub(r"\bmy\b", "the", x) for x in symptoms]
+    description = (
+        f"{name} is a {dept.lower()} condition. Typical symptoms are "
+        f"{', '.join(neutral[:-1])} and, most characteristic, {neutral[-1]}. "
+        f"It is treated with {treatment}."
+    )
+    return {
+        "disease": name,
+        "department": dept,
+        "symptoms": symptoms,
+        "treatment": treatment,
+        "drug": drug,
+        "prevalence": facts["prevalence"],
+        "department_share": facts["department_share"],
+        "doctors": facts["doctors"],
+        "description": description,
+    }
 
 
 # ------------------------------------------------------------------------------- patients

@@ -29,7 +29,7 @@ from .errors import DpsynthError
 from .files import SHARED_MODE, atomic_write_json, atomic_write_text
 from .hooks import RunHooks
 from .methods import get_method
-from .methods.base import Job, Method, PrivacyPlan
+from .methods.base import Job, Method, Outcome, PrivacyPlan
 from .neighbours import check_limit, mechanism_config, over_file
 from .preflight import check_output_writable, check_run
 from .privacy.ledger import OtherFolderError, check_folder
@@ -319,21 +319,11 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
     echo, generators, embedder, hooks = opts.echo, opts.generators, opts.embedder, opts.hooks
     had_folder = Path(output_dir).is_dir()
     chosen: dict[str, Method] = {}
-
-    def say(message: str) -> None:  # an operator message: log.txt and the caller's echo
-        run.log(message)
-        if echo is not None:
-            echo(message)
-
-    def check(cfg: RunConfig) -> None:  # an unknown method or bad section: nothing written
-        chosen["m"] = method if method is not None else get_method(cfg.method, releases)
-        chosen["m"].check(cfg)
-        if (why := check_limit(cfg, "dp") or research_only(cfg, chosen["m"])) is not None:
-            raise ConfigError(why)
-
     run, cfg, meta = open_run(config, output_dir, resume=resume, overrides=overrides,
-                              method=method.name if method is not None else None, check=check,
+                              method=method.name if method is not None else None,
+                              check=_checker(method, releases, chosen),
                               on_checkpoint=hooks.on_checkpoint)
+    say = _sayer(run, echo)
     m = chosen.get("m") or (method if method is not None
                             else get_method(cfg.method, releases))
     if resume and meta.get("status") == "finished":
@@ -351,57 +341,123 @@ def run_method(config: RunConfig | str | Path, output_dir: str | Path, *,
             # (unless the method reads per-record fields here: ``sharded_data`` False)
             dataset = load_run_data(cfg, run, sharded=m.sharded_data,
                                     shard_actor=hooks.shard_actor)
-            # data.limit: the method plans and runs for the subset's share of the budget
-            # (dpsynth.neighbours); the ledger and the statement speak of the file
-            mcfg = mechanism_config(cfg)
-            plan = m.plan(mcfg, dataset, run)
-            if (why := check_limit(cfg, plan.guarantee)) is not None:
-                raise ConfigError(why)
+            mcfg, plan = _plan(cfg, run, m, dataset)
             identity = data_identity(cfg, dataset, ledger(cfg))
             # keyed (HMAC) fingerprint: the raw digest never leaves this process
             fingerprint = _account(cfg, run, meta, plan, identity, resume, say)
             working = True  # from here on a reservation exists: the folder is kept
             session = open_session(cfg, run, plan)
-            job = Job(mcfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
-                      resume=resume, progress=opts.progress,
-                      generators=generators, embedder=embedder, echo=echo, hooks=hooks)
+            job = _job(opts, mcfg, run, meta, dataset, session, plan, fingerprint, resume)
             outcome = m.execute(job)
-            statement = over_file(m.statement(job, outcome), cfg)
-            atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)
-            summary = {"method": m.name, **outcome.summary}
-            for key in ("epsilon", "delta"):
-                if key in summary and summary[key] is None:
-                    summary[key] = statement.get(key)
-            atomic_write_json(run.release / "summary.json", summary, mode=SHARED_MODE)
+            statement = _write_statement(cfg, run, m, job, outcome)
             if plan.guarantee == "dp":
-                book = ledger(cfg)
-                book.settle(meta["run_id"], float(statement["epsilon"]),
-                            float(statement["delta"]))
-                charged = sorted({e["source"] for e in book.run_entries(meta["run_id"])})
-                for line in spending_lines(book, charged, "after this run"):
-                    say(line)
-            run.end_attempt("finished", llm_calls=job.paid_calls(),
-                            wall_seconds=round(time.time() - _started(meta), 1))
-            run.log(f"finished: {outcome.message}" if outcome.message else "finished")
+                _settle(cfg, meta, statement, say)
+            _finish(run, meta, job, outcome)
             return run.root
         except Exception as err:
             if not working:
                 run.discard(keep_root=had_folder)
                 raise
-            _end(run, job, "failed", type(err).__name__, None)
-            if isinstance(err, DpsynthError) and err.hint is None:
-                err.hint = (f"nothing computed is lost: fix the cause, then continue with "
-                            f"--resume (run folder {run.root})")
+            _failed(run, job, err)
             raise
         except KeyboardInterrupt as err:
             _end(run, job, "interrupted", type(err).__name__, interruption_reason(err))
             raise
         finally:
-            if job is not None:
-                job.cleanup.close()
-            if session is not None:  # release the store's lock now, not when the traceback dies
-                session.close()
-            _close_engine(dataset)
+            _close(job, session, dataset)
+
+
+def _checker(method: Method | None, releases: str | None,
+             chosen: dict[str, Method]) -> Callable[[RunConfig], None]:
+    """:func:`open_run`'s check of a new run: the method (kept in ``chosen["m"]``) and its
+    section, ``data.limit`` and research settings; an unknown method or a bad section fails
+    there, before anything is written."""
+    def check(cfg: RunConfig) -> None:
+        chosen["m"] = method if method is not None else get_method(cfg.method, releases)
+        chosen["m"].check(cfg)
+        if (why := check_limit(cfg, "dp") or research_only(cfg, chosen["m"])) is not None:
+            raise ConfigError(why)
+    return check
+
+
+def _sayer(run: RunDir, echo: Callable[[str], None] | None) -> Callable[[str], None]:
+    """An operator message: to the run's log.txt and the caller's ``echo``."""
+    def say(message: str) -> None:
+        run.log(message)
+        if echo is not None:
+            echo(message)
+    return say
+
+
+def _plan(cfg: RunConfig, run: RunDir, m: Method, dataset: Any) -> tuple[RunConfig, PrivacyPlan]:
+    """(the config the mechanisms run with, the method's privacy plan): with data.limit the
+    method plans and runs for the subset's share of the budget (dpsynth.neighbours); the ledger
+    and the statement speak of the file. Nothing is charged here."""
+    mcfg = mechanism_config(cfg)
+    plan = m.plan(mcfg, dataset, run)
+    if (why := check_limit(cfg, plan.guarantee)) is not None:
+        raise ConfigError(why)
+    return mcfg, plan
+
+
+def _job(opts: RunOptions, mcfg: RunConfig, run: RunDir, meta: dict[str, Any], dataset: Any,
+         session: PrivacySession, plan: PrivacyPlan, fingerprint: str, resume: bool) -> Job:
+    """The job handed to the method: the run, its data, session and plan, and what the caller
+    plugged in (``opts``)."""
+    return Job(mcfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
+               resume=resume, progress=opts.progress, generators=opts.generators,
+               embedder=opts.embedder, echo=opts.echo, hooks=opts.hooks)
+
+
+def _write_statement(cfg: RunConfig, run: RunDir, m: Method, job: Job,
+                     outcome: Outcome) -> dict[str, Any]:
+    """Write release/privacy.json (the method's statement, over the file) and summary.json
+    (a None epsilon / delta of the summary taken from the statement); returns the statement."""
+    statement = over_file(m.statement(job, outcome), cfg)
+    atomic_write_json(run.release / "privacy.json", statement, mode=SHARED_MODE)
+    summary = {"method": m.name, **outcome.summary}
+    for key in ("epsilon", "delta"):
+        if key in summary and summary[key] is None:
+            summary[key] = statement.get(key)
+    atomic_write_json(run.release / "summary.json", summary, mode=SHARED_MODE)
+    return statement
+
+
+def _settle(cfg: RunConfig, meta: dict[str, Any], statement: dict[str, Any],
+            say: Callable[[str], None]) -> None:
+    """Settle the run's reservation at the stated (epsilon, delta) and tell the operator what
+    each charged source has spent."""
+    book = ledger(cfg)
+    book.settle(meta["run_id"], float(statement["epsilon"]), float(statement["delta"]))
+    charged = sorted({e["source"] for e in book.run_entries(meta["run_id"])})
+    for line in spending_lines(book, charged, "after this run"):
+        say(line)
+
+
+def _failed(run: RunDir, job: Job | None, err: Exception) -> None:
+    """End the attempt as failed (the folder stays for --resume); a dpsynth error without a
+    hint of its own says how to continue the run."""
+    _end(run, job, "failed", type(err).__name__, None)
+    if isinstance(err, DpsynthError) and err.hint is None:
+        err.hint = (f"nothing computed is lost: fix the cause, then continue with "
+                    f"--resume (run folder {run.root})")
+
+
+def _finish(run: RunDir, meta: dict[str, Any], job: Job, outcome: Outcome) -> None:
+    """Mark the run finished (its paid LLM calls and wall time) and log it."""
+    run.end_attempt("finished", llm_calls=job.paid_calls(),
+                    wall_seconds=round(time.time() - _started(meta), 1))
+    run.log(f"finished: {outcome.message}" if outcome.message else "finished")
+
+
+def _close(job: Job | None, session: PrivacySession | None, dataset: Any) -> None:
+    """After the run, however it ended: the job's cleanups, the privacy session (its store's
+    lock is released now, not when the traceback dies) and the shards."""
+    if job is not None:
+        job.cleanup.close()
+    if session is not None:
+        session.close()
+    _close_engine(dataset)
 
 
 def _close_engine(dataset: Any) -> None:

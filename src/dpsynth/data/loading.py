@@ -107,8 +107,6 @@ def load_dataset(
     ``limit`` reads only the first ``limit`` records. Raises :class:`DataError` listing every
     problem, and ``ValueError`` for invalid arguments.
     """
-    from ..columns import CodedColumn
-
     if isinstance(labels, str):
         labels = [labels]
     domain = None if label_values is None else check_label_values(label_values, list(labels))
@@ -118,21 +116,20 @@ def load_dataset(
     if errors or collector is None:
         raise DataError(errors)
     keep = np.flatnonzero(~dup) if on_duplicate == "drop" and dup.any() else None
-
-    def coded(col: str) -> CodedColumn:
-        codes, values = collector.column_codes(col)
-        return CodedColumn(codes if keep is None else codes[keep], values)
-
     return Dataset(
         texts=texts if keep is None else texts.take(keep),
-        labels={c: coded(c) for c in labels},
-        users=coded(user) if user else None,
-        source=Path(path).name,
-        text_column=text,
-        label_columns=list(labels),
-        user_column=user,
-        warnings=warnings,
-        label_domain=domain,
+        labels={c: _coded(collector, c, keep) for c in labels},
+        users=_coded(collector, user, keep) if user else None,
+        source=Path(path).name, text_column=text, label_columns=list(labels), user_column=user,
+        warnings=warnings, label_domain=domain,
         duplicates=int(dup.sum()) if on_duplicate != "ignore" else 0,
         path=str(Path(path).resolve()),
     )
+
+
+def _coded(collector: Collector, col: str, keep: np.ndarray | None) -> Any:
+    """The integer-coded column ``col`` of the kept records (``keep``: None, all of them)."""
+    from ..columns import CodedColumn
+
+    codes, values = collector.column_codes(col)
+    return CodedColumn(codes if keep is None else codes[keep], values)

@@ -70,6 +70,17 @@ class Collector:
             return
         rows = table.rows
         self.rows.append(np.asarray(rows, dtype=np.int64))
+        self._add_texts(table, rows)
+        kinds = [*((c, "label") for c in self.labels), *([(self.user, "user id")]
+                                                          if self.user else [])]
+        self._check_control(table, rows, [(self.text, "text"), *kinds])
+        self._check_missing(table, rows, kinds)
+        self._check_declared(table, rows)
+        self._code(table)
+
+    def _add_texts(self, table: Table, rows: Any) -> None:
+        """Write the chunk's texts; record their lengths (and word counts); refuse empty and
+        over-long ones."""
         name, text = self.name, self.text
         t = table.columns[text]
         t_missing = t.isna().to_numpy(dtype=bool)
@@ -96,28 +107,35 @@ class Collector:
                     "data.max_chars or shorten it",
                 )
                 for i in np.flatnonzero(lengths > mc)))
-        kinds = [*((c, "label") for c in self.labels), *([(self.user, "user id")]
-                                                          if self.user else [])]
-        for col, kind in [(text, "text"), *kinds]:
+
+    def _check_control(self, table: Table, rows: Any, kinds: list[tuple[str, str]]) -> None:
+        """Refuse control characters in each (column, kind) of ``kinds``."""
+        for col, kind in kinds:
             control = table.columns[col].fillna("").astype(str).str.contains(CONTROL, regex=True)
             self.errors.add(f"control characters in {col!r}", (
-                DataProblem(name, int(rows[i]), col,
+                DataProblem(self.name, int(rows[i]), col,
                             f"the {kind} holds a control character (NUL or another C0/C1 code "
                             "other than tab and line breaks); remove it from the file")
                 for i in np.flatnonzero(control.to_numpy(dtype=bool))))
+
+    def _check_missing(self, table: Table, rows: Any, kinds: list[tuple[str, str]]) -> None:
+        """Refuse missing or empty labels and user ids."""
         for col, kind in kinds:
             s = table.columns[col]
             empty = (s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)
             self.errors.add(f"missing {kind}", (
-                DataProblem(name, int(rows[i]), col, f"missing or empty {kind}")
+                DataProblem(self.name, int(rows[i]), col, f"missing or empty {kind}")
                 for i in np.flatnonzero(empty)))
+
+    def _check_declared(self, table: Table, rows: Any) -> None:
+        """Refuse label values outside the declared domain (data.label_values)."""
         for col, values in self.label_values.items():
             s = table.columns[col]
             present = ~(s.isna() | s.fillna("").str.strip().eq("")).to_numpy(dtype=bool)
             outside = present & ~s.isin(values).to_numpy(dtype=bool)
             self.errors.add(f"undeclared {col!r} values", (
                 DataProblem(
-                    name,
+                    self.name,
                     int(rows[i]),
                     col,
                     f"label value ({len(str(s.iat[int(i)]))} characters) is not among the "
@@ -125,13 +143,16 @@ class Collector:
                     f"declared values of {col!r} (data.label_values)",
                 )
                 for i in np.flatnonzero(outside)))
+
+    def _code(self, table: Table) -> None:
+        """Code the label and user columns; hash each record's duplicate key."""
         for col in self.coded:
             codes, uniques = pd.factorize(table.columns[col])
             seen = self.values[col]
             remap = np.array([seen.setdefault(str(u), len(seen)) for u in uniques] + [-1],
                              dtype=np.int32)
             self.codes[col].append(remap[codes])
-        key_cols = list(dict.fromkeys([text, *self.dup_columns]))
+        key_cols = list(dict.fromkeys([self.text, *self.dup_columns]))
         frame = pd.DataFrame({c: table.columns[c].fillna("") for c in key_cols})
         self.hashes.append(pd.util.hash_pandas_object(frame, index=False).to_numpy(np.uint64))
 

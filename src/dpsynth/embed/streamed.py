@@ -47,6 +47,28 @@ def embed_to_file(
         return np.empty((0, dim), dtype=np.float32)
     key = {"model": str(getattr(embedder, "cache_key", getattr(embedder, "name", "?"))),
            "n": int(n), "dim": dim}
+    done, finished = _resume_point(path, state_path, key, n, dim)
+    if finished is not None:
+        return finished
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = _open_output(path, state_path, key, done, n, dim)
+    if out is None:  # not a usable .npy (e.g. cut short): start again
+        path.unlink()
+        return embed_to_file(embedder, texts, n, path, chunk=chunk, log=log)
+    if log is not None:
+        # no counts: log.txt sits outside private/ and the number of records is private
+        log("embedding the private records" + (" (resuming)" if done else ""))
+    encode = getattr(embedder, "encode_uncached", None) or embedder.embed
+    _write_rows(encode, texts, n, out, done, chunk, lambda rows: _save_state(state_path, key, rows))
+    del out
+    return np.load(path, mmap_mode="c")
+
+
+def _resume_point(path: Path, state_path: Path, key: dict[str, Any], n: int,
+                  dim: int) -> tuple[int, np.ndarray | None]:
+    """(rows already written, the finished file as a copy-on-write memmap or None): a file
+    written whole (no state file) of the right shape, or one whose state says all ``n`` rows,
+    is finished; a state file of another model, count or dimension counts as 0 rows."""
     state = json.loads(state_path.read_text("utf-8")) if state_path.is_file() else None
     done = 0
     if path.is_file():
@@ -54,38 +76,42 @@ def embed_to_file(
             try:
                 old = np.load(path, mmap_mode="r")
                 if old.shape == (n, dim) and old.dtype == np.float32:
-                    return np.load(path, mmap_mode="c")
+                    return done, np.load(path, mmap_mode="c")
             except ValueError:
                 pass
         elif {k: state.get(k) for k in key} == key:
             done = min(int(state.get("rows", 0)), n)
     if done == n and path.is_file():
-        return np.load(path, mmap_mode="c")
-    path.parent.mkdir(parents=True, exist_ok=True)
+        return done, np.load(path, mmap_mode="c")
+    return done, None
 
-    def save_state(rows: int) -> None:
-        atomic_write_bytes(state_path, json.dumps({**key, "rows": rows}).encode())
-        os.chmod(state_path, 0o600)
 
+def _save_state(state_path: Path, key: dict[str, Any], rows: int) -> None:
+    atomic_write_bytes(state_path, json.dumps({**key, "rows": rows}).encode())
+    os.chmod(state_path, 0o600)
+
+
+def _open_output(path: Path, state_path: Path, key: dict[str, Any], done: int, n: int,
+                 dim: int) -> np.memmap | None:
+    """The ``[n, dim]`` float32 memmap to write: a new one (mode 0600, its state file first:
+    a data file without one counts as finished) or the partial one; None when the partial
+    file is not a readable ``.npy`` of that shape."""
     if done == 0:
-        save_state(0)  # first: a data file without a state file counts as finished
+        _save_state(state_path, key, 0)  # first: a data file without one counts as finished
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
         os.chmod(path, 0o600)
-        out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
-    else:
-        try:
-            out = np.lib.format.open_memmap(path, mode="r+")
-            usable = out.shape == (n, dim) and out.dtype == np.float32
-        except ValueError:  # not a readable .npy (e.g. cut short): start again
-            usable = False
-        if not usable:
-            out = None
-            path.unlink()
-            return embed_to_file(embedder, texts, n, path, chunk=chunk, log=log)
-    if log is not None:
-        # no counts: log.txt sits outside private/ and the number of records is private
-        log("embedding the private records" + (" (resuming)" if done else ""))
-    encode = getattr(embedder, "encode_uncached", None) or embedder.embed
+        return np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
+    try:
+        out = np.lib.format.open_memmap(path, mode="r+")
+    except ValueError:  # not a readable .npy (e.g. cut short)
+        return None
+    return out if out.shape == (n, dim) and out.dtype == np.float32 else None
+
+
+def _write_rows(encode: Callable[[list[str]], Any], texts: Iterable[str], n: int,
+                out: np.memmap, done: int, chunk: int, save_state: Callable[[int], None]) -> None:
+    """Embed rows ``done`` to ``n`` of ``texts`` into ``out``, ``chunk`` at a time, flushing
+    and recording each chunk; a stream shorter or longer than ``n`` is a ValueError."""
     # a sequence (e.g. the loader's on-disk TextColumn) is read by slices from the first row
     # not yet written; any other iterable is streamed (the rows already written are skipped)
     sliced = isinstance(texts, Sequence) and not isinstance(texts, str)
@@ -105,5 +131,3 @@ def embed_to_file(
         save_state(row)
     if (len(texts) > n if sliced else next(stream, None) is not None):  # type: ignore[arg-type]
         raise ValueError(f"embed_to_file: the stream has more than the {n} texts expected")
-    del out
-    return np.load(path, mmap_mode="c")

@@ -25,6 +25,7 @@ from dpsynth.federated.core import (
     DEFAULT_QUANTIZATION_RANGE,
     FederatedResult,
     PartyData,
+    QuantisationPlan,
     VoteFn,
     clip_probability_bound,
     effective_sigma,
@@ -89,18 +90,8 @@ def federated_noisy_histogram(
     from dpsynth.federated.app import ServerSink, make_client_app, make_server_app
 
     num_parties = len(parties)
-    validate_parties(parties)
-    if noise_mode not in ("seeded", "secure"):
-        raise ValueError(f"noise_mode must be 'seeded' or 'secure', got {noise_mode!r}")
-    if min_parties is None:
-        min_parties = num_parties
-    if not 2 <= min_parties <= num_parties:
-        raise ValueError(f"min_parties must be in [2, {num_parties}], got {min_parties}")
-    cand_emb = np.asarray(candidate_embeddings, dtype=np.float32)
-    cand_lab = np.asarray(candidate_labels)
-    if cand_emb.ndim != 2 or cand_lab.ndim != 1 or cand_lab.shape[0] != cand_emb.shape[0]:
-        raise ValueError(f"candidate_embeddings [n, d] and candidate_labels [n] disagree: "
-                         f"{cand_emb.shape} vs {cand_lab.shape}")
+    min_parties = _check_round(parties, noise_mode, min_parties)
+    cand_emb, cand_lab = _candidates(candidate_embeddings, candidate_labels)
     plan = plan_quantisation(vote_bound=vote_bound, sigma=sigma, num_parties=num_parties,
                              clipping_range=clipping_range,
                              quantization_range=quantization_range, modulus_range=modulus_range,
@@ -115,6 +106,37 @@ def federated_noisy_histogram(
     run_flower_simulation(server_app, clients, num_parties, verbose=verbose,
                           ray_address=ray_address)
 
+    return _result(sink, plan, sigma, num_parties)
+
+
+def _check_round(parties: Sequence[PartyData], noise_mode: str, min_parties: int | None) -> int:
+    """Refuse invalid parties or round settings (ValueError); returns ``min_parties`` (None:
+    all parties)."""
+    num_parties = len(parties)
+    validate_parties(parties)
+    if noise_mode not in ("seeded", "secure"):
+        raise ValueError(f"noise_mode must be 'seeded' or 'secure', got {noise_mode!r}")
+    if min_parties is None:
+        min_parties = num_parties
+    if not 2 <= min_parties <= num_parties:
+        raise ValueError(f"min_parties must be in [2, {num_parties}], got {min_parties}")
+    return min_parties
+
+
+def _candidates(candidate_embeddings: np.ndarray,
+                candidate_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates as float32 [n, d] embeddings and [n] labels, or a ValueError."""
+    cand_emb = np.asarray(candidate_embeddings, dtype=np.float32)
+    cand_lab = np.asarray(candidate_labels)
+    if cand_emb.ndim != 2 or cand_lab.ndim != 1 or cand_lab.shape[0] != cand_emb.shape[0]:
+        raise ValueError(f"candidate_embeddings [n, d] and candidate_labels [n] disagree: "
+                         f"{cand_emb.shape} vs {cand_lab.shape}")
+    return cand_emb, cand_lab
+
+
+def _result(sink: Any, plan: QuantisationPlan, sigma: float, num_parties: int) -> FederatedResult:
+    """The round's released histogram as a :class:`FederatedResult`, or the server's error
+    (nothing released)."""
     if sink.released is None:
         raise sink.error_kind(sink.error or "federated round released nothing")
     n = sink.parties_present

@@ -217,46 +217,10 @@ def _collect(kind: str, event: dp_event.DpEvent, count: int, out: Groups) -> str
             if err is not None:
                 return err
         return None
-    key: tuple | None = None
-    if isinstance(event, dp_event.GaussianDpEvent):
-        if not event.noise_multiplier > 0:
-            return "{label}: a Gaussian with noise multiplier 0 has no finite epsilon"
-        key = ("gaussian", float(event.noise_multiplier), 1.0)
-    elif isinstance(event, dp_event.PoissonSampledDpEvent):
-        inner = event.event
-        q = float(event.sampling_probability)
-        if not isinstance(inner, dp_event.GaussianDpEvent) or not inner.noise_multiplier > 0:
-            return "{label}: only Poisson-subsampled Gaussians are supported"
-        if not 0.0 < q <= 1.0:
-            return "{label}: sampling probability must be in (0, 1]"
-        if q < 1.0 and kind in ("zcdp", "gdp"):
-            return (
-                f"the {kind!r} accountant cannot account the Poisson-subsampled {{label}} "
-                f"(sampling_rate={q}); use accountant 'pld' or 'rdp'"
-            )
-        key = ("gaussian", float(inner.noise_multiplier), q)
-    elif isinstance(event, PureDpEvent):
-        key = ("exponential" if event.bounded_range else "pure", float(event.epsilon))
-    elif isinstance(event, dp_event.LaplaceDpEvent):
-        if not event.noise_multiplier > 0:
-            return "{label}: a Laplace with noise multiplier 0 has no finite epsilon"
-        key = ("pure", 1.0 / float(event.noise_multiplier))
-    elif isinstance(event, dp_event.ZCDpEvent):
-        if event.xi != 0:
-            return "{label}: (xi, rho)-zCDP with xi != 0 is not supported"
-        key = ("zcdp", float(event.rho))
-    elif isinstance(event, LatticeDiscreteGaussianDpEvent):
-        if not event.sigma > 0 or not event.shifts:
-            return "{label}: a discrete Gaussian needs sigma > 0 and a shift profile"
-        key = ("dgauss", float(event.sigma), tuple(int(v) for v in event.shifts))
-    elif isinstance(event, DistributedDiscreteGaussianDpEvent):
-        if not (event.sigma > 0 and event.sensitivity > 0 and event.parties >= 1
-                and event.dimension >= 1):
-            return "{label}: invalid distributed discrete Gaussian"
-        key = ("ddgauss", float(event.sigma), float(event.sensitivity), int(event.parties),
-               int(event.dimension))
-    else:
-        return f"{{label}}: the {kind!r} accountant does not support {type(event).__name__}"
+    key, err = _mechanism_key(kind, event)
+    if err is not None:
+        return err
+    assert key is not None
     if kind == "gdp" and key[0] != "gaussian":
         return (
             "the 'gdp' accountant only composes continuous Gaussian mechanisms, got {label} "
@@ -265,6 +229,49 @@ def _collect(kind: str, event: dp_event.DpEvent, count: int, out: Groups) -> str
         )
     out[key] = out.get(key, 0) + count
     return None
+
+
+def _mechanism_key(kind: str, event: dp_event.DpEvent) -> tuple[tuple | None, str | None]:
+    """(the group key of one mechanism event, None), or (None, the error message with a
+    ``{label}`` placeholder) when ``kind`` cannot account it."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        if not event.noise_multiplier > 0:
+            return None, "{label}: a Gaussian with noise multiplier 0 has no finite epsilon"
+        return ("gaussian", float(event.noise_multiplier), 1.0), None
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        inner = event.event
+        q = float(event.sampling_probability)
+        if not isinstance(inner, dp_event.GaussianDpEvent) or not inner.noise_multiplier > 0:
+            return None, "{label}: only Poisson-subsampled Gaussians are supported"
+        if not 0.0 < q <= 1.0:
+            return None, "{label}: sampling probability must be in (0, 1]"
+        if q < 1.0 and kind in ("zcdp", "gdp"):
+            return None, (
+                f"the {kind!r} accountant cannot account the Poisson-subsampled {{label}} "
+                f"(sampling_rate={q}); use accountant 'pld' or 'rdp'"
+            )
+        return ("gaussian", float(inner.noise_multiplier), q), None
+    if isinstance(event, PureDpEvent):
+        return ("exponential" if event.bounded_range else "pure", float(event.epsilon)), None
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        if not event.noise_multiplier > 0:
+            return None, "{label}: a Laplace with noise multiplier 0 has no finite epsilon"
+        return ("pure", 1.0 / float(event.noise_multiplier)), None
+    if isinstance(event, dp_event.ZCDpEvent):
+        if event.xi != 0:
+            return None, "{label}: (xi, rho)-zCDP with xi != 0 is not supported"
+        return ("zcdp", float(event.rho)), None
+    if isinstance(event, LatticeDiscreteGaussianDpEvent):
+        if not event.sigma > 0 or not event.shifts:
+            return None, "{label}: a discrete Gaussian needs sigma > 0 and a shift profile"
+        return ("dgauss", float(event.sigma), tuple(int(v) for v in event.shifts)), None
+    if isinstance(event, DistributedDiscreteGaussianDpEvent):
+        if not (event.sigma > 0 and event.sensitivity > 0 and event.parties >= 1
+                and event.dimension >= 1):
+            return None, "{label}: invalid distributed discrete Gaussian"
+        return ("ddgauss", float(event.sigma), float(event.sensitivity), int(event.parties),
+                int(event.dimension)), None
+    return None, f"{{label}}: the {kind!r} accountant does not support {type(event).__name__}"
 
 
 def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:

@@ -337,28 +337,11 @@ class BudgetLedger:
                 if e.get("status") == "settled":
                     raise BudgetRefusedError(f"run {run_id!r} is already settled in {self.path}")
             seed_tag = _seed_tag(data, key, run_id, noise_seed)
-            for m in charge.sources:
-                stored = data["sources"].get(m.source, {})
-                cap_eps = _cap(stored.get("total_epsilon"), total_epsilon)
-                cap_delta = _cap(stored.get("total_delta"), total_delta)
-                s_eps, s_delta = _sum(data["entries"], m.source, skip_run=run_id)
-                if (cap_eps is not None and s_eps + epsilon > cap_eps + _TOL) or (
-                        cap_delta is not None and s_delta + delta > cap_delta + _TOL):
-                    raise BudgetRefusedError(
-                        f"privacy budget of {m.describe()} refused: spent so far "
-                        f"epsilon={s_eps:.4g}, delta={s_delta:.3g}; this run asks epsilon="
-                        f"{epsilon:.4g}, delta={delta:.3g}; the source's total is epsilon="
-                        f"{_fmt(cap_eps)}, delta={_fmt(cap_delta)}. Lower this run's epsilon/"
-                        "delta, or raise the source's total with `dpsynth budget set` (every "
-                        "subset, column choice, unit and version of a source shares its budget)")
+            _refuse_over_cap(data, charge, run_id, epsilon, delta, total_epsilon, total_delta)
             now = _now()
             for m in charge.sources:
                 src = _register(data, m, identity, key, run_id, now)
-                for name, value in (("total_epsilon", total_epsilon),
-                                    ("total_delta", total_delta)):
-                    if value is not None and src.get(name) is None:
-                        src[name] = value
-                        src["budget_set"] = {"at": now, "by": f"run {run_id}"}
+                _adopt_totals(src, total_epsilon, total_delta, run_id, now)
                 entry = _entry(data, m.source, run_id, now)
                 entry.update(guarantee="dp", status="reserved", reserved_epsilon=epsilon,
                              reserved_delta=delta, epsilon=None, delta=None,
@@ -756,6 +739,36 @@ def counted(entry: dict[str, Any]) -> tuple[float | None, float | None]:
     return _counted(entry)
 
 
+def _refuse_over_cap(data: dict[str, Any], charge: Charge, run_id: str, epsilon: float,
+                     delta: float, total_epsilon: float | None,
+                     total_delta: float | None) -> None:
+    """Raise BudgetRefusedError when (epsilon, delta) for ``run_id`` (its earlier reservation
+    replaced) would take any source of ``charge`` past its cap: the stored one, else the
+    run's ``total_*`` (the smaller wins)."""
+    for m in charge.sources:
+        stored = data["sources"].get(m.source, {})
+        cap_eps = _cap(stored.get("total_epsilon"), total_epsilon)
+        cap_delta = _cap(stored.get("total_delta"), total_delta)
+        s_eps, s_delta = _sum(data["entries"], m.source, skip_run=run_id)
+        if (cap_eps is not None and s_eps + epsilon > cap_eps + _TOL) or (
+                cap_delta is not None and s_delta + delta > cap_delta + _TOL):
+            raise BudgetRefusedError(
+                f"privacy budget of {m.describe()} refused: spent so far "
+                f"epsilon={s_eps:.4g}, delta={s_delta:.3g}; this run asks epsilon="
+                f"{epsilon:.4g}, delta={delta:.3g}; the source's total is epsilon="
+                f"{_fmt(cap_eps)}, delta={_fmt(cap_delta)}. Lower this run's epsilon/"
+                "delta, or raise the source's total with `dpsynth budget set` (every "
+                "subset, column choice, unit and version of a source shares its budget)")
+
+
+def _adopt_totals(src: dict[str, Any], total_epsilon: float | None, total_delta: float | None,
+                  run_id: str, now: str) -> None:
+    """A source without a budget takes the run's config ``total_*`` as its own."""
+    for name, value in (("total_epsilon", total_epsilon), ("total_delta", total_delta)):
+        if value is not None and src.get(name) is None:
+            src[name] = value
+            src["budget_set"] = {"at": now, "by": f"run {run_id}"}
+
+
 __all__ = ["BudgetLedger", "Charge", "LedgerUnusableError", "OtherFolderError", "SourceMatch",
            "check_folder", "counted", "default_ledger_path", "keyed_fingerprint"]
-

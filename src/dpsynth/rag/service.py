@@ -61,6 +61,67 @@ class _Busy(Exception):
     """The model did not become free in time (or the client left): answer 503."""
 
 
+class _Gate:
+    """Back-pressure: at most ``max_pending`` questions admitted (answering or waiting), and
+    one model answering one question at a time, each waiting at most ``queue_timeout`` s;
+    ``from_thread``: ``anyio.from_thread`` (to ask the event loop whether the client left)."""
+
+    def __init__(self, answerer: Any, max_pending: int, queue_timeout: float,
+                 from_thread: Any) -> None:
+        self.answerer, self.max_pending, self.queue_timeout = answerer, max_pending, queue_timeout
+        self.from_thread = from_thread
+        self.model_lock = threading.Lock()  # one model, one request at a time
+        self.count_lock = threading.Lock()
+        self.pending = 0
+
+    def admit(self) -> bool:
+        with self.count_lock:
+            if self.pending >= self.max_pending:
+                return False
+            self.pending += 1
+            return True
+
+    def leave(self) -> None:
+        with self.count_lock:
+            self.pending -= 1
+
+    def ask(self, question: str, k: int | None, request: Any) -> dict[str, Any]:
+        if not self.model_lock.acquire(timeout=self.queue_timeout):
+            raise _Busy(f"no answer slot within {self.queue_timeout:g} s")
+        try:
+            try:
+                gone = self.from_thread.run(request.is_disconnected)
+            except Exception:  # noqa: BLE001 - no way to tell: answer anyway
+                gone = False
+            if gone:
+                raise _Busy("client disconnected")
+            return self.answerer.ask(question, k)
+        finally:
+            self.model_lock.release()
+
+
+async def _read_question(request: Any, max_body_bytes: int) -> AskRequest:
+    """The request's body as an :class:`AskRequest`: 413 over ``max_body_bytes`` (declared or
+    streamed), 422 when it is not valid JSON or not a valid question."""
+    from fastapi import HTTPException
+
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
+        raise HTTPException(413, f"request body over {max_body_bytes} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_body_bytes:
+            raise HTTPException(413, f"request body over {max_body_bytes} bytes")
+    try:
+        return AskRequest.model_validate(json.loads(body or b"null"))
+    except (ValueError, ValidationError) as err:
+        msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                        for e in err.errors()) if isinstance(err, ValidationError) else (
+            "body is not valid JSON")
+        raise HTTPException(422, msg) from None
+
+
 def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
                max_body_bytes: int = MAX_BODY_BYTES, max_pending: int = MAX_PENDING,
                queue_timeout: float = QUEUE_TIMEOUT, retry_after: int = RETRY_AFTER_S,
@@ -77,36 +138,9 @@ def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
     if max_pending < 1 or queue_timeout <= 0:
         raise ConfigError("max_pending must be >= 1 and queue_timeout > 0")
     app = FastAPI(title="dpsynth rag", docs_url=None, redoc_url=None, openapi_url=None)
-    model_lock = threading.Lock()  # one model, one request at a time
-    count_lock = threading.Lock()
-    pending = [0]
+    gate = _Gate(answerer, max_pending, queue_timeout, anyio.from_thread)
     public = dict(info or {})
     busy_headers = {"Retry-After": str(int(retry_after))}
-
-    def _admit() -> bool:
-        with count_lock:
-            if pending[0] >= max_pending:
-                return False
-            pending[0] += 1
-            return True
-
-    def _leave() -> None:
-        with count_lock:
-            pending[0] -= 1
-
-    def _ask(question: str, k: int | None, request: Request) -> dict[str, Any]:
-        if not model_lock.acquire(timeout=queue_timeout):
-            raise _Busy(f"no answer slot within {queue_timeout:g} s")
-        try:
-            try:
-                gone = anyio.from_thread.run(request.is_disconnected)
-            except Exception:  # noqa: BLE001 - no way to tell: answer anyway
-                gone = False
-            if gone:
-                raise _Busy("client disconnected")
-            return answerer.ask(question, k)
-        finally:
-            model_lock.release()
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -114,32 +148,18 @@ def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
 
     @app.post("/ask")
     async def ask(request: Request) -> dict[str, Any]:
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
-            raise HTTPException(413, f"request body over {max_body_bytes} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_body_bytes:
-                raise HTTPException(413, f"request body over {max_body_bytes} bytes")
-        try:
-            req = AskRequest.model_validate(json.loads(body or b"null"))
-        except (ValueError, ValidationError) as err:
-            msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
-                            for e in err.errors()) if isinstance(err, ValidationError) else (
-                "body is not valid JSON")
-            raise HTTPException(422, msg) from None
-        if not _admit():
+        req = await _read_question(request, max_body_bytes)
+        if not gate.admit():
             raise HTTPException(503, f"busy: {max_pending} questions pending; retry later",
                                 headers=busy_headers)
         try:
-            return await run_in_threadpool(_ask, req.question, req.k, request)
+            return await run_in_threadpool(gate.ask, req.question, req.k, request)
         except _Busy as err:
             raise HTTPException(503, f"busy: {err}; retry later", headers=busy_headers) from None
         except (BudgetExceededError, BudgetRefusedError):
             raise HTTPException(429, "privacy budget spent: no more queries") from None
         finally:
-            _leave()
+            gate.leave()
 
     require_api_key(app, api_key, lambda message: {"detail": message})
     return app

@@ -105,6 +105,31 @@ def assign_private(centres: np.ndarray, private_emb_iter: Iterable[np.ndarray],
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
+def _clip_and_assign(rows: np.ndarray, c: np.ndarray, clip_R: float,
+                     labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(the sampled rows clipped to norm ``clip_R``, an owned float32 copy; each one's nearest
+    centre of ``c``, or its cached ``labels``)."""
+    x = np.array(rows, dtype=np.float32)  # owned copy of the sampled rows
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+    x *= np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))[:, None]
+    if labels is None:
+        _, lab = nearest(x, c, k=1, metric="l2")
+        return x, lab[:, 0]
+    return x, labels.astype(np.int64)
+
+
+def _add_to_centres(sums: np.ndarray, counts: np.ndarray, x: np.ndarray,
+                    lab: np.ndarray) -> None:
+    """Add each row of ``x`` to its centre's sum and count (in place)."""
+    k = counts.shape[0]
+    counts += np.bincount(lab, minlength=k)
+    # Per-centre sums as a sparse one-hot [K x m] times x: no sort, no extra dense copy.
+    onehot = sp.csr_matrix(
+        (np.ones(lab.size, dtype=np.float32), (lab, np.arange(lab.size))), shape=(k, lab.size)
+    )
+    sums += onehot @ x
+
+
 def accumulate_private(
     centres: np.ndarray,
     private_emb_iter: Iterable[np.ndarray],
@@ -150,20 +175,8 @@ def accumulate_private(
         offset += n
         if not take.any():
             continue
-        x = np.array(chunk[take], dtype=np.float32)  # owned copy of the sampled rows
-        norms = np.sqrt(np.einsum("ij,ij->i", x, x))
-        x *= np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))[:, None]
-        if chunk_labels is None:
-            _, lab = nearest(x, c, k=1, metric="l2")
-            lab = lab[:, 0]
-        else:
-            lab = chunk_labels.astype(np.int64)
-        counts += np.bincount(lab, minlength=k)
-        # Per-centre sums as a sparse one-hot [K x m] times x: no sort, no extra dense copy.
-        onehot = sp.csr_matrix(
-            (np.ones(lab.size, dtype=np.float32), (lab, np.arange(lab.size))), shape=(k, lab.size)
-        )
-        sums += onehot @ x
+        x, lab = _clip_and_assign(chunk[take], c, clip_R, chunk_labels)
+        _add_to_centres(sums, counts, x, lab)
         sampled += int(take.sum())
     if offset != rates.size:
         raise ValueError(f"stream had {offset} private rows but rates has {rates.size} entries")

@@ -369,6 +369,27 @@ def _narrow(gap: Callable[[float], float], lo: float, g_lo: float, hi: float, g_
     return lo, hi
 
 
+def _gap(p: float, rates: np.ndarray, T: int, isf_r: float,
+         disc: float) -> Callable[[float], float]:
+    """mu_eff(sigma) - eta at discretisation ``disc``: <= 0 exactly where B(sigma) <= r
+    (``isf_r``: Phi^-1(1 - r))."""
+    def gap(sigma: float) -> float:
+        value = blowup(p, rates, sigma, T, discretization=disc).value
+        return isf_r - float(norm.isf(min(value, 1.0 - 1e-15)))
+    return gap
+
+
+def _passing(gap: Callable[[float], float], hi: float) -> tuple[float, float]:
+    """(sigma, gap(sigma)) for the first of hi, 2 hi, 4 hi, ... that meets the bound."""
+    g_hi = gap(hi)
+    while g_hi > 0:
+        hi *= 2.0
+        if hi > 1e12:
+            raise RuntimeError("sigma calibration diverged")
+        g_hi = gap(hi)
+    return hi, g_hi
+
+
 def _calibrate_one_sigma(
     p: float,
     r: float,
@@ -400,20 +421,10 @@ def _calibrate_one_sigma(
     isf_r = float(norm.isf(r))
 
     def gap_at(disc: float) -> Callable[[float], float]:
-        """mu_eff(sigma) - eta: <= 0 exactly where B(sigma) <= r."""
-        def gap(sigma: float) -> float:
-            value = blowup(p, rates, sigma, T, discretization=disc).value
-            return isf_r - float(norm.isf(min(value, 1.0 - 1e-15)))
-        return gap
+        return _gap(p, rates, T, isf_r, disc)
 
     coarse = gap_at(max(discretization, 1e-2))
-    hi = max(float(support[-1]), 1.0) * math.sqrt(T) / eta * 1.05
-    g_hi = coarse(hi)
-    while g_hi > 0:
-        hi *= 2.0
-        if hi > 1e12:
-            raise RuntimeError("sigma calibration diverged")
-        g_hi = coarse(hi)
+    hi, g_hi = _passing(coarse, max(float(support[-1]), 1.0) * math.sqrt(T) / eta * 1.05)
     # Below the root: the hint (a sigma already known to fall short), else the estimate
     # hi * mu_eff(hi) / eta a step lower; every probe that still passes lowers hi.
     lo = lower_hint if lower_hint is not None and lower_hint < hi else None

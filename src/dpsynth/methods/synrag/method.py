@@ -113,15 +113,7 @@ class SynRAG(Method):
         scfg: SynRAGConfig = self.settings(cfg)
         clip = float(job.plan.notes["clip"])
         note = Notice(run, job.echo)
-        engine = getattr(job.dataset, "compute", None)
-        corpus = (Corpus.on_shards(engine) if getattr(engine, "engine", None) == "ray"
-                  else Corpus.in_process(cfg, job.dataset, run))
-        gen, emb_model = load_models(cfg, run, job.generators[0] if job.generators else None,
-                                     job.embedder)
-        if isinstance(gen, LogitsDtypeChoice):
-            gen.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
-        if isinstance(gen, StepperEngineChoice):
-            note(f"{self.name}: private prediction on {choose_stepper(gen, scfg.stepper)}")
+        corpus, gen, emb_model = self._corpus_and_models(job, scfg, note)
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)
         note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
@@ -133,29 +125,8 @@ class SynRAG(Method):
 
         # 1. keywords (kept with the documents) and the noisy histogram
         progress.stage("keywords and histogram")
-        k = scfg.keywords_per_doc
-        tag = [job.fingerprint, vocab.source, len(vocab), k, scfg.keyword_extractor,
-               scfg.keyword_fill]
-        hist = corpus.keyword_histogram(vocab, scfg, tag, _llm(cfg, scfg, gen, corpus),
-                                        job.progress)
-        sigma_h = histogram_sigma(k, scfg.rho_hist)
-        noisy = np.asarray(main.gaussian("synrag/keyword_histogram", hist, math.sqrt(k),
-                                         sigma_h, name="keyword_histogram",
-                                         lattice=Lattice.counts(k)))
-        floor = (scfg.min_noisy_count if scfg.min_noisy_count is not None
-                 else noise_floor(sigma_h, len(vocab)))
-        seeds = top_keywords(noisy, scfg.clusters, floor)
-        run.append_stats({"iteration": 0, "stage": "histogram", "sigma_h": sigma_h,
-                          "noise_floor": floor, "seeds": len(seeds),
-                          "top": [[vocab.terms[int(j)], round(float(noisy[j]), 2)]
-                                  for j in seeds[:20]]})
-        if len(seeds) == 0:
-            note(f"keyword histogram: nothing above noise (no noisy count reaches "
-                 f"{floor:.1f} = sigma_h sqrt(2 ln |V|)); no cluster is formed and the KB is "
-                 "empty. Only the histogram was released and charged. More documents, a "
-                 "vocabulary closer to the documents or a larger synrag.rho_hist would help.",
-                 warn=True)
-        else:
+        noisy, sigma_h, seeds = _keyword_histogram(job, scfg, corpus, gen, vocab, note)
+        if len(seeds):
             # 2-4. all cluster releases, charged once by overlapping composition
             main.record("synrag/cluster_releases", cluster_events(scfg, clip),
                         {"clusters": int(len(seeds))})
@@ -171,35 +142,13 @@ class SynRAG(Method):
         texts = [r["text"] for r in results]
         keep = (self_filter(gen, texts, scfg.filter_question) if scfg.self_filter
                 else [bool(t.strip()) for t in texts])
-        garbled = [garbled_reason(t) if scfg.drop_garbled and kp else None
-                   for t, kp in zip(texts, keep, strict=True)]
-        keep = [kp and g is None for kp, g in zip(keep, garbled, strict=True)]
-        dropped = Counter(g for g in garbled if g is not None)
-        if dropped:
-            note(f"dropped {sum(dropped.values())} of {len(results)} synthetic passages as "
-                 "garbled: " + ", ".join(f"{n} {GARBLED[why]}" for why, n in
-                                        sorted(dropped.items())), warn=True)
-        rows = [{"id": r["cluster"], "text": r["text"], "keyword": r["keyword"]}
-                for r, kp in zip(results, keep, strict=True) if kp]
-        write_jsonl(run.release / "synthetic_all.jsonl",
-                    [{**r, "kept": bool(kp), **({"garbled": g} if g else {})}
-                     for r, kp, g in zip(results, keep, garbled, strict=True)],
-                    mode=SHARED_MODE)
-        write_jsonl(run.release / "kb.jsonl", rows, mode=SHARED_MODE)
+        rows, dropped = _write_release(run, scfg, results, keep, note)
         build_index(run.release, [r["text"] for r in rows], emb_model, cfg.embedder.model,
                     extra={"generator": cfg.generators[0].spec(),
                            "answer_max_new_tokens": scfg.answer_max_new_tokens,
                            "retrieve": scfg.retrieve})
         if results and not rows:
-            note("the knowledge base is EMPTY: "
-                 + ("self-filtering kept none of the " if scfg.self_filter else "none of the ")
-                 + f"{len(results)} synthetic texts. To change: "
-                 + ("synrag.self_filter: false (the default; the filter is unreliable on "
-                    "small models), " if scfg.self_filter else "")
-                 + "more documents per cluster (a larger synrag.target_size or fewer "
-                 "synrag.clusters), fewer private tokens (synrag.tokens, or "
-                 "synrag.public_shortcut) or a larger privacy.epsilon, so that the clip c "
-                 "grows; `rag build --require-passages` makes this an error", warn=True)
+            note(_empty_kb(scfg, len(results)), warn=True)
         # wall time depends on the private data (document count, cluster sizes): operator only
         append_diagnostic(run, {"wall_seconds": round(time.time() - started, 1)})
         summary = {"clusters": len(results), "kb_passages": len(rows),
@@ -207,6 +156,22 @@ class SynRAG(Method):
                    "delta": cfg.privacy.delta, "clip": clip, "warnings": note.messages}
         return Outcome(summary, facts={"sigma_h": sigma_h, "clip": clip},
                        message=f"{len(rows)} of {len(results)} synthetic documents kept")
+
+    def _corpus_and_models(self, job: Job, scfg: SynRAGConfig,
+                           note: Notice) -> tuple[Corpus, Any, Any]:
+        """The documents (on the Ray shards, or in this process), the generator (its logits
+        dtype set) and the embedder."""
+        cfg = job.config
+        engine = getattr(job.dataset, "compute", None)
+        corpus = (Corpus.on_shards(engine) if getattr(engine, "engine", None) == "ray"
+                  else Corpus.in_process(cfg, job.dataset, job.run))
+        gen, emb_model = load_models(cfg, job.run,
+                                     job.generators[0] if job.generators else None, job.embedder)
+        if isinstance(gen, LogitsDtypeChoice):
+            gen.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
+        if isinstance(gen, StepperEngineChoice):
+            note(f"{self.name}: private prediction on {choose_stepper(gen, scfg.stepper)}")
+        return corpus, gen, emb_model
 
     def statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
         """The zCDP accountant's (epsilon, delta) with Theorem 1's planned total."""
@@ -246,6 +211,74 @@ def _llm(cfg: RunConfig, scfg: SynRAGConfig, gen: Any, corpus: Corpus) -> Any:
 #: how the build's note names each reason a passage was dropped as garbled
 GARBLED = {"loop": "a loop of repeated words", "non-words": "mostly non-words",
            "too short": "under five words"}
+
+
+def _keyword_histogram(job: Job, scfg: SynRAGConfig, corpus: Corpus, gen: Any, vocab: Any,
+                       note: Notice) -> tuple[np.ndarray, float, np.ndarray]:
+    """Step 1: the documents' keywords (kept with them), the noisy keyword histogram released
+    and charged in the run's session, and the seeds above the noise floor; returns (noisy
+    histogram, sigma_h, seeds)."""
+    cfg, run = job.config, job.run
+    k = scfg.keywords_per_doc
+    tag = [job.fingerprint, vocab.source, len(vocab), k, scfg.keyword_extractor,
+           scfg.keyword_fill]
+    hist = corpus.keyword_histogram(vocab, scfg, tag, _llm(cfg, scfg, gen, corpus),
+                                    job.progress)
+    sigma_h = histogram_sigma(k, scfg.rho_hist)
+    noisy = np.asarray(job.session.gaussian("synrag/keyword_histogram", hist, math.sqrt(k),
+                                            sigma_h, name="keyword_histogram",
+                                            lattice=Lattice.counts(k)))
+    floor = (scfg.min_noisy_count if scfg.min_noisy_count is not None
+             else noise_floor(sigma_h, len(vocab)))
+    seeds = top_keywords(noisy, scfg.clusters, floor)
+    run.append_stats({"iteration": 0, "stage": "histogram", "sigma_h": sigma_h,
+                      "noise_floor": floor, "seeds": len(seeds),
+                      "top": [[vocab.terms[int(j)], round(float(noisy[j]), 2)]
+                              for j in seeds[:20]]})
+    if len(seeds) == 0:
+        note(f"keyword histogram: nothing above noise (no noisy count reaches "
+             f"{floor:.1f} = sigma_h sqrt(2 ln |V|)); no cluster is formed and the KB is "
+             "empty. Only the histogram was released and charged. More documents, a "
+             "vocabulary closer to the documents or a larger synrag.rho_hist would help.",
+             warn=True)
+    return noisy, sigma_h, seeds
+
+
+def _write_release(run: RunDir, scfg: SynRAGConfig, results: list[dict[str, Any]],
+                   keep: list[bool], note: Notice) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """Drop garbled passages (``synrag.drop_garbled``) from those ``keep`` kept, and write
+    release/synthetic_all.jsonl (every passage, marked) and kb.jsonl (the kept ones);
+    returns (the KB's rows, the count of passages dropped as garbled by reason)."""
+    texts = [r["text"] for r in results]
+    garbled = [garbled_reason(t) if scfg.drop_garbled and kp else None
+               for t, kp in zip(texts, keep, strict=True)]
+    keep = [kp and g is None for kp, g in zip(keep, garbled, strict=True)]
+    dropped = Counter(g for g in garbled if g is not None)
+    if dropped:
+        note(f"dropped {sum(dropped.values())} of {len(results)} synthetic passages as "
+             "garbled: " + ", ".join(f"{n} {GARBLED[why]}" for why, n in
+                                    sorted(dropped.items())), warn=True)
+    rows = [{"id": r["cluster"], "text": r["text"], "keyword": r["keyword"]}
+            for r, kp in zip(results, keep, strict=True) if kp]
+    write_jsonl(run.release / "synthetic_all.jsonl",
+                [{**r, "kept": bool(kp), **({"garbled": g} if g else {})}
+                 for r, kp, g in zip(results, keep, garbled, strict=True)],
+                mode=SHARED_MODE)
+    write_jsonl(run.release / "kb.jsonl", rows, mode=SHARED_MODE)
+    return rows, dropped
+
+
+def _empty_kb(scfg: SynRAGConfig, n_results: int) -> str:
+    """The warning of a build whose knowledge base kept none of its ``n_results`` texts."""
+    return ("the knowledge base is EMPTY: "
+            + ("self-filtering kept none of the " if scfg.self_filter else "none of the ")
+            + f"{n_results} synthetic texts. To change: "
+            + ("synrag.self_filter: false (the default; the filter is unreliable on "
+               "small models), " if scfg.self_filter else "")
+            + "more documents per cluster (a larger synrag.target_size or fewer "
+            "synrag.clusters), fewer private tokens (synrag.tokens, or "
+            "synrag.public_shortcut) or a larger privacy.epsilon, so that the clip c "
+            "grows; `rag build --require-passages` makes this an error")
 
 
 def _embedder(cfg: RunConfig, run: RunDir, emb_model: Any, given: Any, corpus: Corpus) -> Any:

@@ -221,40 +221,12 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
     """Steps 3-4 for every cluster (``sizes``: the exact |C_r|, for diagnostics only), with a
     checkpoint per cluster."""
     results: list[dict[str, Any]] = []
-    sigma_mu = centre_sigma(scfg.rho_centre)
-    sums: list[np.ndarray] = []
-    retrieved: dict[int, tuple[Retrieved, int]] = {}
-
-    def retrieve(r: int) -> tuple[Retrieved, int]:  # keyed: a second call replays
-        if r not in retrieved:
-            if not sums:
-                sums.append(corpus.centre_sums())
-            key = f"cluster/{r:04d}"
-            got = retrieve_in_cluster(store, key, sums[0][r],
-                                      lambda d: corpus.threshold_counts(r, d),
-                                      sigma_mu=sigma_mu, eps_theta=scfg.eps_theta,
-                                      target=scfg.target_size)
-            retrieved[r] = got, corpus.select(key, r, got.direction, got.theta)
-        return retrieved[r]
-
+    retrieve = _Retrieval(store, corpus, scfg)
     prompts_of = cluster_prompts(scfg, gen, vocab)
     ray_preds: dict[int, Any] = {}
     if corpus.sharded:
-        # every pending cluster's private prediction at once on Ray (.ray_prediction):
-        # the workers fetch S_r from the shards; the tokens are still released here, by
-        # this session, in cluster order
-        from .ray_prediction import OnShards, cluster_predictions
-
-        jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]),
-                 *prompts_of(seeds[r]))
-                for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
-        note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
-             "workers)")  # the cluster count follows the released histogram
-        ray_preds = cluster_predictions(
-            cfg, store, gen, jobs, tokens=scfg.tokens,
-            clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens,
-            rows=stepper_rows(scfg),
-            shortcut=shortcut_of(scfg, clip))
+        ray_preds = _predict_on_ray(cfg, scfg, run, store, gen, corpus, seeds, clip, note,
+                                    retrieve, prompts_of)
     for r, seed in enumerate(seeds):
         keyword = vocab.terms[int(seed)]
         name = f"cluster-{r:04d}"
@@ -262,14 +234,7 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
         if state is None:
             key = f"cluster/{r:04d}"
             got, selected = retrieve(r)
-            if sizes[r] == 0:
-                note.private(f"cluster {r} ('{keyword}') is empty: its releases are still made "
-                             "and charged (pure noise output, usually removed by "
-                             "self-filtering)", warn=True, cluster=r)
-            elif selected < scfg.target_size:
-                note.private(f"cluster {r} ('{keyword}') has fewer than k = "
-                             f"{scfg.target_size} documents above its threshold: its text "
-                             "rests on fewer documents (same charge)", warn=True, cluster=r)
+            _note_size(note, scfg, r, keyword, sizes[r], selected)
             if r in ray_preds:
                 pred, n_private = ray_preds[r]
             else:
@@ -292,3 +257,64 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
             run.save_checkpoint(name, state)
         results.append(state)
     return results
+
+
+class _Retrieval:
+    """Cluster r's retrieval (its noisy centre and threshold) and selection, as (retrieved,
+    number selected); keyed in the store, and kept: a second call replays. The centre sums
+    are computed once, at the first call."""
+
+    def __init__(self, store: Any, corpus: Corpus, scfg: SynRAGConfig) -> None:
+        self.store, self.corpus, self.scfg = store, corpus, scfg
+        self.sigma_mu = centre_sigma(scfg.rho_centre)
+        self.sums: list[np.ndarray] = []
+        self.retrieved: dict[int, tuple[Retrieved, int]] = {}
+
+    def __call__(self, r: int) -> tuple[Retrieved, int]:
+        if r not in self.retrieved:
+            corpus, scfg = self.corpus, self.scfg
+            if not self.sums:
+                self.sums.append(corpus.centre_sums())
+            key = f"cluster/{r:04d}"
+            got = retrieve_in_cluster(self.store, key, self.sums[0][r],
+                                      lambda d: corpus.threshold_counts(r, d),
+                                      sigma_mu=self.sigma_mu, eps_theta=scfg.eps_theta,
+                                      target=scfg.target_size)
+            self.retrieved[r] = got, corpus.select(key, r, got.direction, got.theta)
+        return self.retrieved[r]
+
+
+def _predict_on_ray(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any, gen: Any,
+                    corpus: Corpus, seeds: np.ndarray, clip: float, note: Notice,
+                    retrieve: _Retrieval,
+                    prompts_of: Callable[[int], tuple[Support | None, Rephrase]]
+                    ) -> dict[int, Any]:
+    """Every pending cluster's private prediction at once on Ray (.ray_prediction): the
+    workers fetch S_r from the shards; the tokens are still released here, by this session,
+    in cluster order. Cluster r -> (prediction, private tokens)."""
+    from .ray_prediction import OnShards, cluster_predictions
+
+    jobs = [(r, f"cluster/{r:04d}", OnShards(corpus.shards, retrieve(r)[1]),
+             *prompts_of(seeds[r]))
+            for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
+    note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
+         "workers)")  # the cluster count follows the released histogram
+    return cluster_predictions(
+        cfg, store, gen, jobs, tokens=scfg.tokens,
+        clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens,
+        rows=stepper_rows(scfg),
+        shortcut=shortcut_of(scfg, clip))
+
+
+def _note_size(note: Notice, scfg: SynRAGConfig, r: int, keyword: str, size: int,
+               selected: int) -> None:
+    """Warn (operator only) of an empty cluster, or one with fewer than k documents
+    selected: its releases are still made and charged."""
+    if size == 0:
+        note.private(f"cluster {r} ('{keyword}') is empty: its releases are still made "
+                     "and charged (pure noise output, usually removed by "
+                     "self-filtering)", warn=True, cluster=r)
+    elif selected < scfg.target_size:
+        note.private(f"cluster {r} ('{keyword}') has fewer than k = "
+                     f"{scfg.target_size} documents above its threshold: its text "
+                     "rests on fewer documents (same charge)", warn=True, cluster=r)
