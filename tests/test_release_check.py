@@ -1107,6 +1107,23 @@ def census_run(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[An
             return fn(texts, *args, **kwargs)
         return detect
 
+    if name == "dp_finetune":  # DP-SGD's per-record gradients: the pass over the records
+        from dpsynth.methods.dpfinetune.train import DPSGD
+        from test_dp_finetune import _tiny_model_dir
+
+        clipped_sum = DPSGD.clipped_sum
+
+        def training(self: Any, rows: Any) -> Any:
+            if len(rows):
+                calls.append(PassCall("train", "DPSGD.clipped_sum", production_frames() | {
+                    "dpsynth.methods.dpfinetune.train:DPSGD.clipped_sum"}))
+            return clipped_sum(self, rows)
+
+        monkeypatch.setattr(DPSGD, "clipped_sum", training)
+        CENSUS_SIZES["dp_finetune"] = {
+            "privacy.noise": "seeded", "generators": [{"model": str(_tiny_model_dir(tmp))}],
+            "dp_finetune": {"secure_mode": False, "records": 21, "batch_size": 7,
+                            "max_tokens": 16, "samples": 2, "max_new_tokens": 4}}
     monkeypatch.setattr(secrets, "find_in_texts", watched(secrets.find_in_texts))
     monkeypatch.setattr(secrets, "find_secrets", watched(secrets.find_secrets))
     fake = FakeGenerator("fake-g0")

@@ -85,6 +85,7 @@ ENTRY_POINTS: dict[str, frozenset[str]] = {
                         "dpsynth.compute.ray_engine:embed_rows"}),
     "logits": frozenset({"dpsynth.methods.synrag.private_prediction:open_documents"}),
     "secrets": frozenset({"dpsynth.secrets:find_in_texts"}),
+    "train": frozenset({"dpsynth.methods.dpfinetune.train:DPSGD.clipped_sum"}),
 }
 
 
@@ -315,10 +316,62 @@ def check_secrets(request: pytest.FixtureRequest, tmp: Path) -> None:
     same_for_others(secrets_pass, PII_DOCS)
 
 
+def train_pass(smollm: Any, docs: list[str]) -> list[Any]:
+    """DP-SGD's exact sum of clipped per-sample gradients (DPSGD.clipped_sum) with the
+    dp_finetune defaults (per-sample gradients of one record per pass) on a LoRA adapter of a
+    fresh copy of the real generator, after one noisy step so the adapter's B is not zero:
+    per record its own contribution (the sum over it alone), then the sum over all of them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpsynth.methods.dpfinetune.config import DPFineTuneConfig
+    from dpsynth.methods.dpfinetune.train import (
+        DPSGD,
+        StepSettings,
+        attach_lora,
+        make_examples,
+    )
+    from dpsynth.privacy import SeededNoise
+
+    s = DPFineTuneConfig()
+    torch.manual_seed(0)  # the adapter's A is initialised at random: the same on both sides
+    model = attach_lora(AutoModelForCausalLM.from_pretrained(str(smollm.model_dir),
+                                                             dtype=torch.float32),
+                        s.lora_rank, s.lora_alpha, s.target_modules)
+    with torch.no_grad():  # a public, fixed non-zero B (the adapter after some training)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.full_like(p, 1e-3))
+    examples = make_examples(smollm.tokenizer, ["About the clinic."] * len(docs), docs,
+                             s.max_tokens, smollm.eos_token_id)
+    settings = StepSettings(1.0, 1.0, 1, float(len(docs)), s.max_grad_norm, s.learning_rate,
+                            clipping=s.clipping, micro_batch=s.micro_batch, secure=False)
+    trainer = DPSGD(model, examples, settings, Path("/nonexistent"), SeededNoise(0).spawn,
+                    smollm.pad_token_id)
+    own = [np.concatenate([t.numpy().ravel() for t in trainer.clipped_sum(np.array([i]))[0]])
+           for i in range(len(docs))]
+    total = np.concatenate([t.numpy().ravel()
+                            for t in trainer.clipped_sum(np.arange(len(docs)))[0]])
+    return [*own, total]
+
+
+def check_train(request: pytest.FixtureRequest, tmp: Path) -> None:
+    """Each record's clipped gradient is the same whatever else is in the batch, and adding a
+    record moves the exact (integer fixed-point) clipped sum by that record's own clipped
+    gradient, bit for bit: the sensitivity C that DP-SGD's accounting assumes."""
+    smollm = request.getfixturevalue("smollm")
+    alone = train_pass(smollm, DOCS)
+    added = train_pass(smollm, [EXTRA, *DOCS])
+    for i, (a, b) in enumerate(zip(alone[:-1], added[1:-1], strict=True)):
+        assert a.tobytes() == b.tobytes(), f"record {i}: its clipped gradient moved"
+    assert (added[-1] - alone[-1]).tobytes() == added[0].tobytes()
+    assert np.abs(added[0]).max() > 0
+
+
 #: the check of each pass a method may declare
 CHECKS: dict[str, Callable[[pytest.FixtureRequest, Path], None]] = {
     "keywords": check_keywords, "embed": check_embed, "logits": check_logits,
-    "secrets": check_secrets,
+    "secrets": check_secrets, "train": check_train,
 }
 
 

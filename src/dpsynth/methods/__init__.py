@@ -23,6 +23,7 @@ REGISTRY: dict[str, str] = {
     "wasp": "dpsynth.methods.wasp:Wasp",
     "secpe": "dpsynth.methods.secpe:SecPE",
     "synrag": "dpsynth.methods.synrag.method:SynRAG",
+    "dp_finetune": "dpsynth.methods.dpfinetune.method:DPFineTune",
 }
 
 #: old spellings accepted on read (run folders written before the rename)

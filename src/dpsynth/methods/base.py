@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 Guarantee = Literal["dp", "none", "secret-protection", "public"]
 #: the model passes over private records a method may make (:attr:`Method.private_passes`):
 #: embedding the records, the LLM's keywords of a document, next-token logits of a document,
-#: secret (PII) detection in a record
-PRIVATE_PASSES = ("embed", "keywords", "logits", "secrets")
+#: secret (PII) detection in a record, a record's per-sample gradient in DP-SGD (its own forward
+#: and backward pass: no batch statistic such as batch normalisation couples records)
+PRIVATE_PASSES = ("embed", "keywords", "logits", "secrets", "train")
 
 
 @dataclass

@@ -1,0 +1,58 @@
+"""The ``dp_finetune:`` section of a run config: standard DP-SGD hyperparameters (Abadi et al.
+2016; Opacus's names) with safe defaults, the LoRA adapter, and how the release is sampled."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ...config import Section
+
+
+class DPFineTuneConfig(Section):
+    """DP-SGD on a LoRA adapter of the configured local generator (docs: issue 45)."""
+
+    lora_rank: int = Field(8, ge=1, le=256, description="rank r of the LoRA adapter")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling alpha (update x alpha / r)")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1,
+        description="the linear layers that get an adapter (names in the model)")
+    lora_layers: int | None = Field(
+        None, ge=1, description="adapters on the last k transformer layers only (the backward "
+                                "pass stops below them: faster); None = every layer")
+    epochs: float = Field(1.0, gt=0, le=1000,
+                          description="passes over the data: steps T = ceil(epochs / q)")
+    batch_size: int = Field(32, ge=1, description="expected Poisson batch B (q = B / records)")
+    records: int | None = Field(
+        None, ge=1,
+        description="public record count that sets q = B / records and T (required; "
+                    "Poisson sampling's guarantee holds whatever the true count). None: the "
+                    "private count, research mode only (privacy.noise: seeded; q and T then "
+                    "stay in private/)")
+    micro_batch: int = Field(8, ge=1, description="records per forward pass with hooks / ghost")
+    learning_rate: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
+    max_grad_norm: float = Field(1.0, gt=0, description="per-sample clip C (L2)")
+    max_tokens: int = Field(64, ge=8, le=4096,
+                            description="tokens per training text (label sentence + record)")
+    clipping: Literal["loop", "hooks", "ghost"] = Field(
+        "loop", description="per-sample gradients: one record per forward and backward pass "
+                            "(loop: no pass mixes records, each record's clipped gradient "
+                            "bit-identical whatever else is in the batch), or on micro-batches "
+                            "with Opacus's hooks or ghost clipping (norms only, two backward "
+                            "passes), equal to loop's up to float rounding only; "
+                            "benchmarks/results/dp_finetune.md measures them")
+    checkpoint_every: int = Field(1, ge=1, description="steps between checkpoints")
+    secure_mode: bool = Field(
+        True, description="noise from the OS CSPRNG (needs privacy.noise: secure), each "
+                          "Gaussian as the sum of 4 draws / 2 against floating-point attacks "
+                          "(Holohan & Braghin 2021, section 5.1; Opacus's secure_mode)")
+    label_split: Literal["noisy_counts", "uniform"] = Field(
+        "noisy_counts", description="samples per label: from DP noisy label counts, or even")
+    label_count_sigma: float = Field(
+        20.0, gt=0, description="std of the discrete Gaussian on the label counts")
+    samples: int = Field(100, ge=1, description="synthetic texts to release")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the release")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, ge=1, le=4096)
+    sample_batch: int = Field(16, ge=1, description="prompts per generate call")

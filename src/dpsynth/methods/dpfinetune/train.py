@@ -1,0 +1,352 @@
+"""DP-SGD on a LoRA adapter (Abadi et al. 2016, Algorithm 1; Hu et al. 2022), resumable.
+
+Each step t: Poisson sampling (every record in the batch with probability q, coins from the
+session's stream ``dp_sgd/step{t}/poisson``), one record's loss = the mean next-token loss of
+its own tokens after the label prompt, its gradient g_i over the adapter clipped to
+g_i min(1, C / ||g_i||), the clipped gradients summed EXACTLY (each truncated towards zero onto
+the 2^-32 fixed-point grid and added as integers, so the sum does not depend on the order or
+grouping of the records), then sum + N(0, (sigma C)^2 I) (stream ``dp_sgd/step{t}/noise``),
+divided by the expected batch B, and an AdamW step (post-processing).
+
+Per-sample gradients (``clipping``): ``loop``, one record per forward and backward pass (no
+batch mixes records at all); ``hooks``, Opacus's GradSampleModule (per-sample gradients of a
+micro-batch from its hooks); ``ghost``, Opacus's fast gradient clipping (per-sample norms
+without the gradients, then a second backward pass of the clipped loss: Li et al. 2022,
+"Large language models can be strong differentially private learners", and Bu et al. 2023).
+The models here have no batch normalisation: a record's per-sample gradient is a function of
+that record alone (layer/RMS norms and attention act within one sequence; right padding and
+the attention mask keep padded positions out).
+
+Checkpoints (``private/dp-finetune/checkpoint.pt``, mode 0600) hold the adapter, AdamW's
+state and the next step; the noise and coins of step t come from keyed streams, so a resumed
+run continues at the step after the last checkpoint and, with seeded noise, redraws exactly
+what the killed one drew (with secure noise a step that was never checkpointed was never
+released either; the budget was charged once, before step 0, for all T steps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: fixed-point grid of the exact sum of clipped gradients
+GRID_BITS = 32
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training record as token ids; the loss is on ``ids[start:]`` (the record after
+    its label prompt, and the end-of-text token)."""
+
+    ids: tuple[int, ...]
+    start: int
+
+
+def make_examples(tokenizer: Any, prompts: Sequence[str], texts: Sequence[str],
+                  max_tokens: int, eos_id: int) -> list[Example]:
+    """``"<label sentence>\\n<record text><eos>"`` per record, cut at ``max_tokens``."""
+    out = []
+    for prompt, text in zip(prompts, texts, strict=True):
+        head = list(tokenizer.encode(prompt + "\n", add_special_tokens=True))
+        body = list(tokenizer.encode(text, add_special_tokens=False)) + [int(eos_id)]
+        ids = (head + body)[:max_tokens]
+        start = min(len(head), len(ids) - 1)
+        out.append(Example(tuple(int(i) for i in ids), max(1, start)))
+    return out
+
+
+def attach_lora(model: Any, rank: int, alpha: float, targets: Sequence[str],
+                last_layers: int | None = None) -> Any:
+    """The model with a LoRA adapter on ``targets`` (no dropout: a step is a function of its
+    batch, the noise and the state alone), on the last ``last_layers`` transformer layers
+    only when given (nothing below them is trainable, so backward passes stop there); only
+    the adapter is trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    layers = None
+    if last_layers is not None:
+        total = int(model.config.get_text_config().num_hidden_layers)
+        layers = list(range(max(0, total - last_layers), total))
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
+                     bias="none", layers_to_transform=layers)
+    return get_peft_model(model, cfg)
+
+
+def trainable(model: Any) -> list[tuple[str, Any]]:
+    """The trainable parameters, in name order (the order of the noise draws)."""
+    return sorted(((n, p) for n, p in model.named_parameters() if p.requires_grad),
+                  key=lambda item: item[0])
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> tuple[Any, Any, Any]:
+    """Right-padded ids, attention mask and the loss mask of the targets (shifted by one)."""
+    import torch
+
+    width = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), width), int(pad_id), dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    target = torch.zeros((len(examples), width - 1), dtype=torch.bool)
+    for i, e in enumerate(examples):
+        ids[i, :len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
+        attn[i, :len(e.ids)] = 1
+        target[i, e.start - 1:len(e.ids) - 1] = True
+    return ids, attn, target
+
+
+def per_sample_loss(model: Any, ids: Any, attn: Any, target: Any) -> Any:
+    """Each record's mean next-token cross-entropy over its own target tokens ([b])."""
+    import torch
+
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1, :]
+    tok = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+        reduction="none").view(ids.shape[0], -1)
+    mask = target.to(tok.dtype)
+    return (tok * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+def to_grid(x: Any) -> Any:
+    """x truncated towards zero onto the 2^-32 grid, as int64 multiples (|x| <= C)."""
+    import torch
+
+    return torch.trunc(x.double() * float(2**GRID_BITS)).to(torch.int64)
+
+
+def gaussian(source: Any, size: int, secure: bool) -> np.ndarray:
+    """N(0, 1) draws from a noise source; ``secure``: each the sum of 4 draws divided by 2
+    (Holohan & Braghin 2021, section 5.1, n = 2; what Opacus's secure_mode does)."""
+    if not secure:
+        return np.asarray(source.normal(size), dtype=np.float64)
+    z = np.asarray(source.normal((4, size)), dtype=np.float64)
+    return z.sum(axis=0) / 2.0
+
+
+@dataclass
+class StepSettings:
+    """What one DP-SGD run is (all fixed before step 0)."""
+
+    noise_multiplier: float
+    q: float
+    steps: int
+    expected_batch: float
+    clip: float
+    learning_rate: float
+    clipping: str = "loop"
+    micro_batch: int = 8
+    checkpoint_every: int = 1
+    secure: bool = True
+
+
+class DPSGD:
+    """The DP-SGD loop over ``examples`` on ``model`` (its trainable parameters: the adapter),
+    checkpointed in ``folder``; ``noise_for(key)`` is the session's keyed noise stream."""
+
+    def __init__(self, model: Any, examples: Sequence[Example], settings: StepSettings,
+                 folder: Path, noise_for: Callable[[str], Any], pad_id: int,
+                 on_step: Callable[[int, dict[str, Any]], None] | None = None,
+                 on_checkpoint: Callable[[str], None] | None = None) -> None:
+        import torch
+
+        self.model = model
+        self.examples = list(examples)
+        self.s = settings
+        self.folder = Path(folder)
+        self.noise_for = noise_for
+        self.pad_id = int(pad_id)
+        self.on_step = on_step
+        self.on_checkpoint = on_checkpoint
+        self.params = trainable(model)
+        self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=settings.learning_rate)
+        self.step = 0
+        self._engine: Any = None
+
+    # -- checkpoints -------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.folder / CHECKPOINT
+
+    def save(self) -> None:
+        """Adapter, optimizer state and the next step, written atomically (mode 0600)."""
+        import torch
+
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.folder / f".{CHECKPOINT}.tmp-{os.getpid()}"
+        state = {"step": self.step,
+                 "adapter": {n: p.detach().clone() for n, p in self.params},
+                 "optimizer": self.optimizer.state_dict(),
+                 "settings": self.s.__dict__}
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.checkpoint_path)
+
+    def load(self) -> bool:
+        """Continue from the last checkpoint (False: none). A checkpoint of other settings is
+        refused (the run's locked config cannot change on resume)."""
+        import torch
+
+        if not self.checkpoint_path.is_file():
+            return False
+        state = torch.load(self.checkpoint_path, weights_only=True)
+        if state["settings"] != self.s.__dict__:
+            raise RuntimeError(f"{self.checkpoint_path}: written with other DP-SGD settings")
+        with torch.no_grad():
+            for n, p in self.params:
+                p.copy_(state["adapter"][n])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        return True
+
+    # -- one step ----------------------------------------------------------------------------
+    def batch(self, t: int) -> np.ndarray:
+        """Step t's Poisson batch: record i with probability q (its own coin)."""
+        coins = self.noise_for(f"dp_sgd/step{t}/poisson").uniform(len(self.examples))
+        return np.flatnonzero(np.asarray(coins) < self.s.q)
+
+    def _ensure_engine(self) -> Any:
+        if self._engine is not None or self.s.clipping == "loop":
+            return self._engine
+        if self.s.clipping == "hooks":
+            from opacus.grad_sample import GradSampleModule
+
+            self._engine = GradSampleModule(self.model, batch_first=True, loss_reduction="sum",
+                                            strict=False)
+        else:
+            from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import (
+                GradSampleModuleFastGradientClipping,
+            )
+
+            self._engine = GradSampleModuleFastGradientClipping(
+                self.model, batch_first=True, loss_reduction="sum", strict=False,
+                max_grad_norm=self.s.clip, use_ghost_clipping=True)
+        return self._engine
+
+    def clipped_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
+        """The exact fixed-point sum of the clipped per-sample gradients of ``rows`` (one int64
+        tensor per parameter) and the summed loss (private: for the private log only)."""
+        import torch
+
+        sums = [torch.zeros(p.shape, dtype=torch.int64) for _, p in self.params]
+        total = 0.0
+        size = 1 if self.s.clipping == "loop" else self.s.micro_batch
+        engine = self._ensure_engine()
+        for lo in range(0, len(rows), size):
+            chunk = [self.examples[int(i)] for i in rows[lo:lo + size]]
+            ids, attn, target = collate(chunk, self.pad_id)
+            for _, p in self.params:
+                p.grad = None
+                if hasattr(p, "grad_sample"):
+                    p.grad_sample = None
+            if self.s.clipping == "loop":
+                loss = per_sample_loss(self.model, ids, attn, target)
+                loss.sum().backward()
+                grads = [p.grad.unsqueeze(0) for _, p in self.params]
+                clipped = self._clip(grads)
+            elif self.s.clipping == "hooks":
+                loss = per_sample_loss(engine, ids, attn, target)
+                loss.sum().backward()
+                clipped = self._clip([p.grad_sample for _, p in self.params])
+            else:
+                loss = per_sample_loss(engine, ids, attn, target)
+                loss.sum().backward(retain_graph=True)
+                coef = engine.get_clipping_coef().detach()
+                for _, p in self.params:
+                    p.grad = None
+                engine.disable_hooks()
+                try:
+                    (coef * loss).sum().backward()
+                finally:
+                    engine.enable_hooks()
+                clipped = [p.grad.unsqueeze(0) for _, p in self.params]
+            for acc, c in zip(sums, clipped, strict=True):
+                acc += to_grid(c).sum(dim=0)
+            total += float(loss.detach().sum())
+        for _, p in self.params:
+            p.grad = None
+            if hasattr(p, "grad_sample"):
+                p.grad_sample = None
+        return sums, total
+
+    def _clip(self, grads: list[Any]) -> list[Any]:
+        """g_i min(1, C / (||g_i|| + 1e-6)) for each row i of the per-sample gradients."""
+        import torch
+
+        flat = torch.stack([g.reshape(g.shape[0], -1).double().norm(dim=1) for g in grads])
+        norms = flat.norm(dim=0)
+        coef = (self.s.clip / (norms + 1e-6)).clamp(max=1.0)
+        return [g.double() * coef.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+
+    def noisy_gradient(self, t: int, sums: list[Any]) -> list[Any]:
+        """(sum + N(0, (sigma C)^2 I)) / B with step t's own noise stream."""
+        import torch
+
+        source = self.noise_for(f"dp_sgd/step{t}/noise")
+        std = self.s.noise_multiplier * self.s.clip
+        out = []
+        for (_, p), acc in zip(self.params, sums, strict=True):
+            z = gaussian(source, p.numel(), self.s.secure).reshape(tuple(p.shape))
+            exact = acc.double() / float(2**GRID_BITS)
+            g = (exact + std * torch.from_numpy(z)) / self.s.expected_batch
+            out.append(g.to(p.dtype))
+        return out
+
+    def run(self, resume: bool = True) -> dict[str, Any]:
+        """Train to step T from the last checkpoint; returns public facts (steps, seconds)."""
+        if resume:
+            self.load()
+        start = self.step
+        t0 = time.perf_counter()
+        self.model.train()
+        while self.step < self.s.steps:
+            t = self.step
+            rows = self.batch(t)
+            sums, loss = self.clipped_sum(rows)
+            for (_, p), g in zip(self.params, self.noisy_gradient(t, sums), strict=True):
+                p.grad = g
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step = t + 1
+            saved = self.step % self.s.checkpoint_every == 0 or self.step == self.s.steps
+            if saved:
+                self.save()
+            if self.on_step is not None:
+                self.on_step(self.step, {"batch": int(len(rows)),
+                                         "loss": loss / max(1, len(rows))})
+            if saved and self.on_checkpoint is not None:  # the caller's hook (tests: a kill)
+                self.on_checkpoint(f"dp_sgd-{self.step:05d}")
+        self.model.eval()
+        if self._engine is not None:
+            self._engine.cleanup()
+            self._engine = None
+        return {"steps_run": self.step - start, "seconds": time.perf_counter() - t0}
+
+
+def step_logger(path: Path, epsilon_at: Callable[[int], float]
+                ) -> Callable[[int, dict[str, Any]], None]:
+    """Append each step's private facts (batch size, loss) and the accountant's epsilon after
+    it to ``path`` (private/ only, mode 0600)."""
+
+    def log(step: int, facts: dict[str, Any]) -> None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        row = {"step": step, **facts, "epsilon": epsilon_at(step)}
+        with os.fdopen(fd, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    return log
+
+
+def isfinite_settings(s: StepSettings) -> bool:
+    """All numeric settings finite (a guard before step 0)."""
+    return all(math.isfinite(float(v)) for v in (s.noise_multiplier, s.q, s.expected_batch,
+                                                  s.clip, s.learning_rate))

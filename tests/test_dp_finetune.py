@@ -1,0 +1,459 @@
+"""method dp_finetune (issue 45): exact tests of the accounting (the dp_accounting event of T
+Poisson-subsampled Gaussian steps, cross-checked against Opacus's own RDP and PRV accountants
+and dp_accounting's), the plan solving sigma before any model loads, checkpoint / resume on a
+tiny randomly initialised Llama (no download), and one short run on the real SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("opacus")
+pytest.importorskip("peft")
+
+from dpsynth.methods.dpfinetune import accounting  # noqa: E402
+from dpsynth.methods.dpfinetune.train import (  # noqa: E402
+    DPSGD,
+    Example,
+    StepSettings,
+    attach_lora,
+)
+
+#: (q, sigma, T) of the cross-checks: a long small-q run, a short one, a large q
+CASES = [(0.01, 1.0, 1000), (0.064, 0.9, 16), (0.2, 2.0, 50)]
+DELTA = 1e-5
+INT_ORDERS = [2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 32.0, 64.0]
+
+
+# ------------------------------------------------------------------------------ accounting
+def test_the_event_is_the_poisson_subsampled_gaussian_self_composed() -> None:
+    from dp_accounting import dp_event
+
+    ev = accounting.dp_sgd_dp_event(0.9, 0.064, 16)
+    assert ev == dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(0.064, dp_event.GaussianDpEvent(0.9)), 16)
+    # the session's release event says the same to the accountant
+    assert accounting.dp_sgd_event(0.9, 0.064, 16).dp_event() == ev
+
+
+@pytest.mark.parametrize(("q", "sigma", "steps"), CASES)
+def test_rdp_matches_opacus_order_by_order(q: float, sigma: float, steps: int) -> None:
+    """The RDP of the event (dp_accounting) equals Opacus's compute_rdp at every integer
+    order, and both convert to the same epsilon."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    acc = rdp_lib.RdpAccountant(INT_ORDERS)
+    acc.compose(accounting.dp_sgd_dp_event(sigma, q, steps))
+    ours = np.asarray(acc._rdp)
+    theirs = opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=INT_ORDERS)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9)
+    eps_theirs = opacus_rdp.get_privacy_spent(orders=INT_ORDERS, rdp=theirs, delta=DELTA)[0]
+    assert acc.get_epsilon(DELTA) == pytest.approx(eps_theirs, rel=1e-9)
+
+
+@pytest.mark.parametrize(("q", "sigma", "steps"), CASES)
+def test_run_epsilon_against_dp_accounting_and_opacus(q: float, sigma: float,
+                                                      steps: int) -> None:
+    """The project's accountant on the run's events: 'pld' is dp_accounting's PLD of the
+    event (exactly) and within 1% of Opacus's PRV accountant; 'rdp' is within 0.1% of
+    Opacus's RDP accountant (another grid of orders)."""
+    from dp_accounting.pld import pld_privacy_accountant as pld_lib
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    pld = pld_lib.PLDAccountant()
+    pld.compose(accounting.dp_sgd_dp_event(sigma, q, steps))
+    ours_pld = accounting.run_epsilon(sigma, q, steps, DELTA, "pld")
+    assert ours_pld == pytest.approx(pld.get_epsilon(DELTA), rel=1e-9)
+    prv = PRVAccountant()
+    prv.history = [(sigma, q, steps)]
+    assert ours_pld == pytest.approx(prv.get_epsilon(DELTA), rel=1e-2)
+    rdp = RDPAccountant()
+    rdp.history = [(sigma, q, steps)]
+    assert accounting.run_epsilon(sigma, q, steps, DELTA, "rdp") == pytest.approx(
+        rdp.get_epsilon(DELTA), rel=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["pld", "rdp"])
+def test_solved_noise_multiplier_is_the_smallest_that_meets_the_target(kind: str) -> None:
+    q, steps = accounting.schedule(2000, 64, 3.0)
+    assert (q, steps) == (0.032, 94)
+    for label_sigma in (None, 20.0):
+        sigma = accounting.solve_noise_multiplier(4.0, DELTA, q, steps, kind, label_sigma)
+        assert accounting.run_epsilon(sigma, q, steps, DELTA, kind, label_sigma) <= 4.0
+        assert accounting.run_epsilon(sigma - 2e-3, q, steps, DELTA, kind, label_sigma) > 4.0
+    # the label counts take part of the budget: more gradient noise with them
+    assert (accounting.solve_noise_multiplier(4.0, DELTA, q, steps, kind, 20.0)
+            > accounting.solve_noise_multiplier(4.0, DELTA, q, steps, kind, None))
+
+
+def test_schedule_and_accountants() -> None:
+    assert accounting.schedule(100, 200, 1.0) == (1.0, 1)  # B >= n: full batch
+    assert accounting.schedule(1000, 10, 0.5) == (0.01, 50)
+    from dpsynth.config import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot account"):
+        accounting.check_accountant("zcdp")
+
+
+# --------------------------------------------------------------------------------- the plan
+def _config(data: Path, **section: Any) -> dict[str, Any]:
+    return {"method": "dp_finetune",
+            "data": {"path": str(data), "text": "text", "labels": ["label"],
+                     "label_values": {"label": ["billing", "clinical"]}},
+            "privacy": {"epsilon": 2.0, "delta": 1e-5, "noise": "seeded", "seed": 11,
+                        "accountant": "rdp"},
+            "prompts": {"label_template": "About {label}."},
+            "dp_finetune": {"secure_mode": False, **section}}
+
+
+def _rows(n: int) -> list[dict[str, str]]:
+    return [{"text": f"patient {i} asks about {'a bill' if i % 3 else 'a fever'} today",
+             "label": "billing" if i % 3 else "clinical"} for i in range(n)]
+
+
+def _write(path: Path, rows: list[dict[str, str]]) -> Path:
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=["text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_plan_solves_sigma_before_any_model_loads(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsynth.config import parse_config
+    from dpsynth.data import load_dataset
+    from dpsynth.llm import local
+    from dpsynth.methods import get_method
+    from dpsynth.run_folder import RunDir
+
+    def no_model(*a: Any, **k: Any) -> None:
+        raise AssertionError("plan loaded a model")
+
+    monkeypatch.setattr(local.LocalGenerator, "__init__", no_model)
+    cfg = parse_config(_config(_write(tmp_path / "d.csv", _rows(50)), batch_size=5,
+                               epochs=2))
+    ds = load_dataset(tmp_path / "d.csv", "text", ["label"],
+                      label_values={"label": ["billing", "clinical"]})
+    run = RunDir(tmp_path / "run")
+    run.private.mkdir(parents=True)
+    method = get_method("dp_finetune")
+    plan = method.plan(cfg, ds, run)
+    assert plan.guarantee == "dp" and plan.target == (2.0, 1e-5)
+    assert plan.notes["q"] == 0.1 and plan.notes["steps"] == 20
+    assert plan.sigma == accounting.solve_noise_multiplier(2.0, 1e-5, 0.1, 20, "rdp", 20.0)
+    saved = json.loads((run.private / "plan.json").read_text())
+    assert saved["noise_multiplier"] == plan.sigma and saved["records"] == 50
+
+
+def test_check_refuses_what_it_cannot_state(tmp_path: Path) -> None:
+    from dpsynth.config import ConfigError, parse_config
+    from dpsynth.methods import get_method
+
+    data = _write(tmp_path / "d.csv", _rows(10))
+    method = get_method("dp_finetune")
+    for over, match in ((("privacy", "accountant", "zcdp"), "cannot account"),
+                        (("privacy", "unit", "user"), "record-level"),
+                        (("dp_finetune", "secure_mode", True), "secure_mode")):
+        raw = _config(data)
+        raw[over[0]][over[1]] = over[2]
+        with pytest.raises(ConfigError, match=match):
+            method.check(parse_config(raw))
+
+
+# ----------------------------------------------------------------- training on a tiny model
+def _tiny(seed: int = 0, vocab: int = 64, last_layers: int | None = None) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=64)
+    return attach_lora(LlamaForCausalLM(cfg), 4, 8.0, ["q_proj", "v_proj"], last_layers)
+
+
+def _examples(n: int = 24) -> list[Example]:
+    rng = np.random.default_rng(5)
+    return [Example(tuple(int(x) for x in rng.integers(1, 64, size=int(rng.integers(6, 14)))),
+                    3) for _ in range(n)]
+
+
+class Keys:
+    """A seeded noise source that records every key it is asked for."""
+
+    def __init__(self, seed: int = 3) -> None:
+        from dpsynth.privacy import SeededNoise
+
+        self.noise = SeededNoise(seed)
+        self.keys: list[str] = []
+
+    def __call__(self, key: str) -> Any:
+        self.keys.append(key)
+        return self.noise.spawn(key)
+
+
+def _settings(**over: Any) -> StepSettings:
+    base = {"noise_multiplier": 1.1, "q": 0.25, "steps": 6, "expected_batch": 6.0, "clip": 1.0,
+            "learning_rate": 5e-2, "clipping": "loop", "micro_batch": 4,
+            "checkpoint_every": 1, "secure": False}
+    return StepSettings(**{**base, **over})
+
+
+def _adapter(model: Any) -> dict[str, bytes]:
+    return {n: p.detach().numpy().tobytes() for n, p in model.named_parameters()
+            if p.requires_grad}
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_kill_and_resume_continues_from_the_last_checkpoint(tmp_path: Path, every: int) -> None:
+    """A run stopped after step 3 (checkpointed after step 3 with every = 1, after step 2
+    with every = 2) and resumed in a fresh process (a fresh model) ends with the same adapter,
+    bit for bit, as a run never stopped: no step is skipped, none of the checkpointed steps is
+    redone, a redone step draws the same coins and noise from its keyed streams."""
+    whole_keys = Keys()
+    whole = _tiny()
+    DPSGD(whole, _examples(), _settings(checkpoint_every=every), tmp_path / "a", whole_keys,
+          0).run()
+
+    def kill(name: str) -> None:
+        if name == "dp_sgd-00003" or (every == 2 and name == "dp_sgd-00002"):
+            raise Killed
+
+    first = _tiny()
+    keys1 = Keys()
+    stopped = DPSGD(first, _examples(), _settings(checkpoint_every=every), tmp_path / "b",
+                    keys1, 0, on_checkpoint=kill)
+    with pytest.raises(Killed):
+        stopped.run()
+    done = 3 if every == 1 else 2
+    assert stopped.step == done
+    second = _tiny()  # a fresh process: the same base model, the adapter from the checkpoint
+    keys2 = Keys()
+    resumed = DPSGD(second, _examples(), _settings(checkpoint_every=every), tmp_path / "b",
+                    keys2, 0)
+    facts = resumed.run()
+    assert facts["steps_run"] == 6 - done
+    assert _adapter(second) == _adapter(whole)
+    assert not any(f"step{t}/" in k for k in keys2.keys for t in range(done))
+    assert keys1.keys + keys2.keys == whole_keys.keys[:2 * done] + whole_keys.keys[2 * done:]
+
+
+def test_a_finished_run_resumed_trains_nothing(tmp_path: Path) -> None:
+    model = _tiny()
+    DPSGD(model, _examples(), _settings(steps=2), tmp_path, Keys(), 0).run()
+    again = _tiny()
+    keys = Keys()
+    assert DPSGD(again, _examples(), _settings(steps=2), tmp_path, keys, 0).run()[
+        "steps_run"] == 0
+    assert keys.keys == [] and _adapter(again) == _adapter(model)
+    with pytest.raises(RuntimeError, match="other DP-SGD settings"):
+        DPSGD(_tiny(), _examples(), _settings(steps=3), tmp_path, Keys(), 0).run()
+
+
+def test_the_clipped_sum_is_exact_and_rows_apart(tmp_path: Path) -> None:
+    """One record added to a batch moves the exact (fixed-point integer) sum of clipped
+    gradients by that record's own clipped gradient, bit for bit (``loop``: one record per
+    pass), and every clipped gradient has norm <= C; hooks and ghost clipping compute the same
+    clipped sum up to float rounding."""
+    ex = _examples()
+    trainer = DPSGD(_tiny(), ex, _settings(clip=0.05), tmp_path, Keys(), 0)
+    rows = np.arange(1, 9)
+    base, _ = trainer.clipped_sum(rows)
+    more, _ = trainer.clipped_sum(np.concatenate([[0], rows]))
+    alone, _ = trainer.clipped_sum(np.array([0]))
+    for b, m, a in zip(base, more, alone, strict=True):
+        assert bool(((m - b) == a).all())
+    norm = math.sqrt(sum(float((a.double() / 2**32).pow(2).sum()) for a in alone))
+    assert 0 < norm <= 0.05
+    for mode in ("hooks", "ghost"):
+        other = DPSGD(_tiny(), ex, _settings(clip=0.05, clipping=mode, micro_batch=3),
+                      tmp_path / mode, Keys(), 0)
+        sums, _ = other.clipped_sum(rows)
+        for b, s in zip(base, sums, strict=True):
+            np.testing.assert_allclose(s.double().numpy() / 2**32, b.double().numpy() / 2**32,
+                                       atol=1e-6)
+
+
+def test_the_noise_has_the_planned_scale(tmp_path: Path) -> None:
+    """An empty batch: the update direction is the noise alone, (sigma C / B) N(0, I)."""
+    model = _tiny()
+    trainer = DPSGD(model, _examples(), _settings(noise_multiplier=2.0, clip=0.5,
+                                                  expected_batch=4.0), tmp_path, Keys(), 0)
+    zeros = [np.zeros(p.shape, dtype=np.int64) for _, p in trainer.params]
+    import torch
+
+    grads = trainer.noisy_gradient(0, [torch.from_numpy(z) for z in zeros])
+    flat = torch.cat([g.reshape(-1) for g in grads]).double().numpy()
+    assert flat.size >= 1024
+    assert np.std(flat) == pytest.approx(2.0 * 0.5 / 4.0, rel=0.1)
+    secure = DPSGD(model, _examples(), _settings(noise_multiplier=2.0, clip=0.5,
+                                                 expected_batch=4.0, secure=True),
+                   tmp_path, Keys(), 0)
+    flat2 = torch.cat([g.reshape(-1) for g in secure.noisy_gradient(
+        0, [torch.from_numpy(z) for z in zeros])]).double().numpy()
+    assert np.std(flat2) == pytest.approx(0.25, rel=0.1)  # sum of 4 / 2: the same std
+
+
+# -------------------------------------------------------------- through the runner: resume
+def _tiny_model_dir(root: Path) -> Path:
+    """A 2-layer, hidden-32 random Llama saved with SmolLM2's tokenizer (from the local model
+    cache; the test skips without it): a local generator directory, no download."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from dpsynth.llm.models import default_model_cache
+
+    src = default_model_cache() / "smollm2"
+    if not (src / "tokenizer.json").is_file():
+        pytest.skip("SmolLM2's converted weights are not in the model cache")
+    tok = AutoTokenizer.from_pretrained(str(src))
+    import torch
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=128, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id)
+    out = root / "tiny-llama"
+    LlamaForCausalLM(cfg).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    for name in ("generation_config.json",):
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
+    return out
+
+
+def _run(cfg: dict[str, Any], out: Path, *, resume: bool = False, hooks: Any = None) -> Path:
+    from dpsynth.api import run_generation
+    from dpsynth.config import parse_config
+
+    return run_generation(parse_config(cfg), out, resume=resume, progress=False, hooks=hooks)
+
+
+def test_kill_and_resume_through_the_runner(tmp_path: Path) -> None:
+    """A run stopped after its third checkpoint and resumed with ``--resume`` releases the
+    same texts as a run never stopped, pays the budget once, and keeps the per-step losses in
+    private/ only."""
+    from dpsynth.hooks import RunHooks
+
+    model_dir = _tiny_model_dir(tmp_path)
+    data = _write(tmp_path / "d.csv", _rows(40))
+    section = {"batch_size": 8, "epochs": 1, "records": 40, "max_tokens": 24, "samples": 4,
+               "max_new_tokens": 8, "sample_batch": 2}
+    raw = _config(data, **section)
+    raw["generators"] = [{"model": str(model_dir)}]
+
+    def ledger(name: str) -> dict[str, Any]:
+        return {**raw, "privacy": {**raw["privacy"],
+                                   "ledger": str(tmp_path / f"{name}.ledger.json")}}
+
+    whole = _run(ledger("whole"), tmp_path / "whole")
+
+    def stop(name: str) -> None:
+        if name == "dp_sgd-00003":
+            raise KeyboardInterrupt
+
+    from dpsynth.errors import DpsynthError
+
+    with pytest.raises((KeyboardInterrupt, DpsynthError)):
+        _run(ledger("killed"), tmp_path / "killed", hooks=RunHooks(on_checkpoint=stop))
+    killed = tmp_path / "killed"
+    assert json.loads((killed / "run.json").read_text())["status"] == "interrupted"
+    _run(ledger("killed"), killed, resume=True)
+    a = (whole / "release" / "synthetic.jsonl").read_text()
+    b = (killed / "release" / "synthetic.jsonl").read_text()
+    assert a == b and len(a.splitlines()) == 4
+    steps = [json.loads(x) for x in (killed / "private" / "dp-finetune" / "steps.jsonl")
+             .read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]  # 5 = ceil(1 / (8 / 40))
+    releases = (killed / "private" / "releases" / "releases.jsonl").read_text()
+    assert releases.count('"key":"dp_sgd"') == 1
+    privacy = json.loads((killed / "release" / "privacy.json").read_text())
+    assert privacy["epsilon"] <= 2.0 and privacy["method"] == "dp_finetune"
+    assert privacy == {**json.loads((whole / "release" / "privacy.json").read_text()),
+                       "releases": privacy["releases"]}
+    for f in (killed / "release").iterdir():
+        assert "loss" not in f.read_text()
+
+
+# ---------------------------------------------------------------------- the real generator
+def test_a_short_run_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
+    """Two DP-SGD steps on SmolLM2-135M (loop per-sample gradients), a handful of records,
+    then 2 samples: the release holds texts and the statement, with epsilon from the
+    accountant at the target."""
+    data = _write(tmp_path / "d.csv", _rows(12))
+    raw = _config(data, batch_size=6, epochs=1, records=12, max_tokens=24, samples=2,
+                  max_new_tokens=8)
+    out = tmp_path / "run"
+    from dpsynth.api import run_generation
+    from dpsynth.config import parse_config
+
+    run_generation(parse_config(raw), out, progress=False, generators=[smollm])
+    rows = [json.loads(x) for x in (out / "release" / "synthetic.jsonl").read_text()
+            .splitlines()]
+    assert len(rows) == 2 and all(r["generator"] == "dp_finetune:smollm2" for r in rows)
+    privacy = json.loads((out / "release" / "privacy.json").read_text())
+    assert privacy["epsilon"] == pytest.approx(2.0, rel=1e-3) and privacy["epsilon"] <= 2.0
+    assert [m["name"] for m in privacy["mechanisms"]] == ["label_counts", "dp_sgd"]
+    assert privacy["mechanisms"][1]["count"] == 2
+    steps = (out / "private" / "dp-finetune" / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == 2
+    # the caller's model was not touched (the adapter went into a fresh copy)
+    assert not any("lora" in n for n, _ in smollm.model.named_parameters())
+
+
+def test_adapters_on_the_last_layers_only() -> None:
+    """``lora_layers: k``: adapters on the last k layers, nothing trainable below them."""
+    model = _tiny(last_layers=1)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all(".layers.1." in n for n in names)
+
+
+def test_a_private_schedule_stays_out_of_the_release(tmp_path: Path) -> None:
+    """Without ``records`` the sampling rate, step count and noise multiplier follow from the
+    exact record count: release/ states epsilon and delta but none of them (private/plan.json
+    and run.json, both outside release/, hold them)."""
+    model_dir = _tiny_model_dir(tmp_path)
+    data = _write(tmp_path / "d.csv", _rows(37))
+    raw = _config(data, batch_size=9, epochs=0.5, max_tokens=16, samples=2, max_new_tokens=4)
+    raw["generators"] = [{"model": str(model_dir)}]
+    out = _run(raw, tmp_path / "run")
+    plan = json.loads((out / "private" / "plan.json").read_text())
+    assert plan["records"] == 37 and plan["steps"] == 3  # ceil(0.5 / (9 / 37))
+    privacy = json.loads((out / "release" / "privacy.json").read_text())
+    assert privacy["epsilon"] <= 2.0 and privacy["noise_multiplier"] is None
+    (sgd,) = [m for m in privacy["mechanisms"] if m["name"] == "dp_sgd"]
+    assert {sgd[k] for k in ("sigma", "sampling_rate", "count", "mu")} == {
+        "private: set from the record count"}
+    text = "".join(f.read_text() for f in (out / "release").iterdir())
+    for secret in (repr(plan["sampling_rate"]), repr(plan["noise_multiplier"])):
+        assert secret not in text
+
+
+def test_a_schedule_from_the_private_count_is_research_mode_only(tmp_path: Path) -> None:
+    """Secure noise (the default) without a public record count is refused before anything
+    is read or charged: q and T would be functions of the private count."""
+    from dpsynth.config import parse_config
+    from dpsynth.errors import ConfigError
+    from dpsynth.methods import get_method
+
+    raw = _config(_write(tmp_path / "d.csv", _rows(10)), batch_size=4)
+    raw["privacy"] = {"epsilon": 2.0, "delta": 1e-5, "accountant": "rdp"}
+    raw["dp_finetune"] = {"batch_size": 4}
+    with pytest.raises(ConfigError, match="dp_finetune.records"):
+        get_method("dp_finetune").check(parse_config(raw))
+    raw["dp_finetune"]["records"] = 10
+    get_method("dp_finetune").check(parse_config(raw))
