@@ -144,4 +144,6 @@ def test_drop_off_task_retries_commentary_on_the_prompt(tmp_path: Path, drop: bo
     summary = json.loads((Path(run) / "release" / "summary.json").read_text())
     assert rows
     assert any(r["text"] == remark for r in rows) is not drop
-    assert (summary["retried"] > 0) is drop
+    # kept, the remark is still retried where it repeats within one call (duplicates are
+    # refused either way); WASP's rounds are separate calls
+    assert summary["retried"] > 0

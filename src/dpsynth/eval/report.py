@@ -34,10 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import require
 from ..files import SHARED_MODE, atomic_write_text
 from ..statement import format_delta, format_epsilon, guarantee_sentence
 from .common import EvalInputError, fmt_metric, fmt_number, is_unavailable
 from .release import RunRelease, load_run
+from .utility import majority_share_of_file
 from .view import InContext, UtilityTable, in_context, utility_tables, verdict, versus_zero_shot
 
 # -- plots ----------------------------------------------------------------------------------
@@ -292,7 +294,6 @@ def _plot(b64: str | None, alt: str) -> dict[str, str] | None:
 
 @functools.lru_cache(maxsize=1)
 def _templates() -> Any:
-    from ..errors import require
 
     jinja2 = require("jinja2", "eval", "the HTML report's templates (jinja2)")
     return jinja2.Environment(loader=jinja2.PackageLoader("dpsynth.eval", "templates"),
@@ -550,7 +551,6 @@ def report_verdict(ev: dict[str, Any]) -> str:
 def _majority_from(ev: dict[str, Any] | None) -> Any:
     """The majority-class rate of a label column read from eval.json's (public) test file,
     for an eval.json without it."""
-    from .utility import majority_share_of_file
 
     test_file = (ev or {}).get("test_file")
     if not test_file or not Path(str(test_file)).is_file():

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .common import MetricUnavailable
+from .release import read_columns
 
 
 def _check_labels(train_y: Sequence[Any], test_y: Sequence[Any], what: str) -> None:
@@ -65,7 +66,6 @@ def majority_scores(test_y: Sequence[Any]) -> dict[str, float]:
 def majority_share_of_file(path: str | Path, column: str) -> float | None:
     """The majority-class rate of ``column`` in a test file (CSV, JSONL, Parquet), or None when
     the file or the column cannot be read (the test set is public to the evaluator)."""
-    from .release import read_columns
 
     try:
         values = read_columns(Path(path), [column]).get(column)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .common import fmt_metric, is_unavailable
+from .utility import difference_interval
 
 #: Row keys of the utility block in table order, with the names the user sees.
 ROWS: tuple[tuple[str, str], ...] = (
@@ -127,7 +128,6 @@ def _interval(syn: float, zs: float, syn_cell: Any, zs_cell: Any, block: Any
     """The 95 % interval of synthetic minus zero-shot accuracy in points, and how it was
     computed ("paired" on the same test examples, or "independent"); (None, None) when the
     test-set size is unknown."""
-    from .utility import difference_interval
 
     paired = _paired(block)
     n_syn, n_zs = _n_test(syn_cell), _n_test(zs_cell)

@@ -287,7 +287,7 @@ class PEMethod(Method):
 def _exact_words(method: PEMethod, config: RunConfig, dataset: Any) -> int | None:
     """The records' length as the plan shows it (exact: terminal and private/plan.json only),
     for a method that estimates it; None when the data is not in this process."""
-    from ..evolution.lengths import exact_max_words
+    from ..evolution.lengths import exact_max_words  # the compute engine: lazy
 
     if not method.sizes_votes or config.synthesis.max_words is not None:
         return None
