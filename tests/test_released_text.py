@@ -274,6 +274,7 @@ class _RecordingTrainer:
     def __call__(self, base: Any, pairs: Any, out: Path, settings: Any, seed: int) -> None:
         from dpsynth.evolution.preference import MARKER
 
+        assert 0 <= seed < 2**31  # torch.manual_seed takes it
         self.calls.append((base, list(pairs), out))
         out.mkdir(parents=True)
         (out / MARKER).write_text("{}")

@@ -25,7 +25,7 @@ from .pool import Pool
 from .preference import PreferencePair, Trainer, is_tuned, ranked_pairs, train_dpo
 from .prompts import render
 from .selection import allocate
-from .textgen import Synthesizer
+from .textgen import Synthesizer, stable_seed
 
 
 def embedder_device(device: str) -> str:
@@ -182,7 +182,8 @@ class Generation:
                         else Path(synth.generator.model_dir))
                 self.log(f"preference training of generator {g} on {len(pairs)} pairs")
                 with step(f"learning from the votes ({len(pairs)} pairs)"):
-                    self.trainer(base, pairs, out, settings, self.seed)
+                    self.trainer(base, pairs, out, settings,
+                                 stable_seed(self.seed, "preference", tag, g))
             self.use_tuned(g, out)
             names.append(out.name)
         return names
