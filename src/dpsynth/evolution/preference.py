@@ -85,10 +85,12 @@ def train_dpo(base: Path | None, pairs: Sequence[PreferencePair], out: Path,
     if base is None:
         raise ValueError("preference training needs a local generator's weights")
     import torch
-    from datasets import Dataset
+    from datasets import Dataset, disable_progress_bars
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import DPOConfig, DPOTrainer
+
+    disable_progress_bars()  # the run's own display shows the step; no library bars or logs
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
@@ -108,6 +110,7 @@ def train_dpo(base: Path | None, pairs: Sequence[PreferencePair], out: Path,
                       task_type="CAUSAL_LM")
     trainer = DPOTrainer(model=model, args=args, train_dataset=data,
                          processing_class=tokenizer, peft_config=lora)
+    trainer.remove_callback(PrinterCallback)
     trainer.train()
     merged = trainer.model.merge_and_unload()
     merged.save_pretrained(str(work / "model"))
