@@ -26,8 +26,9 @@ import multiprocessing as mp
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -504,3 +505,95 @@ def bench_knn(private: int, synthetic: int, labels: int = 1, dim: int = 384,
     res["memory_method"] = ("peak RSS above the RSS once the arrays exist, psutil sampled every "
                             "2 ms, one spawned subprocess per path")
     return res
+
+
+# --- `dpsynth bench secpe-profile`: the representative path phase by phase ----------------------
+# accumulate (coin flips, clip, per-centre sums with the cached assignment), release (noise on the
+# K centres and counts through a throw-away privacy session), vote (K noisy representatives
+# against N candidates); ``accumulate_folded`` computes the same sums without an owned copy of
+# the sampled rows (each row's clip factor goes into the sparse one-hot's data) and is compared
+# with the production path's, bit for bit (same coin flips).
+
+def accumulate_folded(centres: np.ndarray, chunks: Iterable[np.ndarray], rates: np.ndarray,
+                      clip_R: float, noise: Any, labels: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-centre sums and counts of the clipped, Poisson-sampled rows (cached ``labels``):
+    what ``accumulate_private`` computes, with the clip folded into the one-hot."""
+    import scipy.sparse as sp
+
+    k, d = centres.shape
+    sums = np.zeros((k, d), dtype=np.float64)
+    counts = np.zeros(k, dtype=np.int64)
+    offset = 0
+    for chunk in chunks:
+        n = len(chunk)
+        take = np.asarray(noise.uniform(n)) < rates[offset:offset + n]
+        lab = labels[offset:offset + n][take].astype(np.int64)
+        offset += n
+        if not lab.size:
+            continue
+        x = chunk if lab.size == n else chunk[take]  # gather only when rows were dropped
+        norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+        scale = np.minimum(1.0, clip_R / np.maximum(norms, 1e-12)).astype(np.float32)
+        counts += np.bincount(lab, minlength=k)
+        onehot = sp.csr_matrix((scale, (lab, np.arange(lab.size))), shape=(k, lab.size))
+        sums += onehot @ x
+    return sums, counts
+
+
+def profile_representative(m: int = 1_000_000, n: int = 10_000, k: int = 1000, d: int = 384,
+                           seed: int = 0, rate: float = 1.0, threads: int = 2) -> dict[str, Any]:
+    """Seconds of each phase (random-chunk generation subtracted), and whether the folded sums
+    equal the production ones bit for bit."""
+    import tempfile
+    from pathlib import Path
+
+    import faiss
+
+    from dpsynth.methods.secpe.representatives import (
+        RepresentativeGroup,
+        RepresentativeNoise,
+        accumulate_private,
+        release_representatives,
+        representative_vote,
+    )
+    from dpsynth.privacy import Accountant, PrivacySession
+    from dpsynth.privacy.noise import SeededNoise
+
+    faiss.omp_set_num_threads(threads)
+    cand = embeddings(n, d, seed, CANDIDATES)
+    centres = _unit_chunk(seed, 2, 0, k, d)
+    sizes = np.full(k, 40, dtype=np.int64)
+    labels = np.random.default_rng([seed, 3]).integers(0, k, m).astype(np.int32)
+    rates = np.full(m, rate)
+    out: dict[str, Any] = {"private": m, "synthetic": n, "clusters": k, "dim": d, "rate": rate}
+
+    stream = TimedStream(m, d, seed)
+    t = time.perf_counter()
+    acc = accumulate_private(centres, stream, rates, 1.0, SeededNoise(seed), labels=labels)
+    out["accumulate_seconds"] = time.perf_counter() - t - stream.gen_seconds
+
+    stream = TimedStream(m, d, seed)
+    t = time.perf_counter()
+    sums, counts = accumulate_folded(centres, stream, rates, 1.0, SeededNoise(seed), labels)
+    out["accumulate_folded_seconds"] = time.perf_counter() - t - stream.gen_seconds
+    out["folded_bit_identical"] = bool(np.array_equal(sums, acc.sums)
+                                       and np.array_equal(counts, acc.counts))
+    out["folded_max_abs_diff"] = float(np.max(np.abs(sums - acc.sums)))
+
+    with tempfile.TemporaryDirectory() as store:
+        session = PrivacySession(Path(store), Accountant("pld"), SeededNoise(seed))
+        plan = RepresentativeNoise(clip_R=1.0, sigma=1.0)
+        t = time.perf_counter()
+        reps = release_representatives(session, "profile",
+                                       [RepresentativeGroup(centres, sizes, acc)], plan)[0]
+        out["release_seconds"] = time.perf_counter() - t
+        session.close()
+    t = time.perf_counter()
+    representative_vote(reps.e_tilde, reps.n_tilde, cand)
+    out["vote_seconds"] = time.perf_counter() - t
+    out["total_seconds"] = out["accumulate_seconds"] + out["release_seconds"] \
+        + out["vote_seconds"]
+    out["total_folded_seconds"] = out["accumulate_folded_seconds"] + out["release_seconds"] \
+        + out["vote_seconds"]
+    return {key: (round(v, 4) if isinstance(v, float) else v) for key, v in out.items()}

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import typer
+
+from dpsynth.bench.bounds import measure_rates, secpe_account
+from dpsynth.bench.machine import Where
+from dpsynth.bench.report import render
+from dpsynth.bench.suite import SECTIONS, Sizes, bench_all
 
 bench_app = typer.Typer(help="Benchmarks (speed and memory, measured side by side).",
                         no_args_is_help=True)
@@ -17,6 +26,19 @@ def _emit(res: dict, as_json: bool) -> None:
         return
     for k, v in res.items():
         typer.echo(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+
+
+def _measured(fn: Callable[[], dict[str, Any]], as_json: bool,
+              errors: tuple[type[Exception], ...] = (ValueError,)) -> None:
+    """Run one benchmark inside :class:`~dpsynth.bench.machine.Where` and print its result with
+    the ``"machine"`` it ran on (CPU, instruction sets, load, ``quiet``)."""
+    with Where() as where:
+        try:
+            res = fn()
+        except errors as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    res["machine"] = where.result()
+    _emit(res, as_json)
 
 
 @bench_app.command("voting")
@@ -37,12 +59,8 @@ def voting(
     """Aug-PE per-point voting vs SecPE representative voting on the same random embeddings."""
     from dpsynth.bench.voting import bench_voting
 
-    try:
-        res = bench_voting(private, synthetic, clusters, dim, seed, rate, threads=threads,
-                           also_rates=tuple(also_rate))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    _emit(res, as_json)
+    _measured(lambda: bench_voting(private, synthetic, clusters, dim, seed, rate, threads=threads,
+                                   also_rates=tuple(also_rate)), as_json)
 
 
 @bench_app.command("knn")
@@ -82,14 +100,10 @@ def knn(
     """Exact vs approximate (PQ, IVF, HNSW) Aug-PE voting on the same embeddings."""
     from dpsynth.bench.voting import bench_knn
 
-    try:
-        res = bench_knn(private, synthetic, labels, dim, topics or None, spread, seed,
-                        nlist or None, tuple(nprobe), ef_search, hnsw, reference, secpe, clusters,
-                        threads, embeddings=embeddings, rerank=tuple(rerank), repeats=repeats,
-                        pq_m=tuple(pq_m))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    _emit(res, as_json)
+    _measured(lambda: bench_knn(private, synthetic, labels, dim, topics or None, spread, seed,
+                                nlist or None, tuple(nprobe), ef_search, hnsw, reference, secpe,
+                                clusters, threads, embeddings=embeddings, rerank=tuple(rerank),
+                                repeats=repeats, pq_m=tuple(pq_m)), as_json)
 
 
 @bench_app.command("serving")
@@ -108,11 +122,7 @@ def serving(
     for module in ("fastapi", "uvicorn"):
         require(module, "serve", "`dpsynth bench serving`")
 
-    try:
-        res = bench_serving(model, clients, requests, tokens, max_batch)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    _emit(res, as_json)
+    _measured(lambda: bench_serving(model, clients, requests, tokens, max_batch), as_json)
 
 
 @bench_app.command("generation")
@@ -128,11 +138,7 @@ def generation(
     """Local generation: the default engine vs transformers float32 at batch 16, side by side."""
     from dpsynth.bench.generation import bench_generation
 
-    try:
-        res = bench_generation(model, prompts, tokens, rounds, baseline_batch)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    _emit(res, as_json)
+    _measured(lambda: bench_generation(model, prompts, tokens, rounds, baseline_batch), as_json)
 
 
 @bench_app.command("embedding")
@@ -152,13 +158,12 @@ def embedding(
 
     from dpsynth.bench.embedding import bench_embedding, demo_texts, load_texts
 
-    try:
+    def run() -> dict[str, Any]:
         texts = (load_texts(Path(data), column, limit) if data else demo_texts(limit))
-        res = bench_embedding(texts, engine=engine, batch_size=batch_size,
-                              threads=threads or None, rounds=rounds)
-    except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    _emit(res, as_json)
+        return bench_embedding(texts, engine=engine, batch_size=batch_size,
+                               threads=threads or None, rounds=rounds)
+
+    _measured(run, as_json, (ValueError, OSError))
 
 
 @bench_app.command("private-prediction")
@@ -184,12 +189,126 @@ def private_prediction(
     batched), side by side; KL to float32."""
     from dpsynth.bench.private_prediction import bench_private_prediction
 
+    _measured(lambda: bench_private_prediction(model, docs, tokens, clip, rounds, top, dtype,
+                                               stepper, max_doc_tokens, rows), as_json)
+
+
+@bench_app.command("bounds")
+def bounds(
+    gemm_size: int = typer.Option(2048, "--gemm-size", help="Side of the square GEMMs."),
+    copy_mb: int = typer.Option(512, "--copy-mb", help="MB of the copied array."),
+    threads: int = typer.Option(2, "--threads", help="torch threads."),
+    as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
+) -> None:
+    """This CPU's GEMM rates (float32, bf16, int8) and memory bandwidth, and the SecPE vote's
+    bound account at 1M x 10k with them."""
+
+    def run() -> dict[str, Any]:
+        if min(gemm_size, copy_mb, threads) < 1:
+            raise ValueError("--gemm-size, --copy-mb and --threads must be >= 1")
+        rates = measure_rates(gemm_size, copy_mb, threads)
+        g = rates["gemm_gflops"]
+        rates["secpe_1m_x_10k"] = secpe_account(
+            1_000_000, 10_000, 1000, 384, max(g["torch_float32"], g["numpy_float32"]),
+            rates["bandwidth_gbs"]["best"])
+        return rates
+
+    _measured(run, as_json)
+
+
+@bench_app.command("secpe-profile")
+def secpe_profile(
+    private: int = typer.Option(1_000_000, "--private", help="Private embeddings M."),
+    synthetic: int = typer.Option(10_000, "--synthetic", help="Candidates N."),
+    clusters: int = typer.Option(1000, "--clusters", help="Public centres K."),
+    dim: int = typer.Option(384, "--dim", help="Embedding dimension."),
+    rate: float = typer.Option(1.0, "--rate", help="Poisson sampling rate."),
+    threads: int = typer.Option(2, "--threads", help="faiss OpenMP threads."),
+    as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
+) -> None:
+    """SecPE's representative vote phase by phase (accumulate, release, vote), and the
+    accumulate with the clip folded into the one-hot (no copy of the rows), checked equal."""
+    from dpsynth.bench.voting import profile_representative
+
+    def run() -> dict[str, Any]:
+        if min(private, synthetic, clusters, dim, threads) < 1 or not 0 <= rate <= 1:
+            raise ValueError("sizes and --threads must be >= 1, --rate in [0, 1]")
+        return profile_representative(private, synthetic, clusters, dim, rate=rate,
+                                      threads=threads)
+
+    _measured(run, as_json)
+
+
+@bench_app.command("all")
+def bench_all_cmd(
+    private: int = typer.Option(1_000_000, "--private", help="voting: private embeddings M."),
+    synthetic: int = typer.Option(10_000, "--synthetic", help="voting: candidates N."),
+    clusters: int = typer.Option(1000, "--clusters", help="voting: public centres K."),
+    dim: int = typer.Option(384, "--dim", help="voting and knn: embedding dimension."),
+    threads: int = typer.Option(2, "--threads", help="faiss / torch threads."),
+    embed_texts: int = typer.Option(1000, "--embed-texts", help="embedding: texts a round."),
+    embed_rounds: int = typer.Option(2, "--embed-rounds", help="embedding: rounds per engine."),
+    model: str = typer.Option("smollm2", "--model", help="generation: model."),
+    prompts: int = typer.Option(64, "--prompts", help="generation: prompts."),
+    tokens: int = typer.Option(64, "--tokens", help="generation: max new tokens."),
+    gen_rounds: int = typer.Option(1, "--gen-rounds", help="generation: rounds."),
+    baseline_batch: int = typer.Option(16, "--baseline-batch",
+                                       help="generation: transformers baseline batch."),
+    knn_private: int = typer.Option(200_000, "--knn-private", help="knn: private rows."),
+    knn_synthetic: int = typer.Option(10_000, "--knn-synthetic", help="knn: candidates."),
+    gemm_size: int = typer.Option(2048, "--gemm-size", help="bounds: side of the GEMMs."),
+    copy_mb: int = typer.Option(512, "--copy-mb", help="bounds: MB of the copied array."),
+    only: list[str] = typer.Option(  # noqa: B006
+        [], "--only", help="Run only these sections (repeatable): bounds, voting, embedding, "
+                           "generation, knn."),
+    out: str = typer.Option("", "--out", help="Also write the JSON to this file."),
+    md: str = typer.Option("", "--md", help="Also write the bounds report (markdown) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
+) -> None:
+    """The hot-path set in one run (voting, embedding, generation, knn, and this CPU's bounds),
+    each ratio beside its goal, each section with the machine and load it ran under."""
+    sizes = Sizes(private, synthetic, clusters, dim, threads, embed_texts, embed_rounds, model,
+                  prompts, tokens, gen_rounds, baseline_batch, knn_private, knn_synthetic,
+                  gemm_size, copy_mb, tuple(only) or SECTIONS)
+
+    def progress(name: str, sec: dict[str, Any]) -> None:
+        if out:  # what is done so far survives a later section's crash or a kill
+            part = Path(out).with_suffix(".partial.json")
+            done = json.loads(part.read_text()) if part.is_file() else {}
+            part.write_text(json.dumps({**done, name: sec}, indent=1) + "\n")
+        if not as_json:
+            typer.echo(f"{name}: {_line(sec)}", err=True)
+
+    if out:
+        Path(out).with_suffix(".partial.json").unlink(missing_ok=True)
     try:
-        res = bench_private_prediction(model, docs, tokens, clip, rounds, top, dtype,
-                                       stepper, max_doc_tokens, rows)
+        res = bench_all(sizes, progress)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    _emit(res, as_json)
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1) + "\n")
+        Path(out).with_suffix(".partial.json").unlink(missing_ok=True)
+    if md:
+        Path(md).write_text(render(res, "dpsynth " + " ".join(sys.argv[1:])) + "\n")
+    if as_json:
+        typer.echo(json.dumps(res))
+        return
+    for row in res["summary"]:
+        typer.echo(f"{row['section']:<11} {_line(row)}")
+    typer.echo(f"machine: {res['machine']['cpu_model']}, {res['machine']['cores']} cores, "
+               f"{' '.join(res['machine']['isa'])}; quiet: {res['quiet']}; "
+               f"{res['seconds']:.0f} s")
+
+
+def _line(sec: dict[str, Any]) -> str:
+    """One section's ratio beside its goal, for a person."""
+    if sec.get("error"):
+        return f"ERROR {sec['error']}"
+    if sec.get("ratio") is None:
+        return "measured"
+    quiet = sec.get("quiet", sec.get("machine", {}).get("quiet"))
+    return (f"{sec['ratio']:.3g} ({sec['ratio_name']}); goal {sec['goal']}; "
+            f"met: {sec['meets_goal']}; quiet: {quiet}")
 
 
 def register(root: typer.Typer) -> None:

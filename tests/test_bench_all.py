@@ -1,0 +1,123 @@
+"""`dpsynth bench all` and the machine / bound helpers: shape of the results (never speed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dpsynth.bench.bounds import generation_bound, secpe_account
+from dpsynth.bench.machine import Where, parse_cpuinfo
+from dpsynth.bench.report import render
+from dpsynth.cli import app
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9R14 96-Core Processor
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_bf16 avx512_vnni
+processor\t: 1
+model name\t: AMD EPYC 9R14 96-Core Processor
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_bf16 avx512_vnni
+"""
+
+
+def test_parse_cpuinfo_x86():
+    info = parse_cpuinfo(CPUINFO)
+    assert info["cpu_model"] == "AMD EPYC 9R14 96-Core Processor"
+    assert info["logical_cpus"] == 2
+    assert info["isa"] == ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni"]
+    assert info["amx"] is False
+
+
+def test_parse_cpuinfo_amx_and_empty():
+    info = parse_cpuinfo("processor: 0\nmodel name: Xeon\nflags: avx2 amx_tile amx_bf16\n")
+    assert info["isa"] == ["avx2", "amx_tile", "amx_bf16"] and info["amx"] is True
+    assert parse_cpuinfo("") == {"cpu_model": "unknown", "logical_cpus": 0, "isa": [],
+                                 "amx": False}
+
+
+def test_where_result_fields():
+    with Where(sample_every=0.01) as where:
+        sum(range(1000))
+    res = where.result({"cpu_model": "x"})
+    assert res["cpu_model"] == "x"
+    assert set(res["load_average_1m"]) == {"start", "end", "max"}
+    assert isinstance(res["quiet"], bool) and res["other_load"] >= 0
+
+
+def test_secpe_account_counts():
+    acc = secpe_account(1_000_000, 10_000, 1000, 384, gflops=100.0, gbs=10.0,
+                        per_point_seconds=60.0, representative_seconds=1.0)
+    assert acc["per_point"]["gflop"] == pytest.approx(2 * 1e6 * 1e4 * 384 / 1e9, rel=1e-3)
+    assert acc["representative"]["phases"]["vote"]["gflop"] == pytest.approx(
+        2 * 1000 * 1e4 * 384 / 1e9, rel=1e-3)
+    assert acc["per_point"]["phases"]["nearest"]["bound_by"] == "compute"
+    assert acc["representative"]["phases"]["accumulate"]["bound_by"] == "memory"
+    assert acc["off_bound"] in ("per_point", "representative")
+    assert acc["measured_speedup"] == pytest.approx(60.0)
+
+
+def test_generation_bound_memory_vs_compute():
+    shape = {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "matmul_params": 1e6}
+    out = generation_bound(shape, batch=4, context=10, weight_bytes=4e6, kv_bytes_per_value=4,
+                           gflops=1e6, gbs=1.0, tokens_per_second=50.0)
+    assert out["bound_by"] == "memory"
+    assert out["fraction_of_bound"] == pytest.approx(50.0 / out["bound_tokens_per_second"],
+                                                     rel=1e-2)
+
+
+@pytest.mark.models
+def test_bench_all_toy_sizes():
+    res = CliRunner().invoke(app, [
+        "bench", "all", "--private", "2000", "--synthetic", "200", "--clusters", "10",
+        "--dim", "32", "--embed-texts", "8", "--embed-rounds", "1", "--prompts", "2",
+        "--tokens", "3", "--baseline-batch", "2", "--knn-private", "1000",
+        "--knn-synthetic", "100", "--gemm-size", "64", "--copy-mb", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out["sections"]) == {"bounds", "voting", "embedding", "generation", "knn"}
+    for name, sec in out["sections"].items():
+        assert "error" not in sec, (name, sec.get("error"), sec.get("traceback"))
+        machine = sec["machine"]
+        assert machine["cores"] >= 1 and isinstance(machine["isa"], list)
+        assert isinstance(machine["quiet"], bool)
+        assert set(machine["load_average_1m"]) == {"start", "end", "max"}
+        if name != "bounds":
+            assert isinstance(sec["ratio"], float) and sec["goal"]
+    assert out["sections"]["voting"]["bound"]["off_bound"] in ("per_point", "representative")
+    assert out["sections"]["generation"]["bound"]["bound_tokens_per_second"] > 0
+    assert [row["section"] for row in out["summary"]] == ["voting", "embedding", "generation",
+                                                          "knn"]
+    assert "quiet" in out["machine"]
+    text = render(out, "dpsynth bench all")
+    assert "### SecPE vote" in text and "### Generation" in text and "| knn |" in text
+
+
+def test_bench_all_unknown_section():
+    res = CliRunner().invoke(app, ["bench", "all", "--only", "nope", "--json"])
+    assert res.exit_code != 0
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.3])
+def test_secpe_profile_folded_sums_equal(rate):
+    res = CliRunner().invoke(app, ["bench", "secpe-profile", "--private", "5000", "--synthetic",
+                                   "300", "--clusters", "20", "--dim", "16", "--rate", str(rate),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["folded_bit_identical"] is True
+    assert out["machine"]["cores"] >= 1
+    for key in ("accumulate_seconds", "accumulate_folded_seconds", "release_seconds",
+                "vote_seconds"):
+        assert out[key] >= 0
+
+
+def test_bench_bounds_toy():
+    res = CliRunner().invoke(app, ["bench", "bounds", "--gemm-size", "64", "--copy-mb", "4",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["gemm_gflops"]["torch_float32"] > 0 and out["bandwidth_gbs"]["best"] > 0
+    assert out["secpe_1m_x_10k"]["per_point"]["phases"]["nearest"]["bound_by"] == "compute"
+    assert "quiet" in out["machine"]
