@@ -105,28 +105,38 @@ def assign_private(centres: np.ndarray, private_emb_iter: Iterable[np.ndarray],
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
-def _clip_and_assign(rows: np.ndarray, c: np.ndarray, clip_R: float,
-                     labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(the sampled rows clipped to norm ``clip_R``, an owned float32 copy; each one's nearest
-    centre of ``c``, or its cached ``labels``)."""
-    x = np.array(rows, dtype=np.float32)  # owned copy of the sampled rows
+def _clip_factors(x: np.ndarray, clip_R: float) -> np.ndarray:
+    """min(1, R / ||x_i||) per row: the factor that clips row i to norm ``clip_R`` (float32
+    for a Python float R, float64 for a NumPy one, as NumPy's promotion gives)."""
     norms = np.sqrt(np.einsum("ij,ij->i", x, x))
-    x *= np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))[:, None]
-    if labels is None:
-        _, lab = nearest(x, c, k=1, metric="l2")
-        return x, lab[:, 0]
-    return x, labels.astype(np.int64)
+    return np.minimum(1.0, clip_R / np.maximum(norms, 1e-12))
 
 
-def _add_to_centres(sums: np.ndarray, counts: np.ndarray, x: np.ndarray,
+def _clip_and_assign(rows: np.ndarray, c: np.ndarray, clip_R: float,
+                     labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, their clip factors, each one's centre). With cached ``labels`` (and float32
+    factors) the rows are returned as they are and the clip is applied as they are summed
+    (:func:`_add_to_centres`: the same float32 products, bit for bit, without a clipped copy);
+    otherwise the rows are clipped (an owned copy, factors 1), and without ``labels`` each
+    one's nearest centre of ``c`` found."""
+    factors = _clip_factors(rows, clip_R)
+    if labels is not None and factors.dtype == np.float32:
+        return rows, factors, labels.astype(np.int64)
+    x = np.array(rows, dtype=np.float32)  # owned copy of the sampled rows
+    x *= factors[:, None]
+    lab = labels.astype(np.int64) if labels is not None else nearest(x, c, k=1,
+                                                                      metric="l2")[1][:, 0]
+    return x, np.ones(len(x), dtype=np.float32), lab
+
+
+def _add_to_centres(sums: np.ndarray, counts: np.ndarray, x: np.ndarray, scale: np.ndarray,
                     lab: np.ndarray) -> None:
-    """Add each row of ``x`` to its centre's sum and count (in place)."""
+    """Add ``scale[i] * x[i]`` to its centre's sum, and 1 to its count (in place)."""
     k = counts.shape[0]
     counts += np.bincount(lab, minlength=k)
-    # Per-centre sums as a sparse one-hot [K x m] times x: no sort, no extra dense copy.
-    onehot = sp.csr_matrix(
-        (np.ones(lab.size, dtype=np.float32), (lab, np.arange(lab.size))), shape=(k, lab.size)
-    )
+    # Per-centre sums as a sparse [K x m] matrix holding each row's clip factor times x: no
+    # sort, no extra dense copy (a factor of 1.0 multiplies exactly).
+    onehot = sp.csr_matrix((scale, (lab, np.arange(lab.size))), shape=(k, lab.size))
     sums += onehot @ x
 
 
@@ -175,8 +185,9 @@ def accumulate_private(
         offset += n
         if not take.any():
             continue
-        x, lab = _clip_and_assign(chunk[take], c, clip_R, chunk_labels)
-        _add_to_centres(sums, counts, x, lab)
+        rows = chunk if take.all() else chunk[take]  # gather only when rows were dropped
+        x, scale, lab = _clip_and_assign(_f32(rows), c, clip_R, chunk_labels)
+        _add_to_centres(sums, counts, x, scale, lab)
         sampled += int(take.sum())
     if offset != rates.size:
         raise ValueError(f"stream had {offset} private rows but rates has {rates.size} entries")
