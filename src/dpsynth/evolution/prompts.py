@@ -257,6 +257,10 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
         text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
     text = re.sub(r"\*\*|^#+\s*", "", text, flags=re.MULTILINE).strip()
     text = _PREFIX.sub("", text, count=1).strip()
+    # the prompt's own "Text:" cue repeated mid-answer: what follows the last one is the text
+    cue = list(re.finditer(r"(?:^|\s)Text:\s+", text))
+    if cue and len(text) - cue[-1].end() >= min_chars:
+        text = text[cue[-1].end():].strip()
     text = re.split(r"\n\s*\n(?:note|explanation|analysis|---)|\n\s*\(?\bnote:\s",
                     text, flags=re.IGNORECASE)[0]
     if len(text) >= 2 and text[0] in "\"'“" and text[-1] in "\"'”":
