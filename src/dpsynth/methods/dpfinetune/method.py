@@ -197,6 +197,13 @@ class DPFineTune(Method):
         trainer = DPSGD(model, examples, settings, folder, job.session.noise_for, pad_id,
                         on_step=on_step, on_checkpoint=job.hooks.on_checkpoint)
         facts = trainer.run(resume=True)
+        if facts.get("resumed_at") is not None and cfg.privacy.noise == "secure":
+            # not silent: a step after the last checkpoint was computed again, with fresh
+            # coins and noise; its first draw never left the process (nothing was saved or
+            # released from it) and the budget was charged once for all T steps
+            run.log(f"dp_finetune: resumed at step {facts['resumed_at']}; any step the "
+                    "stopped run had begun after its last checkpoint was drawn again with "
+                    "fresh secure noise (its first draw was never saved or released)")
         model.save_pretrained(str(folder / "adapter"))
         return float(facts["seconds"])
 

@@ -302,8 +302,7 @@ class DPSGD:
 
     def run(self, resume: bool = True) -> dict[str, Any]:
         """Train to step T from the last checkpoint; returns public facts (steps, seconds)."""
-        if resume:
-            self.load()
+        resumed = self.load() if resume else False
         start = self.step
         t0 = time.perf_counter()
         self.model.train()
@@ -328,7 +327,8 @@ class DPSGD:
         if self._engine is not None:
             self._engine.cleanup()
             self._engine = None
-        return {"steps_run": self.step - start, "seconds": time.perf_counter() - t0}
+        return {"steps_run": self.step - start, "seconds": time.perf_counter() - t0,
+                "resumed_at": start if resumed else None}
 
 
 def step_logger(path: Path, epsilon_at: Callable[[int], float]
