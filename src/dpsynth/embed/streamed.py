@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..files import atomic_write_bytes
+from .protocols import CachedEmbedder, TextEmbedder
 
 
 def progress_path(path: Path) -> Path:
@@ -45,7 +46,8 @@ def embed_to_file(
     dim = int(embedder.dim)
     if n == 0:
         return np.empty((0, dim), dtype=np.float32)
-    key = {"model": str(getattr(embedder, "cache_key", getattr(embedder, "name", "?"))),
+    key = {"model": str(embedder.cache_key if isinstance(embedder, CachedEmbedder)
+                        else embedder.name if isinstance(embedder, TextEmbedder) else "?"),
            "n": int(n), "dim": dim}
     done, finished = _resume_point(path, state_path, key, n, dim)
     if finished is not None:
@@ -58,7 +60,8 @@ def embed_to_file(
     if log is not None:
         # no counts: log.txt sits outside private/ and the number of records is private
         log("embedding the private records" + (" (resuming)" if done else ""))
-    encode = getattr(embedder, "encode_uncached", None) or embedder.embed
+    encode = (embedder.encode_uncached if isinstance(embedder, CachedEmbedder)
+              else embedder.embed)
     _write_rows(encode, texts, n, out, done, chunk, lambda rows: _save_state(state_path, key, rows))
     del out
     return np.load(path, mmap_mode="c")

@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..embed.protocols import TextEmbedder
 from ..files import SHARED_MODE, atomic_write_json, read_jsonl
 from . import audits as au
 from . import fidelity as fi
@@ -226,7 +227,8 @@ def audit_block(
 
 def _embed(embedder: Any, texts: list[str]) -> np.ndarray:
     if not texts:
-        return np.zeros((0, int(getattr(embedder, "dim", 384))), dtype=np.float32)
+        dim = embedder.dim if isinstance(embedder, TextEmbedder) else 384
+        return np.zeros((0, int(dim)), dtype=np.float32)
     return np.asarray(embedder.embed(texts), dtype=np.float32)
 
 
@@ -362,7 +364,8 @@ def evaluate_run(
         "test_file": o.test_name or str(test_path),
         "text_column": text_col,
         "label_columns": label_cols,
-        "embedder": str(getattr(embedder, "name", type(embedder).__name__)),
+        "embedder": str(embedder.name if isinstance(embedder, TextEmbedder)
+                        else type(embedder).__name__),
         "n": {
             "synthetic": len(release.synthetic),
             "zero_shot": len(zero_shot) if zero_shot is not None else 0,

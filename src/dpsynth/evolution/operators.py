@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig
+from ..embed.protocols import EngineTagged
 from ..llm.cache import CachedGenerator
 from ..progress import step
 from . import prompts as P
@@ -101,7 +102,9 @@ class Generation:
             embedder = Embedder(cfg.model, cache_dir=self.embed_cache,
                                 batch_size=cfg.batch_size, engine=cfg.engine,
                                 threads=cfg.threads, device=embedder_device(cfg.device))
-        self.log(f"embedder engine: {getattr(embedder, 'engine_tag', type(embedder).__name__)}")
+        tag = embedder.engine_tag if isinstance(embedder, EngineTagged) else \
+            type(embedder).__name__
+        self.log(f"embedder engine: {tag}")
         return embedder
 
     @cached_property

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..embed.protocols import TextEmbedder
 from ..errors import InputError, MissingFileError
 from ..files import SHARED_MODE, atomic_write_bytes, atomic_write_json, read_jsonl
 from ..knn import flat_index
@@ -34,7 +35,8 @@ def build_index(folder: Path, texts: Sequence[str], embedder: Any, embedder_name
     folder = Path(folder)
     emb = embeddings if embeddings is not None else (
         np.asarray(embedder.embed(list(texts)), dtype=np.float32) if texts else None)
-    dim = int(emb.shape[1]) if emb is not None else int(getattr(embedder, "dim", None) or 384)
+    dim = int(emb.shape[1]) if emb is not None else (int(embedder.dim) if isinstance(
+        embedder, TextEmbedder) else 384)
     index = flat_index(emb if emb is not None else np.zeros((0, dim), np.float32), "ip")
     atomic_write_bytes(folder / "kb.faiss", faiss.serialize_index(index).tobytes(),
                        mode=SHARED_MODE)

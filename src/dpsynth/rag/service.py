@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..api_key import require_api_key, server_api_key
+from ..embed.protocols import TextEmbedder
 from ..errors import ConfigError, require
 from ..http_serve import run_app
 
@@ -167,7 +168,7 @@ def create_app(answerer: Any, info: dict[str, Any] | None = None, *,
 
 def embedder_dim(embedder: Any) -> int:
     """The embedder's output dimension (its ``dim``, else one embedding of a fixed text)."""
-    dim = getattr(embedder, "dim", None)
+    dim = embedder.dim if isinstance(embedder, TextEmbedder) else None
     if dim is None:
         import numpy as np
 
