@@ -85,16 +85,6 @@ class Sizes:
         b = int(np.searchsorted(below, COVER))
         return LENGTH_EDGES[b] if b < len(LENGTH_EDGES) else LONGEST
 
-    def min_words(self) -> int:
-        """Half the lower edge of the bin holding the 5th percentile (at least 1): the
-        shortest text the release keeps."""
-        mass = np.maximum(self.lengths, 0.0)
-        if mass.sum() <= 0:
-            return 1
-        b = int(np.searchsorted(np.cumsum(mass) / mass.sum(), 0.05))
-        lower = (0,) + LENGTH_EDGES
-        return max(1, lower[min(b, len(LENGTH_EDGES))] // 2)
-
 
 def exact_max_words(texts: Iterable[str]) -> int:
     """:meth:`Sizes.max_words` of the exact lengths of ``texts`` (private: for the

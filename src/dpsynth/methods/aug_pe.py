@@ -90,10 +90,10 @@ class AugPEStrategy:
         the public settings."""
         syn, n_labels = self.syn, self.view.n_labels
         if not AugPE.releases_sizes(self.config, n_labels):
-            quota = np.array([syn.samples])
-            population = min(syn.population or syn.samples, syn.samples)
-            return quota, np.array([population if syn.iterations else syn.samples]), \
-                syn.max_words
+            # one label class, a declared length and (with votes) a declared population
+            population = voting_population(self.config, self.method, 0.0, n_labels,
+                                           self.releaser.sigma) if syn.iterations else syn.samples
+            return np.array([syn.samples]), np.array([population]), syn.max_words
         sizes = released_sizes(self.view, self.releaser)
         quota = allocate(syn.samples, sizes.label_counts)
         if not syn.iterations:
