@@ -28,7 +28,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 PARITY: dict[str, tuple[Callable[..., Any], dict[str, str], dict[str, str]]] = {
     "generate": (api.run_generation,
                  {"config": "config", "output": "output_dir", "resume": "resume",
-                  "set_": "overrides", "quiet": "progress"},
+                  "set_": "overrides", "quiet": "progress", "no_cap": "no_cap"},
                  {"as_json": "how the CLI prints; the API returns the run folder"}),
     "eval": (api.evaluate,
              {"run_dir": "run", "test": "test", "text": "text", "label": "labels",

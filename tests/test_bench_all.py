@@ -46,6 +46,23 @@ def test_where_result_fields():
     assert isinstance(res["quiet"], bool) and res["other_load"] >= 0
 
 
+def test_a_suite_section_is_judged_by_the_suite_start_not_by_its_own(monkeypatch):
+    """Inside `bench all` a section starts at the load the previous section left (about 2 on
+    2 cores by itself): the quiet rule reads the suite's start and other processes' CPU."""
+    import dpsynth.bench.machine as machine
+
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (1.9, 1.9, 1.9))
+    monkeypatch.setattr(machine, "_busy_seconds", lambda: 0.0)  # nothing else ran
+    with Where(sample_every=0.01) as own:
+        pass
+    with Where(sample_every=0.01, start_load=0.4) as in_suite:
+        pass
+    with Where(sample_every=0.01, start_load=1.5) as busy_suite:
+        pass
+    assert own.quiet is False and in_suite.quiet is True and busy_suite.quiet is False
+    assert in_suite.result({})["load_average_1m"]["start"] == 1.9  # reported as measured
+
+
 def test_secpe_account_counts():
     acc = secpe_account(1_000_000, 10_000, 1000, 384, gflops=100.0, gbs=10.0,
                         per_point_seconds=60.0, representative_seconds=1.0)

@@ -396,15 +396,42 @@ def test_older_ledgers_and_run_folders_keep_working(tmp_path: Path) -> None:
 
 def test_every_run_says_what_its_source_has_spent(env: dict[str, Any]) -> None:  # noqa: F811
     """No silent spend: the run's log (and display) names the source's spend against its cap
-    when it reserves and when it settles, warns past half the cap, and says how to set a cap
-    where there is none."""
+    (or the default cap) when it reserves and when it settles, warns past half the cap, and
+    says how to set a cap where there is none."""
     assert generate(env, "r1").exit_code == 0
     log = " ".join((env["tmp"] / "r1" / "log.txt").read_text().split())
-    assert "has spent epsilon 2 with this run, and has no cap" in log
-    assert "budget set" in log
-    _capped(env, 5.0)
+    assert "has spent epsilon 2 of the default cap 10 with this run (8 left)" in log
+    assert "has no cap of its own; `dpsynth budget set" in log
+    assert "of the default cap 10 after this run" in log
+    res = cli("generate", env["cfg"], "-o", env["tmp"] / "r1b", "--quiet", "--no-cap")
+    assert res.exit_code == 0, res.output
+    log = " ".join((env["tmp"] / "r1b" / "log.txt").read_text().split())
+    assert "has spent epsilon 4 with this run, and has no cap (--no-cap" in log
+    _capped(env, 7.0)
     assert generate(env, "r2").exit_code == 0
     log = " ".join((env["tmp"] / "r2" / "log.txt").read_text().split())
-    assert "has spent epsilon 4 of its cap 5 with this run (1 left)" in log
+    assert "has spent epsilon 6 of its cap 7 with this run (1 left)" in log
     assert "is past half of its cap with this run" in log
-    assert "of its cap 5 after this run" in log
+    assert "of its cap 7 after this run" in log
+
+
+def test_a_source_without_a_cap_is_held_to_the_default(env: dict[str, Any]) -> None:  # noqa: F811
+    """The issue's four probes at epsilon 4 on one file: the third is refused by the default
+    cap (10), before anything is read; --no-cap runs past it knowingly; a cap the operator
+    sets replaces the default (up or down), and a config's own total is never loosened by it.
+    """
+    for out in ("p1", "p2"):
+        assert generate(env, out, "privacy.epsilon=4").exit_code == 0
+    msg = refused(generate(env, "p3", "privacy.epsilon=4"))
+    assert "epsilon=8" in msg and "epsilon=10 (default)" in msg and "--no-cap" in msg
+    assert not (env["tmp"] / "p3").exists()  # refused before the folder holds anything
+    (src,) = sources(env)
+    assert src["epsilon"] == pytest.approx(8.0, abs=1e-3) and src["total_epsilon"] is None
+    assert generate(env, "p4", "privacy.epsilon=4", "privacy.no_cap=true").exit_code == 0
+    res = cli("budget", "show")
+    assert "no cap of its own: 10 by default" in " ".join(res.output.split())
+    _capped(env, 20.0)  # the operator's cap replaces the default
+    assert generate(env, "p5", "privacy.epsilon=4").exit_code == 0
+    # a run's own total still binds with --no-cap (spent 16, total 18 < 16 + 4)
+    assert "refused" in refused(generate(env, "p6", "privacy.epsilon=4",
+                                         "privacy.total_epsilon=18", "privacy.no_cap=true"))

@@ -21,7 +21,7 @@ from dpsynth.privacy import (
     default_ledger_path,
     keyed_fingerprint,
 )
-from dpsynth.privacy.ledger import LedgerUnusableError
+from dpsynth.privacy.ledger import DEFAULT_TOTAL_EPSILON, LedgerUnusableError
 
 TEXTS = [f"record number {i} about some private matter" for i in range(300)]
 
@@ -307,6 +307,30 @@ def test_a_source_budget_is_stored_and_sticks(tmp_path: Path) -> None:
     with pytest.raises(BudgetRefusedError, match="total is epsilon=1"):
         led.reserve(new, "run5", 2.0, 1e-6)
     assert created["runs"] == []
+
+
+def test_the_default_cap_holds_a_source_without_one_and_is_never_stored(
+        tmp_path: Path) -> None:
+    """``default_epsilon`` caps a source that has no cap (stored or configured) without
+    becoming its cap: a run without it (``no_cap``) goes past, a stored or configured cap
+    replaces it, and a resume re-reserving the same run is not counted twice."""
+    led = BudgetLedger(tmp_path / "ledger.json")
+    d = ident(led)
+    src = led.reserve(d, "run1", 6.0, 1e-6, default_epsilon=DEFAULT_TOTAL_EPSILON)
+    sid = src.sources[0].source
+    led.reserve(d, "run1", 6.0, 1e-6, default_epsilon=DEFAULT_TOTAL_EPSILON)  # a resume
+    with pytest.raises(BudgetRefusedError, match=r"total is epsilon=10 \(default\)"):
+        led.reserve(d, "run2", 4.5, 1e-6, default_epsilon=DEFAULT_TOTAL_EPSILON)
+    assert led.source(sid)["total_epsilon"] is None and led.run_entries("run2") == []
+    led.reserve(d, "run2", 4.0, 1e-6, default_epsilon=DEFAULT_TOTAL_EPSILON)  # 10: at the cap
+    led.reserve(d, "run3", 5.0, 1e-6)  # no_cap: past the default knowingly
+    assert led.spent(sid)[0] == pytest.approx(15.0)
+    with pytest.raises(BudgetRefusedError, match="total is epsilon=16,"):  # config replaces
+        led.reserve(d, "run4", 2.0, 1e-6, total_epsilon=16.0,
+                    default_epsilon=DEFAULT_TOTAL_EPSILON)
+    led.set_budget(sid, 30.0, None)  # the operator's cap replaces the default upwards
+    led.reserve(d, "run4", 10.0, 1e-6, default_epsilon=DEFAULT_TOTAL_EPSILON)
+    assert DEFAULT_TOTAL_EPSILON == 10.0  # the documented figure (docs/methods.md, README)
 
 
 def test_runs_without_a_classical_guarantee_are_recorded(tmp_path: Path) -> None:

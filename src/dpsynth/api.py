@@ -187,8 +187,12 @@ def _prepare_output(output_dir: str | Path) -> None:
 def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
                    resume: bool = False, overrides: dict[str, Any] | None = None,
                    progress: bool = True, generators: Sequence[Any] | None = None,
-                   embedder: Any | None = None, hooks: RunHooks | None = None) -> Path:
+                   embedder: Any | None = None, hooks: RunHooks | None = None,
+                   no_cap: bool = False) -> Path:
     """Run a text-releasing method end to end, or resume it; returns the run folder.
+
+    ``no_cap=True`` (``privacy.no_cap``, the CLI's ``--no-cap``) runs past the default
+    epsilon cap of a data source that has no cap of its own.
 
     ``generators`` / ``embedder`` replace the configured models with ready objects (one
     generator per configured entry), e.g. the deterministic fakes of the fast tests;
@@ -208,6 +212,9 @@ def run_generation(config: RunConfig | str | Path, output_dir: str | Path, *,
     check_flag("resume", resume)
     check_mapping("overrides", overrides)
     check_flag("progress", progress)
+    check_flag("no_cap", no_cap)
+    if no_cap:
+        overrides = {**(overrides or {}), "privacy.no_cap": True}
     if resume and not overrides and _finished(output_dir):
         return RunDir(output_dir).root  # nothing to do; with --set the runner says why
     _prepare_output(output_dir)
@@ -609,7 +616,8 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
              method: str = "aug_pe", output: str | Path | None = None,
              config: Mapping[str, Any] | None = None, resume: bool = False,
              progress: bool = True, generators: Sequence[Any] | None = None,
-             embedder: Any | None = None, source: str | None = None) -> Result:
+             embedder: Any | None = None, source: str | None = None,
+             no_cap: bool = False) -> Result:
     """Make synthetic text from private ``data`` with a DP guarantee; returns a
     :class:`Result`.
 
@@ -622,7 +630,8 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
     file's path; a DataFrame is recognised by its records as the source they came from).
     ``output``: the run folder (default runs/METHOD-TIME). ``resume=True`` continues a
     stopped run in ``output`` with its stored configuration and records. ``generators`` /
-    ``embedder``: ready model objects instead of the configured ones.
+    ``embedder``: ready model objects instead of the configured ones. ``no_cap=True`` runs
+    past the default epsilon cap (10) of a source that has no cap of its own.
 
     A wrong type (``labels="sentiment"``, ``epsilon="4"``) is a TypeError naming the
     argument, raised before anything is read or spent.
@@ -644,7 +653,7 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
                                label_values=label_values, user=user, epsilon=epsilon,
                                delta=delta, config=config, source=source)
         run_dir = run_generation(cfg, out, resume=resume, progress=progress,
-                                 generators=generators, embedder=embedder)
+                                 generators=generators, embedder=embedder, no_cap=no_cap)
     result = load_run(run_dir)
     assert isinstance(result, Result)
     return result

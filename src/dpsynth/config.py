@@ -243,6 +243,10 @@ class PrivacyConfig(Section):
     unit: Literal["record", "user"] = "record"
     total_epsilon: float | None = Field(None, gt=0, description="dataset budget in the ledger")
     total_delta: float | None = Field(None, gt=0, lt=1)
+    no_cap: bool = Field(
+        False, description="run past the default epsilon cap (10) of a source that has no cap "
+                           "of its own (`generate --no-cap`); a cap set on the source, or "
+                           "total_epsilon here, still applies")
     ledger: str | None = None
 
 

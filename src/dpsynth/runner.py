@@ -32,7 +32,7 @@ from .methods import get_method
 from .methods.base import Job, Method, Outcome, PrivacyPlan
 from .neighbours import check_limit, mechanism_config, over_file
 from .preflight import check_output_writable, check_run
-from .privacy.ledger import OtherFolderError, check_folder
+from .privacy.ledger import DEFAULT_TOTAL_EPSILON, OtherFolderError, check_folder
 from .progress import warn as operator_warning
 from .resume import (
     changed_fields,
@@ -228,7 +228,7 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
     if plan.guarantee == "dp":
         charge = book.reserve(identity, meta["run_id"], p.epsilon, p.delta, p.total_epsilon,
                               p.total_delta, noise_seed=noise_seed(config, run), details=details,
-                              folder=folder)
+                              folder=folder, default_epsilon=default_cap(config))
     elif plan.guarantee in ("none", "secret-protection"):
         charge = book.record_run(identity, meta["run_id"], plan.guarantee,
                                  details={**details, **plan.ledger},
@@ -242,29 +242,44 @@ def _account(config: RunConfig, run: RunDir, meta: dict[str, Any], plan: Privacy
                           f"{plan.guarantee!r}, which the budget ledger cannot charge")
     run.update_meta(sources=[m.source for m in charge.sources])
     say(f"budget: {charge.describe()}")
-    for line in spending_lines(book, [m.source for m in charge.sources], "with this run"):
+    sources = [m.source for m in charge.sources]
+    default = default_cap(config) if plan.guarantee == "dp" else None
+    for line in spending_lines(book, sources, "with this run", default):
         say(line)
     return records
 
 
-def spending_lines(book: BudgetLedger, sources: Sequence[str], when: str) -> list[str]:
+def default_cap(config: RunConfig) -> float | None:
+    """The epsilon cap a source without one of its own gets for this run: the ledger's
+    default, unless the run says ``privacy.no_cap`` (``--no-cap``)."""
+    return None if config.privacy.no_cap else DEFAULT_TOTAL_EPSILON
+
+
+def spending_lines(book: BudgetLedger, sources: Sequence[str], when: str,
+                   default: float | None = None) -> list[str]:
     """What each source has spent against its cap (``when``: "with this run" counts the
     reservation, "after this run" the settled spend), a warning past half the cap, and how
-    to set a cap where there is none: no budget is spent without the operator seeing it."""
+    to set a cap where there is none (``default``: the cap the run applied to a source with
+    none of its own): no budget is spent without the operator seeing it."""
     lines = []
     for sid in sources:
         src = book.source(sid)
         name = src["names"][0] if src["names"] else sid
         eps, cap = src["epsilon"], src["total_epsilon"]
-        if cap is None:
-            lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} {when}, and has no cap: "
-                         f"`dpsynth budget set --source {shlex.quote(name)} --total-epsilon N` "
-                         "sets one")
+        set_one = f"`dpsynth budget set --source {shlex.quote(name)} --total-epsilon N`"
+        if cap is None and default is None:
+            lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} {when}, and has no cap "
+                         f"(--no-cap, or no epsilon guarantee): {set_one} sets one")
             continue
-        lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} of its cap {cap:.4g} "
+        kind = "its cap" if cap is not None else "the default cap"
+        cap = cap if cap is not None else default
+        assert cap is not None
+        lines.append(f"budget: {name!r} has spent epsilon {eps:.4g} of {kind} {cap:.4g} "
                      f"{when} ({cap - eps:.4g} left)")
+        if kind == "the default cap":
+            lines.append(f"budget: {name!r} has no cap of its own; {set_one} sets one")
         if eps > cap / 2:
-            lines.append(f"warning: {name!r} is past half of its cap {when}")
+            lines.append(f"warning: {name!r} is past half of {kind} {when}")
     return lines
 
 
@@ -430,7 +445,7 @@ def _settle(cfg: RunConfig, meta: dict[str, Any], statement: dict[str, Any],
     book = ledger(cfg)
     book.settle(meta["run_id"], float(statement["epsilon"]), float(statement["delta"]))
     charged = sorted({e["source"] for e in book.run_entries(meta["run_id"])})
-    for line in spending_lines(book, charged, "after this run"):
+    for line in spending_lines(book, charged, "after this run", default_cap(cfg)):
         say(line)
 
 

@@ -10,7 +10,9 @@ A benchmark's own threads raise the load average too (a 2-thread benchmark runni
 processes: the machine's busy CPU time over the run (``/proc/stat``) minus the CPU time of this
 process and its reaped children (``os.times``), per second of wall time (``other_load``).
 ``quiet`` is false when the load average exceeded 1 at the start, or other processes kept more
-than one core busy on average during the run.
+than one core busy on average during the run. Inside a suite (``dpsynth bench all``) the start
+that counts is the suite's: a section's own start reads the load the previous section left
+(``Where(start_load=...)``), which says nothing about other processes.
 """
 
 from __future__ import annotations
@@ -83,8 +85,11 @@ def machine_info(cpuinfo: str | None = None) -> dict[str, Any]:
 class Where:
     """Context manager around one measurement; :meth:`result` is its ``"machine"`` object."""
 
-    def __init__(self, sample_every: float = 5.0) -> None:
+    def __init__(self, sample_every: float = 5.0, start_load: float | None = None) -> None:
+        """``start_load``: the load average the quiet rule reads at the start (default: the
+        one at :meth:`__enter__`; a suite passes its own start's)."""
         self._every = sample_every
+        self._start_load = start_load
         self._stop = threading.Event()
         self.load_start = self.load_end = self.load_max = 0.0
         self._t0 = self._busy0 = self._own0 = 0.0
@@ -118,7 +123,8 @@ class Where:
     @property
     def quiet(self) -> bool:
         """Load average <= 1 at the start and other processes below one core on average."""
-        return self.load_start <= QUIET_LOAD and self.other_load <= QUIET_LOAD
+        start = self.load_start if self._start_load is None else self._start_load
+        return start <= QUIET_LOAD and self.other_load <= QUIET_LOAD
 
     def result(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
         """Machine info with this measurement's load and ``quiet``."""

@@ -187,7 +187,7 @@ def bench_all(sizes: Sizes | None = None,
         chosen.add("bounds")  # their accounts need this run's rates
     with Where() as whole:
         for name in (n for n in SECTIONS if n in chosen):
-            with Where() as where:
+            with Where(start_load=whole.load_start) as where:
                 try:
                     if name == "bounds":
                         rates = _bounds(s)

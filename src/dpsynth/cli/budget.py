@@ -49,7 +49,7 @@ def show(
     from rich.table import Table
 
     from dpsynth.privacy import BudgetLedger
-    from dpsynth.privacy.ledger import counted
+    from dpsynth.privacy.ledger import DEFAULT_TOTAL_EPSILON, counted
 
     book = BudgetLedger(ledger)
     sources = book.sources()
@@ -62,7 +62,7 @@ def show(
         return
     for src in sources:
         cap = f" of {_num(src['total_epsilon'], 'g')}" if src["total_epsilon"] is not None \
-            else " (no cap)"
+            else f" (no cap of its own: {DEFAULT_TOTAL_EPSILON:g} by default, --no-cap past it)"
         capd = f" of {_num(src['total_delta'], 'g')}" if src["total_delta"] is not None else ""
         table = Table(title=f"{_label(src)}  [dim]{src['source']}[/dim]", title_justify="left")
         for col in ("run", "status", "guarantee", "unit", "epsilon", "delta", "updated"):

@@ -45,6 +45,9 @@ def generate(
         "--set", help="override KEY=VALUE, e.g. privacy.epsilon=2 (repeat; a list entry by "
         "its index: generators.0.top_p=0.9)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
+    no_cap: Annotated[bool, typer.Option(
+        "--no-cap", help="run past the default epsilon cap (10) of a data source that has no "
+        "cap of its own (privacy.no_cap); a cap set with `budget set` still applies")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Run a PE-family method (aug_pe, wasp, secpe, zero_shot) and write release/."""
@@ -58,7 +61,8 @@ def generate(
                           "(release/ is complete)", markup=False, highlight=False)
     try:  # a DpsynthError goes to the root group: one `error:` line, exit 2
         run_dir = run_generation(config, output, resume=resume,
-                                 overrides=parse_sets(set_ or []), progress=not quiet)
+                                 overrides=parse_sets(set_ or []), progress=not quiet,
+                                 no_cap=no_cap)
     except KeyboardInterrupt as err:
         err_console.print(f"stopped ({stop_reason(err)}); run.json says so. Continue with: "
                           f"dpsynth generate {config} -o {output} --resume", markup=False,

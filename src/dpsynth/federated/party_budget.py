@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..evolution.voting import topq_sensitivity
 from ..identity import DataIdentity, file_digest
 from ..privacy.distributed import share_sigma
+from ..privacy.ledger import DEFAULT_TOTAL_EPSILON
 
 if TYPE_CHECKING:  # the accountant is imported when a round is charged, not with the party
     from ..privacy import BudgetLedger
@@ -42,6 +43,8 @@ class PartyBudget:
     trust_parties: int = 1
     total_epsilon: float | None = None
     total_delta: float | None = None
+    #: The cap of a source with none of its own (the ledger's default; None: ``no-cap``).
+    default_epsilon: float | None = DEFAULT_TOTAL_EPSILON
 
     def round_epsilon(self, sigma: float, num_parties: int, step: float, dim: int) -> float:
         """Epsilon at :attr:`delta` of one round for one of this party's records."""
@@ -61,7 +64,8 @@ class PartyBudget:
         run_id = f"party-round-{uuid.uuid4().hex[:12]}"
         self.ledger.reserve(self.identity, run_id, eps, self.delta, self.total_epsilon,
                             self.total_delta, details={"method": "wasp-federated-party",
-                                                       "trust_parties": self.trust_parties})
+                                                       "trust_parties": self.trust_parties},
+                            default_epsilon=self.default_epsilon)
         self.ledger.settle(run_id, eps, self.delta)
         return eps
 
@@ -69,8 +73,9 @@ class PartyBudget:
 def party_budget(data_path: str | Path, node_config: Any) -> PartyBudget:
     """A deployment party's budget from its node config: ``ledger`` (default: the host's
     ledger), ``source`` (default: the data file's path), ``delta`` (1e-5), ``total-epsilon``
-    and ``total-delta`` (the source's cap), ``trust-parties`` (1) and ``vote-sensitivity``
-    (Top-Q's at Q = 8)."""
+    and ``total-delta`` (the source's cap; without them the ledger's default epsilon cap
+    holds unless ``no-cap`` is true), ``trust-parties`` (1) and ``vote-sensitivity`` (Top-Q's
+    at Q = 8)."""
     from ..privacy import BudgetLedger
 
     path = Path(data_path)
@@ -92,7 +97,15 @@ def party_budget(data_path: str | Path, node_config: Any) -> PartyBudget:
         sensitivity=float(node_config.get("vote-sensitivity",
                                           topq_sensitivity(DEFAULT_TOP_Q))),
         trust_parties=trust, total_epsilon=number("total-epsilon", None),
-        total_delta=number("total-delta", None))
+        total_delta=number("total-delta", None),
+        default_epsilon=None if _flag(node_config.get("no-cap", False)) else DEFAULT_TOTAL_EPSILON)
+
+
+def _flag(value: Any) -> bool:
+    """A node-config boolean (Flower passes strings from the command line)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes")
+    return bool(value)
 
 
 __all__ = ["PartyBudget", "party_budget"]

@@ -66,6 +66,10 @@ LEDGER_VERSION = 3
 GUARANTEES = ("dp", "none", "secret-protection")
 _KEY_BYTES = 32
 _TOL = 1e-12
+#: The epsilon cap of a source that has none of its own (docs/budget.md): a (epsilon, delta)
+#: run on such a source is refused past it unless the run says ``privacy.no_cap`` (``--no-cap``).
+#: It is not stored on the source, so ``dpsynth budget set`` or ``--no-cap`` override it.
+DEFAULT_TOTAL_EPSILON = 10.0
 
 
 def default_ledger_path() -> Path:
@@ -311,15 +315,19 @@ class BudgetLedger:
     def reserve(self, identity: DataIdentity, run_id: str, epsilon: float, delta: float,
                 total_epsilon: float | None = None, total_delta: float | None = None, *,
                 noise_seed: int | None = None, details: dict[str, Any] | None = None,
-                folder: dict[str, Any] | None = None) -> Charge:
+                folder: dict[str, Any] | None = None,
+                default_epsilon: float | None = None) -> Charge:
         """Reserve (epsilon, delta) for ``run_id`` on every source ``identity`` matches, or
         raise BudgetRefusedError (nothing written). Re-reserving the same run (a resume)
         replaces its reservation, from the same run folder only. ``total_*`` from the run's
         config become a source's budget when it has none; a stored budget always applies (the
-        smaller cap wins). ``noise_seed`` (seeded noise only) is refused when any other run
-        used it. ``details``: public facts kept with the entry (the config digest, the unit);
-        ``folder``: the run folder's identity (:meth:`dpsynth.run_folder.RunDir.folder_identity`)
-        the entry is bound to (:func:`check_folder`)."""
+        smaller cap wins). ``default_epsilon`` (:data:`DEFAULT_TOTAL_EPSILON` unless the run
+        says ``no_cap``) caps a source that has no epsilon cap of its own and none from the
+        config, without being stored on it. ``noise_seed`` (seeded noise only) is refused
+        when any other run used it. ``details``: public facts kept with the entry (the config
+        digest, the unit); ``folder``: the run folder's identity
+        (:meth:`dpsynth.run_folder.RunDir.folder_identity`) the entry is bound to
+        (:func:`check_folder`)."""
         if not run_id:
             raise PrivacyConfigError("run_id must be a non-empty string")
         epsilon = _check_amount("epsilon", epsilon)
@@ -337,7 +345,8 @@ class BudgetLedger:
                 if e.get("status") == "settled":
                     raise BudgetRefusedError(f"run {run_id!r} is already settled in {self.path}")
             seed_tag = _seed_tag(data, key, run_id, noise_seed)
-            _refuse_over_cap(data, charge, run_id, epsilon, delta, total_epsilon, total_delta)
+            _refuse_over_cap(data, charge, run_id, epsilon, delta, total_epsilon, total_delta,
+                             default_epsilon)
             now = _now()
             for m in charge.sources:
                 src = _register(data, m, identity, key, run_id, now)
@@ -740,25 +749,32 @@ def counted(entry: dict[str, Any]) -> tuple[float | None, float | None]:
 
 
 def _refuse_over_cap(data: dict[str, Any], charge: Charge, run_id: str, epsilon: float,
-                     delta: float, total_epsilon: float | None,
-                     total_delta: float | None) -> None:
+                     delta: float, total_epsilon: float | None, total_delta: float | None,
+                     default_epsilon: float | None = None) -> None:
     """Raise BudgetRefusedError when (epsilon, delta) for ``run_id`` (its earlier reservation
     replaced) would take any source of ``charge`` past its cap: the stored one, else the
-    run's ``total_*`` (the smaller wins)."""
+    run's ``total_*`` (the smaller wins), else ``default_epsilon`` for epsilon."""
     for m in charge.sources:
         stored = data["sources"].get(m.source, {})
         cap_eps = _cap(stored.get("total_epsilon"), total_epsilon)
+        default = cap_eps is None and default_epsilon is not None
+        if default:
+            cap_eps = default_epsilon
         cap_delta = _cap(stored.get("total_delta"), total_delta)
         s_eps, s_delta = _sum(data["entries"], m.source, skip_run=run_id)
         if (cap_eps is not None and s_eps + epsilon > cap_eps + _TOL) or (
                 cap_delta is not None and s_delta + delta > cap_delta + _TOL):
+            how = ("give the source a cap of its own with `dpsynth budget set` (it has none, "
+                   "so the default holds), or run with --no-cap (privacy.no_cap: true) to go "
+                   "past the default knowingly" if default else "raise the source's total "
+                   "with `dpsynth budget set`")
             raise BudgetRefusedError(
                 f"privacy budget of {m.describe()} refused: spent so far "
                 f"epsilon={s_eps:.4g}, delta={s_delta:.3g}; this run asks epsilon="
                 f"{epsilon:.4g}, delta={delta:.3g}; the source's total is epsilon="
-                f"{_fmt(cap_eps)}, delta={_fmt(cap_delta)}. Lower this run's epsilon/"
-                "delta, or raise the source's total with `dpsynth budget set` (every "
-                "subset, column choice, unit and version of a source shares its budget)")
+                f"{_fmt(cap_eps)}{' (default)' if default else ''}, delta={_fmt(cap_delta)}. "
+                f"Lower this run's epsilon/delta, or {how} (every subset, column choice, "
+                "unit and version of a source shares its budget)")
 
 
 def _adopt_totals(src: dict[str, Any], total_epsilon: float | None, total_delta: float | None,
@@ -770,5 +786,6 @@ def _adopt_totals(src: dict[str, Any], total_epsilon: float | None, total_delta:
             src["budget_set"] = {"at": now, "by": f"run {run_id}"}
 
 
-__all__ = ["BudgetLedger", "Charge", "LedgerUnusableError", "OtherFolderError", "SourceMatch",
+__all__ = ["DEFAULT_TOTAL_EPSILON", "BudgetLedger", "Charge", "LedgerUnusableError",
+           "OtherFolderError", "SourceMatch",
            "check_folder", "counted", "default_ledger_path", "keyed_fingerprint"]
