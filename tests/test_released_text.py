@@ -264,6 +264,31 @@ def test_the_filtered_share_is_in_the_stats_and_mostly_filtered_runs_warn(
     assert "were refused by the filters" not in (clean / "log.txt").read_text()
 
 
+def test_the_short_end_of_the_length_band_comes_from_the_released_lengths() -> None:
+    lengths = np.zeros(N_BINS)
+    lengths[2:6] = [10, 50, 30, 10]  # bins [8, 16), [16, 32), [32, 64), [64, 128)
+    sizes = Sizes.of(lengths[None, :])
+    assert sizes.min_words() == 8 and sizes.max_words() == 64  # 10th and 90th percentiles
+    first = np.zeros(N_BINS)
+    first[0] = 5.0
+    assert Sizes.of(first[None, :]).min_words() is None  # no short end below the first bin
+    assert Sizes.of(np.full((1, N_BINS), -1.0)).min_words() is None  # no positive mass
+
+
+@pytest.mark.parametrize(("words", "over", "refused"), [
+    (3, {"privacy.epsilon": 8.0}, True),  # records run 8-15 words: the DP short end >= 4
+    (12, {"privacy.epsilon": 8.0}, False),
+    (12, {"synthesis.min_words": 20, "synthesis.max_words": 40}, True),  # declared
+    (3, {"synthesis.max_words": 40}, False),  # a declared length and no short end
+])
+def test_texts_below_the_length_band_are_refused_and_regenerated(
+        tmp_path, words: int, over: dict[str, Any], refused: bool) -> None:
+    run = _run(tmp_path, {"synthesis.retries": 1, "synthesis.samples": 6, **over},
+               FakeGenerator("fake-g0", words=words))
+    share = _jsonl(run / "stats.jsonl")[0]["filtered_share_initial"]
+    assert share == (1.0 if refused else 0.0)
+
+
 # ------------------------------------------------------------------ learning from the votes
 
 

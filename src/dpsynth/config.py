@@ -456,6 +456,10 @@ class SynthesisConfig(Section):
         None, gt=0, description="the longest text to write, in words (public); null: Aug-PE "
                                 "estimates it from the records' length histogram, released "
                                 "with the label counts (no extra release)")
+    min_words: int | None = Field(
+        None, gt=0, description="the shortest text kept, in words (public): a shorter one is "
+                                "refused and regenerated; null: Aug-PE takes the short end of "
+                                "its DP length estimate (none without it)")
     iterations: int = Field(2, ge=0, description="T: private voting rounds")
     pool_multiplier: int = Field(3, ge=1, description="L: candidates per kept sample")
     k: int = Field(1, ge=1, description="nearest candidates each record votes for")

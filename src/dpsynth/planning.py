@@ -67,6 +67,7 @@ class RunPlan:
     releases: list[PlannedRelease] = field(default_factory=list)
     max_words: int | None = None  # the texts' length, where known before the run
     length_source: str = ""  # where the length comes from
+    short_end: str = ""  # the short end of the length band, in words
     vote_noise: float | None = None  # std of the noise on one candidate's votes
     expected_votes: float | None = None  # per candidate, on average
     verdict: str = "ok"  # ok | noisy | random | none
@@ -97,6 +98,7 @@ class RunPlan:
             words = (f"texts up to {self.max_words} words (max_new_tokens "
                      f"{tokens_for(self.max_words)}), " if self.max_words else "texts' length ")
             out.append(f"  {words}{self.length_source}")
+            out.append(f"  {self.short_end}")
         if self.vote_noise is not None and self.expected_votes is not None:
             out.append(f"  votes per candidate: {self.expected_votes:.3g} expected, noise "
                        f"sigma {self.vote_noise:.3g}")
@@ -187,6 +189,13 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
     plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
                    candidates, None, population=population, samples=syn.samples)
     plan.max_words, plan.length_source = plan_length(config, method, exact_words)
+    if plan.length_source:
+        least = config.synthesis.min_words
+        plan.short_end = (f"texts under {least} words are regenerated (synthesis.min_words)"
+                          if least else "texts shorter than the 10th percentile's length bin of "
+                          "the run's noisy length estimate are regenerated" if
+                          config.synthesis.max_words is None else
+                          "no short end: declare synthesis.min_words to set one")
     if not sigma or not getattr(method, "private_votes", False) or method.guarantee(
             config) not in ("dp", "secret-protection"):
         plan.verdict = "none"

@@ -28,7 +28,8 @@ N_BINS = len(LENGTH_EDGES) + 1
 #: the word count the open last bin stands for
 LONGEST = 400
 #: the share of the records' (noisy) length mass a generation may cover: the generators write
-#: up to the length of the 90th percentile's bin
+#: up to the length of the 90th percentile's bin, and a text shorter than the lower edge of the
+#: 10th percentile's bin is outside the band (refused and regenerated)
 COVER = 0.9
 #: tokens a word takes on average in the default models' tokenizers (SmolLM2, Gemma 3:
 #: 1.3-1.4 on English reviews and questions), with headroom
@@ -81,9 +82,22 @@ class Sizes:
         mass = np.maximum(self.lengths, 0.0)
         if mass.sum() <= 0:
             return 64
-        below = np.cumsum(mass) / mass.sum()
-        b = int(np.searchsorted(below, COVER))
+        b = self._quantile_bin(COVER)
         return LENGTH_EDGES[b] if b < len(LENGTH_EDGES) else LONGEST
+
+    def min_words(self) -> int | None:
+        """The lower edge of the bin holding the ``1 - COVER`` quantile of the (clipped) noisy
+        length distribution: the short end of the length band (None when the released mass
+        is not positive, or the quantile falls in the first bin)."""
+        if np.maximum(self.lengths, 0.0).sum() <= 0:
+            return None
+        b = self._quantile_bin(1.0 - COVER)
+        return LENGTH_EDGES[b - 1] if b > 0 else None
+
+    def _quantile_bin(self, q: float) -> int:
+        mass = np.maximum(self.lengths, 0.0)
+        below = np.cumsum(mass) / mass.sum()
+        return int(np.searchsorted(below, q))
 
 
 def exact_max_words(texts: Iterable[str]) -> int:

@@ -73,18 +73,22 @@ class Generation:
         #: the longest text to write, in words (synthesis.max_words, or set from a DP
         #: estimate by :meth:`write_up_to`); None: 64 tokens
         self.max_words: int | None = config.synthesis.max_words
+        #: the shortest text kept, in words (synthesis.min_words, or the DP estimate's)
+        self.min_words: int | None = config.synthesis.min_words
         #: trains a generator on preference pairs (:func:`preference.train_dpo`; a test's
         #: recorder) and the tuned model each generator runs now (folder), if any
         self.trainer: Trainer = trainer or train_dpo
         self.tuned: dict[int, Path] = {}
 
-    def write_up_to(self, words: int | None) -> None:
+    def write_up_to(self, words: int | None, at_least: int | None = None) -> None:
         """Generations of up to ``words`` words from now on (generators whose config sets
-        max_new_tokens keep it)."""
-        self.max_words = words
+        max_new_tokens keep it), and of at least ``at_least`` words (a shorter one is
+        regenerated; None: no such bound)."""
+        self.max_words, self.min_words = words, at_least
         if "synthesizers" in self.__dict__:
             for synth in self.synthesizers:
                 synth.length_tokens, synth.max_words = self._length_tokens(), words
+                synth.min_words = at_least
 
     def _length_tokens(self) -> int:
         return 64 if self.max_words is None else tokens_for(self.max_words)
@@ -124,7 +128,7 @@ class Generation:
                     generator = load_generator(gen_cfg.load_spec(), cache_path=self.cache_path)
             out.append(Synthesizer(generator, gen_cfg, self.config.synthesis, self.seed,
                                    self.config.prompts.writer, self._length_tokens(),
-                                   self.max_words))
+                                   self.max_words, self.min_words))
         return out
 
     @property

@@ -53,6 +53,9 @@ class Synthesizer:
     #: the texts' length in words (None: unknown): a longer text that stops mid-sentence is
     #: cut back to its last full sentence (:func:`trim_cut_off`)
     max_words: int | None = None
+    #: the short end of the length band in words (None: only ``synthesis.min_chars``): a
+    #: shorter text is refused and regenerated like any other refused one
+    min_words: int | None = None
     counts: GenerationCounts = field(default_factory=GenerationCounts)
 
     @property
@@ -106,6 +109,9 @@ class Synthesizer:
                                         writer=self.writer)
                 if text is not None and self.max_words is not None:
                     text = trim_cut_off(text, self.max_words)
+                if text is not None and self.min_words is not None \
+                        and len(text.split()) < self.min_words:
+                    text = None  # outside the length band
                 if text is None or (accept is not None and not accept(i, text)):
                     self.counts.rejected += 1
                     failed.append(i)

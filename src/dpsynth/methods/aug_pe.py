@@ -58,11 +58,13 @@ def knn_lattice(cand_labels: np.ndarray, k: int, unit: str) -> Lattice:
 @dataclass
 class AugPEState(StrategyState):
     """Aug-PE's state: ``quota`` (released texts per label), ``vote_quota`` (samples kept per
-    label each voting round) and ``max_words`` (the length the generators write), all
-    post-processing of the released (label x length) histogram or public settings."""
+    label each voting round) and ``max_words`` / ``min_words`` (the length band the generators
+    write in), all post-processing of the released (label x length) histogram or public
+    settings."""
 
     vote_quota: np.ndarray | None = None
     max_words: int | None = None
+    min_words: int | None = None
     #: the tuned models the generators run (folders under private/preference), if any
     tuned: list[str] | None = None
 
@@ -84,16 +86,17 @@ class AugPEStrategy:
         self.rngs = rngs
         self.state = AugPEState()
 
-    def _sizes(self) -> tuple[np.ndarray, np.ndarray, int | None]:
-        """(quota, vote_quota, max_words) from one release of the (label x length) histogram
-        when anything needs it (several labels, an automatic population or length), else from
-        the public settings."""
+    def _sizes(self) -> tuple[np.ndarray, np.ndarray, int | None, int | None]:
+        """(quota, vote_quota, max_words, min_words) from one release of the (label x length)
+        histogram when anything needs it (several labels, an automatic population or length),
+        else from the public settings."""
         syn, n_labels = self.syn, self.view.n_labels
         if not AugPE.releases_sizes(self.config, n_labels):
             # one label class, a declared length and (with votes) a declared population
             population = voting_population(self.config, self.method, 0.0, n_labels,
                                            self.releaser.sigma) if syn.iterations else syn.samples
-            return np.array([syn.samples]), np.array([population]), syn.max_words
+            return np.array([syn.samples]), np.array([population]), syn.max_words, \
+                syn.min_words
         sizes = released_sizes(self.view, self.releaser)
         quota = allocate(syn.samples, sizes.label_counts)
         if not syn.iterations:
@@ -103,12 +106,14 @@ class AugPEStrategy:
                                            self.releaser.sigma)
             vote_quota = allocate(population, sizes.label_counts)
             vote_quota = np.minimum(np.maximum(vote_quota, (quota > 0).astype(np.int64)), quota)
-        return quota, vote_quota, syn.max_words or sizes.max_words()
+        return quota, vote_quota, syn.max_words or sizes.max_words(), \
+            syn.min_words or (None if syn.max_words else sizes.min_words())
 
     def initial(self) -> Start:
-        quota, vote_quota, words = self._sizes()
-        self.state.quota, self.state.vote_quota, self.state.max_words = quota, vote_quota, words
-        self.gen.write_up_to(words)
+        quota, vote_quota, words, least = self._sizes()
+        self.state.quota, self.state.vote_quota = quota, vote_quota
+        self.state.max_words, self.state.min_words = words, least
+        self.gen.write_up_to(words, least)
         # one zero-shot pass serves both: the voting pool (the first vote_quota x L of each
         # label) and the zero-shot reference of the release's size
         full = self.gen.zero_shot(np.maximum(quota, vote_quota * self.syn.pool_multiplier),
@@ -118,7 +123,7 @@ class AugPEStrategy:
 
     def _restore(self) -> None:
         """The generators' length and tuned models from the state (a resumed run)."""
-        self.gen.write_up_to(self.state.max_words)
+        self.gen.write_up_to(self.state.max_words, self.state.min_words)
         for g, name in enumerate(self.state.tuned or []):
             self.gen.use_tuned(g, self.view.run.private / "preference" / name)
 
