@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import ConfigError, RunConfig
+from .on_shards import engine_of
 from .run_folder import RunDir
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def run_engine(config: RunConfig, run: RunDir, dataset: Any, *,
                         EmbedderSpec(cfg.model, str(run.private / "embed-cache"),
                                      cfg.batch_size))
         run.log(f"compute: ray, {config.compute.shards} shards at {config.compute.address}")
-        engine = getattr(dataset, "compute", None)
+        engine = engine_of(dataset)
         if not isinstance(engine, RayCompute):
             domain = None if dataset.label_domain is None else dict(dataset.label_domain)
             engine = _ray_engine(config, run, data_spec(config, run, domain,

@@ -31,6 +31,7 @@ from .hooks import RunHooks
 from .methods import get_method
 from .methods.base import Job, Method, Outcome, PrivacyPlan
 from .neighbours import check_limit, mechanism_config, over_file
+from .on_shards import engine_of
 from .preflight import check_output_writable, check_run
 from .privacy.ledger import DEFAULT_TOTAL_EPSILON, OtherFolderError, check_folder
 from .progress import warn as operator_warning
@@ -477,7 +478,7 @@ def _close(job: Job | None, session: PrivacySession | None, dataset: Any) -> Non
 
 def _close_engine(dataset: Any) -> None:
     """Stop the shards of a sharded dataset (closing twice is harmless)."""
-    engine = getattr(dataset, "compute", None)
+    engine = engine_of(dataset)
     if engine is not None:
         engine.close()
 

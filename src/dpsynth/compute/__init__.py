@@ -14,10 +14,11 @@ the method and run through :meth:`PrivateCompute.map`.
 
 from __future__ import annotations
 
+from ..on_shards import OnShards, engine_of
 from .engine import PrivateCompute
 from .kernels import Partial
 from .local import LocalCompute, dataset_engine
 from .shard import Shard, TextShard, shard_kernel
 
-__all__ = ["LocalCompute", "Partial", "PrivateCompute", "Shard", "TextShard",
-           "dataset_engine", "shard_kernel"]
+__all__ = ["LocalCompute", "OnShards", "Partial", "PrivateCompute", "Shard", "TextShard",
+           "dataset_engine", "engine_of", "shard_kernel"]

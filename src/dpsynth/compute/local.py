@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..on_shards import engine_of
 from .engine import PrivateCompute
 from .partition import buckets_of
 from .shard import Shard, check_kernel, text_shard
@@ -102,7 +103,7 @@ def dataset_engine(dataset: Any, user_level: bool, folder: Path | None = None
     """The engine over a dataset's records: the Ray shards of a
     :class:`dpsynth.compute.sharded.ShardedDataset` (which hold them), else this process
     (``folder``: where its kernels keep files)."""
-    engine = getattr(dataset, "compute", None)
+    engine = engine_of(dataset)
     if engine is not None:
         return engine
     return LocalCompute.for_dataset(dataset, user_level, folder)

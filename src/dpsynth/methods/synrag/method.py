@@ -16,6 +16,7 @@ from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...files import SHARED_MODE, write_jsonl
 from ...llm.base import LogitsDtypeChoice, StepperEngineChoice
+from ...on_shards import engine_of
 from ...privacy.lattice import Lattice
 from ...rag.grounding import garbled_reason
 from ...run_folder import RunDir
@@ -162,8 +163,8 @@ class SynRAG(Method):
         """The documents (on the Ray shards, or in this process), the generator (its logits
         dtype set) and the embedder."""
         cfg = job.config
-        engine = getattr(job.dataset, "compute", None)
-        corpus = (Corpus.on_shards(engine) if getattr(engine, "engine", None) == "ray"
+        engine = engine_of(job.dataset)
+        corpus = (Corpus.on_shards(engine) if engine is not None and engine.engine == "ray"
                   else Corpus.in_process(cfg, job.dataset, job.run))
         gen, emb_model = load_models(cfg, job.run,
                                      job.generators[0] if job.generators else None, job.embedder)
