@@ -287,6 +287,9 @@ def test_texts_below_the_length_band_are_refused_and_regenerated(
                FakeGenerator("fake-g0", words=words))
     share = _jsonl(run / "stats.jsonl")[0]["filtered_share_initial"]
     assert share == (1.0 if refused else 0.0)
+    # the band steers, it never empties the release: after the last retry a short text stays
+    released = _jsonl(run / "release" / "synthetic.jsonl")
+    assert len(released) == 6 and all(len(r["text"].split()) == words for r in released)
 
 
 # ------------------------------------------------------------------ learning from the votes

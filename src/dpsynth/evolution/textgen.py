@@ -54,7 +54,8 @@ class Synthesizer:
     #: cut back to its last full sentence (:func:`trim_cut_off`)
     max_words: int | None = None
     #: the short end of the length band in words (None: only ``synthesis.min_chars``): a
-    #: shorter text is refused and regenerated like any other refused one
+    #: shorter text is regenerated like a refused one, and kept when every attempt was short
+    #: (the band steers; it never empties a release)
     min_words: int | None = None
     counts: GenerationCounts = field(default_factory=GenerationCounts)
 
@@ -77,6 +78,7 @@ class Synthesizer:
         from ..llm import GenerationRequest, SamplingParams
 
         results: list[str | None] = [None] * len(instructions)
+        short: dict[int, str] = {}  # the last clean but too-short text of each instruction
         pending = list(range(len(instructions)))
         self.counts.requested += len(instructions)
         for attempt in range(self.synthesis.retries + 1):
@@ -111,12 +113,16 @@ class Synthesizer:
                     text = trim_cut_off(text, self.max_words)
                 if text is not None and self.min_words is not None \
                         and len(text.split()) < self.min_words:
-                    text = None  # outside the length band
+                    if accept is None or accept(i, text):
+                        short[i] = text
+                    text = None  # below the length band: regenerated
                 if text is None or (accept is not None and not accept(i, text)):
                     self.counts.rejected += 1
                     failed.append(i)
                 else:
                     results[i] = text
             pending = failed
-        self.counts.dropped += len(pending)
+        for i in [i for i in pending if i in short]:  # every attempt short: keep the last
+            results[i] = short[i]
+        self.counts.dropped += sum(1 for i in pending if i not in short)
         return results
