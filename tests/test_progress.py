@@ -10,6 +10,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -117,3 +118,117 @@ def test_importing_openvino_writes_nothing_into_home(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
                    timeout=120)
     assert not (tmp_path / "intel").exists()
+
+
+# -- bars count items, not batches (issue 46) ---------------------------------------------------
+def test_a_plain_bar_prints_each_quarter_mark_once_when_a_batch_jumps_over_several() -> None:
+    console, buf = _plain_console()
+    with progress.session(console=console), progress.bar("generating (texts)", 100) as advance:
+        advance(10)   # below the first mark: no line
+        advance(70)   # crosses 25, 50 and 75 at once
+        advance()     # the zero-argument call still counts one
+        advance(19)
+    lines = buf.getvalue().splitlines()
+    marks = [ln.split("generating (texts): ", 1)[1] for ln in lines]
+    assert marks[0] == "0/100"
+    assert [m.split(",")[0] for m in marks[1:4]] == ["25/100", "50/100", "75/100"]
+    assert "left" in marks[3] and "left" not in marks[1]  # the time left on the last one
+    assert marks[4].startswith("100/100 in ") and len(marks) == 5
+
+
+def test_a_live_bar_counts_what_advance_adds() -> None:
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    with progress.session(console=console), progress.bar("embedding (texts)", 40) as advance:
+        advance(16)
+        advance(16)
+        advance(8)
+    assert "embedding (texts): 40/40 in" in buf.getvalue()
+
+
+def test_time_left_is_known_after_the_first_batch_and_counts_down() -> None:
+    assert progress.time_left(0.0, 0, 100) is None  # nothing done: no estimate
+    assert progress.time_left(10.0, 25, 100) == pytest.approx(30.0)  # 10 s for a quarter
+    assert progress.time_left(10.0, 25, 100, since=12.0) == pytest.approx(18.0)
+    assert progress.time_left(10.0, 25, 100, since=99.0) == 0.0
+
+
+def _bare_local_generator(batch: int) -> Any:
+    """The real LocalGenerator.complete over a stand-in engine: every text comes back as
+    "ok" (no model loaded)."""
+    from dpsynth.llm import Completion
+    from dpsynth.llm.local import LocalGenerator
+
+    gen = LocalGenerator.__new__(LocalGenerator)
+    gen.name, gen.max_context, gen.batch_size, gen._ct2 = "local:stand-in", 512, batch, None
+    gen.render = lambda r: (str(r.prompt), (), False)
+    gen.encode_prompt = lambda text: [1, 2, 3]
+    gen._generate_batch = lambda prompts, *rest: [Completion("ok", "stop") for _ in prompts]
+    return gen
+
+
+def test_local_generation_counts_texts_not_batches() -> None:
+    from dpsynth.llm import GenerationRequest
+
+    gen = _bare_local_generator(batch=3)
+    console, buf = _plain_console()
+    with progress.session(console=console):
+        texts = gen.generate([GenerationRequest(f"prompt {i}") for i in range(7)])
+    assert texts == ["ok"] * 7 and gen.last_batch_sizes == [3, 3, 1]
+    out = buf.getvalue()
+    assert "local:stand-in generating (texts): 0/7" in out
+    assert "local:stand-in generating (texts): 7/7 in" in out  # 7 texts, not 3 batches
+    assert "/3" not in out
+
+
+def test_embedding_counts_texts_not_passes() -> None:
+    import numpy as np
+
+    from dpsynth.embed.engines import FixedShapeEngine
+
+    class StandIn(FixedShapeEngine):
+        batch_size, dim, max_len, _pad_id, _filler = 4, 3, 32, 0, [1]
+
+        def _tok(self, texts: list[str], **_: Any) -> dict[str, list[list[int]]]:
+            return {"input_ids": [[1] * (2 + len(t) % 5) for t in texts]}
+
+        def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return np.ones((len(ids), self.dim), dtype=np.float32)
+
+    console, buf = _plain_console()
+    with progress.session(console=console):
+        out = StandIn().encode([f"text {'x' * i}" for i in range(10)], progress=True)
+    assert out.shape == (10, 3)
+    assert "embedding (texts): 0/10" in buf.getvalue()
+    assert "embedding (texts): 10/10 in" in buf.getvalue()
+
+
+def test_the_evaluation_embeds_under_a_bar_of_texts_named_by_set() -> None:
+    from dpsynth.eval import suite
+
+    console, buf = _plain_console()
+    texts = [f"a short text number {i}" for i in range(suite.EMBED_CHUNK + 5)]
+    with progress.session(console=console):
+        emb = suite._embed(FakeEmbedder(), texts, "synthetic")
+    assert emb.shape[0] == len(texts)
+    assert f"embedding synthetic (texts): {len(texts)}/{len(texts)} in" in buf.getvalue()
+    assert "a short text" not in buf.getvalue()  # names and counts, never a text
+
+
+def test_private_prediction_advances_one_step_a_token_and_tops_up_an_early_end() -> None:
+    from dpsynth.methods.synrag.config import SynRAGConfig
+    from dpsynth.methods.synrag.private_prediction import predict_text, private_predict
+    from fakes import EOS_ID
+    from test_synrag_support import OPTS, ScriptedSession
+
+    gen = FakeGenerator()
+    script = [gen.encode("the")[0], gen.encode("fever")[0], EOS_ID, 0, 0, 0]
+    steps: list[int] = []
+    pred = private_predict(ScriptedSession(script), "c", gen, ["a document"],
+                           advance=lambda n=1: steps.append(n), **OPTS)
+    assert pred.steps == 3 and steps == [1, 1, 1]  # ended at the third token
+    steps.clear()
+    scfg = SynRAGConfig(tokens=6, support="full")
+    predict_text(ScriptedSession(script), "c", gen, ["a document"], scfg, 0.5,
+                 advance=lambda n=1: steps.append(n))
+    assert sum(steps) == 6 and steps[-1] == 3  # the bar reaches T: 3 tokens + the 3 skipped

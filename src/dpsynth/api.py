@@ -450,7 +450,8 @@ def evaluate(run: str | Path | Result,
              labels: list[str] | None = None, classifier: str = "logreg", epochs: int = 3,
              k: int = 3, mauve: bool = True, audits: bool = True,
              pii_columns: list[str] | None = None, zero_shot: str | Path | None = None,
-             report: bool = True, embedder: Any = None) -> dict[str, Any]:
+             report: bool = True, embedder: Any = None, progress: bool = True
+             ) -> dict[str, Any]:
     """``dpsynth eval``: fidelity and utility of the synthetic data against real test data
     (and the operator's audits); writes eval/eval.json (and, with ``report``, the HTML report)
     and returns the shareable evaluation (what eval/eval.json holds).
@@ -460,7 +461,8 @@ def evaluate(run: str | Path | Result,
     ``text`` / ``labels``: its columns (default the run's); ``classifier``: logreg, finetune or
     both, fine-tuned for ``epochs``; ``k`` of kNN precision / recall; ``mauve``, ``audits``;
     ``pii_columns``: private columns whose values the PII audit looks for; ``zero_shot``: a
-    zero-shot run folder as the reference. The same options as ``dpsynth eval``."""
+    zero-shot run folder as the reference. The same options as ``dpsynth eval``.
+    ``progress``: bars for the embedding and fine-tuning (counts only; False: none)."""
     from .eval.suite import EvalOptions, evaluate_run
 
     if not isinstance(run, Result):
@@ -470,7 +472,8 @@ def evaluate(run: str | Path | Result,
     check_choice("classifier", classifier, CLASSIFIERS)
     check_int("epochs", epochs, optional=False)
     check_int("k", k, optional=False)
-    for name, flag in (("mauve", mauve), ("audits", audits), ("report", report)):
+    for name, flag in (("mauve", mauve), ("audits", audits), ("report", report),
+                       ("progress", progress)):
         check_flag(name, flag)
     check_names("pii_columns", pii_columns)
     check_path("zero_shot", zero_shot)
@@ -482,7 +485,7 @@ def evaluate(run: str | Path | Result,
             k=k, finetune_epochs=epochs, with_mauve=mauve, with_audits=audits,
             pii_columns=None if pii_columns is None else list(pii_columns),
             zero_shot_run=zero_shot, test_name=name)
-        evaluate_run(run_dir, path, options, embedder=embedder)
+        evaluate_run(run_dir, path, options, embedder=embedder, progress=progress)
         if report:
             from .eval.report import write_report
 

@@ -5,6 +5,11 @@ voting, release) shows on the terminal through rich, under the run's current sta
 * :class:`Display` draws it: on a terminal (or in Jupyter) live rich bars and spinners; when
   stderr is not a terminal (a CI log, ``2> file``) plain lines without ``\\r`` - a start line,
   one at each quarter and a done line per bar.
+* A bar counts what a user waits for (texts, tokens, documents; its label says which), not
+  batches: ``advance(n)`` adds the ``n`` items a batch finished. Its time left is measured
+  from the bar's own start, so it shows as soon as the first batch is done (rich's own
+  estimate needs two updates within 30 s, which slow batches never give), and counts down
+  between updates.
 * :func:`session` makes a display the active one for the duration of a command and routes
   what third-party libraries print: Hugging Face bars off, their warnings to the
   ``dpsynth.thirdparty`` logger (DEBUG, not the terminal), dpsynth's own log warnings to the
@@ -26,7 +31,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Display", "bar", "current", "note", "session", "stage", "step", "warn"]
+__all__ = ["Advance", "Display", "bar", "current", "note", "session", "stage", "step", "time_left",
+           "warn"]
 
 _active: list[Display] = []
 _lock = threading.Lock()
@@ -47,6 +53,66 @@ def quarter_marks(total: int) -> list[int]:
     """The counts at which a plain (non-terminal) bar prints a line: each quarter of
     ``total`` that is neither 0 nor the end, once each."""
     return sorted({total * q // 4 for q in (1, 2, 3)} - {0, total})
+
+
+#: A bar's ``advance``: ``advance(n=1)`` adds ``n`` finished items.
+Advance = Callable[..., None]
+
+
+def _ignore(n: int = 1) -> None:
+    """The ``advance`` of a bar that shows nothing."""
+
+
+class _PlainCount:
+    """A plain bar's count and the quarter marks it has passed (thread-safe)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.count = 0
+        self._marks = quarter_marks(total)
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> tuple[int, list[int]]:
+        """Add ``n``; (the new count, the marks crossed by this addition, each only once)."""
+        with self._lock:
+            before, self.count = self.count, self.count + int(n)
+            return self.count, [m for m in self._marks if before < m <= self.count]
+
+
+def _clock(seconds: float) -> str:
+    """``h:mm:ss`` (rich's style for time columns)."""
+    minutes, secs = divmod(int(round(max(0.0, seconds))), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def time_left(elapsed: float, completed: float, total: float, since: float = 0.0
+              ) -> float | None:
+    """Seconds left of a bar: the rate over the ``elapsed`` seconds from its start to its
+    last update (``completed`` items by then) applied to the items still to do, less the
+    ``since`` seconds passed after that update (at least 0); None before the first item."""
+    if completed <= 0 or elapsed <= 0:
+        return None
+    return max(0.0, elapsed * (total - completed) / completed - since)
+
+
+def _eta_column() -> Any:
+    """A rich column of the time left from the bar's own start (:func:`time_left`): shown
+    after the first batch, counting down between updates."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class TimeLeft(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            at, start = task.fields.get("at"), task.start_time
+            left = None
+            if at is not None and start is not None and task.total:
+                now = task.get_time()
+                left = time_left(at - start, task.completed, task.total, now - at)
+            return Text(f"eta {_clock(left)}" if left is not None else "eta -:--:--",
+                        style="progress.remaining")
+
+    return TimeLeft()
 
 
 class Display:
@@ -95,14 +161,13 @@ class Display:
             SpinnerColumn,
             TextColumn,
             TimeElapsedColumn,
-            TimeRemainingColumn,
         )
 
         with self._lock:
             if self._progress is None:
                 self._progress = Progress(
                     SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), _eta_column(),
                     console=self.console, transient=True)
                 self._progress.start()
             self._running += 1
@@ -116,41 +181,48 @@ class Display:
                 self._progress = None
 
     @contextlib.contextmanager
-    def bar(self, label: str, total: int) -> Iterator[Callable[[], None]]:
-        """A bar of ``total`` steps; yields ``advance()`` (thread-safe). It ends with one
-        done line (label, count, time)."""
+    def bar(self, label: str, total: int) -> Iterator[Advance]:
+        """A bar of ``total`` items (texts, tokens: the label says which); yields
+        ``advance(n=1)`` (thread-safe), called with the items each batch finished. It ends
+        with one done line (label, count, time)."""
         if not self.enabled or total <= 0:
-            yield lambda: None
+            yield _ignore
             return
         text = self._label(label)
         started = time.monotonic()
         if self.live:
             progress = self._start_live()
-            task = progress.add_task(text, total=total)
+            task = progress.add_task(text, total=total, at=None)
+
+            def advance(n: int = 1) -> None:
+                progress.update(task, advance=n, at=progress.get_time())
+
             try:
-                yield lambda: progress.advance(task)
+                yield advance
             finally:
                 done = int(progress.tasks[progress.task_ids.index(task)].completed)
                 progress.remove_task(task)
                 self._stop_live()
                 self.note(f"{text}: {done}/{total} in {_plain_time(time.monotonic() - started)}")
             return
-        marks = quarter_marks(total)
-        count = [0]
-        counter = threading.Lock()
-
-        def advance() -> None:
-            with counter:
-                count[0] += 1
-                n = count[0]
-            if n in marks:
-                self.note(f"{text}: {n}/{total}")
-
+        plain = _PlainCount(total)
         self.note(f"{text}: 0/{total}")
         try:
-            yield advance
+            yield lambda n=1: self._plain_marks(text, plain, n, started)
         finally:
-            self.note(f"{text}: {count[0]}/{total} in {_plain_time(time.monotonic() - started)}")
+            self.note(f"{text}: {plain.count}/{total} in "
+                      f"{_plain_time(time.monotonic() - started)}")
+
+    def _plain_marks(self, text: str, plain: _PlainCount, n: int, started: float) -> None:
+        """A plain bar's lines for the quarter marks that ``n`` more items crossed: one line
+        each, once (a batch may cross several), the time left on the last."""
+        count, crossed = plain.add(n)
+        for i, mark in enumerate(crossed):
+            left = ""
+            if i == len(crossed) - 1 and 0 < count < plain.total:
+                spent = time.monotonic() - started
+                left = f", about {_plain_time(spent * (plain.total - count) / count)} left"
+            self.note(f"{text}: {mark}/{plain.total}{left}")
 
     @contextlib.contextmanager
     def step(self, label: str) -> Iterator[None]:
@@ -211,10 +283,11 @@ def stage(text: str) -> None:
 
 
 @contextlib.contextmanager
-def bar(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[], None]]:
-    """A bar on the active display, or on a display of its own when none is active."""
+def bar(label: str, total: int, enabled: bool = True) -> Iterator[Advance]:
+    """A bar of ``total`` items on the active display, or on a display of its own when none
+    is active; yields ``advance(n=1)``."""
     if not enabled:
-        yield lambda: None
+        yield _ignore
         return
     display = current()
     if display is None:

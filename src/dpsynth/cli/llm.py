@@ -7,6 +7,8 @@ from typing import Any
 
 import typer
 
+from .. import progress
+
 group = typer.Typer(
     help="Language models: serve one over an OpenAI-compatible API, or try a prompt.",
     no_args_is_help=True,
@@ -72,7 +74,8 @@ def serve_cmd(
     key = server_api_key(host, api_key)  # refused off loopback without a key, before loading
     spec = _spec(model)
     kwargs: dict[str, Any] = {"batch_size": batch_size} if isinstance(spec, str) else {}
-    gen = load_generator(spec, **kwargs)
+    with progress.session(), progress.step("loading the model"):  # then "ready at URL"
+        gen = load_generator(spec, **kwargs)
     serve(gen, host=host, port=port, model_id=served_model_name, max_body_bytes=max_body_bytes,
           max_batch_requests=max_batch, max_pending=max_pending, queue_timeout_s=queue_timeout,
           default_max_tokens=default_max_tokens, api_key=key)
@@ -99,12 +102,14 @@ def generate_cmd(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    gen = load_generator(_spec(model))
     body: str | tuple[dict[str, str], ...] = (
         ({"role": "user", "content": prompt},) if chat else prompt
     )
     reqs = [GenerationRequest(body, params, nonce=k) for k in range(n)]
-    texts = gen.generate(reqs, progress=not as_json)
+    with progress.session(enabled=not as_json):
+        with progress.step("loading the model"):
+            gen = load_generator(_spec(model))
+        texts = gen.generate(reqs, progress=not as_json)
     if as_json:
         typer.echo(json.dumps({"model": gen.name, "outputs": texts}))
     else:

@@ -1,9 +1,11 @@
 """CLI command: ``dpsynth plan CONFIG``: the configured method's plan, before a run. A PE
 method's: what the noise will do to the votes (:mod:`dpsynth.planning`; it reads the private
-data only to count its records and label classes, or takes ``--records`` without the data);
-DP-SynRAG's: its calibrated clip and every planned release (from the config alone); any
-other method's: its privacy plan object, field by field. It spends nothing and writes
-nothing."""
+data only to count its records and label classes, or takes ``--records`` without the data),
+and the run's estimated wall time per stage on this machine (:mod:`dpsynth.estimate`: a short
+calibration of the configured models, cached in the user's cache folder; ``--no-calibrate``
+uses only a cached one); DP-SynRAG's: its calibrated clip and every planned release (from the
+config alone); any other method's: its privacy plan object, field by field. It spends no
+budget and writes nothing but the calibration cache."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from typing import Annotated, Any
 
 import typer
 
+from .. import progress
 from ..errors import ConfigError
+from ..estimate import Estimate, estimate_run, pe_work
 
 
 def plan(
@@ -27,14 +31,18 @@ def plan(
         "--labels", help="label classes, for a domain the run discovers")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    calibrate: Annotated[bool, typer.Option(
+        "--calibrate/--no-calibrate", help="time the configured models on this machine for "
+        "the wall-time estimate (a few seconds, cached per model and CPU); --no-calibrate: "
+        "only a cached calibration")] = True,
 ) -> None:
-    """Show every planned release's noise and whether it will swamp the votes (spends
-    nothing; for the operator, who may see the record count)."""
+    """Show every planned release's noise and whether it will swamp the votes, and the run's
+    estimated wall time per stage on this machine (spends no budget; for the operator, who
+    may see the record count)."""
     from ..config import load_config
     from ..methods import canonical_name, get_method
-    from ..methods.pe import PEMethod, calibrate_sigma
-    from ..neighbours import mechanism_config
-    from ..planning import WARN_VERDICTS, declared_labels, plan_run
+    from ..methods.pe import PEMethod
+    from ..planning import WARN_VERDICTS
     from .generate import parse_sets
 
     cfg = load_config(config, parse_sets(set_ or []))
@@ -52,6 +60,31 @@ def plan(
     if not isinstance(method, PEMethod):  # no plan printer of its own: what its plan holds
         _plan_held(cfg, method, as_json, no_data or records is not None)
         return
+    result = _plan_pe(cfg, method, records, no_data, labels)
+    if as_json:
+        with progress.session(enabled=False):
+            estimate = _estimate(cfg, method, result, calibrate)
+        typer.echo(json.dumps({**result.to_dict(), "estimate": estimate.to_dict()}))
+        return
+    swamped = result.verdict in WARN_VERDICTS
+    for line in result.lines()[:-1] if swamped else result.lines():
+        typer.echo(line)
+    if swamped:
+        typer.echo(f"warning: {result.message}", err=True)
+    with progress.session():  # a spinner while the models are timed
+        estimate = _estimate(cfg, method, result, calibrate)
+    for line in estimate.lines():
+        typer.echo(line)
+
+
+def _plan_pe(cfg: Any, method: Any, records: int | None, no_data: bool,
+             labels: int | None) -> Any:
+    """A PE method's :class:`~dpsynth.planning.RunPlan`: from the data, or from the stated
+    ``records`` (and ``labels``) with ``no_data``."""
+    from ..methods.pe import PEMethod, calibrate_sigma
+    from ..neighbours import mechanism_config
+    from ..planning import declared_labels, plan_run
+
     sigma, words = None, None
     if no_data or records is not None:
         if records is None or records < 1:
@@ -68,15 +101,25 @@ def plan(
     if sigma is None and isinstance(method, PEMethod) and method.guarantee(cfg) == "dp":
         # with data.limit the run calibrates for the subset's share (dpsynth.neighbours)
         sigma = calibrate_sigma(mechanism_config(cfg), method, n_labels)
-    result = plan_run(cfg, method, records, n_labels, sigma, words)
-    if as_json:
-        typer.echo(json.dumps(result.to_dict()))
-        return
-    swamped = result.verdict in WARN_VERDICTS
-    for line in result.lines()[:-1] if swamped else result.lines():
-        typer.echo(line)
-    if swamped:
-        typer.echo(f"warning: {result.message}", err=True)
+    return plan_run(cfg, method, records, n_labels, sigma, words)
+
+
+def _estimate(cfg: Any, method: Any, result: Any, calibrate: bool) -> Estimate:
+    """The run's wall time per stage on this machine (:mod:`dpsynth.estimate`) from the plan's
+    counts (a method without private votes writes its samples once); each generator writes up
+    to its ``max_new_tokens``, else the texts' planned length in tokens (64 where there is
+    none, as the run)."""
+    from ..evolution.lengths import tokens_for
+
+    syn = cfg.synthesis
+    if getattr(method, "private_votes", False):
+        work = pe_work(result.records, result.samples, result.candidates, result.population,
+                       syn.iterations, syn.lookahead)
+    else:
+        work = pe_work(result.records, result.samples, result.samples, result.samples, 0)
+    length = tokens_for(result.max_words) if result.max_words else 64
+    return estimate_run(cfg, work, [g.max_new_tokens or length for g in cfg.generators],
+                        calibrate=calibrate)
 
 
 def _plan_synrag(cfg: Any, as_json: bool) -> None:

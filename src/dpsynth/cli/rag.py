@@ -76,11 +76,15 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
 ) -> None:
     """Answer a question from the synthetic KB (no privacy cost: post-processing)."""
-    from ..rag.answer import answer
+    from .. import progress
+    from ..rag.answer import open_answerer
 
     if not question.strip():
         raise ConfigError("the question is blank (empty or whitespace only)")
-    result = answer(question, kb, k)
+    with progress.session(enabled=not as_json):  # spinners while the models load and answer
+        answerer = open_answerer(kb)
+        with progress.step("retrieving and answering"):
+            result = answerer.ask(question, k)
     if as_json:
         typer.echo(json.dumps(result, ensure_ascii=False))
         return
@@ -108,14 +112,17 @@ def serve(
         "--api-key", help="every request must send 'Authorization: Bearer KEY'; required "
         "off loopback; default $DPSYNTH_API_KEY")] = None,
 ) -> None:
-    """Serve the KB as a JSON API: GET /health, POST /ask {"question": ..., "k": 3}."""
+    """Serve the KB as a JSON API: GET /health, POST /ask {"question": ..., "k": 3}. Prints
+    its URL once it listens."""
+    from .. import progress
     from ..api_key import server_api_key
     from ..rag.service import kb_app, require_serving
     from ..rag.service import serve as run_server
 
     require_serving()  # before any model loads
     key = server_api_key(host, api_key)  # refused off loopback without a key
-    app = kb_app(kb, max_pending=max_pending, queue_timeout=queue_timeout, api_key=key)
+    with progress.session():  # spinners while the models load; then "ready at URL"
+        app = kb_app(kb, max_pending=max_pending, queue_timeout=queue_timeout, api_key=key)
     run_server(kb, host, port, app=app, api_key=key)
 
 

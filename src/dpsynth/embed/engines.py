@@ -111,12 +111,12 @@ class FixedShapeEngine:
             return out
         token_rows = self._token_rows(texts)
         passes = fixed_shape_passes([len(r) for r in token_rows], self.batch_size, self.max_len)
-        with bar("embedding", len(passes), progress) as advance:
+        with bar("embedding (texts)", len(texts), progress) as advance:
             for width, idx in passes:
                 ids, mask = fixed_shape_arrays([token_rows[i] for i in idx], width,
                                                self.batch_size, self._pad_id, self._filler)
                 out[idx] = self._pass(ids, mask)[: len(idx)]
-                advance()
+                advance(len(idx))
         return out
 
 

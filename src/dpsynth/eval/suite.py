@@ -57,6 +57,7 @@ import numpy as np
 
 from ..embed.protocols import TextEmbedder
 from ..files import SHARED_MODE, atomic_write_json, read_jsonl
+from ..progress import bar
 from . import audits as au
 from . import fidelity as fi
 from . import utility as ut
@@ -77,14 +78,16 @@ AUDIT_NOTE = (
 )
 
 
-def per_iteration_fid(run_root: Path, embedder: Any,
-                      test_emb: np.ndarray) -> list[dict[str, Any]]:
-    """FID of each iteration's pool (release/iterations/iterT.jsonl) against the test data."""
+def per_iteration_fid(run_root: Path, embedder: Any, test_emb: np.ndarray,
+                      progress: bool = False) -> list[dict[str, Any]]:
+    """FID of each iteration's pool (release/iterations/iterT.jsonl) against the test data
+    (``progress``: each pool embedded under a bar)."""
     folder = Path(run_root) / "release" / "iterations"
     rows = []
     for path in sorted(folder.glob("iter*.jsonl"), key=lambda p: int(p.stem[4:] or 0)):
         texts = [str(r.get("text", "")) for r in read_jsonl(path)]
-        value = guarded(lambda t=texts: fi.fid(_embed(embedder, t), test_emb))
+        label = f"iteration {path.stem[4:]}" if progress else None
+        value = guarded(lambda t=texts, n=label: fi.fid(_embed(embedder, t, n), test_emb))
         rows.append({"iteration": int(path.stem[4:]), "n": len(texts), "fid": value})
     return rows
 
@@ -132,13 +135,15 @@ def utility_block(
     finetune_epochs: int = 3,
     finetune_max_train: int | None = 2000,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Per label column: each training set's accuracy and macro-F1 on the real test data.
 
     ``train_sets`` maps a name ("synthetic", "private", "zero_shot") to its embeddings and
     texts, or to the reason it is unavailable (None: "no NAME data"). Each row also holds the
     chance line (:func:`.utility.majority_scores`): ``chance`` (accuracy) and
-    ``chance_macro_f1``. Without label columns, next-token accuracy.
+    ``chance_macro_f1``. Without label columns, next-token accuracy. ``progress``: a bar per
+    fine-tuning (:func:`_finetune`).
     """
     out: dict[str, Any] = {}
     names = list(train_sets)
@@ -172,10 +177,8 @@ def utility_block(
                     row[name] = guarded(ut.logreg_scores, emb, train_y, test_emb, test_y,
                                         seed=seed, keep_predictions=True)
                 else:
-                    tx, ty = _cap(texts.texts, train_y, finetune_max_train, seed)
-                    row[name] = guarded(ut.finetune_scores, tx, ty, test.texts, test_y,
-                                        epochs=finetune_epochs, seed=seed,
-                                        keep_predictions=True)
+                    row[name] = _finetune(texts.texts, train_y, test, test_y, finetune_epochs,
+                                          finetune_max_train, seed, progress and (col, name))
                 if isinstance(row[name], dict) and "predictions" in row[name]:
                     predictions[name] = row[name].pop("predictions")
             if "synthetic" in predictions and "zero_shot" in predictions:
@@ -184,6 +187,18 @@ def utility_block(
             per_col[col] = row
         out[kind] = per_col
     return out
+
+
+def _finetune(texts: list[str], train_y: list[str], test: LabeledTexts, test_y: list[str],
+              epochs: int, max_train: int | None, seed: int,
+              shown: tuple[str, str] | bool) -> dict[str, Any]:
+    """The fine-tuned classifier's cell (on at most ``max_train`` texts); ``shown``: (label
+    column, training set's name) for a bar counting its texts over the epochs."""
+    tx, ty = _cap(texts, train_y, max_train, seed)
+    label = (f"fine-tuning the {shown[0]} classifier on {shown[1]}"
+             if isinstance(shown, tuple) else None)
+    return guarded(ut.finetune_scores, tx, ty, test.texts, test_y, epochs=epochs, seed=seed,
+                   keep_predictions=True, progress_label=label)
 
 
 def paired_block(test_y: list[str], synthetic: list[str], zero_shot: list[str]
@@ -225,11 +240,25 @@ def audit_block(
     }
 
 
-def _embed(embedder: Any, texts: list[str]) -> np.ndarray:
+#: texts per call of the embedder when the evaluation shows a bar (its unit of progress)
+EMBED_CHUNK = 256
+
+
+def _embed(embedder: Any, texts: list[str], label: str | None = None) -> np.ndarray:
+    """The texts' embeddings; with ``label`` (a set's name, never a text) under a bar
+    ``embedding LABEL (texts)``, :data:`EMBED_CHUNK` texts a call."""
     if not texts:
         dim = embedder.dim if isinstance(embedder, TextEmbedder) else 384
         return np.zeros((0, int(dim)), dtype=np.float32)
-    return np.asarray(embedder.embed(texts), dtype=np.float32)
+    if label is None:
+        return np.asarray(embedder.embed(texts), dtype=np.float32)
+    parts = []
+    with bar(f"embedding {label} (texts)", len(texts)) as advance:
+        for start in range(0, len(texts), EMBED_CHUNK):
+            chunk = texts[start : start + EMBED_CHUNK]
+            parts.append(np.asarray(embedder.embed(chunk), dtype=np.float32))
+            advance(len(chunk))
+    return np.concatenate(parts)
 
 
 @dataclass(frozen=True)
@@ -264,6 +293,7 @@ def evaluate_run(
     embedder: Any = None,
     write: bool = True,
     log: Callable[[str], None] | None = None,
+    progress: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Evaluate a run folder against a real test file; returns (eval, audit) dicts.
 
@@ -272,12 +302,14 @@ def evaluate_run(
     notes. The returned eval dict is the operator's view; ``eval/eval.json`` gets its
     shareable part and ``private/eval/reference.json`` (mode 0600) the real-trained reference
     (:func:`split_private`); ``private/eval/audit.json`` the audits when the private data is
-    reachable and audits are on.
+    reachable and audits are on. ``progress``: bars for the embedding (texts) and the
+    fine-tuning (texts x epochs), names and counts only (None: when ``log`` is given).
     """
     o = options or EvalOptions()
     text, labels, classifier, k, seed = o.text, o.labels, o.classifier, o.k, o.seed
     with_mauve, with_audits, pii_columns = o.with_mauve, o.with_audits, o.pii_columns
     say = log or (lambda _msg: None)
+    show = log is not None if progress is None else progress
     if classifier not in ("logreg", "finetune", "both"):
         raise EvalInputError(
             f"classifier must be logreg, finetune or both, got {classifier!r}"
@@ -328,10 +360,12 @@ def evaluate_run(
         emb_cfg = release.config.get("embedder") or {}
         embedder = Embedder(str(emb_cfg.get("model", "minilm")))
     say(f"embedding {len(release.synthetic)} synthetic and {len(test)} test texts")
-    syn_emb = _embed(embedder, release.synthetic.texts)
-    test_emb = _embed(embedder, test.texts)
-    zs_emb = _embed(embedder, zero_shot.texts) if zero_shot is not None else None
-    priv_emb = _embed(embedder, private.data.texts) if private else None
+    named = (lambda name: name) if show else (lambda name: None)
+    syn_emb = _embed(embedder, release.synthetic.texts, named("synthetic"))
+    test_emb = _embed(embedder, test.texts, named("test"))
+    zs_emb = (_embed(embedder, zero_shot.texts, named("zero-shot"))
+              if zero_shot is not None else None)
+    priv_emb = _embed(embedder, private.data.texts, named("private")) if private else None
 
     say("fidelity")
     fidelity = {
@@ -343,7 +377,7 @@ def evaluate_run(
             else unavailable(zs_missing)
         ),
     }
-    fidelity["per_iteration"] = per_iteration_fid(release.root, embedder, test_emb)
+    fidelity["per_iteration"] = per_iteration_fid(release.root, embedder, test_emb, show)
     say(f"utility ({classifier})")
     train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | str | None] = {
         "synthetic": (syn_emb, release.synthetic),
@@ -352,7 +386,7 @@ def evaluate_run(
         if zero_shot is not None and zs_emb is not None else zs_missing,
     }
     utility = utility_block(train_sets, test_emb, test, classifier=classifier,
-                            finetune_epochs=o.finetune_epochs, seed=seed)
+                            finetune_epochs=o.finetune_epochs, seed=seed, progress=show)
 
     privacy = release.privacy or {}
     result: dict[str, Any] = {

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..progress import bar
 from .common import MetricUnavailable
 from .release import read_columns
 
@@ -178,12 +179,14 @@ def finetune_scores(
     seed: int = 0,
     encoder_dir: str | Path | None = None,
     keep_predictions: bool = False,
+    progress_label: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune MiniLM (mean pooling + linear head) on train, score on test.
 
     Cross-entropy, AdamW with a larger learning rate for the new head, ``epochs`` passes over
     shuffled mini-batches. Runs on CPU; deterministic for a given seed. ``keep_predictions``:
-    the test predictions too, under ``predictions``.
+    the test predictions too, under ``predictions``. ``progress_label``: train under a bar of
+    that name counting texts over all epochs (None: no bar).
     """
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -224,19 +227,22 @@ def finetune_scores(
     texts = list(train_texts)
     losses: list[float] = []
     encoder.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(texts), generator=gen).tolist()
-        total, steps = 0.0, 0
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            logits = forward([texts[i] for i in idx])
-            loss = torch.nn.functional.cross_entropy(logits, y[idx])
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            total += float(loss.detach())
-            steps += 1
-        losses.append(total / max(steps, 1))
+    with bar(f"{progress_label} (texts x {epochs} epochs)", epochs * len(texts),
+             progress_label is not None) as advance:
+        for _ in range(epochs):
+            order = torch.randperm(len(texts), generator=gen).tolist()
+            total, steps = 0.0, 0
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                logits = forward([texts[i] for i in idx])
+                loss = torch.nn.functional.cross_entropy(logits, y[idx])
+                optim.zero_grad()
+                loss.backward()
+                optim.step()
+                total += float(loss.detach())
+                steps += 1
+                advance(len(idx))
+            losses.append(total / max(steps, 1))
 
     encoder.eval()
     preds: list[str] = []

@@ -349,7 +349,8 @@ def checked_generator(gen: object) -> Generator:
 
 @contextlib.contextmanager
 def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Any]:
-    """A bar on the run's one progress display (:mod:`dpsynth.progress`; a display of its own
-    outside a run); yields a zero-argument ``advance`` callable."""
+    """A bar of ``total`` items (texts: the label says so) on the run's one progress display
+    (:mod:`dpsynth.progress`; a display of its own outside a run); yields ``advance(n=1)``,
+    called with the items each batch finished."""
     with bar(label, total, enabled) as advance:
         yield advance

@@ -382,7 +382,7 @@ class LocalGenerator:
         batches = self.plan_batches(requests, [len(ids) for ids in encoded])
         self.last_batch_sizes = [len(b) for b in batches]
         out: list[Completion | None] = [None] * len(requests)
-        with progress_bar(progress, len(batches), f"{self.name} generating") as advance:
+        with progress_bar(progress, len(requests), f"{self.name} generating (texts)") as advance:
             for batch in batches:
                 params = requests[batch[0]].params.without_seed()
                 done = self._generate_batch(
@@ -396,7 +396,7 @@ class LocalGenerator:
                     out[i] = c
                     if on_result is not None:
                         on_result(i, c.text)
-                advance()
+                advance(len(batch))
         return [c if c is not None else Completion("", "stop") for c in out]
 
     def plan_batches(

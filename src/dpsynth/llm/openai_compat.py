@@ -449,7 +449,8 @@ class OpenAIGenerator:
             futures: dict[Future[Completion], int] = {
                 pool.submit(self._one, r, abort): i for i, r in enumerate(requests)
             }
-            with progress_bar(progress, len(requests), f"{self.name} generating") as advance:
+            with progress_bar(progress, len(requests),
+                              f"{self.name} generating (texts)") as advance:
                 # one by one as they finish, so the cache stores each answer at once
                 for fut in as_completed(futures):
                     if fut.cancelled():

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import MissingFileError
 from ..llm import GenerationRequest, SamplingParams
+from ..progress import step
 from .grounding import unsupported_terms
 from .index import KnowledgeBase
 
@@ -96,13 +97,21 @@ def open_answerer(kb_dir: str | Path, *, generator: Any = None, embedder: Any = 
     if generator is None:
         from ..llm import load_generator
 
-        generator = load_generator(gen_spec)
+        with step(f"loading generator {model_name(gen_spec)}"):
+            generator = load_generator(gen_spec)
     if embedder is None:
         from ..embed import Embedder
 
-        embedder = Embedder(kb.embedder_name)
+        with step(f"loading embedder {kb.embedder_name}"):
+            embedder = Embedder(kb.embedder_name)
     return Answerer(kb, generator, embedder, max_new_tokens=max_new_tokens or tokens,
                     default_k=int(meta.get("retrieve", 3)))
+
+
+def model_name(spec: Any) -> str:
+    """A generator spec's model name (for a progress line; a spec holds no secret, only the
+    name of the variable that holds a key)."""
+    return str(spec.get("model", "")) if isinstance(spec, dict) else Path(str(spec)).name
 
 
 def answer(question: str, kb_dir: str | Path, k: int | None = None, *, generator: Any = None,

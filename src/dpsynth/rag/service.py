@@ -28,6 +28,7 @@ from ..api_key import require_api_key, server_api_key
 from ..embed.protocols import TextEmbedder
 from ..errors import ConfigError, require
 from ..http_serve import run_app
+from ..progress import step
 
 log = logging.getLogger("dpsynth.rag")
 
@@ -207,7 +208,8 @@ def kb_app(kb_dir: Any, *, generator: Any = None, embedder: Any = None,
     if embedder is None:
         from ..embed import Embedder
 
-        embedder = Embedder(kb.embedder_name)
+        with step(f"loading embedder {kb.embedder_name}"):
+            embedder = Embedder(kb.embedder_name)
     check_dimensions(kb, embedder, rel)
     answerer = open_answerer(kb_dir, generator=generator, embedder=embedder)
     priv = privacy_of(kb_dir)

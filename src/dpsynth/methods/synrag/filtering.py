@@ -16,6 +16,7 @@ import numpy as np
 
 from ...llm import GenerationRequest, SamplingParams
 from ...llm.base import NextTokenScorer
+from ...progress import bar
 
 _YES = ("YES", "Yes", "yes", " YES", " Yes", " yes")
 _NO = ("NO", "No", "no", " NO", " No", " no")
@@ -39,25 +40,29 @@ def parse_yes_no(text: str) -> bool:
 
 
 def self_filter(gen: Any, documents: Sequence[str], question: str,
-                batch_size: int = 8) -> list[bool]:
-    """Keep-flags for ``documents`` (empty documents are never kept)."""
+                batch_size: int = 8, progress: bool = False) -> list[bool]:
+    """Keep-flags for ``documents`` (empty documents are never kept); ``progress``: under a
+    bar counting the synthetic texts."""
     keep = [False] * len(documents)
     todo = [i for i, d in enumerate(documents) if d.strip()]
     if not todo:
         return keep
     if isinstance(gen, NextTokenScorer):
         yes, no = _first_ids(gen, _YES), _first_ids(gen, _NO)
-        for s in range(0, len(todo), batch_size):
-            idx = todo[s : s + batch_size]
-            prompts = [gen.render(GenerationRequest(filter_prompt(question, documents[i])))[0]
-                       for i in idx]
-            logits = np.asarray(gen.next_token_logits(prompts))
-            for row, i in zip(logits, idx, strict=True):
-                keep[i] = bool(row[yes].max() > row[no].max())
+        with bar("self-filter (texts)", len(todo), progress) as advance:
+            for s in range(0, len(todo), batch_size):
+                idx = todo[s : s + batch_size]
+                prompts = [gen.render(GenerationRequest(filter_prompt(question,
+                                                                      documents[i])))[0]
+                           for i in idx]
+                logits = np.asarray(gen.next_token_logits(prompts))
+                for row, i in zip(logits, idx, strict=True):
+                    keep[i] = bool(row[yes].max() > row[no].max())
+                advance(len(idx))
         return keep
     params = SamplingParams(temperature=0.0, max_new_tokens=3)
     answers = gen.generate([GenerationRequest(filter_prompt(question, documents[i]), params)
-                            for i in todo], progress=False)
+                            for i in todo], progress=progress)
     for i, a in zip(todo, answers, strict=True):
         keep[i] = parse_yes_no(a)
     return keep

@@ -134,15 +134,15 @@ class SynRAG(Method):
         progress.stage("clusters and private prediction")
         sizes = corpus.cluster(seeds, scfg.overlap)  # exact |C_r|: diagnostics only
         if len(seeds):
-            corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus))
+            corpus.embed(_embedder(cfg, run, emb_model, job.embedder, corpus), job.progress)
         results = generate_clusters(cfg, scfg, run, store, gen, corpus, sizes, seeds, vocab,
-                                    noisy, clip, note)
+                                    noisy, clip, note, job.progress)
 
         # 5. self-filtering (post-processing)
         progress.stage("self-filter and release")
         texts = [r["text"] for r in results]
-        keep = (self_filter(gen, texts, scfg.filter_question) if scfg.self_filter
-                else [bool(t.strip()) for t in texts])
+        keep = (self_filter(gen, texts, scfg.filter_question, progress=job.progress)
+                if scfg.self_filter else [bool(t.strip()) for t in texts])
         rows, dropped = _write_release(run, scfg, results, keep, note)
         build_index(run.release, [r["text"] for r in rows], emb_model, cfg.embedder.model,
                     extra={"generator": cfg.generators[0].spec(),

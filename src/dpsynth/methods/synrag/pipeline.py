@@ -22,6 +22,7 @@ from ...compute.kernels import FIXED_POINT_BITS
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...llm.base import Steppable
+from ...progress import bar, step
 from ...run_folder import RunDir
 from .config import SynRAGConfig, parse_synrag, stepper_rows
 from .keywords import BUILT_IN_VOCABULARIES
@@ -152,9 +153,10 @@ class Corpus:
         parts = self._call("cluster", np.asarray(seeds, dtype=np.int64), int(overlap))
         return np.sum(parts, axis=0, dtype=np.int64)
 
-    def embed(self, embedder_factory: Any) -> None:
-        """Every shard embeds its documents (or reloads them)."""
-        self._call("embed", embedder_factory)
+    def embed(self, embedder_factory: Any, progress: bool = False) -> None:
+        """Every shard embeds its documents (or reloads them); ``progress``: under a bar
+        counting them (in this process only)."""
+        self._call("embed", embedder_factory, progress and not self.sharded)
 
     def centre_sums(self) -> np.ndarray:
         """Per cluster, the exact sum of the member embeddings ([R, d] float64)."""
@@ -217,9 +219,11 @@ def cluster_prompts(scfg: SynRAGConfig, gen: Any, vocab: Any
 
 def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any, gen: Any,
                       corpus: Corpus, sizes: np.ndarray, seeds: np.ndarray, vocab: Any,
-                      noisy: np.ndarray, clip: float, note: Notice) -> list[dict[str, Any]]:
+                      noisy: np.ndarray, clip: float, note: Notice,
+                      progress: bool = False) -> list[dict[str, Any]]:
     """Steps 3-4 for every cluster (``sizes``: the exact |C_r|, for diagnostics only), with a
-    checkpoint per cluster."""
+    checkpoint per cluster; ``progress``: a bar of the pending clusters' token steps (the
+    released cluster count times ``synrag.tokens``)."""
     results: list[dict[str, Any]] = []
     retrieve = _Retrieval(store, corpus, scfg)
     prompts_of = cluster_prompts(scfg, gen, vocab)
@@ -227,35 +231,37 @@ def generate_clusters(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: An
     if corpus.sharded:
         ray_preds = _predict_on_ray(cfg, scfg, run, store, gen, corpus, seeds, clip, note,
                                     retrieve, prompts_of)
-    for r, seed in enumerate(seeds):
-        keyword = vocab.terms[int(seed)]
-        name = f"cluster-{r:04d}"
-        state = run.load_checkpoint(name)
-        if state is None:
-            key = f"cluster/{r:04d}"
-            got, selected = retrieve(r)
-            _note_size(note, scfg, r, keyword, sizes[r], selected)
-            if r in ray_preds:
-                pred, n_private = ray_preds[r]
-            else:
-                support, prompt = prompts_of(seed)
-                pred, n_private = predict_text(store, key, gen, corpus.texts(key), scfg, clip,
-                                               support, prompt)
-            if pred.truncated:
-                note.private(f"cluster {r}: {pred.truncated} document(s) longer than "
-                             f"{scfg.max_doc_tokens} tokens were truncated (not dropped)",
-                             cluster=r)
-            state = {"cluster": r, "keyword": keyword, "noisy_count": float(noisy[seed]),
-                     "theta": got.theta, "text": pred.text, "tokens": pred.steps,
-                     "private_tokens": n_private}
-            append_diagnostic(run, {"cluster": r, "members": int(sizes[r]),
-                                    "selected": int(selected),
-                                    "truncated": pred.truncated})
-            # stats before the checkpoint (as the PE loop): a stop in between repeats the line
-            run.append_stats({"iteration": r + 1, "stage": "cluster",
-                              **{k: v for k, v in state.items() if k != "text"}})
-            run.save_checkpoint(name, state)
-        results.append(state)
+    pending = sum(run.load_checkpoint(f"cluster-{r:04d}") is None for r in range(len(seeds)))
+    steps = 0 if corpus.sharded else pending * scfg.tokens
+    with bar("private prediction (tokens)", steps, progress) as advance:
+        for r, seed in enumerate(seeds):
+            keyword = vocab.terms[int(seed)]
+            name = f"cluster-{r:04d}"
+            state = run.load_checkpoint(name)
+            if state is None:
+                key = f"cluster/{r:04d}"
+                got, selected = retrieve(r)
+                _note_size(note, scfg, r, keyword, sizes[r], selected)
+                if r in ray_preds:
+                    pred, n_private = ray_preds[r]
+                else:
+                    support, prompt = prompts_of(seed)
+                    pred, n_private = predict_text(store, key, gen, corpus.texts(key), scfg,
+                                                   clip, support, prompt, advance)
+                if pred.truncated:
+                    note.private(f"cluster {r}: {pred.truncated} document(s) longer than "
+                                 f"{scfg.max_doc_tokens} tokens were truncated (not dropped)",
+                                 cluster=r)
+                state = {"cluster": r, "keyword": keyword, "noisy_count": float(noisy[seed]),
+                         "theta": got.theta, "text": pred.text, "tokens": pred.steps,
+                         "private_tokens": n_private}
+                append_diagnostic(run, {"cluster": r, "members": int(sizes[r]),
+                                        "selected": int(selected), "truncated": pred.truncated})
+                # stats before the checkpoint (as the PE loop): a stop in between repeats it
+                run.append_stats({"iteration": r + 1, "stage": "cluster",
+                                  **{k: v for k, v in state.items() if k != "text"}})
+                run.save_checkpoint(name, state)
+            results.append(state)
     return results
 
 
@@ -299,11 +305,12 @@ def _predict_on_ray(cfg: RunConfig, scfg: SynRAGConfig, run: RunDir, store: Any,
             for r in range(len(seeds)) if run.load_checkpoint(f"cluster-{r:04d}") is None]
     note(f"private prediction of {len(jobs)} clusters on Ray ({cfg.compute.shards} "
          "workers)")  # the cluster count follows the released histogram
-    return cluster_predictions(
-        cfg, store, gen, jobs, tokens=scfg.tokens,
-        clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens,
-        rows=stepper_rows(scfg),
-        shortcut=shortcut_of(scfg, clip))
+    with step(f"private prediction of {len(jobs)} clusters on Ray"):
+        return cluster_predictions(
+            cfg, store, gen, jobs, tokens=scfg.tokens,
+            clip=clip, temperature=scfg.temperature, max_doc_tokens=scfg.max_doc_tokens,
+            rows=stepper_rows(scfg),
+            shortcut=shortcut_of(scfg, clip))
 
 
 def _note_size(note: Notice, scfg: SynRAGConfig, r: int, keyword: str, size: int,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,27 @@ log = logging.getLogger("dpsynth.rag")
 
 #: Where the document goes in a per-document prompt (split off by :func:`split_prompt`).
 DOC_MARK = "\u0000DOC\u0000"
+
+
+def _no_bar(n: int = 1) -> None:
+    """The ``advance`` of a prediction without a progress bar."""
+
+
+class _Steps:
+    """The token steps of one text reported to a progress bar's ``advance`` (a count, never a
+    token): :meth:`finish` adds the steps an early end of the text left out."""
+
+    def __init__(self, advance: Callable[..., None]) -> None:
+        self.advance = advance
+        self.count = 0
+
+    def __call__(self, n: int = 1) -> None:
+        self.count += n
+        self.advance(n)
+
+    def finish(self, total: int) -> None:
+        if total > self.count:
+            self.advance(total - self.count)
 
 
 def split_prompt(gen: Any, user: str, plain_tail: str,
@@ -228,6 +249,7 @@ def private_predict(
     parts: tuple[str, str] | None = None,
     support: Support | None = None,
     rows: int = STEPPER_ROWS,
+    advance: Callable[..., None] = _no_bar,
 ) -> Prediction:
     """Private prediction over ``documents`` (one cluster's S_r). Every token is a keyed
     release ``{key}/tok{n}`` in ``session`` (a resumed build replays stored tokens), drawn
@@ -238,7 +260,7 @@ def private_predict(
     run on an empty set; its release is still made and charged). ``parts`` = (prefix, suffix)
     overrides the rephrase prompt (document i reads prefix + d_i + suffix); ``instruction``
     may be a :class:`Rephrase` with a lead the text starts with; ``rows``: documents per
-    decode pass (:func:`open_documents`)."""
+    decode pass (:func:`open_documents`); ``advance()``: called after each token (a bar)."""
     eos = set(getattr(gen, "eos_token_ids", (gen.eos_token_id,)))
     out: list[int] = []
     prompt = Rephrase.of(instruction)
@@ -260,6 +282,7 @@ def private_predict(
             tok = session.private_token(f"{key}/tok{n:04d}", z, clip, temperature,
                                         **({"support": ids} if ids is not None else {}))
             steps = n + 1
+            advance()
             if tok in eos:
                 break
             out.append(int(tok))
@@ -412,10 +435,11 @@ def private_predict_shortcut(
     shortcut: Shortcut,
     support: Support | None = None,
     rows: int = STEPPER_ROWS,
+    advance: Callable[..., None] = _no_bar,
 ) -> tuple[Prediction, int]:
     """Private prediction with the public-token shortcut (:class:`ShortcutText`) over
     ``documents``, private tokens over ``support``'s candidates; returns (prediction,
-    private tokens drawn)."""
+    private tokens drawn). ``advance()``: called after each token (a bar)."""
     text = ShortcutText(session, key, gen, instruction=instruction, tokens=tokens, clip=clip,
                         temperature=temperature, shortcut=shortcut, support=support)
     prefix, suffix = text.prompt.parts(gen)
@@ -432,6 +456,7 @@ def private_predict_shortcut(
             else:
                 z, q = np.zeros_like(pub_clip), 0.0
             tok = text.release(z, q)
+            advance()
             if stepper is not None and not text.done:
                 stepper.advance(tok)
     finally:
@@ -457,21 +482,27 @@ def rephrase_of(cfg: SynRAGConfig, keyword: str | None = None) -> Rephrase:
 def predict_text(session: Any, key: str, gen: Any, documents: Sequence[str],
                  cfg: SynRAGConfig, clip: float,
                  support: Support | None = None,
-                 prompt: Rephrase | None = None) -> tuple[Prediction, int]:
+                 prompt: Rephrase | None = None,
+                 advance: Callable[..., None] = _no_bar) -> tuple[Prediction, int]:
     """One synthetic text over ``documents`` as the synrag section ``cfg`` says: private
     prediction over ``support``'s public candidates (None: the whole vocabulary), with the
     public-token :class:`Shortcut` when ``cfg.public_shortcut``, and the cluster's rephrase
     ``prompt`` (None: the section's, no keyword). Returns (prediction, private tokens
-    drawn)."""
+    drawn). ``advance(n)``: a bar's, ``cfg.tokens`` steps in all (an early end adds the
+    rest)."""
+    steps = _Steps(advance)
     opts: dict[str, Any] = {"instruction": prompt or rephrase_of(cfg), "tokens": cfg.tokens,
                             "clip": clip, "temperature": cfg.temperature,
                             "max_doc_tokens": cfg.max_doc_tokens, "support": support,
-                            "rows": stepper_rows(cfg)}
+                            "rows": stepper_rows(cfg), "advance": steps}
     shortcut = shortcut_of(cfg, clip)
     if shortcut is None:
         pred = private_predict(session, key, gen, documents, **opts)
-        return pred, pred.steps
-    return private_predict_shortcut(session, key, gen, documents, shortcut=shortcut, **opts)
+        done = pred, pred.steps
+    else:
+        done = private_predict_shortcut(session, key, gen, documents, shortcut=shortcut, **opts)
+    steps.finish(cfg.tokens)
+    return done
 
 
 def _svt_noise(session: Any, key: str, tokens: int, instances: int) -> dict[str, list[float]]:

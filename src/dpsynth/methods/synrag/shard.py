@@ -200,14 +200,17 @@ class DocumentShard:
                 raise RuntimeError("DP-SynRAG: this shard's documents were not embedded")
         return self._emb
 
-    def embed(self, embedder_factory: Any) -> None:
-        """Embed the documents once (or reload the saved embeddings)."""
+    def embed(self, embedder_factory: Any, progress: bool = False) -> None:
+        """Embed the documents once (or reload the saved embeddings); ``progress``: under the
+        embedder's bar (texts)."""
         try:
             self.emb  # noqa: B018 (reloads a saved file)
             return
         except RuntimeError:
             pass
-        emb = np.asarray(embedder_factory().embed(self.texts), dtype=np.float32)
+        embedder = embedder_factory()
+        emb = np.asarray(embedder.embed(self.texts, progress=True) if progress
+                         else embedder.embed(self.texts), dtype=np.float32)
         if self.files.embeddings is not None:
             buf = io.BytesIO()
             np.save(buf, emb)
