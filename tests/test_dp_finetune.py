@@ -1,7 +1,9 @@
 """method dp_finetune (issue 45): exact tests of the accounting (the dp_accounting event of T
 Poisson-subsampled Gaussian steps, cross-checked against Opacus's own RDP and PRV accountants
 and dp_accounting's), the plan solving sigma before any model loads, checkpoint / resume on a
-tiny randomly initialised Llama (no download), and one short run on the real SmolLM2."""
+tiny randomly initialised Llama (no download), and one short run on the real SmolLM2. User
+level (``privacy.unit: user``): the same event over users, each user's gradient clipped as one,
+a run whose statement says so. ``dpsynth bench dp-finetune``: the shape of its result."""
 
 from __future__ import annotations
 
@@ -162,7 +164,8 @@ def test_check_refuses_what_it_cannot_state(tmp_path: Path) -> None:
     data = _write(tmp_path / "d.csv", _rows(10))
     method = get_method("dp_finetune")
     for over, match in ((("privacy", "accountant", "zcdp"), "cannot account"),
-                        (("privacy", "unit", "user"), "record-level"),
+                        (("dp_finetune", "users", 10), "privacy.unit: user"),
+                        (("dp_finetune", "max_records_per_user", 2), "privacy.unit: user"),
                         (("dp_finetune", "secure_mode", True), "secure_mode")):
         raw = _config(data)
         raw[over[0]][over[1]] = over[2]
@@ -457,3 +460,279 @@ def test_a_schedule_from_the_private_count_is_research_mode_only(tmp_path: Path)
         get_method("dp_finetune").check(parse_config(raw))
     raw["dp_finetune"]["records"] = 10
     get_method("dp_finetune").check(parse_config(raw))
+
+
+# ------------------------------------------------------------------------------ user level
+def _user_config(data: Path, **section: Any) -> dict[str, Any]:
+    raw = _config(data, **section)
+    raw["privacy"]["unit"] = "user"
+    raw["data"]["user"] = "user"
+    return raw
+
+
+def _user_rows(per_user: list[int]) -> list[dict[str, str]]:
+    """``per_user[u]`` records for user u (interleaved in file order, as real data is)."""
+    rows = []
+    for j in range(max(per_user)):
+        for u, n in enumerate(per_user):
+            if j < n:
+                i = len(rows)
+                rows.append({"text": f"patient {u}-{j} asks about "
+                                     f"{'a bill' if i % 3 else 'a fever'} today",
+                             "label": "billing" if i % 3 else "clinical", "user": f"u{u:02d}"})
+    return rows
+
+
+def _write_users(path: Path, rows: list[dict[str, str]]) -> Path:
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=["text", "label", "user"])
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_user_level_check_needs_loop_a_user_column_and_a_public_user_count(
+        tmp_path: Path) -> None:
+    """User level is accepted with the loop path and a public ``users``; hooks and ghost
+    clipping (per record) are refused naming dp_finetune.clipping; ``records`` (a record
+    count) is refused; secure noise without ``users`` is refused (q and T would follow from
+    the private user count)."""
+    from dpsynth.config import ConfigError, parse_config
+    from dpsynth.methods import get_method
+
+    method = get_method("dp_finetune")
+    data = _write_users(tmp_path / "d.csv", _user_rows([2, 3]))
+    method.check(parse_config(_user_config(data, users=40)))
+    method.check(parse_config(_user_config(data)))  # seeded: research mode
+    for mode in ("hooks", "ghost"):
+        with pytest.raises(ConfigError, match="dp_finetune.clipping: loop"):
+            method.check(parse_config(_user_config(data, users=40, clipping=mode)))
+    with pytest.raises(ConfigError, match="dp_finetune.users"):
+        method.check(parse_config(_user_config(data, records=40)))
+    raw = _user_config(data, batch_size=4)
+    raw["privacy"] = {**raw["privacy"], "noise": "secure"}
+    raw["privacy"].pop("seed")
+    raw["dp_finetune"] = {"batch_size": 4}
+    with pytest.raises(ConfigError, match="dp_finetune.users: give the number of users"):
+        method.check(parse_config(raw))
+    raw["dp_finetune"]["users"] = 40
+    method.check(parse_config(raw))
+    with pytest.raises(ValueError, match="'loop' path only"):
+        DPSGD(_tiny(), _examples(), _settings(unit="user", clipping="hooks"), tmp_path,
+              Keys(), 0, groups=[[0], [1]])
+
+
+@pytest.mark.parametrize("kind", ["pld", "rdp"])
+def test_user_level_plan_is_the_poisson_subsampled_gaussian_over_users(
+        tmp_path: Path, kind: str) -> None:
+    """At user level q = batch_size / users (the public count: 40 here, 7 users in the data),
+    T = ceil(epochs / q), and the run's accounting is dp_accounting's
+    SelfComposedDpEvent(PoissonSampledDpEvent(q_users, GaussianDpEvent(sigma)), T): the PLD
+    epsilon of that event exactly (no label counts); with label counts, the user-level counts'
+    event (each user's count vector of norm <= 1 on the 2^-32 grid: zCDP, no shift profile)
+    is the one the session records."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant as pld_lib
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    from dpsynth.config import parse_config
+    from dpsynth.data import load_dataset
+    from dpsynth.methods import get_method
+    from dpsynth.privacy import Accountant, PrivacySession, SeededNoise
+    from dpsynth.privacy.lattice import count_lattice
+    from dpsynth.run_folder import RunDir
+
+    rows = _user_rows([1, 2, 3, 4, 5, 6, 7])
+    data = _write_users(tmp_path / "d.csv", rows)
+    ds = load_dataset(data, "text", ["label"], "user",
+                      label_values={"label": ["billing", "clinical"]})
+    method = get_method("dp_finetune")
+    for label_split in ("uniform", "noisy_counts"):
+        raw = _user_config(data, users=40, batch_size=8, epochs=2, label_split=label_split)
+        raw["privacy"]["accountant"] = kind
+        run = RunDir(tmp_path / f"run-{label_split}")
+        run.private.mkdir(parents=True)
+        plan = method.plan(parse_config(raw), ds, run)
+        q, steps = plan.notes["q"], plan.notes["steps"]
+        assert (q, steps) == (0.2, 10)  # 8 / 40 users, not 8 / 28 records
+        saved = json.loads((run.private / "plan.json").read_text())
+        assert saved["unit"] == "user" and saved["users"] == 7 and saved["records"] == 28
+        event = dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(0.2, dp_event.GaussianDpEvent(plan.sigma)), 10)
+        assert accounting.dp_sgd_event(plan.sigma, q, steps).dp_event() == event
+        eps = accounting.run_epsilon(plan.sigma, q, steps, 1e-5, kind,
+                                     plan.notes["label_sigma"], user_level=True)
+        assert eps <= 2.0
+        assert plan.sigma == accounting.solve_noise_multiplier(
+            2.0, 1e-5, q, steps, kind, plan.notes["label_sigma"], user_level=True)
+        if label_split == "uniform":
+            assert plan.notes["label_sigma"] is None
+            if kind == "pld":  # exactly dp_accounting's PLD of the event
+                pld = pld_lib.PLDAccountant()
+                pld.compose(event)
+                assert eps == pytest.approx(pld.get_epsilon(1e-5), rel=1e-9)
+            else:  # dp_accounting's RDP of the event (its default orders: within 1 %)
+                rdp = rdp_lib.RdpAccountant()
+                rdp.compose(event)
+                assert eps == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-2)
+        else:
+            assert plan.notes["label_sigma"] == 20.0
+            session = PrivacySession(tmp_path / f"s-{kind}", Accountant(kind), SeededNoise(0))
+            session.noisy_counts("label_counts", np.array([1.5, 0.25]), 20.0,
+                                 name="label_counts", lattice=count_lattice(True))
+            (recorded,) = session.store.events("label_counts")
+            assert recorded.to_dict() == accounting.label_count_event(20.0, True).to_dict()
+            assert recorded.dp_event() == dp_event.ZCDpEvent(0.5 / 20.0**2)
+
+
+def _user_trainer(tmp_path: Path, clip: float, groups: list[list[int]]) -> DPSGD:
+    return DPSGD(_tiny(), _examples(), _settings(clip=clip, unit="user",
+                                                 max_records_per_user=8),
+                 tmp_path, Keys(), 0, groups=groups)
+
+
+def test_a_user_with_many_records_moves_the_clipped_sum_by_at_most_c(tmp_path: Path) -> None:
+    """User level: adding user 0 (8 records) to a batch of users moves the exact fixed-point
+    sum by user 0's own clipped gradient, bit for bit, and that has L2 norm <= C (the clip
+    binds: unclipped it is far larger); unclipped, a user's gradient is the mean of the
+    record-level per-record gradients of its records."""
+    groups = [list(range(8)), [8, 9], [10], [11, 12, 13], [14, 15, 16, 17], [18]]
+    trainer = _user_trainer(tmp_path / "a", 0.05, groups)
+    rest = np.arange(1, 6)
+    base, _ = trainer.clipped_sum(rest)
+    more, _ = trainer.clipped_sum(np.concatenate([[0], rest]))
+    alone, _ = trainer.clipped_sum(np.array([0]))
+    for b, m, a in zip(base, more, alone, strict=True):
+        assert bool(((m - b) == a).all())
+
+    def norm(sums: list[Any]) -> float:
+        return math.sqrt(sum(float((a.double() / 2**32).pow(2).sum()) for a in sums))
+
+    assert 0 < norm(alone) <= 0.05
+    big = 1e6  # no clipping: the user's gradient itself
+    unclipped, _ = _user_trainer(tmp_path / "b", big, groups).clipped_sum(np.array([0]))
+    assert norm(unclipped) > 2 * 0.05  # the clip at 0.05 did bind
+    per_record = DPSGD(_tiny(), _examples(), _settings(clip=big), tmp_path / "c", Keys(), 0)
+    mean = [sum(r) for r in zip(*[[t.double() / 2**32 for t in per_record.clipped_sum(
+        np.array([i]))[0]] for i in range(8)], strict=True)]
+    for u, m in zip(unclipped, mean, strict=True):
+        np.testing.assert_allclose(u.double().numpy() / 2**32, m.numpy() / 8, atol=1e-7)
+
+
+def test_user_level_poisson_coins_are_one_per_user(tmp_path: Path) -> None:
+    """The batch is a set of users, each with its own coin from the step's keyed stream."""
+    groups = [[0, 1, 2], [3], [4, 5]]
+    keys = Keys()
+    trainer = DPSGD(_tiny(), _examples(), _settings(unit="user", q=1.0), tmp_path, keys, 0,
+                    groups=groups)
+    assert trainer.units == 3 and trainer.batch(0).tolist() == [0, 1, 2]
+    coins = Keys().noise.spawn("dp_sgd/step4/poisson").uniform(3)
+    half = DPSGD(_tiny(), _examples(), _settings(unit="user", q=0.5), tmp_path, Keys(), 0,
+                 groups=groups)
+    assert half.batch(4).tolist() == np.flatnonzero(np.asarray(coins) < 0.5).tolist()
+
+
+def test_user_groups_are_capped_deterministically() -> None:
+    """Each user's records in file order, the first ``cap``; users in sorted id order."""
+    from dpsynth.methods.dpfinetune.method import user_groups
+
+    users = ["b", "a", "b", "c", "a", "b", "b"]
+    assert [g.tolist() for g in user_groups(users, None)] == [[1, 4], [0, 2, 5, 6], [3]]
+    assert [g.tolist() for g in user_groups(users, 2)] == [[1, 4], [0, 2], [3]]
+    # another user's records leave a user's own group as it was
+    more = ["z", *users]
+    assert [g.tolist() for g in user_groups(more, 2)][:3] == [[2, 5], [1, 3], [4]]
+
+
+def test_a_record_level_checkpoint_of_before_the_unit_setting_resumes(tmp_path: Path) -> None:
+    """A checkpoint written before ``unit`` / ``max_records_per_user`` existed is one of
+    record-level DP-SGD: it resumes at record level, and is refused at user level."""
+    import torch
+
+    DPSGD(_tiny(), _examples(), _settings(steps=1), tmp_path, Keys(), 0).run()
+    path = tmp_path / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    for key in ("unit", "max_records_per_user"):
+        del state["settings"][key]
+    torch.save(state, path)
+    assert DPSGD(_tiny(), _examples(), _settings(steps=1), tmp_path, Keys(), 0).load()
+    with pytest.raises(RuntimeError, match="other DP-SGD settings"):
+        DPSGD(_tiny(), _examples(), _settings(steps=1, unit="user"), tmp_path, Keys(), 0,
+              groups=[[0], [1]]).load()
+
+
+def test_a_user_level_run_states_user_level_dp(tmp_path: Path) -> None:
+    """Through the runner at user level: the plan's q is batch_size / users (public), each
+    step's batch is a set of users, the label counts are the user-level release, and
+    privacy.json states user-level DP with the epsilon of the planned user-level events."""
+    model_dir = _tiny_model_dir(tmp_path)
+    rows = _user_rows([1, 5, 2, 3, 1, 4])
+    data = _write_users(tmp_path / "d.csv", rows)
+    raw = _user_config(data, batch_size=4, epochs=1, users=20, max_records_per_user=3,
+                       max_tokens=16, samples=2, max_new_tokens=4)
+    raw["generators"] = [{"model": str(model_dir)}]
+    out = _run(raw, tmp_path / "run")
+    privacy = json.loads((out / "release" / "privacy.json").read_text())
+    assert privacy["unit"] == "user" and privacy["training"]["privacy_unit"] == "user"
+    assert "user-level" in privacy["training"]["per_user_gradient"]
+    assert privacy["training"]["schedule"] == "public (dp_finetune.users)"
+    label, sgd = privacy["mechanisms"]
+    assert label["name"] == "label_counts" and sgd["name"] == "dp_sgd"
+    assert sgd["sampling_rate"] == 0.2 and sgd["count"] == 5  # 4 / 20 users
+    plan = json.loads((out / "private" / "plan.json").read_text())
+    assert plan["users"] == 6 and plan["expected_batch"] == pytest.approx(0.2 * 6)
+    assert privacy["epsilon"] == pytest.approx(accounting.run_epsilon(
+        plan["noise_multiplier"], 0.2, 5, 1e-5, "rdp", 20.0, user_level=True), rel=1e-12)
+    assert privacy["epsilon"] <= 2.0
+    steps = [json.loads(x) for x in (out / "private" / "dp-finetune" / "steps.jsonl")
+             .read_text().splitlines()]
+    assert len(steps) == 5 and all(0 <= s["batch"] <= 6 for s in steps)
+    from dpsynth.statement import guarantee_sentence
+
+    assert "for each user" in guarantee_sentence(privacy)
+
+
+# ------------------------------------------------------------- dpsynth bench dp-finetune
+def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
+    """The three per-sample gradient paths side by side at toy sizes, in this process: CPU
+    and wall seconds per sample and peak memory for each, the ratios to hooks (the shape of
+    the result, never the speed)."""
+    from dpsynth.bench.dp_finetune import bench_dp_finetune, lines, markdown, parse_mode
+
+    model_dir = _tiny_model_dir(tmp_path)
+    res = bench_dp_finetune(str(model_dir), ("loop", "hooks", "ghost", "plain-top1"),
+                            samples=3, threads=1, tokens=12, micro_batch=2, isolate=False)
+    assert list(res["paths"]) == ["loop", "hooks", "ghost", "plain-top1"]
+    for mode, r in res["paths"].items():
+        assert r["cpu_per_sample"] >= 0 and r["wall_per_sample"] > 0
+        assert r["peak_rss_mib"] > 0 and r["step_extra_mib"] >= 0 and r["samples"] == 3
+        assert r["private"] is (mode != "plain-top1")
+    assert res["paths"]["plain-top1"]["lora_layers"] == 1
+    assert set(res["cpu_vs_hooks"]) <= set(res["paths"]) and res["isolated"] is False
+    assert len(lines(res)) == 5 and "| ghost |" in markdown(res, "cmd")
+    assert parse_mode("hooks-top8") == ("hooks", 8)
+    for bad in ("fast", "loop-top", "loop-top0"):
+        with pytest.raises(ValueError, match="per-sample gradient path"):
+            parse_mode(bad)
+
+
+def test_bench_dp_finetune_command(tmp_path: Path) -> None:
+    """``dpsynth bench dp-finetune --json``: a path in its own process, with the machine it
+    ran on; an unknown path is a usage error."""
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    model_dir = _tiny_model_dir(tmp_path)
+    out = CliRunner().invoke(app, ["bench", "dp-finetune", "--model", str(model_dir),
+                                   "--samples", "2", "--tokens", "12", "--threads", "1",
+                                   "--modes", "loop", "--json"])
+    assert out.exit_code == 0, out.output
+    res = json.loads(out.output.strip().splitlines()[-1])
+    assert res["isolated"] is True and list(res["paths"]) == ["loop"]
+    assert res["paths"]["loop"]["peak_rss_mib"] > 0 and res["cpu_vs_hooks"] is None
+    assert {"cpu_model", "cores", "load_average_1m", "quiet"} <= set(res["machine"])
+    bad = CliRunner().invoke(app, ["bench", "dp-finetune", "--modes", "fast"])
+    assert bad.exit_code == 2

@@ -76,6 +76,10 @@ ALLOWED: set[tuple[str, str]] = {
     ("dpsynth.api", "dpsynth.rag.answer"),
     ("dpsynth.api", "dpsynth.rag.build"),
     ("dpsynth.bench.embedding", "dpsynth.demo_corpus"),
+    # the finetune extra (torch, opacus, peft) is optional; each path runs in a child process
+    ("dpsynth.bench.dp_finetune", "dpsynth.llm.local"),
+    ("dpsynth.bench.dp_finetune", "dpsynth.methods.dpfinetune.train"),
+    ("dpsynth.bench.dp_finetune", "dpsynth.privacy"),
     ("dpsynth.bench.embedding", "dpsynth.embed"),
     ("dpsynth.bench.generation", "dpsynth.llm.ct2"),
     ("dpsynth.bench.generation", "dpsynth.llm.local"),
@@ -99,6 +103,7 @@ ALLOWED: set[tuple[str, str]] = {
     ("dpsynth.cli.audit", "dpsynth.eval.canary"),
     ("dpsynth.cli.audit", "dpsynth.eval.suite"),
     ("dpsynth.cli.audit", "dpsynth.statement"),
+    ("dpsynth.cli.bench", "dpsynth.bench.dp_finetune"),
     ("dpsynth.cli.bench", "dpsynth.bench.embedding"),
     ("dpsynth.cli.bench", "dpsynth.bench.generation"),
     ("dpsynth.cli.bench", "dpsynth.bench.private_prediction"),

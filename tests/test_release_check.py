@@ -49,8 +49,10 @@ pytestmark = pytest.mark.release_check
 #: normalised away (none should be in release/ any more; listed so a reappearance is visible).
 VOLATILE_KEYS = frozenset({"wall_seconds", "time", "created", "started", "finished", "ended"})
 #: Private folders that hold released values outside a release store: federated rounds keep
-#: their unmasked sums there (their charge is in the store, dpsynth.federated.rounds).
-RESULT_DIRS = ("federated",)
+#: their unmasked sums there (their charge is in the store, dpsynth.federated.rounds); DP-SGD's
+#: checkpoint holds the adapter, post-processing of the T noisy gradients (all T steps charged
+#: in the store before step 0, dpsynth.methods.dpfinetune), so a replay samples from D's.
+RESULT_DIRS = ("federated", "dp-finetune")
 LABELS = ["billing", "clinical", "scheduling"]  # public domain; D has no "scheduling" record
 MIN_TEXT = 20
 #: a wall-clock time (ISO date and time): wall time depends on the data, nothing shareable has it
@@ -752,6 +754,48 @@ def test_secpe_secret_neighbours(tmp_path, spy):
         assert all(set(m) == {"name", "count"} for m in privacy["mechanisms"])
         stats = (tmp_path / f"run-{tag}" / "stats.jsonl").read_text()
         assert "noise_sigma" not in stats
+
+
+def _dp_finetune_config(model_dir: Path, **section: Any) -> Callable[[Path], dict[str, Any]]:
+    """dp_finetune on the tiny random Llama (SmolLM2's tokenizer) at user level: 16 users
+    declared (public; D has 12, D' 13), 4 expected a step, at most 4 records each."""
+
+    def make(p: Path) -> dict[str, Any]:
+        return pe_config("dp_finetune", p, **{
+            "privacy.unit": "user", "data.user": "user",
+            "generators": [{"model": str(model_dir)}],
+            "dp_finetune": {"secure_mode": False, "users": 16, "batch_size": 4,
+                            "max_records_per_user": 4, "max_tokens": 16, "samples": 2,
+                            "max_new_tokens": 4, **section}})
+
+    return make
+
+
+def test_dp_finetune_user_neighbours(tmp_path, spy, monkeypatch):
+    """User-level DP-SGD (issue 45): D' adds one user with 5 records (4 of them train, the
+    first in file order). Both runs release the same events (the user-level label counts, T
+    steps at q = 4 / 16 users); replayed on D's releases and D's checkpoint (the adapter,
+    post-processing of the noisy gradients) release/ is byte-identical; fresh plans agree on
+    everything but the noise; no exact count or private text reaches release/, stats or the
+    log; and the statement says user-level."""
+    from test_dp_finetune import _tiny_model_dir
+
+    # `dpsynth eval` and its report do not take dp_finetune runs (dpsynth.eval.release lists
+    # the methods they do): the fresh plans compare release/ and stats without eval/
+    monkeypatch.setattr(sys.modules[__name__], "_evaluate", lambda run: None)
+    monkeypatch.setattr(sys.modules[__name__], "_report", lambda run: None)
+    make = _dp_finetune_config(_tiny_model_dir(tmp_path / "model"))
+    rows = private_rows(36, users=12)  # 3 records per user
+    new_user = [{"text": f"patient Quorrin{j} asks about the bill and the insurance form",
+                 "label": "billing", "user": "user-new"} for j in range(5)]
+    public = frozenset({0, 1, 2, 4, 16, 20})  # the config's numbers (20: label_count_sigma)
+    problems = check_neighbours(tmp_path, spy, make, rows, rows + new_user, run_pe,
+                                _resume_pe, user=True, allowed=public)
+    assert problems == [], "\n".join(problems)
+    privacy = json.loads((tmp_path / "run-dp" / "release" / "privacy.json").read_text())
+    assert privacy["unit"] == "user" and privacy["training"]["privacy_unit"] == "user"
+    assert [m["name"] for m in privacy["mechanisms"]] == ["label_counts", "dp_sgd"]
+    assert privacy["mechanisms"][1]["sampling_rate"] == 0.25
 
 
 def test_zero_shot_releases_nothing_private(tmp_path, spy):

@@ -193,6 +193,42 @@ def private_prediction(
                                                stepper, max_doc_tokens, rows), as_json)
 
 
+@bench_app.command("dp-finetune")
+def dp_finetune(
+    model: str = typer.Option("smollm2", "--model", help="Offline model name or HF directory."),
+    samples: int = typer.Option(8, "--samples", help="Records in the timed DP-SGD step."),
+    modes: str = typer.Option(
+        "loop,hooks,ghost", "--modes",
+        help="Per-sample gradient paths, comma-separated: loop, hooks, ghost, plain (NOT "
+             "private: a reference), each optionally -topK (adapters on the last K layers)."),
+    tokens: int = typer.Option(64, "--tokens", help="Tokens per record."),
+    threads: int = typer.Option(2, "--threads", help="torch threads."),
+    micro_batch: int = typer.Option(8, "--micro-batch",
+                                    help="Records per pass of hooks, ghost and plain."),
+    in_process: bool = typer.Option(
+        False, "--in-process", help="Run every path in this process (faster to start; the "
+                                    "peak memory is then this process's, not per path)."),
+    as_json: bool = typer.Option(False, "--json", help="Print only JSON."),
+) -> None:
+    """DP-SGD per-sample gradients (dp_finetune's loop, Opacus hooks, ghost clipping) side by
+    side: CPU s / sample and peak memory of each, each path in its own process."""
+    from dpsynth.bench.dp_finetune import bench_dp_finetune, lines
+
+    with Where() as where:
+        try:
+            res = bench_dp_finetune(model, [m.strip() for m in modes.split(",") if m.strip()],
+                                    samples, threads, tokens, micro_batch,
+                                    isolate=not in_process)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    res["machine"] = where.result()
+    if as_json:
+        typer.echo(json.dumps(res))
+        return
+    for line in lines(res):
+        typer.echo(line)
+
+
 @bench_app.command("bounds")
 def bounds(
     gemm_size: int = typer.Option(2048, "--gemm-size", help="Side of the square GEMMs."),

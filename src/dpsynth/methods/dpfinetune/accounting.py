@@ -2,8 +2,11 @@
 Poisson-subsampled Gaussian mechanism, each record in a step's batch with probability q, its
 gradient clipped to L2 norm C and N(0, (sigma C)^2) added to the sum, is the dp_accounting event
 ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), T)`` (add/remove one
-record). Pure functions: the noise multiplier is solved from the target before anything is
-trained, with the project's one calibration (:func:`dpsynth.privacy.calibrate_gaussian_sigma`)."""
+record). At user level (``privacy.unit: user``) the unit sampled and clipped is a user (each
+user in a step's batch with probability q, the user's gradient clipped to C as one), so the
+same event holds for add/remove one user, with q = B / users. Pure functions: the noise
+multiplier is solved from the target before anything is trained, with the project's one
+calibration (:func:`dpsynth.privacy.calibrate_gaussian_sigma`)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from dp_accounting import dp_event
 
 from ...errors import ConfigError
 from ...privacy import Accountant, DiscreteGaussianEvent, GaussianEvent, calibrate_gaussian_sigma
+from ...privacy.lattice import FIXED_POINT_GRID
 
 #: the accountants that can state a Poisson-subsampled Gaussian (zCDP cannot; GDP only
 #: full-batch)
@@ -21,11 +25,12 @@ ACCOUNTANTS = ("pld", "rdp")
 
 
 def schedule(records: int, batch_size: int, epochs: float) -> tuple[float, int]:
-    """(q, T): the Poisson rate q = min(1, B / n) of an expected batch of B out of n records,
-    and T = ceil(epochs / q) steps (one epoch = 1 / q steps in expectation)."""
+    """(q, T): the Poisson rate q = min(1, B / n) of an expected batch of B out of n units
+    (records, or users at user level), and T = ceil(epochs / q) steps (one epoch = 1 / q
+    steps in expectation)."""
     if records < 1 or batch_size < 1 or not (epochs > 0):
-        raise ConfigError(f"schedule needs records, batch_size >= 1 and epochs > 0, got "
-                          f"{records}, {batch_size}, {epochs}")
+        raise ConfigError(f"schedule needs units (records or users), batch_size >= 1 and "
+                          f"epochs > 0, got {records}, {batch_size}, {epochs}")
     q = min(1.0, batch_size / records)
     return q, max(1, math.ceil(epochs / q - 1e-9))
 
@@ -45,17 +50,21 @@ def dp_sgd_event(noise_multiplier: float, q: float, steps: int) -> Any:
     return GaussianEvent(noise_multiplier, 1.0, steps, q, "dp_sgd")
 
 
-def label_count_event(sigma: float) -> Any:
-    """The noisy label counts: one record adds 1 to one cell (shift profile (1,)), discrete
-    Gaussian of std ``sigma`` (docs/methods.md §0)."""
+def label_count_event(sigma: float, user_level: bool = False) -> Any:
+    """The noisy label counts, discrete Gaussian of std ``sigma`` (docs/methods.md §0): one
+    record adds 1 to one cell (shift profile (1,)); at user level each user's count vector,
+    scaled to L2 norm <= 1 and truncated onto the 2^-32 grid, is one user's contribution (the
+    lattice of :func:`dpsynth.privacy.lattice.count_lattice`, no shift profile: zCDP)."""
 
+    if user_level:
+        return DiscreteGaussianEvent(sigma, 1.0, 1, 1.0, "label_counts", (), FIXED_POINT_GRID)
     return DiscreteGaussianEvent(sigma, 1.0, 1, 1.0, "label_counts", (1,))
 
 
 def planned_events(noise_multiplier: float, q: float, steps: int,
-                   label_sigma: float | None) -> list[Any]:
+                   label_sigma: float | None, user_level: bool = False) -> list[Any]:
     """Every release of a run: the label counts (when released) and the T DP-SGD steps."""
-    events = [] if label_sigma is None else [label_count_event(label_sigma)]
+    events = [] if label_sigma is None else [label_count_event(label_sigma, user_level)]
     return [*events, dp_sgd_event(noise_multiplier, q, steps)]
 
 
@@ -67,19 +76,21 @@ def check_accountant(kind: str) -> None:
 
 
 def solve_noise_multiplier(epsilon: float, delta: float, q: float, steps: int, kind: str,
-                           label_sigma: float | None = None) -> float:
+                           label_sigma: float | None = None, user_level: bool = False) -> float:
     """The smallest noise multiplier (to 1e-4, rounded up) whose run (the label counts at
-    their fixed std, then T DP-SGD steps) is (epsilon, delta)-DP under accountant ``kind``."""
+    their fixed std, then T DP-SGD steps) is (epsilon, delta)-DP under accountant ``kind``
+    (per record, or per user with ``user_level``)."""
 
     check_accountant(kind)
     return float(calibrate_gaussian_sigma(
-        epsilon, delta, lambda s: planned_events(s, q, steps, label_sigma), kind=kind))
+        epsilon, delta, lambda s: planned_events(s, q, steps, label_sigma, user_level),
+        kind=kind))
 
 
 def run_epsilon(noise_multiplier: float, q: float, steps: int, delta: float, kind: str,
-                label_sigma: float | None = None) -> float:
+                label_sigma: float | None = None, user_level: bool = False) -> float:
     """epsilon at ``delta`` of the run after ``steps`` DP-SGD steps (the per-step report)."""
 
     acc = Accountant(kind)
-    acc.extend(planned_events(noise_multiplier, q, steps, label_sigma))
+    acc.extend(planned_events(noise_multiplier, q, steps, label_sigma, user_level))
     return float(acc.epsilon(delta))

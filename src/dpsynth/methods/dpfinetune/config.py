@@ -1,5 +1,7 @@
 """The ``dp_finetune:`` section of a run config: standard DP-SGD hyperparameters (Abadi et al.
-2016; Opacus's names) with safe defaults, the LoRA adapter, and how the release is sampled."""
+2016; Opacus's names) with safe defaults, the LoRA adapter, and how the release is sampled.
+The unit sampled and clipped is ``privacy.unit``: a record, or a user (``users``,
+``max_records_per_user``)."""
 
 from __future__ import annotations
 
@@ -22,17 +24,33 @@ class DPFineTuneConfig(Section):
         None, ge=1, description="adapters on the last k transformer layers only (the backward "
                                 "pass stops below them: faster); None = every layer")
     epochs: float = Field(1.0, gt=0, le=1000,
-                          description="passes over the data: steps T = ceil(epochs / q)")
-    batch_size: int = Field(32, ge=1, description="expected Poisson batch B (q = B / records)")
+                          description="passes over the data (over the users at privacy.unit "
+                                      "user): steps T = ceil(epochs / q)")
+    batch_size: int = Field(32, ge=1, description="expected Poisson batch B, in records (q = B "
+                                                  "/ records), or in users at privacy.unit "
+                                                  "user (q = B / users)")
     records: int | None = Field(
         None, ge=1,
         description="public record count that sets q = B / records and T (required; "
                     "Poisson sampling's guarantee holds whatever the true count). None: the "
                     "private count, research mode only (privacy.noise: seeded; q and T then "
                     "stay in private/)")
+    users: int | None = Field(
+        None, ge=1,
+        description="privacy.unit user: the public user count that sets q = batch_size / users "
+                    "and T (required; each user is sampled with probability q, so the "
+                    "guarantee holds whatever the true count). None: the private user count, "
+                    "research mode only (privacy.noise: seeded)")
+    max_records_per_user: int | None = Field(
+        None, ge=1,
+        description="privacy.unit user: at most this many of a user's records (the first in "
+                    "file order) make the user's gradient, the mean of their per-record "
+                    "gradients clipped to max_grad_norm as one; None = all of them. A public "
+                    "bound on the work per user, not on the sensitivity (the clip bounds it)")
     micro_batch: int = Field(8, ge=1, description="records per forward pass with hooks / ghost")
     learning_rate: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
-    max_grad_norm: float = Field(1.0, gt=0, description="per-sample clip C (L2)")
+    max_grad_norm: float = Field(1.0, gt=0, description="per-sample clip C (L2); per user at "
+                                                        "privacy.unit user")
     max_tokens: int = Field(64, ge=8, le=4096,
                             description="tokens per training text (label sentence + record)")
     clipping: Literal["loop", "hooks", "ghost"] = Field(
@@ -41,7 +59,8 @@ class DPFineTuneConfig(Section):
                             "bit-identical whatever else is in the batch), or on micro-batches "
                             "with Opacus's hooks or ghost clipping (norms only, two backward "
                             "passes), equal to loop's up to float rounding only; "
-                            "benchmarks/results/dp_finetune.md measures them")
+                            "benchmarks/results/dp_finetune.md measures them. privacy.unit "
+                            "user needs loop")
     checkpoint_every: int = Field(1, ge=1, description="steps between checkpoints")
     secure_mode: bool = Field(
         True, description="noise from the OS CSPRNG (needs privacy.noise: secure), each "

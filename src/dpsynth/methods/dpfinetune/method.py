@@ -6,7 +6,14 @@ Releases: the noisy label counts (discrete Gaussian, std ``label_count_sigma``, 
 more than one label class and ``label_split: noisy_counts``) and T DP-SGD steps (Poisson rate
 q, noise multiplier sigma, clip C), composed by the run's accountant (PLD or RDP). The plan
 solves sigma from (epsilon, delta, epochs, batch size, records) before any model loads; the
-session charges all T steps once, before step 0 (a resumed run pays nothing again)."""
+session charges all T steps once, before step 0 (a resumed run pays nothing again).
+
+``privacy.unit: user``: the unit is a user throughout. The label counts are each user's count
+vector scaled to L2 norm <= 1 (as Aug-PE's, :func:`dpsynth.evolution.voting.user_label_counts`);
+DP-SGD samples users with probability q = batch_size / ``users`` (a public count, like
+``records``) and clips each sampled user's gradient (the mean over at most
+``max_records_per_user`` of their records) to C as one (:mod:`.train`); the same events then
+hold for add/remove one user."""
 
 from __future__ import annotations
 
@@ -18,11 +25,13 @@ import numpy as np
 from ...config import ConfigError, RunConfig
 from ...context import Rngs, label_classes
 from ...evolution.prompts import describe_labels
+from ...evolution.voting import user_label_counts
 from ...files import SHARED_MODE, atomic_write_json, write_jsonl
 from ...label_domain import declared_statement, undeclared_columns
 from ...llm.local import LocalGenerator
 from ...llm.models import quiet_transformers
 from ...privacy import run_seed
+from ...privacy.lattice import count_lattice
 from ...progress import note
 from ...run_folder import RunDir
 from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
@@ -59,11 +68,12 @@ class DPFineTune(Method):
         if math.isinf(p.epsilon) or p.epsilon <= 0:
             raise ConfigError(f"method dp_finetune needs a finite privacy.epsilon > 0, got "
                               f"{p.epsilon}")
-        if p.unit != "record":
-            raise ConfigError("method dp_finetune states record-level DP only for now: "
-                              "privacy.unit 'user' (a user's records sampled and clipped "
-                              "together) is not implemented")
-        if s.records is None and p.noise != "seeded":  # fail closed: a public schedule
+        if p.unit == "user":
+            self._check_user_level(config, s)
+        elif s.users is not None or s.max_records_per_user is not None:
+            raise ConfigError("dp_finetune.users and dp_finetune.max_records_per_user are for "
+                              "privacy.unit: user; at record level give dp_finetune.records")
+        if s.records is None and p.unit == "record" and p.noise != "seeded":  # fail closed
             raise ConfigError(
                 "dp_finetune.records: give the number of records (public: it sets the "
                 "sampling rate q = batch_size / records and the step count; each record is "
@@ -81,10 +91,44 @@ class DPFineTune(Method):
             raise ConfigError("method dp_finetune runs on the CPU for now (generators[0]."
                               "device: cpu)")
 
-    def schedule(self, config: RunConfig, records: int) -> tuple[float, int]:
-        """(q, T) from the public ``records`` when given, else the data's count."""
+    @staticmethod
+    def _check_user_level(config: RunConfig, s: DPFineTuneConfig) -> None:
+        """What user-level DP-SGD needs: a user column, the loop path (the one that clips a
+        user's gradient as one) and, outside research mode, the public user count."""
+        if not config.data.user:
+            raise ConfigError("privacy.unit is 'user' but data.user names no user column")
+        if s.clipping != "loop":
+            raise ConfigError(
+                f"method dp_finetune with privacy.unit: user needs dp_finetune.clipping: loop, "
+                f"not {s.clipping!r}: a user's gradient (the mean over their records) is "
+                "clipped as one from one-record passes; Opacus's hooks and ghost clipping "
+                "clip per record and are not implemented per user")
+        if s.records is not None:
+            raise ConfigError("dp_finetune.records counts records; with privacy.unit: user "
+                              "give the public number of users as dp_finetune.users")
+        if s.users is None and config.privacy.noise != "seeded":  # fail closed
+            raise ConfigError(
+                "dp_finetune.users: give the number of users (public: with privacy.unit: "
+                "user it sets the sampling rate q = batch_size / users and the step count; "
+                "each user is still sampled with probability q, so the guarantee holds "
+                "whatever the true count). Without it q and T would follow from the private "
+                "user count: that is research mode only (privacy.noise: seeded)")
+
+    @staticmethod
+    def user_level(config: RunConfig) -> bool:
+        return config.privacy.unit == "user"
+
+    def declared_units(self, config: RunConfig) -> int | None:
+        """The public count of units (``users`` at user level, else ``records``), or None."""
         s = self.settings(config)
-        return accounting.schedule(s.records or records, s.batch_size, s.epochs)
+        return s.users if self.user_level(config) else s.records
+
+    def schedule(self, config: RunConfig, units: int) -> tuple[float, int]:
+        """(q, T) from the public count of units (records, or users at user level) when
+        given, else from ``units``, the data's (private) count."""
+        s = self.settings(config)
+        return accounting.schedule(self.declared_units(config) or units, s.batch_size,
+                                   s.epochs)
 
     def label_sigma(self, config: RunConfig, n_labels: int) -> float | None:
         s = self.settings(config)
@@ -102,23 +146,27 @@ class DPFineTune(Method):
                               "(data.label_values): discovery is not supported")
         if len(dataset) == 0:
             raise ConfigError("the private data has no records")
-        s = self.settings(config)
         p = config.privacy
+        user_level = self.user_level(config)
         n_labels = len(label_classes(dataset))
-        q, steps = self.schedule(config, len(dataset))
+        units = len(user_groups(dataset.users, None)) if user_level else len(dataset)
+        q, steps = self.schedule(config, units)
         label_sigma = self.label_sigma(config, n_labels)
         sigma = accounting.solve_noise_multiplier(p.epsilon, p.delta, q, steps, p.accountant,
-                                                  label_sigma)
+                                                  label_sigma, user_level)
         atomic_write_json(run.private / "plan.json",
-                          {"method": self.name, "sampling_rate": q, "steps": steps,
-                           "noise_multiplier": sigma, "expected_batch": q * len(dataset),
-                           "label_count_sigma": label_sigma, "records": len(dataset)},
+                          {"method": self.name, "unit": p.unit, "sampling_rate": q,
+                           "steps": steps, "noise_multiplier": sigma,
+                           "expected_batch": q * units, "label_count_sigma": label_sigma,
+                           "records": len(dataset), **({"users": units} if user_level else {})},
                           mode=0o600)
-        if s.records is not None:
-            note(f"dp_finetune: noise multiplier {sigma:.4g} for {steps} steps at q = {q:.4g}")
+        what = "user" if user_level else "record"
+        if self.declared_units(config) is not None:
+            note(f"dp_finetune: noise multiplier {sigma:.4g} for {steps} steps at q = {q:.4g} "
+                 f"({what}-level)")
         else:
-            note("dp_finetune: noise multiplier solved; it, the steps and q follow from the "
-                 "private record count (private/plan.json; set dp_finetune.records to make "
+            note(f"dp_finetune: noise multiplier solved; it, the steps and q follow from the "
+                 f"private {what} count (private/plan.json; set dp_finetune.{what}s to make "
                  "them public)")
         return PrivacyPlan("dp", sigma, p.accountant, (p.epsilon, p.delta),
                            ledger={"method": self.name},
@@ -145,8 +193,10 @@ class DPFineTune(Method):
         model = attach_lora(model, s.lora_rank, s.lora_alpha, s.target_modules, s.lora_layers)
         examples = make_examples(tok, [sentences[int(y)] for y in codes], dataset.texts,
                                  s.max_tokens, eos_ids[0])
+        groups = (user_groups(dataset.users, s.max_records_per_user)
+                  if self.user_level(cfg) else None)
         noisy = self._releases(job, codes, len(classes))
-        seconds = self._train(job, model, examples, pad_id)
+        seconds = self._train(job, model, examples, pad_id, groups)
         rows = self._sample(job, model, tok, sentences, noisy, rngs, eos_ids, pad_id)
         name = f"dp_finetune:{model_id}"
         release = [{"text": text, "labels": dict(zip(columns, classes[y], strict=True)),
@@ -159,32 +209,43 @@ class DPFineTune(Method):
         plan = job.plan
         noisy = None
         if plan.notes["label_sigma"] is not None:
-            counts = np.bincount(codes, minlength=n_labels).astype(np.int64)
+            user_level = self.user_level(job.config)
+            if user_level:  # each user's count vector scaled to L2 norm <= 1, on the grid
+                counts = user_label_counts(codes, n_labels, user_codes(job.dataset.users))
+            else:
+                counts = np.bincount(codes, minlength=n_labels).astype(np.int64)
             noisy = np.asarray(job.session.noisy_counts(
-                "label_counts", counts, plan.notes["label_sigma"], name="label_counts"))
+                "label_counts", counts, plan.notes["label_sigma"], name="label_counts",
+                lattice=count_lattice(user_level)))
         job.session.record("dp_sgd", accounting.dp_sgd_event(
             float(plan.sigma or 0.0), float(plan.notes["q"]), int(plan.notes["steps"])),
             {"charged": "all steps"})
         return noisy
 
-    def _train(self, job: Job, model: Any, examples: list[Any], pad_id: int) -> float:
+    def _train(self, job: Job, model: Any, examples: list[Any], pad_id: int,
+               groups: list[np.ndarray] | None = None) -> float:
         """The DP-SGD loop from the last checkpoint; the adapter saved in private/. Per step
         the private log gets the batch size, the loss and the accountant's epsilon; log.txt a
-        share of the steps done (never T)."""
+        share of the steps done (never T). ``groups``: each user's records (user level)."""
 
         cfg, run, plan = job.config, job.run, job.plan
         s, p = self.settings(cfg), cfg.privacy
         sigma, label_sigma = float(plan.sigma or 0.0), plan.notes["label_sigma"]
         q, steps = float(plan.notes["q"]), int(plan.notes["steps"])
+        user_level = groups is not None
+        units = len(groups) if groups is not None else len(examples)
         folder = run.private / FOLDER
         settings = StepSettings(
-            # q x the record count that set q (public with dp_finetune.records): B when q < 1
+            # q x the count of units that set q (public with dp_finetune.records / users): B
+            # when q < 1
             noise_multiplier=sigma, q=q, steps=steps,
-            expected_batch=q * float(s.records or len(examples)), clip=s.max_grad_norm,
+            expected_batch=q * float(self.declared_units(cfg) or units), clip=s.max_grad_norm,
             learning_rate=s.learning_rate, clipping=s.clipping, micro_batch=s.micro_batch,
-            checkpoint_every=s.checkpoint_every, secure=s.secure_mode)
+            checkpoint_every=s.checkpoint_every, secure=s.secure_mode,
+            unit="user" if user_level else "record",
+            max_records_per_user=s.max_records_per_user if user_level else None)
         log = step_logger(folder / "steps.jsonl", lambda t: accounting.run_epsilon(
-            sigma, q, t, p.delta, p.accountant, label_sigma))
+            sigma, q, t, p.delta, p.accountant, label_sigma, user_level))
         last = [0]
 
         def on_step(t: int, facts: dict[str, Any]) -> None:
@@ -195,7 +256,7 @@ class DPFineTune(Method):
                 run.log(f"dp_finetune: training {pct}% done")
 
         trainer = DPSGD(model, examples, settings, folder, job.session.noise_for, pad_id,
-                        on_step=on_step, on_checkpoint=job.hooks.on_checkpoint)
+                        on_step=on_step, on_checkpoint=job.hooks.on_checkpoint, groups=groups)
         facts = trainer.run(resume=True)
         if facts.get("resumed_at") is not None and cfg.privacy.noise == "secure":
             # not silent: a step after the last checkpoint was computed again, with fresh
@@ -241,13 +302,15 @@ class DPFineTune(Method):
 
         cfg = job.config
         s = self.settings(cfg)
+        user_level = self.user_level(cfg)
+        what = "user" if user_level else "record"
         st = job.session.statement(cfg.privacy.unit, (cfg.privacy.epsilon, cfg.privacy.delta))
-        public = s.records is not None
+        public = self.declared_units(cfg) is not None
         if not public:
             for row in st["mechanisms"]:
                 if row.get("name") == "dp_sgd":
                     for key in ("sigma", "sampling_rate", "count", "mu"):
-                        row[key] = "private: set from the record count"
+                        row[key] = f"private: set from the {what} count"
         st["noise_note"] += (" The DP-SGD gradient noise is a continuous Gaussian in floating "
                              "point (training.gradient_noise).")
         st["method"] = self.name
@@ -256,15 +319,42 @@ class DPFineTune(Method):
         st["training"] = {
             "algorithm": "DP-SGD (Abadi et al. 2016) on a LoRA adapter, AdamW on the noisy "
                          "gradients",
-            "sampling": "Poisson", "clip": s.max_grad_norm, "epochs": s.epochs,
+            "privacy_unit": what,
+            "sampling": "Poisson, each user" if user_level else "Poisson, each record",
+            "clip": s.max_grad_norm, "epochs": s.epochs,
             "expected_batch": s.batch_size, "per_sample_gradients": s.clipping,
-            "schedule": "public (dp_finetune.records)" if public else
-                        "from the private record count (the usual DP-SGD convention)",
+            "schedule": f"public (dp_finetune.{what}s)" if public else
+                        f"from the private {what} count (the usual DP-SGD convention)",
             "gradient_noise": "continuous Gaussian (floating point) from the run's noise "
                               "source" + ("; each draw the sum of 4 divided by 2 "
                                           "(secure_mode)" if s.secure_mode else ""),
         }
+        if user_level:
+            which = ("all their records" if s.max_records_per_user is None else
+                     f"the first {s.max_records_per_user} of their records in file order")
+            st["training"]["per_user_gradient"] = (
+                "user-level DP: a sampled user's gradient is the mean of the per-record "
+                f"gradients of {which}, clipped to clip as one")
+            st["training"]["max_records_per_user"] = s.max_records_per_user
         return st
+
+
+def user_codes(users: Any) -> np.ndarray:
+    """Each record's user as an index into the sorted distinct user ids."""
+    if users is None:
+        raise ConfigError("privacy.unit is 'user' but the data has no user column")
+    return np.unique(np.asarray(list(users), dtype=object).astype(str),
+                     return_inverse=True)[1].astype(np.int64).ravel()
+
+
+def user_groups(users: Any, cap: int | None) -> list[np.ndarray]:
+    """The record indices of each user (users in sorted id order, the records in file order),
+    the first ``cap`` of them when given: a function of that user's records alone."""
+    codes = user_codes(users)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.flatnonzero(np.diff(codes[order])) + 1
+    groups = np.split(order, bounds) if len(order) else []
+    return [g[:cap] if cap is not None else g for g in groups]
 
 
 def _load_model(cfg: RunConfig, job: Job) -> tuple[Any, Any, str, list[int], int]:

@@ -8,6 +8,15 @@ the 2^-32 fixed-point grid and added as integers, so the sum does not depend on 
 grouping of the records), then sum + N(0, (sigma C)^2 I) (stream ``dp_sgd/step{t}/noise``),
 divided by the expected batch B, and an AdamW step (post-processing).
 
+User level (``privacy.unit: user``, ``groups``: each user's record indices, at most
+``max_records_per_user`` of them, the first in file order): the unit of every step above is a
+user. Each user is in the batch with probability q (its own coin, users in id order); a sampled
+user's gradient is the mean of the gradients of its records (each record in its own forward
+and backward pass, summed in float64 in the user's record order), clipped to C as one and
+truncated onto the grid, so adding or removing one user moves the exact sum by at most C in
+L2, whatever their number of records; the noise and B (in users) as above. Only the ``loop``
+path computes this (hooks and ghost clipping clip per record).
+
 Per-sample gradients (``clipping``): ``loop``, one record per forward and backward pass (no
 batch mixes records at all); ``hooks``, Opacus's GradSampleModule (per-sample gradients of a
 micro-batch from its hooks); ``ghost``, Opacus's fast gradient clipping (per-sample norms
@@ -144,20 +153,43 @@ class StepSettings:
     micro_batch: int = 8
     checkpoint_every: int = 1
     secure: bool = True
+    #: the unit sampled and clipped: "record", or "user" (then DPSGD needs ``groups``)
+    unit: str = "record"
+    max_records_per_user: int | None = None
+
+
+#: the settings added after the first checkpoints were written, at their values then: an older
+#: checkpoint (without them) is one of record-level DP-SGD
+_LATER_SETTINGS = {"unit": "record", "max_records_per_user": None}
 
 
 class DPSGD:
     """The DP-SGD loop over ``examples`` on ``model`` (its trainable parameters: the adapter),
-    checkpointed in ``folder``; ``noise_for(key)`` is the session's keyed noise stream."""
+    checkpointed in ``folder``; ``noise_for(key)`` is the session's keyed noise stream.
+    ``groups`` (user level only): the indices into ``examples`` of each user's records, users
+    in a fixed order (the units the coins and :meth:`clipped_sum` index)."""
 
     def __init__(self, model: Any, examples: Sequence[Example], settings: StepSettings,
                  folder: Path, noise_for: Callable[[str], Any], pad_id: int,
                  on_step: Callable[[int, dict[str, Any]], None] | None = None,
-                 on_checkpoint: Callable[[str], None] | None = None) -> None:
+                 on_checkpoint: Callable[[str], None] | None = None,
+                 groups: Sequence[Sequence[int]] | None = None) -> None:
         import torch
 
+        if settings.unit not in ("record", "user"):
+            raise ValueError(f"unit must be 'record' or 'user', got {settings.unit!r}")
+        if (settings.unit == "user") != (groups is not None):
+            raise ValueError("user-level DP-SGD needs the users' record groups, and only it")
+        if settings.unit == "user" and settings.clipping != "loop":
+            raise ValueError(f"user-level DP-SGD clips each user's gradient on the 'loop' path "
+                             f"only, not {settings.clipping!r}")
         self.model = model
         self.examples = list(examples)
+        self.groups = None if groups is None else [tuple(int(i) for i in g) for g in groups]
+        if self.groups is not None:
+            cap = settings.max_records_per_user
+            if any(not g or (cap is not None and len(g) > cap) for g in self.groups):
+                raise ValueError("every user's group needs 1 to max_records_per_user records")
         self.s = settings
         self.folder = Path(folder)
         self.noise_for = noise_for
@@ -198,7 +230,7 @@ class DPSGD:
         if not self.checkpoint_path.is_file():
             return False
         state = torch.load(self.checkpoint_path, weights_only=True)
-        if state["settings"] != self.s.__dict__:
+        if {**_LATER_SETTINGS, **state["settings"]} != self.s.__dict__:
             raise RuntimeError(f"{self.checkpoint_path}: written with other DP-SGD settings")
         with torch.no_grad():
             for n, p in self.params:
@@ -208,9 +240,15 @@ class DPSGD:
         return True
 
     # -- one step ----------------------------------------------------------------------------
+    @property
+    def units(self) -> int:
+        """How many units the coins are drawn for: records, or users at user level."""
+        return len(self.examples) if self.groups is None else len(self.groups)
+
     def batch(self, t: int) -> np.ndarray:
-        """Step t's Poisson batch: record i with probability q (its own coin)."""
-        coins = self.noise_for(f"dp_sgd/step{t}/poisson").uniform(len(self.examples))
+        """Step t's Poisson batch: unit i (record, or user) with probability q (its own
+        coin)."""
+        coins = self.noise_for(f"dp_sgd/step{t}/poisson").uniform(self.units)
         return np.flatnonzero(np.asarray(coins) < self.s.q)
 
     def _ensure_engine(self) -> Any:
@@ -233,9 +271,12 @@ class DPSGD:
 
     def clipped_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
         """The exact fixed-point sum of the clipped per-sample gradients of ``rows`` (one int64
-        tensor per parameter) and the summed loss (private: for the private log only)."""
+        tensor per parameter) and the summed loss (private: for the private log only). At
+        user level ``rows`` are users and each is clipped as one (:meth:`_user_sum`)."""
         import torch
 
+        if self.groups is not None:
+            return self._user_sum(rows)
         sums = [torch.zeros(p.shape, dtype=torch.int64) for _, p in self.params]
         total = 0.0
         size = 1 if self.s.clipping == "loop" else self.s.micro_batch
@@ -275,6 +316,38 @@ class DPSGD:
             p.grad = None
             if hasattr(p, "grad_sample"):
                 p.grad_sample = None
+        return sums, total
+
+    def _user_sum(self, users: np.ndarray) -> tuple[list[Any], float]:
+        """The exact fixed-point sum over ``users`` of each user's clipped gradient: the mean
+        of the gradients of the user's records (one record per forward and backward pass,
+        added in float64 in the user's record order: a function of that user's records
+        alone), clipped to C as one vector, truncated onto the grid (the norm stays <= C);
+        and the sum of the users' mean losses (private)."""
+        import torch
+
+        assert self.groups is not None
+        sums = [torch.zeros(p.shape, dtype=torch.int64) for _, p in self.params]
+        total = 0.0
+        for u in users:
+            rows = self.groups[int(u)]
+            acc = [torch.zeros(p.shape, dtype=torch.float64) for _, p in self.params]
+            loss_sum = 0.0
+            for i in rows:
+                ids, attn, target = collate([self.examples[i]], self.pad_id)
+                for _, p in self.params:
+                    p.grad = None
+                loss = per_sample_loss(self.model, ids, attn, target)
+                loss.sum().backward()
+                for a, (_, p) in zip(acc, self.params, strict=True):
+                    a += p.grad.double()
+                loss_sum += float(loss.detach().sum())
+            mean = [(a / float(len(rows))).unsqueeze(0) for a in acc]
+            for s, c in zip(sums, self._clip(mean), strict=True):
+                s += to_grid(c).sum(dim=0)
+            total += loss_sum / len(rows)
+        for _, p in self.params:
+            p.grad = None
         return sums, total
 
     def _clip(self, grads: list[Any]) -> list[Any]:
