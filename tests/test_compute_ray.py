@@ -414,7 +414,8 @@ def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path, 
     if case == "user":
         over.update({"privacy.unit": "user", "data.user": "patient_id"})
     if case == "shortcut":
-        over["privacy.epsilon"] = 20.0
+        over["privacy.epsilon"] = 20.0  # past the default cap (10): said, as an operator would
+        over["privacy.no_cap"] = True
         over["synrag"].update(public_shortcut=True, svt_epsilon=0.5, eps_theta=1.0)
     compute = tmp_path / "ray" / "private" / "compute"
 
