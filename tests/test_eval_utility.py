@@ -132,3 +132,14 @@ def test_majority_share_of_a_test_file(tmp_path):
     assert majority_share_of_file(path, "y") == pytest.approx(0.6)
     assert majority_share_of_file(path, "absent") is None
     assert majority_share_of_file(tmp_path / "missing.csv", "y") is None
+
+
+def test_every_text_releasing_method_is_one_eval_evaluates() -> None:
+    """`dpsynth eval` opens the release of every registered method that releases text (a
+    dp_finetune run was refused: issue 45's side-by-side found it)."""
+    from dpsynth.eval.release import TEXT_METHODS
+    from dpsynth.methods import REGISTRY, method_class
+
+    text = {name for name in REGISTRY if method_class(name).releases == "text"}
+    assert text <= set(TEXT_METHODS), sorted(text - set(TEXT_METHODS))
+    assert "dp_finetune" in text  # the registry is read, not an empty set

@@ -432,3 +432,28 @@ def test_no_event_class_is_named_like_one_of_dp_accountings() -> None:
             if inspect.isclass(v) and v.__module__ == m.__name__}
     assert ours, "no classes found: the check would pass vacuously"
     assert not ours & their_names
+
+
+def test_a_small_noise_multiplier_floods_no_warning_and_loses_no_soundness(caplog) -> None:
+    """dp_accounting warns once per RDP order whose series does not converge (an infinite RDP
+    there: a looser, still sound bound); a dp_finetune run printed ~440 of them. The
+    accountant keeps them off the terminal (the orders stay excluded, as dp_accounting does)."""
+    import logging
+
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    from dpsynth.privacy import Accountant, GaussianEvent
+
+    event = dp_event.PoissonSampledDpEvent(0.064, dp_event.GaussianDpEvent(0.782))
+    with caplog.at_level(logging.WARNING):
+        rdp_lib.RdpAccountant().compose(event, 16)
+    assert any("failed to converge" in r.getMessage() for r in caplog.records)  # it can fail
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        acc = Accountant("rdp")
+        acc.add(GaussianEvent(0.782, 1.0, 16, 0.064, "dp_sgd"))
+        eps = acc.epsilon(1e-5)
+    assert not any("failed to converge" in r.getMessage() for r in caplog.records)
+    assert logging.getLogger("absl").level == logging.NOTSET  # restored
+    assert 0 < eps < float("inf")

@@ -23,7 +23,7 @@ from ..run_folder import observed_meta
 from .common import EvalInputError
 
 #: Methods whose release is ``release/synthetic.jsonl`` (text + labels).
-TEXT_METHODS = ("aug_pe", "wasp", "secpe", "zero_shot")
+TEXT_METHODS = ("aug_pe", "wasp", "secpe", "zero_shot", "dp_finetune")
 
 
 @dataclass

@@ -30,10 +30,12 @@ for 'zcdp', no PLD.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -274,6 +276,20 @@ def _mechanism_key(kind: str, event: dp_event.DpEvent) -> tuple[tuple | None, st
     return None, f"{{label}}: the {kind!r} accountant does not support {type(event).__name__}"
 
 
+@contextlib.contextmanager
+def _quiet_orders() -> Iterator[None]:
+    """dp_accounting logs a warning per RDP order whose subsampled-Gaussian series does not
+    converge (hundreds for a small noise multiplier) and gives that order an infinite RDP,
+    which only loosens the bound: the operator's terminal is spared the warnings."""
+    logger = logging.getLogger("absl")  # absl logs through the standard logging module
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
     """Total RDP curve of the grouped events over ``orders``."""
     small = orders <= _SUBSAMPLED_MAX_ORDER
@@ -285,7 +301,9 @@ def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
             if q >= 1.0:
                 total += count * orders / (2.0 * nm**2)
             else:
-                acct.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(nm)), count)
+                with _quiet_orders():
+                    acct.compose(dp_event.PoissonSampledDpEvent(
+                        q, dp_event.GaussianDpEvent(nm)), count)
                 total[~small] += count * orders[~small] / (2.0 * nm**2)
         elif key[0] == "exponential":
             eps = key[1]

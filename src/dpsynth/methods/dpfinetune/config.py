@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ...config import Section
+from ...config import DEFAULT_TOP_K, Section
 
 
 class DPFineTuneConfig(Section):
@@ -73,5 +73,9 @@ class DPFineTuneConfig(Section):
     samples: int = Field(100, ge=1, description="synthetic texts to release")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of the release")
     top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(
+        DEFAULT_TOP_K, ge=1, description="sample the release from the k likeliest tokens (the "
+                                         "PE methods' default; post-processing of the tuned "
+                                         "model); null: the whole vocabulary")
     max_new_tokens: int = Field(64, ge=1, le=4096)
     sample_batch: int = Field(16, ge=1, description="prompts per generate call")

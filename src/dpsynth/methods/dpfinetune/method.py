@@ -278,7 +278,7 @@ class DPFineTune(Method):
         return sample_texts(model, tok, sentences, per_label.tolist(),
                             seed_for=lambda y, lo: rngs.seed_for("dp_finetune/sample", y, lo),
                             max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                            top_p=s.top_p, batch=s.sample_batch, eos_ids=eos_ids,
+                            top_p=s.top_p, top_k=s.top_k, batch=s.sample_batch, eos_ids=eos_ids,
                             pad_id=pad_id)
 
     def _write(self, job: Job, release: list[dict[str, Any]], seconds: float) -> Outcome:

@@ -23,7 +23,7 @@ def quota(samples: int, noisy_counts: np.ndarray | None, n_labels: int) -> np.nd
 def sample_texts(model: Any, tokenizer: Any, prompts: Sequence[str], per_prompt: Sequence[int],
                  *, seed_for: Callable[[int, int], int], max_new_tokens: int,
                  temperature: float, top_p: float, batch: int, eos_ids: Sequence[int],
-                 pad_id: int) -> list[tuple[int, str]]:
+                 pad_id: int, top_k: int | None = None) -> list[tuple[int, str]]:
     """(label index, text) for ``per_prompt[y]`` samples of each prompt ``"<label>\\n"``,
     ``batch`` at a time, each batch seeded by ``seed_for(y, first index)`` (a resumed or
     repeated run samples the same texts from the same model)."""
@@ -40,7 +40,7 @@ def sample_texts(model: Any, tokenizer: Any, prompts: Sequence[str], per_prompt:
             with torch.no_grad():
                 gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                      do_sample=True, temperature=temperature, top_p=top_p,
-                                     top_k=0, max_new_tokens=max_new_tokens,
+                                     top_k=top_k or 0, max_new_tokens=max_new_tokens,
                                      eos_token_id=list(eos_ids), pad_token_id=pad_id)
             for row in gen[:, len(head):].tolist():
                 cut = [t for t in _until(row, eos_ids)]
