@@ -1,0 +1,394 @@
+"""Side by side on the same job (issue 45, small version): zero-shot, Aug-PE and DP fine-tuning
+on one private set at one epsilon, beside the real records themselves as the ceiling.
+
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/bench_side_by_side.py \
+        [--arms zero_shot,aug_pe,dp_finetune,real] [--runs DIR] [--fresh ARM,...] \
+        [--by-eye aug_pe=7,...] [--notes FILE]
+
+The job: Banking77 (read in place from ../shared/data/banking77), restricted to its 10 most
+frequent intents in the training file (ties by name), a fixed random subset of 500 of those
+training records (seed 0) as the private set; epsilon 4, delta 1e-5, N = 200 released texts.
+Arms, each through ``dpsynth.generate`` with its own ledger file (``privacy.ledger``):
+
+* ``zero_shot``: no private record read (epsilon 0), today's defaults;
+* ``aug_pe``: today's defaults (``synthesis.samples`` = N only);
+* ``dp_finetune``: record level, ``clipping: hooks``, 1 epoch, batch size 32, the declared
+  ``dp_finetune.records`` = 500, the default LoRA (r = 8 on q_proj / v_proj);
+* ``real``: the 500 private records themselves as the training set (the ceiling; no release).
+
+Each arm is scored by ``dpsynth.evaluate`` (the project's default classifier: logistic
+regression on MiniLM embeddings; no MAUVE, no audits) on the Banking77 test split restricted to
+the same 10 intents, with the zero_shot arm's release as the zero-shot reference of every arm,
+so ``gap closed`` = (arm - zero_shot) / (real - zero_shot) has one denominator. ``real`` is the
+evaluation's real-trained reference (the operator's private/eval/reference.json); its FID is
+that of 200 random private records (the FID of the other arms is at 200 texts too: FID is
+biased upward below 384 samples, so only equal sizes compare).
+
+The run folders (which hold the private subset, staged by ``dpsynth.generate``) go to
+``--runs`` (default: a 0700 folder under the system temp dir, outside the repository); so does
+a state file with each arm's wall time and the load average before and after it. A rerun
+resumes an unfinished arm, skips a finished one (``--fresh ARM`` starts it again, with a new
+ledger) and rewrites the table from the state file. Writes the markdown table, 10 random
+released texts per arm and the by-eye counts (``--by-eye``, read from the 20-text samples in
+``RUNS/by_eye_ARM.txt``) to benchmarks/results/side_by_side_small.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent
+SHARED = Path(os.environ.get("DPSYNTH_SHARED_DATA", ROOT.parent.parent / "shared" / "data"))
+OUT = ROOT / "results" / "side_by_side_small.md"
+
+INTENTS = 10
+RECORDS = 500
+SAMPLES = 200
+EPSILON, DELTA = 4.0, 1e-5
+ARMS = ("zero_shot", "aug_pe", "dp_finetune", "dp_finetune_topk", "real")
+
+#: the prompts of bench_released_text.py's Banking77 set (the customer as the writer)
+PROMPTS = {"writer": "a customer of an online bank",
+           "task": "a short question you ask your online bank",
+           "label_template": "It is about {category}."}
+
+
+def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
+    """The ``config`` sections of one arm (on top of the shared data / privacy arguments)."""
+    cfg: dict[str, Any] = {"prompts": dict(PROMPTS), "privacy": {"ledger": str(ledger)}}
+    if arm in ("zero_shot", "aug_pe"):
+        cfg["synthesis"] = {"samples": samples}
+    elif arm.startswith("dp_finetune"):
+        # dp_finetune sampled its release from the whole vocabulary (top_k null, the default
+        # then); dp_finetune_topk samples from the 50 likeliest tokens, the default now
+        cfg["dp_finetune"] = {"records": RECORDS, "clipping": "hooks", "epochs": 1,
+                              "batch_size": 32, "samples": samples,
+                              "top_k": 50 if arm == "dp_finetune_topk" else None}
+    return cfg
+
+
+def load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def job() -> tuple[list[str], Any, Any, set[str]]:
+    """(the 10 intents, the 500 private records, the test slice, every Banking77 text)."""
+    import pandas as pd
+
+    train = pd.read_csv(SHARED / "banking77" / "train.csv")
+    test = pd.read_csv(SHARED / "banking77" / "test.csv")
+    counts = train["category"].value_counts()
+    intents = sorted(sorted(counts.index, key=lambda c: (-counts[c], c))[:INTENTS])
+    pool = train[train["category"].isin(intents)]
+    private = pool.sample(n=RECORDS, random_state=0).reset_index(drop=True)
+    held_out = test[test["category"].isin(intents)].reset_index(drop=True)
+    every = set(train["text"].astype(str).str.strip()) | set(test["text"].astype(str).str.strip())
+    return intents, private[["text", "category"]], held_out[["text", "category"]], every
+
+
+def generate_arm(arm: str, runs: Path, private: Any, intents: list[str], samples: int) -> Path:
+    """Run (or resume) one generating arm; returns its run folder."""
+    import dpsynth
+
+    out = runs / arm
+    meta = out / "run.json"
+    if meta.is_file():
+        if json.loads(meta.read_text()).get("status") == "finished":
+            return out
+        return dpsynth.generate(None, output=out, resume=True, progress=False).run_dir
+    return dpsynth.generate(
+        private, text="text", labels=["category"], label_values={"category": intents},
+        epsilon=EPSILON, delta=DELTA, method="dp_finetune" if arm.startswith("dp_finetune")
+        else arm, output=out,
+        config=config_of(arm, samples, runs / f"{arm}.ledger.json"), progress=False).run_dir
+
+
+def evaluate_arm(run_dir: Path, test: Any, zero_shot: Path, embedder: Any) -> dict[str, Any]:
+    """dpsynth.evaluate (logreg, no MAUVE, no audits) with the operator's reference put back."""
+    import dpsynth
+
+    shareable = dpsynth.evaluate(run_dir, test, labels=["category"], classifier="logreg",
+                                 mauve=False, audits=False, zero_shot=zero_shot, report=False,
+                                 embedder=embedder, progress=False)
+    ref_path = run_dir / "private" / "eval" / "reference.json"
+    ref = json.loads(ref_path.read_text()) if ref_path.is_file() else {}
+    cell = shareable["utility"]["logreg"]["category"]
+    real = ((ref.get("utility") or {}).get("logreg") or {}).get("category", {}).get("private")
+    versus = shareable.get("versus_zero_shot", {}).get("logreg", {}).get("category", {})
+    return {"synthetic": cell["synthetic"], "zero_shot": cell.get("zero_shot"), "real": real,
+            "chance": cell.get("chance"), "fid": shareable["fidelity"]["synthetic"].get("fid"),
+            "n_test": len(test), "n_synthetic": shareable["n"]["synthetic"],
+            "n_zero_shot": shareable["n"].get("zero_shot"),
+            "versus_zero_shot": {k: versus.get(k) for k in ("accuracy_points",
+                                                             "interval_points")},
+            "notes": [n for n in shareable.get("notes", []) if "/" not in n]}
+
+
+def real_fid(private: Any, test: Any, embedder: Any) -> float:
+    """FID of 200 random private records against the test slice (the arms' size)."""
+    import numpy as np
+
+    from dpsynth.eval.fidelity import fid
+
+    texts = private["text"].astype(str).tolist()
+    pick = random.Random(0).sample(texts, min(SAMPLES, len(texts)))
+    a = np.asarray(embedder.embed(pick), dtype=np.float32)
+    b = np.asarray(embedder.embed(test["text"].astype(str).tolist()), dtype=np.float32)
+    return float(fid(a, b))
+
+
+def released(run_dir: Path) -> list[dict[str, Any]]:
+    rows = (run_dir / "release" / "synthetic.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(x) for x in rows if x.strip()]
+
+
+def by_eye_sample(run_dir: Path, n: int = 20) -> list[dict[str, Any]]:
+    """``n`` random released texts (seed 0): the by-eye read; the table shows the first 10."""
+    rows = released(run_dir)
+    return random.Random(0).sample(rows, min(n, len(rows)))
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def num(x: Any, digits: int = 3) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, float | int) and not isinstance(x, bool) else "n/a"
+
+
+def gap(value: float | None, zs: float | None, real: float | None) -> float | None:
+    if None in (value, zs, real) or real == zs:
+        return None
+    return (value - zs) / (real - zs)  # type: ignore[operator]
+
+
+def table(state: dict[str, Any], by_eye: dict[str, str]) -> list[str]:
+    arms = [a for a in ARMS if a in state["arms"]]
+    zs = state["arms"].get("zero_shot", {}).get("scores", {}).get("synthetic") or {}
+    real = next((state["arms"][a]["scores"]["real"] for a in arms
+                 if state["arms"][a].get("scores", {}).get("real")), None) or {}
+    lines = ["| arm | epsilon spent | texts released | wall (s) | load before -> after (1 / 5 / "
+             "15 min) | accuracy | macro-F1 | vs zero-shot, accuracy points (95 % interval) | "
+             "gap closed (accuracy) | gap closed (macro-F1) | FID | on task by eye (of 20) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        a = state["arms"][arm]
+        sc = a.get("scores", {})
+        cell = real if arm == "real" else (sc.get("synthetic") or {})
+        acc, f1 = cell.get("accuracy"), cell.get("macro_f1")
+        eye = "n/a (real records)" if arm == "real" else by_eye.get(arm, "not read")
+        eps = a.get("epsilon")
+        vs = sc.get("versus_zero_shot") or {}
+        ci = vs.get("interval_points") or []
+        lead = ("n/a" if arm in ("real", "zero_shot") or vs.get("accuracy_points") is None
+                else f"{vs['accuracy_points']:+.1f} ({ci[0]:+.1f} to {ci[1]:+.1f})")
+        n = f"{RECORDS} real" if arm == "real" else sc.get("n_synthetic", "n/a")
+        lines.append(
+            f"| {arm} | {'n/a' if eps is None else num(float(eps), 2)} | {n} | "
+            f"{a.get('wall_s', 'n/a')} "
+            f"| {a.get('load_before', '')} -> {a.get('load_after', '')} | {num(acc)} | "
+            f"{num(f1)} | {lead} | {pct(gap(acc, zs.get('accuracy'), real.get('accuracy')))} | "
+            f"{pct(gap(f1, zs.get('macro_f1'), real.get('macro_f1')))} | "
+            f"{num(sc.get('fid'))} | {eye} |")
+    return lines
+
+
+def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str]) -> str:
+    arms = [a for a in ARMS if a in state["arms"]]
+    ones = [float(state["arms"][a][k].split(" / ")[0]) for a in arms
+            for k in ("load_before", "load_after") if state["arms"][a].get(k)]
+    lo, hi = (min(ones), max(ones)) if ones else (float("nan"), float("nan"))
+    chance = next((state["arms"][a]["scores"].get("chance") for a in arms
+                   if state["arms"][a].get("scores", {}).get("chance") is not None), None)
+    lines = [
+        "# Side by side on the same job, small (issue 45)", "",
+        f"`{state['command'].strip()}`", "",
+        *([f"(table and by-eye counts rewritten from the finished runs by "
+           f"`{state['last_command']}`)", ""]
+          if state.get("last_command", state["command"]) != state["command"] else []),
+        f"Date {state['date']}; {state['machine']}, shared with other jobs: 1-minute load "
+        f"average {lo:.1f} to {hi:.1f} at the arms' starts and ends (each arm's in the table), "
+        "so every wall time is inflated over a quiet machine and only roughly comparable "
+        "across arms.", "",
+        f"The job: Banking77, its {INTENTS} most frequent intents in the training file "
+        f"({', '.join(state['intents'])}); {RECORDS} training records of those intents drawn "
+        f"at random (seed 0) as the private set; epsilon {EPSILON:g}, delta {DELTA:g}, "
+        f"N = {SAMPLES} released texts; SmolLM2-135M-Instruct, MiniLM. Scored by "
+        "`dpsynth.evaluate` (logistic regression on MiniLM embeddings, the default classifier) "
+        f"on the {state['n_test']} Banking77 test records of the same intents (chance: "
+        f"{num(chance)}). `gap closed` = (arm - zero_shot) / (real - zero_shot), every arm "
+        "against the zero_shot arm's release. FID as `dpsynth eval` reports it, against the "
+        f"test slice, at the texts each arm released (N = {SAMPLES} asked; `real`: {SAMPLES} "
+        "random private records; below 384 texts FID is biased upward, so only near-equal "
+        "sizes compare). One run per arm, one seed each: on 400 test records an accuracy "
+        "has a standard error of about 2 to 2.5 points, and two runs of one configuration can "
+        "differ by more (benchmarks/results/released_text.md saw 7 points on Banking77); the "
+        "interval column is the evaluation's paired 95 % interval of the difference to "
+        "zero-shot on the same test texts, which does not cover run-to-run variation.", "",
+        *table(state, by_eye), "",
+        "Arms: `zero_shot` no private record read (epsilon 0); `aug_pe` today's defaults "
+        f"(only `synthesis.samples` = {SAMPLES}); `dp_finetune` record level, `clipping: hooks`,"
+        f" 1 epoch, batch size 32, `dp_finetune.records` = {RECORDS}, the default LoRA (r = 8, "
+        "q_proj / v_proj), 64 training tokens; `real` the private records as the training set "
+        "(no release: the ceiling). Each generating arm has its own ledger file. Wall time is "
+        "the `dpsynth.generate` call only (models loaded inside; the evaluation apart).",
+        "",
+    ]
+    for arm in arms:
+        a = state["arms"][arm]
+        extra = a.get("facts")
+        if extra:
+            lines += [f"`{arm}` facts: {extra}.", ""]
+        ev_notes = (a.get("scores") or {}).get("notes")
+        if ev_notes and arm != "real":
+            lines += [f"`{arm}` evaluation notes: {'; '.join(ev_notes)}.", ""]
+    lines += ["## Released texts", "",
+              "10 random released texts per arm (seed 0; the first 10 of the 20 read by eye). "
+              "\"On task\" by eye: a plausible customer banking query of the labelled intent. "
+              "A text equal to any Banking77 record is not shown.", ""]
+    for arm in arms:
+        if arm == "real":
+            continue
+        rows = state["arms"][arm].get("samples") or []
+        lines += [f"### {arm}", ""]
+        for r in rows[:10]:
+            text = " ".join(str(r.get("text", "")).split())
+            label = (r.get("labels") or {}).get("category", "")
+            if text.strip() in every:
+                text = "(equal to a Banking77 record: not shown)"
+            lines.append(f"- `{label}`: {text.replace('|', '/')}")
+        lines.append("")
+    if state.get("notes"):
+        lines += ["## Notes", "", *state["notes"], ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--runs", type=Path,
+                    default=Path(tempfile.gettempdir()) / "dpsynth-side-by-side")
+    ap.add_argument("--samples", type=int, default=SAMPLES)
+    ap.add_argument("--fresh", default="", help="arms to start again (comma-separated)")
+    ap.add_argument("--by-eye", default="",
+                    help="on-task counts read by eye, e.g. 'aug_pe=7,dp_finetune=12 / 20 (2 "
+                         "borderline)'")
+    ap.add_argument("--notes", type=Path, help="a markdown file: the Notes section (readings)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    runs = args.runs
+    runs.mkdir(parents=True, exist_ok=True)
+    os.chmod(runs, 0o700)
+    state_path = runs / "state.json"
+    state: dict[str, Any] = (json.loads(state_path.read_text()) if state_path.is_file()
+                             else {"arms": {}})
+    intents, private, test, every = job()
+    command = ("HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python "
+               "benchmarks/bench_side_by_side.py " + shlex.join(sys.argv[1:])).strip()
+    state.setdefault("command", command)  # the run's; a later call only rewrites the table
+    state["last_command"] = command
+    state.update(intents=intents, n_test=len(test), machine=machine())
+    state.setdefault("date", time.strftime("%Y-%m-%d"))
+    if args.notes:
+        state["notes"] = args.notes.read_text(encoding="utf-8").strip().splitlines()
+    fresh = {a for a in args.fresh.split(",") if a}
+    for arm in fresh:
+        shutil.rmtree(runs / arm, ignore_errors=True)
+        (runs / f"{arm}.ledger.json").unlink(missing_ok=True)
+        state["arms"].pop(arm, None)
+
+    from dpsynth.embed import Embedder
+
+    embedder = Embedder("minilm")
+    wanted = [a for a in ARMS if a in args.arms.split(",")]
+    zs_dir = runs / "zero_shot"
+    for arm in wanted:
+        rec = state["arms"].setdefault(arm, {})
+        if arm == "real":
+            first = "load_before" not in rec
+            if first:
+                rec["load_before"] = load()
+            t0 = time.time()
+            if not (zs_dir / "run.json").is_file():
+                sys.exit("the real arm reads the zero_shot arm's evaluation: run zero_shot first")
+            rec["scores"] = evaluate_arm(zs_dir, test, zs_dir, embedder)
+            rec["scores"]["fid"] = real_fid(private, test, embedder)
+            rec["wall_s"] = "n/a (no generation)"
+            rec["eval_s"] = round(time.time() - t0)
+            if first:
+                rec["load_after"] = load()
+        else:
+            done = (runs / arm / "run.json").is_file() and json.loads(
+                (runs / arm / "run.json").read_text()).get("status") == "finished"
+            if not done:
+                rec["load_before"] = load()
+                t0 = time.time()
+                print(f"[{time.strftime('%H:%M:%S')}] {arm}: generating (load {load()})",
+                      flush=True)
+                try:
+                    generate_arm(arm, runs, private, intents, args.samples)
+                finally:
+                    rec["wall_s"] = rec.get("wall_s_before", 0) + round(time.time() - t0)
+                    rec["wall_s_before"] = rec["wall_s"]
+                    rec["load_after"] = load()
+                    state_path.write_text(json.dumps(state, indent=1))
+            t0 = time.time()
+            rec["scores"] = evaluate_arm(runs / arm, test, zs_dir, embedder)
+            rec["eval_s"] = round(time.time() - t0)
+            privacy = json.loads((runs / arm / "release" / "privacy.json").read_text())
+            rec["epsilon"] = privacy.get("epsilon")
+            if arm.startswith("dp_finetune"):
+                mech = {m.get("name"): m for m in privacy.get("mechanisms", [])}
+                sgd, counts = mech.get("dp_sgd", {}), mech.get("label_counts", {})
+                rec["facts"] = (f"DP-SGD noise multiplier {sgd.get('sigma', 0):.3f}, "
+                                f"T = {sgd.get('count')} steps at q = "
+                                f"{sgd.get('sampling_rate')}; label counts sigma "
+                                f"{counts.get('sigma')} (privacy.json)")
+            rec["samples"] = by_eye_sample(runs / arm)
+            with open(runs / f"by_eye_{arm}.txt", "w", encoding="utf-8") as fh:
+                for i, r in enumerate(rec["samples"], 1):
+                    fh.write(f"{i:2d} [{(r.get('labels') or {}).get('category')}] "
+                             f"{' '.join(str(r.get('text', '')).split())}\n")
+        state_path.write_text(json.dumps(state, indent=1))
+        print(json.dumps({"arm": arm, **{k: v for k, v in rec.items() if k != "samples"}}),
+              flush=True)
+    by_eye = dict(x.split("=", 1) for x in args.by_eye.split(",") if "=" in x)
+    by_eye = {k: v if "/" in v else f"{v} / 20" for k, v in by_eye.items()}
+    state["by_eye"] = {**state.get("by_eye", {}), **by_eye}
+    state_path.write_text(json.dumps(state, indent=1))
+    text = write_markdown(state, state["by_eye"], every)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    print("\n".join(table(state, state["by_eye"])))
+    print(args.out, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
