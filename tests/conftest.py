@@ -87,6 +87,41 @@ def ray_cluster(ray_cluster_address: str) -> str:
     return ray_cluster_address
 
 
+def _typer_shape(app: Any) -> tuple[Any, ...]:
+    """What a Typer app's click command is built from: its callbacks and the names and
+    callbacks of its commands and groups, recursively (a command added later is a new shape)."""
+    callback = app.registered_callback.callback if app.registered_callback else None
+    return (id(callback), id(app.info.callback),
+            tuple((c.name, id(c.callback)) for c in app.registered_commands),
+            tuple((g.name, _typer_shape(g.typer_instance)) for g in app.registered_groups
+                  if g.typer_instance is not None))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cli_built_once() -> Iterator[None]:
+    """typer's ``CliRunner.invoke`` turns the Typer app into a click command on every call
+    (signatures and type hints of every command read again: about 0.03 s for dpsynth's app on
+    a quiet core, 0.1 s on a busy one, and the fast layer invokes it some 600 times). The app
+    is fixed once imported, so each app's command is built once per session and reused
+    (click makes a fresh context per invocation); an app whose commands or groups change is
+    built again."""
+    import typer.testing
+
+    build = typer.testing._get_command
+    built: dict[int, tuple[Any, tuple[Any, ...], Any]] = {}
+
+    def get_command(app: Any) -> Any:
+        shape = _typer_shape(app)
+        hit = built.get(id(app))
+        if hit is None or hit[0] is not app or hit[1] != shape:
+            hit = built[id(app)] = (app, shape, build(app))
+        return hit[2]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(typer.testing, "_get_command", get_command)
+        yield
+
+
 #: Fixtures that load a real offline model: a test using one is a ``models`` test.
 MODEL_FIXTURES = frozenset({"embedder", "smollm"})
 

@@ -175,6 +175,7 @@ def test_each_documents_logits_are_its_own(smollm, engine, dtype) -> None:
         smollm.set_stepper_engine("transformers")
 
 
+@pytest.mark.models  # loads SmolLM2 in a child process (no fixture marks it)
 def test_openvino_stepper_on_one_thread() -> None:
     """bf16 on one inference thread kills the process inside OpenVINO's compile (SIGFPE,
     measured with OpenVINO 2026.4): on one thread the stepper compiles f32 instead, and steps.
@@ -322,6 +323,7 @@ def test_rag_ask_cli_json(tiny_kb) -> None:
     assert out["answer"] and len(out["passages"]) == 1
 
 
+@pytest.mark.models  # the command loads SmolLM2 itself (no fixture marks it)
 def test_bench_private_prediction_measures_the_default_at_its_own_rows() -> None:
     """The command issue 24 names, on the real model: every field it reports, the speed-up
     as the ratio of the two rates, and, left unset, one pass of all the cluster's rows (a
