@@ -4,8 +4,10 @@ The proxy is test code only (the production server has no fault parameters). It 
 127.0.0.1 in front of an upstream OpenAI-compatible server and, per request, either forwards it
 or injects a fault *before* forwarding (so a fault never costs an upstream generation):
 ``"503"``, ``"429"`` (with ``Retry-After``), ``"reset"`` (TCP RST), ``"hang"`` (no answer
-until the client gives up) or, scripted only, ``"400"``. It counts upstream 200 answers per
-request body, so a test can check that no request was paid twice.
+until the client gives up) or, scripted only, ``"400"``. It counts, per request body
+(:func:`body_key`), the attempts it forwarded, the hangs it injected and the upstream 200
+answers (the generations paid for), so that a test can check that no request was paid twice
+-- or, under CPU load, that each extra payment is an answer the client had given up waiting for.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import random
 import socket
 import struct
@@ -60,12 +63,29 @@ class FakeGenerator:
 FAULTS = ("503", "429", "reset", "hang")
 
 
+def body_key(body: bytes | dict[str, Any]) -> str:
+    """A request body's identity: sha256 of its JSON with sorted keys (of the raw bytes when
+    they are not JSON), the same for the bytes the proxy reads and the dict a client posts."""
+    data: Any = body
+    if isinstance(body, bytes):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return hashlib.sha256(body).hexdigest()
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 class FaultProxy:
     """An HTTP/1.1 proxy on 127.0.0.1 that injects faults (see the module docstring).
 
     ``script`` gives the fault of the first requests in order (``"ok"`` forwards); after it,
     each request fails with probability ``rates[kind]`` (independently drawn from ``seed``).
-    ``hang_s`` caps a hang. Counters: ``seen``, ``faults``, ``upstream_ok`` (body hash -> 200s).
+    ``hang_s`` caps a hang (make it longer than the client's timeout, so that every hang ends
+    with the client giving up). Counters: ``seen`` (POSTs), ``faults`` (kind -> count); per
+    :func:`body_key`: ``hung`` (hangs), ``forwarded`` (attempts sent upstream), ``upstream_ok``
+    (upstream 200s, whether or not the client was still waiting for them); and
+    ``upstream_failed`` (non-200 upstream answers by status, failed forwards by exception).
     """
 
     def __init__(self, upstream: str, *, script: Sequence[str] = (),
@@ -79,7 +99,10 @@ class FaultProxy:
         self.hang_s = hang_s
         self.seen = 0
         self.faults: Counter[str] = Counter()
+        self.hung: Counter[str] = Counter()
+        self.forwarded: Counter[str] = Counter()
         self.upstream_ok: Counter[str] = Counter()
+        self.upstream_failed: Counter[int | str] = Counter()
         self.lock = threading.Lock()
         self.port = free_port()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -95,7 +118,7 @@ class FaultProxy:
     def paid_twice(self) -> int:
         return sum(c - 1 for c in self.upstream_ok.values() if c > 1)
 
-    def _choose(self) -> str:
+    def _choose(self, key: str) -> str:
         with self.lock:
             self.seen += 1
             if self.script:
@@ -109,8 +132,11 @@ class FaultProxy:
                         kind = k
                         break
                     u -= p
-            if kind != "ok":
+            if kind == "ok":
+                self.forwarded[key] += 1
+            else:
                 self.faults[kind] += 1
+                self.hung[key] += kind == "hang"
             return kind
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -128,7 +154,8 @@ class FaultProxy:
                     k, v = line.split(":", 1)
                     headers[k.strip().lower()] = v.strip()
             body = await reader.readexactly(int(headers.get("content-length", "0")))
-            kind = self._choose() if method == "POST" else "ok"
+            key = body_key(body)
+            kind = self._choose(key) if method == "POST" else "ok"
             if kind == "reset":
                 sock = writer.get_extra_info("socket")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -146,14 +173,23 @@ class FaultProxy:
                           "400": "400 Bad Request"}[kind]
                 await self._reply(writer, status, payload, extra)
                 return
-            async with httpx.AsyncClient(timeout=600) as client:
-                resp = await client.request(
-                    method, self.upstream + path.removeprefix("/v1"), content=body,
-                    headers={"content-type": headers.get("content-type", "application/json")},
-                )
-            if resp.status_code == 200 and method == "POST":
+            try:
+                async with httpx.AsyncClient(timeout=600) as client:
+                    resp = await client.request(
+                        method, self.upstream + path.removeprefix("/v1"), content=body,
+                        headers={"content-type": headers.get("content-type",
+                                                             "application/json")},
+                    )
+            except httpx.HTTPError as exc:  # counted; the connection fails as it did
                 with self.lock:
-                    self.upstream_ok[hashlib.sha256(body).hexdigest()] += 1
+                    self.upstream_failed[type(exc).__name__] += 1
+                raise
+            if method == "POST":
+                with self.lock:
+                    if resp.status_code == 200:
+                        self.upstream_ok[key] += 1
+                    else:
+                        self.upstream_failed[resp.status_code] += 1
             extra = "".join(f"{k}: {v}\r\n" for k, v in resp.headers.items()
                             if k.lower() == "retry-after")
             await self._reply(writer, f"{resp.status_code} X", resp.content, extra)
