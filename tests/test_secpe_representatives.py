@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dpsynth.methods.secpe import representatives as rep
 from dpsynth.methods.secpe.representatives import (
     JOINT_SENSITIVITY,
     PrivateAccumulation,
@@ -279,3 +280,21 @@ def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
     (event,) = session.accountant.summary()
     assert event["sensitivity"] == pytest.approx(JOINT_SENSITIVITY)
     assert event["sigma"] == pytest.approx(plan.sigma)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7, 64])
+def test_centre_sums_are_bit_identical_on_any_thread_count(threads):
+    """The per-centre sums split over threads (blocks of centres) equal the one product bit
+    for bit: each centre's sum is one row of one product, its terms in the same order."""
+    rng = np.random.default_rng(threads)
+    k, m, d = 37, 5000, 24
+    x = rng.standard_normal((m, d), dtype=np.float32)
+    scale = rng.random(m, dtype=np.float32)
+    lab = rng.integers(0, k, m)
+    one_sums, one_counts = np.zeros((k, d)), np.zeros(k, np.int64)
+    rep._add_to_centres(one_sums, one_counts, x, scale, lab, threads=1)
+    sums, counts = np.zeros((k, d)), np.zeros(k, np.int64)
+    rep._add_to_centres(sums, counts, x, scale, lab, threads=threads)
+    assert sums.tobytes() == one_sums.tobytes()
+    np.testing.assert_array_equal(counts, one_counts)
+    assert len(rep._centre_blocks(k, threads)) == min(threads, k)
