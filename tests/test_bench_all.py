@@ -75,6 +75,28 @@ def test_secpe_account_counts():
     assert acc["measured_speedup"] == pytest.approx(60.0)
 
 
+def test_secpe_account_puts_the_sampler_and_each_phase_beside_its_bound():
+    """The noise phase is bound by the sampler's measured rate (K (d + 1) draws); each
+    measured phase gets its own fraction of bound, and the reading names the furthest."""
+    acc = secpe_account(1_000_000, 10_000, 1000, 384, gflops=100.0, gbs=10.0,
+                        per_point_seconds=60.0, representative_seconds=1.0,
+                        dgauss_per_second=1e6,
+                        phase_seconds={"accumulate": 0.4, "noise": 0.5, "vote": 0.1})
+    noise = acc["representative"]["phases"]["noise"]
+    assert noise["bound_by"] == "sampler rate"
+    assert noise["bound_seconds"] == pytest.approx(1000 * 385 / 1e6, rel=1e-3)
+    assert noise["fraction_of_bound"] == pytest.approx(0.385 / 0.5, rel=1e-2)
+    accumulate = acc["representative"]["phases"]["accumulate"]
+    assert accumulate["fraction_of_bound"] == pytest.approx(
+        accumulate["memory_seconds"] / 0.4, rel=1e-2)
+    bound = sum(p["bound_seconds"] for p in acc["representative"]["phases"].values())
+    assert acc["representative"]["bound_seconds"] == pytest.approx(bound, rel=1e-3)
+    assert "furthest phase is accumulate" in acc["reading"]
+    without = secpe_account(1_000_000, 10_000, 1000, 384, gflops=100.0, gbs=10.0)
+    assert "noise" not in without["representative"]["phases"]
+    assert without["bound_speedup"] > acc["bound_speedup"]
+
+
 def test_generation_bound_memory_vs_compute():
     shape = {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "matmul_params": 1e6}
     out = generation_bound(shape, batch=4, context=10, weight_bytes=4e6, kv_bytes_per_value=4,

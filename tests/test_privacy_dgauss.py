@@ -41,6 +41,7 @@ from dpsynth.privacy.lattice import (
     rounding_tv_bound,
 )
 from dpsynth.privacy.mechanisms import lattice_variance
+from dpsynth.privacy.noise import SeededNoise
 
 MODES = ["seeded", "secure"]
 ALPHA = 1e-4  # false-alarm rate of each statistical test (secure mode is not reproducible)
@@ -137,6 +138,21 @@ def test_uniform_integers_are_uniform(mode: str) -> None:
     assert y.min() >= 0 and y.max() < 1 and stats.kstest(y, "uniform").pvalue > ALPHA
     with pytest.raises(ValueError, match="high"):
         src.integers(np.array([0]))
+
+
+@pytest.mark.parametrize("high", [1, 2, 7, 2**32, 2**32 + 1, 3 * 2**60 + 1])
+def test_seeded_integers_with_one_bound_are_numpys_per_entry_draws(high: int) -> None:
+    """The seeded source's one-bound fast path draws what numpy's per-entry path draws, and
+    leaves the stream where that path leaves it (a seeded run's noise is unchanged by it)."""
+    fast = SeededNoise(11)
+    reference = np.random.Generator(np.random.PCG64(np.random.SeedSequence(11)))
+    got = fast.integers(np.full((40, 25), high, np.int64))
+    want = reference.integers(0, np.full((40, 25), high, np.int64), dtype=np.int64)
+    assert got.shape == (40, 25) and got.dtype == np.int64
+    np.testing.assert_array_equal(got, want)
+    mixed = np.array([high, high + 1, 5], np.int64)  # then the per-entry path, same stream
+    np.testing.assert_array_equal(fast.integers(mixed),
+                                  reference.integers(0, mixed, dtype=np.int64))
 
 
 def test_overflow_is_refused_not_biased() -> None:

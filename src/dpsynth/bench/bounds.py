@@ -8,7 +8,9 @@ the best of a few repeats (a bound is what the machine can do, not what it does 
 operations and the bytes each side must move (per-point: every private row against every
 candidate; representatives: one pass over the private rows, then K representatives against the
 candidates), the time those take at the measured rates, and -- given the measured times -- how
-far each side is from its bound.
+far each side, and each phase of the representatives, is from its bound. Their noise phase is
+exact discrete Gaussian sampling, bound by the sampler's rate on this machine
+(:func:`sampler_rate`, measured in the same run), not by FLOPs or bytes.
 
 :func:`generation_bound` does the same for decoding with a llama-style model: per generated
 token, the weights (read once per step, shared by the batch) and the KV cache (read for every
@@ -26,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..privacy import dgauss
+from ..privacy.noise import SecureNoise, SeededNoise
 
 GB = 1e9
 
@@ -113,7 +118,8 @@ def measure_rates(size: int = 2048, mb: int = 512, threads: int | None = None,
     shapes = {"voting_block": (4096, 384, 1024), "decode_mlp_b64": (64, 576, 1536)}
     t = time.perf_counter()
     out = {"gemm_gflops": gemm_rates(size, threads, repeats, shapes),
-           "bandwidth_gbs": bandwidth(mb, threads, repeats)}
+           "bandwidth_gbs": bandwidth(mb, threads, repeats),
+           "dgauss_per_second": sampler_rate(draws=min(2**18, 64 * size))}
     out["seconds"] = round(time.perf_counter() - t, 2)
     return out
 
@@ -125,12 +131,17 @@ def _side(phases: dict[str, dict[str, float]], gflops: float, gbs: float) -> dic
     total = 0.0
     for name, p in phases.items():
         compute, memory = p["flops"] / (gflops * GB), p["bytes"] / (gbs * GB)
-        total += max(compute, memory)
+        rate = p.get("rate_seconds", 0.0)  # a phase bound by a measured rate, not FLOPs/bytes
+        floor = {"compute": compute, "memory": memory, "sampler rate": rate}
+        bound_by = max(floor, key=floor.__getitem__)
+        total += floor[bound_by]
         out["phases"][name] = {"gflop": _sig(p["flops"] / GB),
                                "gbytes": _sig(p["bytes"] / GB),
                                "compute_seconds": _sig(compute),
                                "memory_seconds": _sig(memory),
-                               "bound_by": "compute" if compute >= memory else "memory"}
+                               "rate_seconds": _sig(rate),
+                               "bound_seconds": _sig(floor[bound_by]),
+                               "bound_by": bound_by}
     out["gflop"] = _sig(sum(p["flops"] for p in phases.values()) / GB)
     out["gbytes"] = _sig(sum(p["bytes"] for p in phases.values()) / GB)
     out["bound_seconds"] = _sig(total)
@@ -138,49 +149,85 @@ def _side(phases: dict[str, dict[str, float]], gflops: float, gbs: float) -> dic
     return out
 
 
+def sampler_rate(draws: int = 2**18, repeats: int = 3, variance: float = 1e6) -> dict[str, Any]:
+    """Exact discrete Gaussian draws per second (:mod:`dpsynth.privacy.dgauss`) from the seeded
+    (research) and the secure (default, OS entropy) sources: the rate that bounds SecPE's noise
+    phase, which is integer rejection sampling (CKS 2020, Algorithm 3), not FLOPs or bytes."""
+    out: dict[str, Any] = {"draws": draws, "variance": variance}
+    for name, src in (("seeded", SeededNoise(0)), ("secure", SecureNoise())):
+        out[name] = _sig(draws / _best(lambda s=src: dgauss.sample(s, variance, draws), repeats))
+    return out
+
+
 def secpe_account(m: int, n: int, k: int, d: int, gflops: float, gbs: float,
                   per_point_seconds: float | None = None,
-                  representative_seconds: float | None = None) -> dict[str, Any]:
+                  representative_seconds: float | None = None,
+                  dgauss_per_second: float | None = None,
+                  phase_seconds: dict[str, float] | None = None) -> dict[str, Any]:
     """FLOPs, bytes and bound of both sides of SecPE's vote (float32, rate 1: every record
     sampled, cached centre assignment); fraction of bound of the measured times if given.
 
     per-point: 2 M N d FLOPs; it must read the M x d private rows and the N x d candidates once
     (the M x N scores can stay in cache, block by block). representatives: per private row a
     coin flip (8-byte rate, 8-byte uniform), the 4-byte cached label, the d floats read, norm,
-    clip and add (4 d FLOPs); then the K x N vote, 2 K N d FLOPs.
+    clip and add (4 d FLOPs); then, with ``dgauss_per_second`` (:func:`sampler_rate`), the
+    K (d + 1) exact discrete Gaussian draws of the release at that rate; then the K x N vote,
+    2 K N d FLOPs. ``phase_seconds`` (the measured time of each representative phase) puts
+    each phase beside its own bound.
     """
     f32 = 4
     per_point = _side({"nearest": {"flops": 2.0 * m * n * d,
                                    "bytes": float(f32 * (m + n) * d + 8 * n)}}, gflops, gbs)
     per_point["score_matrix_gbytes_if_spilled"] = _sig(f32 * m * n / GB)
-    reps = _side({
-        "accumulate": {"flops": 4.0 * m * d, "bytes": float(f32 * m * d + (8 + 8 + 4) * m)},
-        "vote": {"flops": 2.0 * k * n * d, "bytes": float(f32 * (k + n) * d + 8 * n)},
-    }, gflops, gbs)
+    phases: dict[str, dict[str, float]] = {
+        "accumulate": {"flops": 4.0 * m * d, "bytes": float(f32 * m * d + (8 + 8 + 4) * m)}}
+    if dgauss_per_second:
+        phases["noise"] = {"flops": 0.0, "bytes": 0.0,
+                           "rate_seconds": k * (d + 1) / dgauss_per_second}
+    phases["vote"] = {"flops": 2.0 * k * n * d, "bytes": float(f32 * (k + n) * d + 8 * n)}
+    reps = _side(phases, gflops, gbs)
+    for name, seconds in (phase_seconds or {}).items():
+        if name in reps["phases"]:
+            ph = reps["phases"][name]
+            ph["measured_seconds"] = _sig(seconds)
+            ph["fraction_of_bound"] = _sig(ph["bound_seconds"] / max(seconds, 1e-12), 3)
     out: dict[str, Any] = {
         "private": m, "synthetic": n, "clusters": k, "dim": d,
-        "rates": {"gemm_gflops": gflops, "bandwidth_gbs": gbs},
+        "rates": {"gemm_gflops": gflops, "bandwidth_gbs": gbs,
+                  "dgauss_per_second": dgauss_per_second},
         "per_point": per_point, "representative": reps,
         "bound_speedup": _sig(per_point["_seconds"] / reps["_seconds"], 3),
     }
     if per_point_seconds and representative_seconds:
-        pp = per_point["_seconds"] / per_point_seconds
-        rp = reps["_seconds"] / representative_seconds
-        per_point["measured_seconds"] = _sig(per_point_seconds)
-        per_point["fraction_of_bound"] = _sig(pp, 3)
-        reps["measured_seconds"] = _sig(representative_seconds)
-        reps["fraction_of_bound"] = _sig(rp, 3)
-        out["measured_speedup"] = _sig(per_point_seconds / representative_seconds, 3)
-        off = "representative" if rp < pp else "per_point"
-        out["off_bound"] = off
-        out["off_bound_by"] = _sig(1 / min(pp, rp), 3)
-        out["reading"] = (
-            f"per-point at {pp:.0%} of its bound, representatives at {rp:.0%}; the "
-            f"{off.replace('_', '-')} side is {1 / min(pp, rp):.1f}x off its bound; at both "
-            f"bounds the speed-up would be {out['bound_speedup']}x")
+        _measured(out, per_point_seconds, representative_seconds)
     for side in (per_point, reps):
         side.pop("_seconds")
     return out
+
+
+def _measured(out: dict[str, Any], per_point_seconds: float,
+              representative_seconds: float) -> None:
+    """Each side's measured time against its bound, and the reading of the account."""
+    per_point, reps = out["per_point"], out["representative"]
+    pp = per_point["_seconds"] / per_point_seconds
+    rp = reps["_seconds"] / representative_seconds
+    per_point["measured_seconds"] = _sig(per_point_seconds)
+    per_point["fraction_of_bound"] = _sig(pp, 3)
+    reps["measured_seconds"] = _sig(representative_seconds)
+    reps["fraction_of_bound"] = _sig(rp, 3)
+    out["measured_speedup"] = _sig(per_point_seconds / representative_seconds, 3)
+    off = "representative" if rp < pp else "per_point"
+    out["off_bound"] = off
+    out["off_bound_by"] = _sig(1 / min(pp, rp), 3)
+    out["reading"] = (
+        f"per-point at {pp:.0%} of its bound, representatives at {rp:.0%}; the "
+        f"{off.replace('_', '-')} side is {1 / min(pp, rp):.1f}x off its bound; at both "
+        f"bounds the speed-up would be {out['bound_speedup']}x")
+    slow = [(name, ph) for name, ph in reps["phases"].items() if "measured_seconds" in ph]
+    if slow:
+        name, ph = min(slow, key=lambda x: x[1]["fraction_of_bound"])
+        out["reading"] += (f"; the representatives' furthest phase is {name}, "
+                           f"{ph['measured_seconds']} s against its bound {ph['bound_seconds']} s")
 
 
 def model_shape(model_dir: Path) -> dict[str, Any]:

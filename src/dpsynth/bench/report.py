@@ -47,6 +47,11 @@ def rates_lines(rates: dict[str, Any]) -> list[str]:
     out += ["", f"Memory bandwidth ({b['array_mb']} MB arrays, GB/s; copy counts read + write): "
             f"numpy copy {b['numpy_copy']}, torch copy {b['torch_copy']}, numpy read "
             f"{b['numpy_read']}; used: **{b['best']}**."]
+    d = rates.get("dgauss_per_second")
+    if d:
+        out += ["", f"Exact discrete Gaussian sampler ({d['draws']:,} draws at variance "
+                f"{d['variance']:g}, best of repeats): seeded source {d['seeded']:,} draws/s, "
+                f"secure source (OS entropy, the default) {d['secure']:,} draws/s."]
     return out
 
 
@@ -55,13 +60,18 @@ def secpe_lines(acc: dict[str, Any]) -> list[str]:
     out = [f"At M = {acc['private']:,} private x N = {acc['synthetic']:,} candidates, "
            f"K = {acc['clusters']}, d = {acc['dim']}; rates used: "
            f"{acc['rates']['gemm_gflops']} GFLOP/s (best float32), "
-           f"{acc['rates']['bandwidth_gbs']} GB/s.", "",
-           "| side | phase | GFLOP | GB moved | compute s | memory s | bound by |",
-           "|---|---|---:|---:|---:|---:|---|"]
+           f"{acc['rates']['bandwidth_gbs']} GB/s, exact discrete Gaussian draws "
+           f"{acc['rates'].get('dgauss_per_second') or '-'} /s (the bench's seeded source).", "",
+           "| side | phase | GFLOP | GB moved | compute s | memory s | sampler s | bound by | "
+           "bound s | measured s | fraction of bound |",
+           "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for side in ("per_point", "representative"):
         for ph, p in acc[side]["phases"].items():
             out.append(f"| {side} | {ph} | {p['gflop']} | {p['gbytes']} | "
-                       f"{p['compute_seconds']} | {p['memory_seconds']} | {p['bound_by']} |")
+                       f"{p['compute_seconds']} | {p['memory_seconds']} | "
+                       f"{p.get('rate_seconds', '-')} | {p['bound_by']} | "
+                       f"{p.get('bound_seconds', '-')} | {p.get('measured_seconds', '-')} | "
+                       f"{p.get('fraction_of_bound', '-')} |")
     out += ["", "| side | bound s | measured s | fraction of bound |", "|---|---:|---:|---:|"]
     for side in ("per_point", "representative"):
         s = acc[side]

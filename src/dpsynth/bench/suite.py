@@ -91,9 +91,13 @@ def _bounds(s: Sizes) -> dict[str, Any]:
 
 def _voting(s: Sizes, rates: dict[str, Any]) -> dict[str, Any]:
     res = bench_voting(s.private, s.synthetic, s.clusters, s.dim, threads=s.threads)
-    account = secpe_account(s.private, s.synthetic, res["clusters"], s.dim, _best_fp32(rates),
-                            rates["bandwidth_gbs"]["best"], res["per_point_seconds"],
-                            res["representative_seconds"])
+    account = secpe_account(
+        s.private, s.synthetic, res["clusters"], s.dim, _best_fp32(rates),
+        rates["bandwidth_gbs"]["best"], res["per_point_seconds"], res["representative_seconds"],
+        dgauss_per_second=rates.get("dgauss_per_second", {}).get("seeded"),  # the job's source
+        phase_seconds={"accumulate": res["representative_accumulate_seconds"],
+                       "noise": res["representative_noise_seconds"],
+                       "vote": res["representative_vote_seconds"]})
     at_size = s.private >= 1_000_000 and s.synthetic >= 10_000
     return {"ratio": round(res["speedup"], 2), "ratio_name": "speedup vs per-point",
             "goal": GOALS["voting"],

@@ -159,6 +159,7 @@ def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, 
         t0 = time.perf_counter()
         acc = accumulate_private(centres, stream, rates, 1.0, noise, labels=labels)
         group = RepresentativeGroup(centres, sizes, acc)
+        ta = time.perf_counter()
         reps = release_representatives(session, "bench", [group], plan)[0]
         t1 = time.perf_counter()
         hist = representative_vote(reps.e_tilde, reps.n_tilde, cand)
@@ -179,6 +180,8 @@ def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, 
         "seconds_at_rate": at_rate,
         "seconds": noisy + (t2 - t1),
         "noisy_centres_seconds": noisy,
+        "accumulate_seconds": ta - t0 - stream.gen_seconds,
+        "noise_seconds": t1 - ta,
         "vote_seconds": t2 - t1,
         "peak_mb": mem.extra_mb,
         "public_clustering_seconds": clustering,
@@ -229,6 +232,8 @@ def bench_voting(private: int, synthetic: int, clusters: int = 1000, dim: int = 
         "per_point_seconds": pp["seconds"],
         "representative_seconds": rep["seconds"],
         "representative_noisy_centres_seconds": rep["noisy_centres_seconds"],
+        "representative_accumulate_seconds": rep["accumulate_seconds"],
+        "representative_noise_seconds": rep["noise_seconds"],
         "representative_vote_seconds": rep["vote_seconds"],
         "speedup": pp["seconds"] / max(rep["seconds"], 1e-9),
         "representative_seconds_at_rate": rep["seconds_at_rate"],
