@@ -213,3 +213,24 @@ def test_old_method_spelling_is_normalised(tmp_path):
     with pytest.warns(DeprecationWarning, match="dp_synrag"), \
             pytest.raises(EvalInputError, match=r"DP-SynRAG run \(method synrag\)"):
         load_run(run)
+
+
+def test_audit_run_shows_bars_of_its_texts_and_its_audits(runs):
+    import io
+
+    from rich.console import Console
+
+    from dpsynth import progress
+    from dpsynth.eval.suite import AUDITS_BAR, audit_run
+
+    def shown(show: bool) -> str:
+        out = io.StringIO()
+        with progress.session(console=Console(file=out, force_terminal=False, width=120)):
+            audit_run(runs["run"], runs["test"], embedder=FakeEmbedder(dim=64), write=False,
+                      progress=show)
+        return out.getvalue()
+
+    text = shown(True)  # plain lines (not a terminal): a start and a done line per bar
+    assert f"{AUDITS_BAR}: 0/3" in text and f"{AUDITS_BAR}: 3/3 in" in text, text
+    assert "embedding synthetic (texts)" in text and "embedding holdout (texts)" in text
+    assert AUDITS_BAR not in shown(False)

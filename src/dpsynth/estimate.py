@@ -1,5 +1,5 @@
-"""How long a PE-family run will take on this machine (``dpsynth plan``): a short calibration
-of the configured models, multiplied by the counts the plan already knows.
+"""How long a run will take on this machine (``dpsynth plan``): a short calibration of the
+configured models, multiplied by the counts the plan already knows.
 
 * The calibration loads each configured local generator and the embedder (or the models a
   caller passes in, e.g. a test's fakes), generates a few public prompts (:data:`PROMPTS`, at
@@ -9,10 +9,26 @@ of the configured models, multiplied by the counts the plan already knows.
   model, its engine settings and this machine's CPU, so a second ``plan`` is instant.
 * A remote (OpenAI-compatible) generator is never timed: its stage says "not estimated:
   remote generator" instead of a number.
-* The estimate (:func:`estimate_stages`) multiplies the rates by the run's work
-  (:func:`pe_work`): texts generated x their max tokens, texts embedded (the private records
-  once, each iteration's candidates); the private vote is a nearest-neighbour search and the
-  noise: negligible.
+* The work is counted per method, by pure functions of the plan's and the config's counts (the
+  caller, ``dpsynth plan``, reads them; this module imports no method):
+
+  - Aug-PE (:func:`pe_work`): texts generated x their max tokens, texts embedded (the private
+    records once, each round's new candidates: the kept ones come from the embedding cache).
+  - WASP (:func:`wasp_work`): ``samples`` texts written over T + 1 rounds, each round's split
+    evenly over the generators (each at its own rate), rounds 1..T from contrastive prompts;
+    each of the T votes embeds its round's new texts; the nearest and furthest Top-Q
+    histograms are negligible; federated rounds (Flower, Ray) are not estimated.
+  - SecPE (:func:`secpe_work`, :func:`secpe_stages`): Aug-PE's pool arithmetic at population
+    ``samples``; the secret detection and SecretNoise calibration as timed by the plan itself
+    (it runs them on the data); the public KMeans and the representative vote negligible.
+  - DP-SynRAG (:func:`rag_work`, :func:`rag_stages`): the LLM's keywords of every document,
+    the documents' (and the knowledge base's) embedding, the private prediction's token steps
+    (passages x tokens, each step decoding every document row of the cluster and the public
+    row: that many contexts at the generator's rate), the self-filter.
+  - dp_finetune (:func:`finetune_stages`): the DP-SGD training is not estimated (per-sample
+    gradients are not calibrated), the release's sampling at the generator's rate.
+
+  A vote (nearest-neighbour search and noise) is negligible.
 
 Everything here is public: the calibration reads only built-in public texts, the rates are
 facts about this machine and the models, and the work is computed from the plan's counts (its
@@ -22,12 +38,13 @@ record count is the one ``plan`` already prints, a stated one with ``--no-data``
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import textwrap
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,9 +59,10 @@ from .progress import step
 if TYPE_CHECKING:
     from .config import EmbedderConfig, GeneratorConfig, RunConfig
 
-__all__ = ["PROMPTS", "TEXTS", "TOKENS", "Estimate", "Rate", "RateCache", "Stage", "Work",
-           "calibrate_embedder", "calibrate_generator", "estimate_run", "estimate_stages",
-           "pe_work"]
+__all__ = ["PROMPTS", "TEXTS", "TOKENS", "Estimate", "RagWork", "Rate", "RateCache", "Stage",
+           "TuneWork", "Work", "calibrate_embedder", "calibrate_generator", "estimate_finetune",
+           "estimate_rag", "estimate_run", "estimate_stages", "finetune_stages", "pe_work",
+           "rag_stages", "rag_work", "secpe_stages", "secpe_work", "wasp_stages", "wasp_work"]
 
 #: prompts generated at once by the calibration (at most the generator's batch size)
 PROMPTS = 16
@@ -237,11 +255,12 @@ def _given(model: Any, measure: Callable[[Any], float]) -> Rate:
 
 
 def generator_rates(cfg: RunConfig, cache: RateCache, calibrate: bool,
-                    given: Sequence[Any] | None = None) -> list[Measured]:
-    """Per configured generator: its rate (cached, measured now, or of the given model), or
-    why there is none."""
+                    given: Sequence[Any] | None = None,
+                    first: int | None = None) -> list[Measured]:
+    """Per configured generator (the ``first`` ones only, when given: a method that runs
+    only those): its rate (cached, measured now, or of the given model), or why none."""
     out: list[Measured] = []
-    for g, gcfg in enumerate(cfg.generators):
+    for g, gcfg in enumerate(cfg.generators[:first]):
         if given is not None:
             out.append(_given(given[g], calibrate_generator))
         elif gcfg.backend != "local":
@@ -273,29 +292,67 @@ def embedder_rate(cfg: RunConfig, cache: RateCache, calibrate: bool,
 # -- the work and the estimate -------------------------------------------------------------
 @dataclass(frozen=True)
 class Work:
-    """What a PE-family run does, from its plan: texts generated, private records embedded
-    (once), synthetic texts embedded (each iteration's candidates), voting rounds."""
+    """What a PE-family run does, from its plan: texts generated (``shares``: how many each
+    generator writes, where the method says; empty: spread evenly), private records embedded
+    (once), synthetic texts embedded (each new candidate once: the embedder's cache holds the
+    others), voting rounds; ``vote``: the vote's name in the table; ``prompts``: what the
+    prompts carry beyond a short instruction (their reading is not timed)."""
 
     generations: int
     private_records: int
     synthetic_embeds: int
     iterations: int
+    shares: tuple[int, ...] = ()
+    vote: str = "private vote and noise"
+    prompts: str = ""
 
 
 def pe_work(records: int, samples: int, candidates: int, population: int, iterations: int,
             lookahead: int = 0) -> Work:
-    """Aug-PE's arithmetic (the other PE methods are close to it): the initial pool
-    (``max(samples, candidates)``, the zero-shot reference drawn from it), then each round
-    but the last the ``candidates - population`` variations of the kept samples, and after
-    the last the release's top-up to ``samples``; ``lookahead`` variations of every
-    candidate a round (generated and embedded). Each round embeds its candidates; the
-    private records are embedded once when there is a vote."""
+    """Aug-PE's arithmetic: the initial pool (``max(samples, candidates)``, the zero-shot
+    reference drawn from it), then each round but the last the ``candidates - population``
+    variations of the kept samples, and after the last the release's top-up to ``samples``;
+    ``lookahead`` variations of every candidate a round (generated and embedded). Each round
+    embeds its candidates, of which only the new ones cost (the first round's pool, then the
+    variations: the kept samples come from the embedding cache); the private records are
+    embedded once when there is a vote."""
     generations = max(samples, candidates)
+    embeds = 0
     if iterations:
-        generations += (iterations - 1) * max(candidates - population, 0)
-        generations += max(samples - population, 0) + iterations * candidates * lookahead
-    return Work(generations, records if iterations else 0,
-                iterations * candidates * (1 + lookahead), iterations)
+        variations = (iterations - 1) * max(candidates - population, 0)
+        looked = iterations * candidates * lookahead
+        generations += variations + max(samples - population, 0) + looked
+        embeds = candidates + variations + looked
+    return Work(generations, records if iterations else 0, embeds, iterations)
+
+
+def secpe_work(records: int, samples: int, pool_multiplier: int, iterations: int) -> Work:
+    """SecPE's arithmetic (docs/methods.md §3): Aug-PE's selection and variation
+    (:func:`pe_work`) with every label's quota kept a round (population = ``samples``,
+    ``samples x L`` candidates), no lookahead; its vote goes through noisy cluster
+    representatives."""
+    work = pe_work(records, samples, samples * pool_multiplier, samples, iterations)
+    return replace(work, vote="representative vote and noise")
+
+
+def wasp_work(records: int, samples: int, iterations: int, generators: int,
+              demonstrations: int = 0) -> Work:
+    """WASP's arithmetic (docs/methods.md §2): ``samples`` texts written over the T + 1
+    rounds (as evenly as WASP splits each label's quota, the first rounds taking the
+    remainder), each round's split over the ``generators`` by their weights: even at the
+    start; later weights follow the votes, unknown before the run, so evenly here too. Rounds
+    1..T are written from contrastive prompts of up to ``demonstrations`` texts (0: zero-shot
+    prompts). Vote t embeds the pool of rounds 0..t, the earlier rounds from the embedding
+    cache: rounds 0..T-1 are embedded once each; the private records once."""
+    rounds = _split(samples, iterations + 1)
+    shares = [0] * generators
+    for size in rounds:
+        for g, n in enumerate(_split(size, generators)):
+            shares[g] += n
+    prompts = (f"; {samples - rounds[0]} contrastive, up to {demonstrations} demonstrations "
+               "a prompt (their reading not timed)" if iterations and demonstrations else "")
+    return Work(samples, records if iterations else 0, samples - rounds[-1], iterations,
+                tuple(shares), "Top-Q nearest and furthest histograms and noise", prompts)
 
 
 @dataclass(frozen=True)
@@ -336,48 +393,192 @@ def _generation(work: Work, names: Sequence[str], max_tokens: Sequence[int],
                 rates: Sequence[Measured]) -> Stage:
     tokens = (f"{max_tokens[0]}" if len(set(max_tokens)) == 1
               else "/".join(map(str, max_tokens)))
-    text = f"{work.generations} texts x up to {tokens} tokens ({', '.join(names)})"
+    shares = list(work.shares) or _split(work.generations, len(rates))
+    who = (", ".join(f"{n}: {k}" for n, k in zip(names, shares, strict=True)) if work.shares
+           else ", ".join(names))
+    text = f"{work.generations} texts x up to {tokens} tokens ({who}){work.prompts}"
     missing = [r for r in rates if not isinstance(r, Rate)]
     if missing:
         return Stage("generation", text, None, str(missing[0]))
-    seconds = sum(n * t / r.per_s for n, t, r in zip(
-        _split(work.generations, len(rates)), max_tokens, rates, strict=True)
-        if isinstance(r, Rate))
+    seconds = sum(n * t / r.per_s for n, t, r in zip(shares, max_tokens, rates, strict=True)
+                  if isinstance(r, Rate))
     return Stage("generation", text, seconds)
+
+
+def _at_rate(stage: str, work: str, items: int | None, rate: Measured,
+           unknown: str = "") -> Stage:
+    """A stage of ``items`` at ``rate`` (texts, or tokens a second); not estimated without
+    a rate (its reason) or without a count (``unknown`` says why)."""
+    if not isinstance(rate, Rate):
+        return Stage(stage, work, None, rate)
+    if items is None:
+        return Stage(stage, work, None, unknown)
+    return Stage(stage, work, items / rate.per_s)
 
 
 def _embedding(work: Work, name: str, rate: Measured) -> Stage:
     text = (f"{work.private_records} private records + {work.synthetic_embeds} synthetic "
             f"texts ({name})")
-    if not isinstance(rate, Rate):
-        return Stage("embedding", text, None, rate)
-    return Stage("embedding", text, (work.private_records + work.synthetic_embeds) / rate.per_s)
+    return _at_rate("embedding", text, work.private_records + work.synthetic_embeds, rate)
+
+
+def _loading(models: Sequence[tuple[str, Measured]]) -> Stage:
+    """Loading the models that were calibrated (their measured load times)."""
+    loaded = [(n, r) for n, r in models if isinstance(r, Rate)]
+    if loaded:
+        return Stage("loading models", ", ".join(n for n, _ in loaded),
+                     sum(r.load_s for _, r in loaded))
+    return Stage("loading models", ", ".join(n for n, _ in models), None,
+                 "no model calibrated")
 
 
 def estimate_stages(work: Work, names: Sequence[str], max_tokens: Sequence[int],
                     gen_rates: Sequence[Measured], embedder: str, emb_rate: Measured | None,
-                    preference: bool = False) -> list[Stage]:
-    """The estimate's rows: loading the models, generation (the work's texts spread evenly
-    over the generators, each taking its max tokens: an upper bound), embedding (none when
-    ``emb_rate`` is None: the run embeds nothing), the vote (negligible) and, when on,
-    preference training (not estimated)."""
+                    preference: bool = False, extra: Sequence[Stage] = ()) -> list[Stage]:
+    """A PE-family run's rows: loading the models, generation (the work's texts spread over
+    the generators as its ``shares`` say, else evenly, each taking its max tokens: an upper
+    bound), embedding (none when ``emb_rate`` is None: the run embeds nothing), the vote
+    (negligible), the method's ``extra`` stages and, when on (Aug-PE), preference training
+    (not estimated)."""
     models = [*zip(names, gen_rates, strict=True),
               *([(embedder, emb_rate)] if emb_rate is not None else [])]
-    loaded = [(n, r) for n, r in models if isinstance(r, Rate)]
-    load = (Stage("loading models", ", ".join(n for n, _ in loaded),
-                  sum(r.load_s for _, r in loaded)) if loaded
-            else Stage("loading models", ", ".join(n for n, _ in models), None,
-                       "no model calibrated"))
-    stages = [load, _generation(work, names, max_tokens, gen_rates)]
+    stages = [_loading(models), _generation(work, names, max_tokens, gen_rates)]
     if emb_rate is not None:
         stages.append(_embedding(work, embedder, emb_rate))
     if work.iterations:
-        stages.append(Stage("private vote and noise", f"{work.iterations} round(s)", 0.0,
-                            "negligible"))
+        stages.append(Stage(work.vote, f"{work.iterations} round(s)", 0.0, "negligible"))
+    stages += extra
     if preference:
         stages.append(Stage("preference training", f"after each of {work.iterations} votes",
                             None, "not calibrated"))
     return stages
+
+
+def wasp_stages(parties: int, iterations: int) -> list[Stage]:
+    """WASP's own stages: federated voting rounds (Flower's SecAgg+ over ``parties``
+    simulated parties, a Ray start each round) when on, not estimated."""
+    if not parties or not iterations:
+        return []
+    return [Stage("federated rounds", f"{iterations} round(s) of SecAgg+ over {parties} "
+                  "parties", None, "Flower and Ray are not calibrated")]
+
+
+def secpe_stages(records: int, clusters: int, detection_s: float | None,
+                 iterations: int) -> list[Stage]:
+    """SecPE's own stages: the secret detection over every record and the SecretNoise
+    calibration, as long as they took when ``dpsynth plan`` ran them on the data
+    (``detection_s``; None: not run), and the public KMeans (``clusters`` centres over the
+    records without a secret, once) negligible."""
+    stages = [Stage("secret detection and noise calibration",
+                    f"{records} records (timed when this plan ran it on the data)", detection_s,
+                    "" if detection_s is not None else "not run by this plan")]
+    if iterations:
+        stages.append(Stage("public clustering (KMeans)", f"{clusters} centres over the "
+                            "records without a secret, once", 0.0, "negligible"))
+    return stages
+
+
+@dataclass(frozen=True)
+class RagWork:
+    """What a DP-SynRAG build does (docs/methods.md §4), from its config: ``documents`` (None:
+    unknown); the LLM's keywords of each, up to ``keyword_tokens`` new tokens (0: vocabulary
+    matching only); ``passages`` texts (one per cluster: at most R, fewer when the noisy
+    histogram seeds fewer) of up to ``tokens`` token steps, each step decoding ``contexts``
+    rows (the cluster's document rows, ``document_tokens`` wide, and the public row); the
+    self-filter's answer of ``filter_tokens`` tokens per passage (0: off)."""
+
+    documents: int | None
+    keyword_tokens: int
+    passages: int
+    tokens: int
+    contexts: int
+    document_tokens: int
+    filter_tokens: int
+
+
+def rag_work(documents: int | None, *, clusters: int, tokens: int, target_size: int,
+             rows: int, public_row: bool, keyword_tokens: int, max_doc_tokens: int,
+             filter_tokens: int) -> RagWork:
+    """A build's :class:`RagWork`: a cluster holds about ``target_size`` (k) documents by
+    design, decoded ``rows`` at a time in passes of that fixed shape (filler rows fill the
+    last), so a token step decodes ``ceil(k / rows) x rows`` document rows, plus one public
+    row when the public model runs (a public candidate set with top tokens, or the
+    shortcut)."""
+    contexts = math.ceil(target_size / rows) * rows + (1 if public_row else 0)
+    return RagWork(documents, keyword_tokens, clusters, tokens, contexts, max_doc_tokens,
+                   filter_tokens)
+
+
+def rag_stages(work: RagWork, generator: str, embedder: str, gen_rate: Measured,
+               emb_rate: Measured) -> list[Stage]:
+    """A DP-SynRAG build's rows: loading, the LLM's keywords (one document a pass: the
+    calibration's batched rate makes it a lower bound), the histogram, clusters and
+    retrieval (negligible), the documents' and the passages' embedding, the private
+    prediction (token steps x the rows each step decodes, at the generator's rate; the
+    documents' prefill is not timed) and the self-filter when on."""
+    docs = "?" if work.documents is None else str(work.documents)
+    unknown = "the document count is unknown (plan with the data, or give --records N)"
+    stages = [_loading([(generator, gen_rate), (embedder, emb_rate)])]
+    if work.keyword_tokens:
+        stages.append(_at_rate(
+            "keyword extraction", f"{docs} documents x up to {work.keyword_tokens} tokens, one "
+            "a pass (a lower bound)",
+            None if work.documents is None else work.documents * work.keyword_tokens,
+            gen_rate, unknown))
+    else:
+        stages.append(Stage("keyword extraction", f"{docs} documents, vocabulary matching",
+                            0.0, "negligible"))
+    stages.append(Stage("histogram, clusters and retrieval", f"up to {work.passages} "
+                        "clusters", 0.0, "negligible"))
+    stages.append(_at_rate("embedding", f"{docs} documents + {work.passages} passages "
+                         f"({embedder})", None if work.documents is None
+                         else work.documents + work.passages, emb_rate, unknown))
+    stages.append(_at_rate(
+        "private prediction", f"{work.passages} passages x {work.tokens} steps x "
+        f"{work.contexts} rows (documents + public; their prefill of up to "
+        f"{work.document_tokens} tokens not timed)",
+        work.passages * work.tokens * work.contexts, gen_rate))
+    if work.filter_tokens:
+        stages.append(_at_rate("self-filter", f"{work.passages} passages x up to "
+                             f"{work.filter_tokens} tokens", work.passages * work.filter_tokens,
+                             gen_rate))
+    return stages
+
+
+@dataclass(frozen=True)
+class TuneWork:
+    """What a dp_finetune run does: ``steps`` DP-SGD steps of ``batch`` expected units
+    (records, or users: ``unit``) of up to ``max_tokens`` tokens, then ``samples`` texts of
+    up to ``sample_tokens`` new tokens sampled from the tuned model."""
+
+    steps: int
+    batch: float
+    max_tokens: int
+    samples: int
+    sample_tokens: int
+    unit: str = "record"
+
+
+#: why dp_finetune's training has no estimate
+FINETUNE_REASON = ("per-sample gradients are not calibrated (benchmarks/results/dp_finetune.md "
+                   "has measured ones)")
+
+
+def finetune_stages(work: TuneWork, generator: str, gen_rate: Measured) -> list[Stage]:
+    """A dp_finetune run's rows: loading the model in torch and the DP-SGD training, not
+    estimated (:data:`FINETUNE_REASON`), and the release's sampling at the configured
+    generator's calibrated rate (the tuned model samples in torch: usually slower)."""
+    grads = math.ceil(work.steps * work.batch)
+    return [
+        Stage("loading models", f"{generator} in torch with a LoRA adapter", None,
+              "the torch load is not calibrated"),
+        Stage("DP-SGD training", f"{work.steps} steps x {work.batch:.4g} expected "
+              f"{work.unit}s = about {grads} per-{work.unit} gradients of up to {work.max_tokens} "
+              "tokens", None, FINETUNE_REASON),
+        _at_rate("release sampling", f"{work.samples} texts x up to {work.sample_tokens} tokens "
+               f"(torch; at {generator}'s calibrated rate)",
+               work.samples * work.sample_tokens, gen_rate),
+    ]
 
 
 @dataclass
@@ -430,25 +631,65 @@ class Estimate:
                 "change it")
 
 
+def _rates(cfg: RunConfig, cache: RateCache, calibrate: bool, generators: Sequence[Any] | None,
+           embedder: Any, rates: tuple[Sequence[Measured], Measured] | None, embeds: bool,
+           first: int | None = None) -> tuple[list[Measured], Measured | None]:
+    """(the generators' rates, the embedder's or None when the run embeds nothing): ``rates``
+    when given, else measured on the given models, else the configured ones'."""
+    if rates is None:
+        rates = (generator_rates(cfg, cache, calibrate, generators, first),
+                 embedder_rate(cfg, cache, calibrate, embedder) if embeds else "")
+    return list(rates[0]), rates[1] if embeds else None
+
+
+def _estimate(stages: list[Stage], rates: Sequence[Measured | None],
+              cache: RateCache) -> Estimate:
+    """The :class:`Estimate` of ``stages`` resting on ``rates`` (None: a model not used)."""
+    used = [r for r in rates if r is not None]
+    measured = [r for r in used if isinstance(r, Rate)]
+    return Estimate(stages, used, machine(), sum(r.seconds for r in measured),
+                    bool(measured) and all(r.cached for r in measured), str(cache.path))
+
+
 def estimate_run(cfg: RunConfig, work: Work, max_tokens: Sequence[int], *,
                  calibrate: bool = True, cache: RateCache | None = None,
                  generators: Sequence[Any] | None = None, embedder: Any = None,
-                 rates: tuple[Sequence[Measured], Measured] | None = None) -> Estimate:
-    """The :class:`Estimate` of ``cfg``'s run doing ``work`` (``max_tokens``: per
-    generator). The rates are ``rates`` (generators', embedder's) when given, else measured
-    on ``generators`` / ``embedder`` when given, else the configured models' (cached, or
-    calibrated now unless ``calibrate`` is False)."""
+                 rates: tuple[Sequence[Measured], Measured] | None = None,
+                 extra: Sequence[Stage] = (), preference: bool = False) -> Estimate:
+    """The :class:`Estimate` of ``cfg``'s PE-family run doing ``work`` (``max_tokens``: per
+    generator; ``extra``: the method's own stages; ``preference``: Aug-PE's preference
+    training is on). The rates are ``rates`` (generators', embedder's) when given, else
+    measured on ``generators`` / ``embedder`` when given, else the configured models'
+    (cached, or calibrated now unless ``calibrate`` is False)."""
     cache = cache or RateCache()
     embeds = work.private_records + work.synthetic_embeds > 0
-    if rates is None:
-        rates = (generator_rates(cfg, cache, calibrate, generators),
-                 embedder_rate(cfg, cache, calibrate, embedder) if embeds else "")
-    gen_rates, emb_rate = list(rates[0]), rates[1] if embeds else None
-    measured = [r for r in [*gen_rates, emb_rate] if isinstance(r, Rate)]
+    gen_rates, emb_rate = _rates(cfg, cache, calibrate, generators, embedder, rates, embeds)
     stages = estimate_stages(work, [g.short_name for g in cfg.generators], max_tokens,
-                             gen_rates, cfg.embedder.model, emb_rate,
-                             cfg.synthesis.preference.enabled)
-    return Estimate(stages, [*gen_rates, *([emb_rate] if emb_rate is not None else [])],
-                    machine(),
-                    sum(r.seconds for r in measured),
-                    bool(measured) and all(r.cached for r in measured), str(cache.path))
+                             gen_rates, cfg.embedder.model, emb_rate, preference, extra)
+    return _estimate(stages, [*gen_rates, emb_rate], cache)
+
+
+def estimate_rag(cfg: RunConfig, work: RagWork, *, calibrate: bool = True,
+                 cache: RateCache | None = None, generator: Any = None, embedder: Any = None,
+                 rates: tuple[Sequence[Measured], Measured] | None = None) -> Estimate:
+    """The :class:`Estimate` of ``cfg``'s DP-SynRAG build doing ``work``: its first generator
+    (the one it runs) and the embedder, rated as :func:`estimate_run` rates them."""
+    cache = cache or RateCache()
+    given = None if generator is None else [generator]
+    gen_rates, emb_rate = _rates(cfg, cache, calibrate, given, embedder, rates, True, first=1)
+    assert emb_rate is not None
+    stages = rag_stages(work, cfg.generators[0].short_name, cfg.embedder.model, gen_rates[0],
+                        emb_rate)
+    return _estimate(stages, [gen_rates[0], emb_rate], cache)
+
+
+def estimate_finetune(cfg: RunConfig, work: TuneWork, *, calibrate: bool = True,
+                      cache: RateCache | None = None, generator: Any = None,
+                      rates: tuple[Sequence[Measured], Measured] | None = None) -> Estimate:
+    """The :class:`Estimate` of ``cfg``'s dp_finetune run doing ``work``: its first
+    generator (the base model) rated as :func:`estimate_run` rates it; no embedder."""
+    cache = cache or RateCache()
+    given = None if generator is None else [generator]
+    gen_rates, _ = _rates(cfg, cache, calibrate, given, None, rates, False, first=1)
+    stages = finetune_stages(work, cfg.generators[0].short_name, gen_rates[0])
+    return _estimate(stages, gen_rates[:1], cache)

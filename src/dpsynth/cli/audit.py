@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from .. import progress
 from .generate import parse_sets
 
 audit_app = typer.Typer(
@@ -78,13 +79,18 @@ def audit_run_cmd(
     text: Annotated[str | None, typer.Option("--text", help="text column of the holdout")] = None,
     pii_column: Annotated[list[str] | None, typer.Option(
         "--pii-column", help="private column holding PII values (repeat)")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
     """DCR, membership inference and PII leakage of a finished run; writes
-    private/eval/audit.json (operator only)."""
+    private/eval/audit.json (operator only). Bars count the texts embedded and the audits
+    done (none with --json or --quiet)."""
     from ..eval.suite import audit_run
 
-    result = audit_run(run_dir, holdout, text=text, pii_columns=pii_column or None)
+    show = not (quiet or as_json)
+    with progress.session(enabled=show):
+        result = audit_run(run_dir, holdout, text=text, pii_columns=pii_column or None,
+                           progress=show)
     if as_json:
         typer.echo(json.dumps(result, default=str))
         return

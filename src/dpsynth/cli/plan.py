@@ -4,13 +4,16 @@ data only to count its records and label classes, or takes ``--records`` without
 and the run's estimated wall time per stage on this machine (:mod:`dpsynth.estimate`: a short
 calibration of the configured models, cached in the user's cache folder; ``--no-calibrate``
 uses only a cached one); DP-SynRAG's: its calibrated clip and every planned release (from the
-config alone); any other method's: its privacy plan object, field by field. It spends no
-budget and writes nothing but the calibration cache."""
+config alone), and the build's estimated wall time (its document count from the data, or
+``--records``); any other method's: its privacy plan object, field by field (dp_finetune's
+with its estimated wall time). It spends no budget and writes nothing but the calibration
+cache."""
 
 from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,7 +21,21 @@ import typer
 
 from .. import progress
 from ..errors import ConfigError
-from ..estimate import Estimate, estimate_run, pe_work
+from ..estimate import (
+    Estimate,
+    Stage,
+    TuneWork,
+    Work,
+    estimate_finetune,
+    estimate_rag,
+    estimate_run,
+    pe_work,
+    rag_work,
+    secpe_stages,
+    secpe_work,
+    wasp_stages,
+    wasp_work,
+)
 
 
 def plan(
@@ -55,15 +72,15 @@ def plan(
         method = get_method(name)
     method.check(cfg)  # as the run checks it, before anything is written
     if name == "synrag":  # DP-SynRAG's own plan, not a PE one
-        _plan_synrag(cfg, as_json)
+        _plan_synrag(cfg, as_json, _documents(cfg, records, no_data), calibrate)
         return
     if not isinstance(method, PEMethod):  # no plan printer of its own: what its plan holds
-        _plan_held(cfg, method, as_json, no_data or records is not None)
+        _plan_held(cfg, method, as_json, no_data or records is not None, calibrate)
         return
-    result = _plan_pe(cfg, method, records, no_data, labels)
+    result, detection_s = _plan_pe(cfg, method, records, no_data, labels)
     if as_json:
         with progress.session(enabled=False):
-            estimate = _estimate(cfg, method, result, calibrate)
+            estimate = _estimate(cfg, method, result, calibrate, detection_s)
         typer.echo(json.dumps({**result.to_dict(), "estimate": estimate.to_dict()}))
         return
     swamped = result.verdict in WARN_VERDICTS
@@ -72,20 +89,21 @@ def plan(
     if swamped:
         typer.echo(f"warning: {result.message}", err=True)
     with progress.session():  # a spinner while the models are timed
-        estimate = _estimate(cfg, method, result, calibrate)
+        estimate = _estimate(cfg, method, result, calibrate, detection_s)
     for line in estimate.lines():
         typer.echo(line)
 
 
 def _plan_pe(cfg: Any, method: Any, records: int | None, no_data: bool,
-             labels: int | None) -> Any:
+             labels: int | None) -> tuple[Any, float | None]:
     """A PE method's :class:`~dpsynth.planning.RunPlan`: from the data, or from the stated
-    ``records`` (and ``labels``) with ``no_data``."""
+    ``records`` (and ``labels``) with ``no_data``; and the seconds its noise calibration on
+    the data took (SecPE's secret detection; None without the data)."""
     from ..methods.pe import PEMethod, calibrate_sigma
     from ..neighbours import mechanism_config
     from ..planning import declared_labels, plan_run
 
-    sigma, words = None, None
+    sigma, words, seconds = None, None, None
     if no_data or records is not None:
         if records is None or records < 1:
             raise ConfigError("--no-data needs --records N (N >= 1), the number of records")
@@ -97,35 +115,95 @@ def _plan_pe(cfg: Any, method: Any, records: int | None, no_data: bool,
             raise ConfigError("SecPE's noise follows from the secrets found in the data: run "
                               "`dpsynth plan` with the data (without --no-data)")
     else:
-        records, n_labels, sigma, words = _from_data(cfg, labels)
+        records, n_labels, sigma, words, seconds = _from_data(cfg, labels)
     if sigma is None and isinstance(method, PEMethod) and method.guarantee(cfg) == "dp":
         # with data.limit the run calibrates for the subset's share (dpsynth.neighbours)
         sigma = calibrate_sigma(mechanism_config(cfg), method, n_labels)
-    return plan_run(cfg, method, records, n_labels, sigma, words)
+    return plan_run(cfg, method, records, n_labels, sigma, words), seconds
 
 
-def _estimate(cfg: Any, method: Any, result: Any, calibrate: bool) -> Estimate:
+def _estimate(cfg: Any, method: Any, result: Any, calibrate: bool,
+              detection_s: float | None = None) -> Estimate:
     """The run's wall time per stage on this machine (:mod:`dpsynth.estimate`) from the plan's
-    counts (a method without private votes writes its samples once); each generator writes up
-    to its ``max_new_tokens``, else the texts' planned length in tokens (64 where there is
-    none, as the run)."""
+    counts (:func:`_pe_work`); each generator writes up to its ``max_new_tokens``, else the
+    texts' planned length in tokens (64 where there is none, as the run)."""
     from ..evolution.lengths import tokens_for
 
-    syn = cfg.synthesis
-    if getattr(method, "private_votes", False):
-        work = pe_work(result.records, result.samples, result.candidates, result.population,
-                       syn.iterations, syn.lookahead)
-    else:
-        work = pe_work(result.records, result.samples, result.samples, result.samples, 0)
     length = tokens_for(result.max_words) if result.max_words else 64
+    work, extra = _pe_work(cfg, method, result, detection_s)
     return estimate_run(cfg, work, [g.max_new_tokens or length for g in cfg.generators],
-                        calibrate=calibrate)
+                        calibrate=calibrate, extra=extra,
+                        preference=method.name == "aug_pe" and cfg.synthesis.preference.enabled)
 
 
-def _plan_synrag(cfg: Any, as_json: bool) -> None:
+def _pe_work(cfg: Any, method: Any, result: Any,
+             detection_s: float | None) -> tuple[Work, list[Stage]]:
+    """What the PE-family ``method``'s run does, from its plan and its config, and its own
+    stages: a method without private votes writes its samples once; WASP (rounds, its
+    generators, contrastive prompts, federated rounds), SecPE (its pool, the secret
+    detection timed by this plan in ``detection_s``, the public KMeans) and Aug-PE each by
+    their own arithmetic (:mod:`dpsynth.estimate`)."""
+    syn = cfg.synthesis
+    if not getattr(method, "private_votes", False):
+        return pe_work(result.records, result.samples, result.samples, result.samples, 0), []
+    if method.name == "wasp":
+        wasp = method.settings(cfg)
+        shown = 2 * max(1, wasp.demonstrations // 2) if wasp.contrastive else 0
+        return (wasp_work(result.records, syn.samples, syn.iterations, len(cfg.generators),
+                          shown), wasp_stages(wasp.federated.parties, syn.iterations))
+    if method.name == "secpe":
+        return (secpe_work(result.records, syn.samples, syn.pool_multiplier, syn.iterations),
+                secpe_stages(result.records, method.settings(cfg).clusters, detection_s,
+                             syn.iterations))
+    return pe_work(result.records, result.samples, result.candidates, result.population,
+                   syn.iterations, syn.lookahead), []
+
+
+def _documents(cfg: Any, records: int | None, no_data: bool) -> int | None:
+    """DP-SynRAG's document count for its estimate: the stated ``records``, none with
+    ``no_data``, else the data's (its users at ``privacy.unit: user``)."""
+    from ..run_dataset import load_run_data
+    from ..run_folder import RunDir
+
+    if records is not None or no_data:
+        return records
+    with tempfile.TemporaryDirectory(prefix="dpsynth-plan-") as tmp:
+        run = RunDir(tmp)
+        run.private.mkdir(mode=0o700)
+        return _units(cfg, load_run_data(cfg, run))
+
+
+def _units(cfg: Any, dataset: Any) -> int:
+    """The privacy units of ``dataset``: its records, or its users at ``privacy.unit: user``."""
+    if cfg.privacy.unit == "user":
+        return len({str(u) for u in dataset.users})
+    return len(dataset)
+
+
+def _synrag_estimate(cfg: Any, scfg: Any, documents: int | None, calibrate: bool,
+                     show: bool = True) -> Estimate:
+    """DP-SynRAG's build time per stage on this machine (:mod:`dpsynth.estimate`), from its
+    config and ``documents``: a token step decodes the cluster's k documents in passes of
+    ``stepper_rows`` (default k) and the public row when the public model runs (a public
+    candidate set with top tokens, or the shortcut); the self-filter answers in 3 tokens
+    (:func:`dpsynth.methods.synrag.filtering.self_filter`)."""
+    work = rag_work(documents, clusters=scfg.clusters, tokens=scfg.tokens,
+                    target_size=scfg.target_size, rows=scfg.stepper_rows or scfg.target_size,
+                    public_row=scfg.public_shortcut or (scfg.support == "public"
+                                                        and scfg.support_top > 0),
+                    keyword_tokens=scfg.keyword_max_new_tokens
+                    if scfg.keyword_extractor == "llm" else 0,
+                    max_doc_tokens=scfg.max_doc_tokens, filter_tokens=3 if scfg.self_filter else 0)
+    with progress.session(enabled=show):  # a spinner while the models are timed
+        return estimate_rag(cfg, work, calibrate=calibrate)
+
+
+def _plan_synrag(cfg: Any, as_json: bool, documents: int | None = None,
+                 calibrate: bool = True) -> None:
     """DP-SynRAG's plan (docs/methods.md §4): the clip c that meets the target and every
     planned release with its noise, from the config alone (a build's releases do not depend
-    on the record count), accounted as the build will account them (zCDP)."""
+    on the record count), accounted as the build will account them (zCDP); then the build's
+    estimated wall time on this machine (``documents``: their count, None: unknown)."""
     from ..methods.synrag.accounting import planned_events, resolve_clip
     from ..methods.synrag.method import SynRAG
     from ..neighbours import mechanism_config
@@ -143,7 +221,8 @@ def _plan_synrag(cfg: Any, as_json: bool) -> None:
               "planned_epsilon": acc.epsilon(delta), "accountant": "zcdp",
               "releases": [{k: v for k, v in r.items() if k != "shifts"} for r in rows]}
     if as_json:
-        typer.echo(json.dumps(result))
+        estimate = _synrag_estimate(cfg, scfg, documents, calibrate, show=False)
+        typer.echo(json.dumps({**result, "estimate": estimate.to_dict()}))
         return
     typer.echo(f"DP-SynRAG build plan: ({cfg.privacy.epsilon:.4g}, {cfg.privacy.delta:.2g})-DP "
                f"per {cfg.privacy.unit}, accounted with zCDP (docs/methods.md §4)")
@@ -156,6 +235,8 @@ def _plan_synrag(cfg: Any, as_json: bool) -> None:
         typer.echo(f"  {r['name']}: {r['count']} release(s), {noise}")
     typer.echo(f"  planned epsilon {acc.epsilon(delta):.4g} at delta {delta:.2g}; every later "
                "query of the knowledge base is free")
+    for line in _synrag_estimate(cfg, scfg, documents, calibrate).lines():
+        typer.echo(line)
 
 
 def run_noise_multiplier(config: Path, labels: int | None) -> float:
@@ -181,10 +262,11 @@ def run_noise_multiplier(config: Path, labels: int | None) -> float:
     return calibrate_sigma(mechanism_config(cfg), method, n_labels)
 
 
-def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool) -> None:
+def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,
+               calibrate: bool = True) -> None:
     """The plan of a method without a plan printer of its own: its
     :class:`~dpsynth.methods.base.PrivacyPlan` as its run makes it (from the data; spends
-    nothing), field by field."""
+    nothing), field by field; then its estimated wall time (:func:`_held_estimate`)."""
     from dataclasses import fields
 
     from ..neighbours import mechanism_config
@@ -197,23 +279,48 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="dpsynth-plan-") as tmp:
         run = RunDir(tmp)
         run.private.mkdir(mode=0o700)
-        held = method.plan(mechanism_config(cfg), load_run_data(cfg, run), run)
+        dataset = load_run_data(cfg, run)
+        held = method.plan(mechanism_config(cfg), dataset, run)
+        units = _units(cfg, dataset)
     result = {"method": method.name, "target_epsilon": cfg.privacy.epsilon,
               "target_delta": cfg.privacy.delta,
               **{f.name: getattr(held, f.name) for f in fields(held)}}
+    with progress.session(enabled=not as_json):  # a spinner while the models are timed
+        estimate = _held_estimate(cfg, method, held, units, calibrate)
     if as_json:
-        typer.echo(json.dumps(result, default=str))
+        extra = {} if estimate is None else {"estimate": estimate.to_dict()}
+        typer.echo(json.dumps({**result, **extra}, default=str))
         return
     typer.echo(f"{method.name}: the plan its run makes, field by field (no plan printer for "
                f"this method yet), at ({cfg.privacy.epsilon:.4g}, {cfg.privacy.delta:.2g})")
     for key, value in result.items():
         if key not in ("method", "target_epsilon", "target_delta"):
             typer.echo(f"  {key}: {value}")
+    lines = (estimate.lines() if estimate is not None else
+             [f"estimated wall time: not estimated (no estimate for method {method.name!r})"])
+    for line in lines:
+        typer.echo(line)
 
 
-def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None, int | None]:
+def _held_estimate(cfg: Any, method: Any, held: Any, units: int,
+                   calibrate: bool) -> Estimate | None:
+    """dp_finetune's wall time per stage (:mod:`dpsynth.estimate`): its T steps of an
+    expected batch of q x the units that set q (the declared count, else the data's
+    ``units``), its release's samples; None for another method (no count is known)."""
+    if method.name != "dp_finetune":
+        return None
+    s = method.settings(cfg)
+    q, steps = float(held.notes["q"]), int(held.notes["steps"])
+    work = TuneWork(steps, q * float(method.declared_units(cfg) or units), s.max_tokens,
+                    s.samples, s.max_new_tokens, cfg.privacy.unit)
+    return estimate_finetune(cfg, work, calibrate=calibrate)
+
+
+def _from_data(cfg: object, labels: int | None
+               ) -> tuple[int, int, float | None, int | None, float]:
     """(records, label classes, SecPE's noise multiplier, the records' length in words for a
-    method that estimates it) of the configured data."""
+    method that estimates it, the seconds the noise multiplier took: SecPE's secret
+    detection and calibration, which its run repeats) of the configured data."""
     from ..context import label_classes
     from ..evolution.lengths import exact_max_words
     from ..methods import get_method
@@ -230,12 +337,14 @@ def _from_data(cfg: object, labels: int | None) -> tuple[int, int, float | None,
             raise ConfigError("the label domain is discovered from the data: give --labels N "
                               "(the label classes you expect)") from None
         method = get_method(cfg.method, "text")  # type: ignore[attr-defined]
+        started = time.perf_counter()
         sigma = method.noise_multiplier(cfg, dataset)
+        seconds = time.perf_counter() - started
         words = None
         syn = cfg.synthesis  # type: ignore[attr-defined]
         if getattr(method, "sizes_votes", False) and syn.max_words is None:
             words = exact_max_words(dataset.texts)
-        return len(dataset), n, sigma, words
+        return len(dataset), n, sigma, words, seconds
 
 
 def register(root: typer.Typer) -> None:

@@ -125,7 +125,8 @@ def run_canary_audit(
         Path(source), cfg.data.text, private_dir, canary, copies, seed, limit=cfg.data.limit
     )
     run_overrides = dict(overrides or {})
-    run_overrides["data.path"] = str(canary_file)
+    # absolute: a relative data.path is read from the config file's folder, not from here
+    run_overrides["data.path"] = str(Path(canary_file).resolve())
     run_dir = run_generation(config, out / "run", overrides=run_overrides, progress=progress)
     report = canary_report(Path(run_dir), canary, copies, threshold)
     report["private_records"] = n_rows

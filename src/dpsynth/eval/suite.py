@@ -230,14 +230,27 @@ def audit_block(
     hold_emb: np.ndarray,
     pii_values: dict[str, list[str]],
     seed: int = 0,
+    advance: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
-    """DCR, membership inference and PII leakage (numbers only)."""
-    return {
-        "dcr": guarded(au.dcr_audit, syn_emb, priv_emb, hold_emb, seed=seed),
-        "membership_inference": guarded(au.membership_inference, syn_emb, priv_emb, hold_emb),
-        "pii": au.pii_leakage(syn.texts, priv.texts, pii_values),
-        "pii_columns": sorted(pii_values),
-    }
+    """DCR, membership inference and PII leakage (numbers only); ``advance()`` after each of
+    the three (a bar of :data:`AUDITS_BAR`)."""
+    done = advance or _not_shown
+    dcr = guarded(au.dcr_audit, syn_emb, priv_emb, hold_emb, seed=seed)
+    done()
+    mia = guarded(au.membership_inference, syn_emb, priv_emb, hold_emb)
+    done()
+    pii = au.pii_leakage(syn.texts, priv.texts, pii_values)
+    done()
+    return {"dcr": dcr, "membership_inference": mia, "pii": pii,
+            "pii_columns": sorted(pii_values)}
+
+
+#: the label of the bar that counts the audits of :func:`audit_block`
+AUDITS_BAR = "audits (DCR, membership inference, PII)"
+
+
+def _not_shown(n: int = 1) -> None:
+    """The ``advance`` of audits without a bar."""
 
 
 #: texts per call of the embedder when the evaluation shows a bar (its unit of progress)
@@ -532,10 +545,12 @@ def audit_run(
     pii_columns: list[str] | None = None,
     seed: int = 0,
     write: bool = True,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Only the audits (DCR, membership inference, PII) of a run; writes private/eval/audit.json.
 
-    ``holdout_path``: real records the run never saw (non-members), e.g. the test split.
+    ``holdout_path``: real records the run never saw (non-members), e.g. the test split;
+    ``progress``: bars for the embedding of each set (texts) and the three audits.
     """
     release = load_run(run_dir)
     data_cfg = release.data_config
@@ -559,16 +574,18 @@ def audit_run(
                                                                                "minilm")))
         private_set = set(private.data.texts)
         hold_texts = [t for t in holdout.texts if t not in private_set]
-        syn_emb = _embed(embedder, release.synthetic.texts)
-        priv_emb = _embed(embedder, private.data.texts)
-        hold_emb = _embed(embedder, hold_texts)
+        syn_emb = _embed(embedder, release.synthetic.texts, "synthetic" if progress else None)
+        priv_emb = _embed(embedder, private.data.texts, "private" if progress else None)
+        hold_emb = _embed(embedder, hold_texts, "holdout" if progress else None)
+        with bar(AUDITS_BAR, 3, progress) as advance:
+            block = audit_block(syn_emb, release.synthetic, priv_emb, private.data, hold_emb,
+                                private.pii_values, seed=seed, advance=advance)
         audit = {
             "run_id": release.run_id,
             "method": release.method,
             "holdout": f"{holdout_path} (real records not used by the run)",
             "holdout_overlap_removed": len(holdout) - len(hold_texts),
-            **audit_block(syn_emb, release.synthetic, priv_emb, private.data, hold_emb,
-                          private.pii_values, seed=seed),
+            **block,
             "note": AUDIT_NOTE,
         }
     finally:
