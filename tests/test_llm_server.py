@@ -87,6 +87,33 @@ def test_request_queued_past_its_deadline_gets_503() -> None:
     assert sum(gen.batches) == codes.count(200)  # an expired request was never generated
 
 
+def test_a_request_whose_client_hung_up_in_the_queue_is_never_generated() -> None:
+    """A client that gives up while its request waits behind a busy model (its own timeout)
+    has the request dropped: the model computes only what someone still waits for, so a
+    client's timeout-and-resend does not pile duplicate work on a slow server."""
+    gen = FakeGenerator(delay=1.5)
+    app = create_app(gen, max_batch_requests=1, batch_window_s=0, queue_timeout_s=60)
+
+    async def scene(url: str) -> tuple[httpx.Response, str]:
+        async with httpx.AsyncClient(timeout=20) as c:
+            busy = asyncio.create_task(c.post(f"{url}/completions", json=body(1)))
+            await asyncio.sleep(0.4)  # the model is now generating p1
+            try:
+                await c.post(f"{url}/completions", json=body(2), timeout=0.3)
+                gave_up = "answered"
+            except httpx.TimeoutException:
+                gave_up = "timeout"
+            return await busy, gave_up
+
+    with running(app) as url:
+        first, gave_up = asyncio.run(scene(url))
+        assert first.status_code == 200 and gave_up == "timeout"
+        after = httpx.post(f"{url}/completions", json=body(3), timeout=20)
+    assert after.status_code == 200
+    assert gen.batches == [1, 1]  # p1 and p3: p2's client had hung up while it was queued
+    assert app.state.batcher.completions == 2
+
+
 def test_load_no_request_waits_past_its_timeout_unanswered() -> None:
     """Bounded load: 96 requests from 32 concurrent clients, each with a 10 s timeout."""
     gen = FakeGenerator(delay=0.05)

@@ -22,6 +22,18 @@ from .streaming import Stream, events
 from .usage import completion_count, prompt_count
 
 
+async def hung_up(request: Request) -> None:
+    """Return once the client of ``request`` has closed its connection: its body is read, so
+    the next ASGI message is the disconnect. (Waited for, not polled: Starlette's
+    ``is_disconnected`` peeks in a cancelled scope, which the body-limit middleware's receive
+    does not answer.)"""
+    try:
+        while (await request.receive()).get("type") != "http.disconnect":
+            pass
+    except Exception:  # nothing more to receive from this server: never report a hang-up
+        await asyncio.Future()
+
+
 @dataclass
 class CompletionService:
     """Answers completion and chat requests for one generator behind one batcher."""
@@ -95,8 +107,12 @@ class CompletionService:
         return error(503, f"server overloaded: queued over {self.queue_timeout_s:g} s",
                      "server_error", self.retry_after_s)
 
-    async def run(self, reqs: list[GenerationRequest]) -> list[Completion] | JSONResponse:
-        """Queue the completions and wait for them (or answer why not)."""
+    async def run(self, reqs: list[GenerationRequest], request: Request | None = None
+                  ) -> list[Completion] | JSONResponse:
+        """Queue the completions and wait for them (or answer why not). A client that hangs
+        up while its request is still queued (``request`` tells) has it dropped from the
+        queue: a client that timed out and sent the request again would otherwise have the
+        model compute both, and a slow server fall further behind with each retry."""
         refused = self._refused(reqs)
         if refused is not None:
             return refused
@@ -105,9 +121,10 @@ class CompletionService:
         except QueueFull as exc:
             return self._busy(exc)
         waiting = asyncio.wrap_future(fut)
+        watch = asyncio.ensure_future(hung_up(request)) if request is not None else None
         try:
             try:
-                return await asyncio.wait_for(asyncio.shield(waiting), self.queue_timeout_s)
+                return await self._wait(fut, waiting, watch)
             except TimeoutError:
                 if fut.cancel():  # still queued: answer now rather than leave it waiting
                     return self._expired()
@@ -117,6 +134,27 @@ class CompletionService:
             raise
         except Exception as exc:
             return respond(self.failure(exc))
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def _wait(self, fut: Future[list[Completion]], waiting: asyncio.Future[Any],
+                    watch: asyncio.Future[None] | None) -> list[Completion] | JSONResponse:
+        """The completions, or TimeoutError past ``queue_timeout_s``; a hang-up (``watch``
+        done first) cancels them if still queued and answers 499 (nobody reads it)."""
+        shielded = asyncio.shield(waiting)
+        if watch is None:
+            return await asyncio.wait_for(shielded, self.queue_timeout_s)
+        done, _ = await asyncio.wait({shielded, watch}, timeout=self.queue_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if shielded in done:
+            return shielded.result()
+        if watch in done and fut.cancel():
+            return error(499, "client closed the request", "invalid_request_error")
+        shielded.cancel()
+        if watch in done:  # already generating: finish it (the cache of a retry may want it)
+            return await waiting
+        raise TimeoutError
 
     async def open_stream(self, reqs: list[GenerationRequest]
                           ) -> tuple[Future[list[Completion]], Stream] | JSONResponse:
@@ -163,7 +201,7 @@ class CompletionService:
         if parsed.stream:
             return await self._streamed(parsed, reqs, api.ChunkMaker(
                 chat, rid, created, self.served, parsed.include_usage))
-        done = await self.run(reqs)
+        done = await self.run(reqs, request)
         if isinstance(done, JSONResponse):
             return done
         shape = api.chat_body if chat else api.completions_body
