@@ -1,9 +1,10 @@
-"""Side by side on the same job (issue 45, small version): zero-shot, Aug-PE and DP fine-tuning
-on one private set at one epsilon, beside the real records themselves as the ceiling.
+"""Side by side on the same job (issue 45, small version): zero-shot, Aug-PE (alone and with
+its learn-from-the-votes lever, issue 44), WASP and DP fine-tuning on one private set at one
+epsilon, beside the real records themselves as the ceiling.
 
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/bench_side_by_side.py \
-        [--arms zero_shot,aug_pe,dp_finetune,real] [--runs DIR] [--fresh ARM,...] \
-        [--by-eye aug_pe=7,...] [--notes FILE]
+        [--arms zero_shot,aug_pe,aug_pe_preference,wasp,dp_finetune,dp_finetune_topk,real] \
+        [--runs DIR] [--fresh ARM,...] [--by-eye aug_pe=7,...] [--notes FILE]
 
 The job: Banking77 (read in place from ../shared/data/banking77), restricted to its 10 most
 frequent intents in the training file (ties by name), a fixed random subset of 500 of those
@@ -12,6 +13,13 @@ Arms, each through ``dpsynth.generate`` with its own ledger file (``privacy.ledg
 
 * ``zero_shot``: no private record read (epsilon 0), today's defaults;
 * ``aug_pe``: today's defaults (``synthesis.samples`` = N only);
+* ``aug_pe_preference``: ``aug_pe`` plus the opt-in lever that learns from the released votes
+  (``synthesis.preference.enabled``: DPO of a LoRA adapter on the generator after each vote,
+  its default settings, up to 64 pairs a vote; post-processing, no budget; issue 44: one
+  lever alone);
+* ``wasp``: WASP's defaults (Q = 8, 8 demonstrations, contrastive, generator weighting) with
+  both embedded generators, SmolLM2-135M-Instruct and Gemma 3 270M (the default is SmolLM2
+  alone), ``synthesis.samples`` = N;
 * ``dp_finetune``: record level, ``clipping: hooks``, 1 epoch, batch size 32, the declared
   ``dp_finetune.records`` = 500, the default LoRA (r = 8 on q_proj / v_proj);
 * ``real``: the 500 private records themselves as the training set (the ceiling; no release).
@@ -40,6 +48,7 @@ import json
 import os
 import platform
 import random
+import re
 import shlex
 import shutil
 import sys
@@ -60,7 +69,14 @@ INTENTS = 10
 RECORDS = 500
 SAMPLES = 200
 EPSILON, DELTA = 4.0, 1e-5
-ARMS = ("zero_shot", "aug_pe", "dp_finetune", "dp_finetune_topk", "real")
+ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "dp_finetune", "dp_finetune_topk",
+        "real")
+#: the method each generating arm runs
+METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
+          "wasp": "wasp", "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune"}
+
+#: aug_pe_preference: DPO pairs per vote (synthesis.preference.pairs; 64 is the default)
+PREFERENCE_PAIRS = 64
 
 #: the prompts of bench_released_text.py's Banking77 set (the customer as the writer)
 PROMPTS = {"writer": "a customer of an online bank",
@@ -71,8 +87,13 @@ PROMPTS = {"writer": "a customer of an online bank",
 def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
     """The ``config`` sections of one arm (on top of the shared data / privacy arguments)."""
     cfg: dict[str, Any] = {"prompts": dict(PROMPTS), "privacy": {"ledger": str(ledger)}}
-    if arm in ("zero_shot", "aug_pe"):
+    if arm in ("zero_shot", "aug_pe", "wasp"):
         cfg["synthesis"] = {"samples": samples}
+    if arm == "aug_pe_preference":
+        cfg["synthesis"] = {"samples": samples,
+                            "preference": {"enabled": True, "pairs": PREFERENCE_PAIRS}}
+    if arm == "wasp":  # WASP's several generators: both embedded models (default: SmolLM2 only)
+        cfg["generators"] = [{"model": "smollm2"}, {"model": "gemma3"}]
     elif arm.startswith("dp_finetune"):
         # dp_finetune sampled its release from the whole vocabulary (top_k null, the default
         # then); dp_finetune_topk samples from the 50 likeliest tokens, the default now
@@ -80,6 +101,32 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
                               "batch_size": 32, "samples": samples,
                               "top_k": 50 if arm == "dp_finetune_topk" else None}
     return cfg
+
+
+def run_facts(arm: str, run_dir: Path) -> str | None:
+    """What the run's own files say of the new arms: WASP's generator weights after each vote
+    and its release by generator (stats.jsonl, released: they follow the noisy votes); the
+    preference arm's DPO trainings and their wall time (log.txt)."""
+    if arm == "wasp":
+        stats = [json.loads(x) for x in (run_dir / "stats.jsonl").read_text().splitlines()
+                 if x.strip()]
+        weights = "; ".join(
+            f"vote {r.get('iteration')}: weights {r.get('generator_weights')}, near-vote "
+            f"share {r.get('generator_vote_share')}" for r in stats
+            if r.get("generator_weights"))
+        return f"generators smollm2, gemma3; {weights or 'no weights in stats.jsonl'}"
+    if arm == "aug_pe_preference":
+        # a training starts at its log line and ends when its model's marker is written
+        starts = [line for line in (run_dir / "log.txt").read_text(
+            encoding="utf-8").splitlines() if "preference training" in line]
+        ends = sorted(m.stat().st_mtime for m in
+                      (run_dir / "private" / "preference").glob("*/dpsynth-tuned.json"))
+        spans = [f"{line[20:].split(' on ', 1)[-1]} in "
+                 f"{end - time.mktime(time.strptime(line[:19], '%Y-%m-%d %H:%M:%S')):.0f} s"
+                 for line, end in zip(starts, ends, strict=False)]
+        return ("DPO after each vote: " + ", ".join(spans) + " (log.txt and the tuned "
+                "models' markers)" if spans else "no preference training in log.txt")
+    return None
 
 
 def load() -> str:
@@ -125,8 +172,7 @@ def generate_arm(arm: str, runs: Path, private: Any, intents: list[str], samples
         return dpsynth.generate(None, output=out, resume=True, progress=False).run_dir
     return dpsynth.generate(
         private, text="text", labels=["category"], label_values={"category": intents},
-        epsilon=EPSILON, delta=DELTA, method="dp_finetune" if arm.startswith("dp_finetune")
-        else arm, output=out,
+        epsilon=EPSILON, delta=DELTA, method=METHOD[arm], output=out,
         config=config_of(arm, samples, runs / f"{arm}.ledger.json"), progress=False).run_dir
 
 
@@ -240,7 +286,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"The job: Banking77, its {INTENTS} most frequent intents in the training file "
         f"({', '.join(state['intents'])}); {RECORDS} training records of those intents drawn "
         f"at random (seed 0) as the private set; epsilon {EPSILON:g}, delta {DELTA:g}, "
-        f"N = {SAMPLES} released texts; SmolLM2-135M-Instruct, MiniLM. Scored by "
+        f"N = {SAMPLES} released texts; SmolLM2-135M-Instruct (`wasp`: beside Gemma 3 270M), "
+        "MiniLM. Scored by "
         "`dpsynth.evaluate` (logistic regression on MiniLM embeddings, the default classifier) "
         f"on the {state['n_test']} Banking77 test records of the same intents (chance: "
         f"{num(chance)}). `gap closed` = (arm - zero_shot) / (real - zero_shot), every arm "
@@ -254,7 +301,12 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         "zero-shot on the same test texts, which does not cover run-to-run variation.", "",
         *table(state, by_eye), "",
         "Arms: `zero_shot` no private record read (epsilon 0); `aug_pe` today's defaults "
-        f"(only `synthesis.samples` = {SAMPLES}); `dp_finetune` record level, `clipping: hooks`,"
+        f"(only `synthesis.samples` = {SAMPLES}); `aug_pe_preference` the same plus "
+        "`synthesis.preference.enabled` (DPO of a LoRA adapter on the generator after each "
+        f"vote, on up to {PREFERENCE_PAIRS} pairs ranked by the released votes; its other "
+        "settings the defaults; no budget); `wasp` WASP's defaults with two generators, "
+        f"`generators: [smollm2, gemma3]`, `synthesis.samples` = {SAMPLES}; "
+        "`dp_finetune` record level, `clipping: hooks`,"
         f" 1 epoch, batch size 32, `dp_finetune.records` = {RECORDS}, the default LoRA (r = 8, "
         "q_proj / v_proj), 64 training tokens; `real` the private records as the training set "
         "(no release: the ceiling). Each generating arm has its own ledger file. Wall time is "
@@ -371,6 +423,8 @@ def main() -> None:
                                 f"T = {sgd.get('count')} steps at q = "
                                 f"{sgd.get('sampling_rate')}; label counts sigma "
                                 f"{counts.get('sigma')} (privacy.json)")
+            if run_facts(arm, runs / arm):
+                rec["facts"] = run_facts(arm, runs / arm)
             rec["samples"] = by_eye_sample(runs / arm)
             with open(runs / f"by_eye_{arm}.txt", "w", encoding="utf-8") as fh:
                 for i, r in enumerate(rec["samples"], 1):
@@ -379,7 +433,8 @@ def main() -> None:
         state_path.write_text(json.dumps(state, indent=1))
         print(json.dumps({"arm": arm, **{k: v for k, v in rec.items() if k != "samples"}}),
               flush=True)
-    by_eye = dict(x.split("=", 1) for x in args.by_eye.split(",") if "=" in x)
+    # ARM=COUNT pairs split at the commas that start the next ARM=, so a count may hold commas
+    by_eye = dict(re.findall(r"(\w+)=(.*?)(?=,\s*\w+=|$)", args.by_eye))
     by_eye = {k: v if "/" in v else f"{v} / 20" for k, v in by_eye.items()}
     state["by_eye"] = {**state.get("by_eye", {}), **by_eye}
     state_path.write_text(json.dumps(state, indent=1))
