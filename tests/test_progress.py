@@ -232,3 +232,33 @@ def test_private_prediction_advances_one_step_a_token_and_tops_up_an_early_end()
     predict_text(ScriptedSession(script), "c", gen, ["a document"], scfg, 0.5,
                  advance=lambda n=1: steps.append(n))
     assert sum(steps) == 6 and steps[-1] == 3  # the bar reaches T: 3 tokens + the 3 skipped
+
+
+def test_the_one_time_model_conversions_say_what_they_wait_for(monkeypatch, tmp_path) -> None:
+    """The minutes a first run spends converting a model show as a named step, not a blank
+    `0/?` (issue 46): the int8 conversion and the GGUF de-quantisation each say what they do
+    and that it happens once. The conversions themselves are stubbed (their real runs are the
+    models tests'); the display code is the one a run uses."""
+    pytest.importorskip("ctranslate2")
+    import torch
+    import transformers
+
+    from dpsynth.llm import ct2, models
+
+    monkeypatch.setattr(ct2, "publish_dir", lambda out, build, current: None)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        staticmethod(lambda *a, **k: None))
+    stop = RuntimeError("stubbed: the display line is what this test reads")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        staticmethod(lambda *a, **k: (_ for _ in ()).throw(stop)))
+    console, buf = _plain_console()
+    with progress.session(console=console):
+        ct2.convert(tmp_path / "SmolLM2-135M", tmp_path / "out")
+    assert "converting SmolLM2-135M to CTranslate2 int8 (first use only): done in" in \
+        buf.getvalue()
+    live = io.StringIO()  # on a terminal the step's spinner names it while it runs
+    with progress.session(console=Console(file=live, force_terminal=True, width=120)), \
+            pytest.raises(RuntimeError, match="stubbed"):
+        models.convert_gguf(tmp_path / "smollm2.gguf", tmp_path / "f32")
+    assert "de-quantising smollm2.gguf (first load only)" in live.getvalue()
+    assert torch is not None

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import publish_dir
+from ..progress import step
 from .base import GenerationError, SamplingParams
 from .models import quiet_transformers
 
@@ -110,8 +111,9 @@ def convert(model_dir: Path, out_dir: Path) -> None:
     import ctranslate2
     from ctranslate2.converters import TransformersConverter
 
-    log.info("converting %s to CTranslate2 %s (first use only)", Path(model_dir).name,
-             COMPUTE_TYPE)
+    what = f"converting {Path(model_dir).name} to CTranslate2 {COMPUTE_TYPE} (first use only)"
+    log.info(what)
+
     def build(tmp: Path) -> None:
         with quiet_transformers():
             TransformersConverter(str(model_dir), low_cpu_mem_usage=True).convert(
@@ -124,7 +126,8 @@ def convert(model_dir: Path, out_dir: Path) -> None:
         }
         (tmp / CT2_MARKER).write_text(json.dumps(meta))
 
-    publish_dir(out_dir, build, lambda: is_current(out_dir, model_dir))
+    with step(what):  # minutes on a small CPU: the terminal shows what it waits for
+        publish_dir(out_dir, build, lambda: is_current(out_dir, model_dir))
 
 
 def ensure_converted(model_dir: Path, out_dir: Path) -> bool:

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConfigError, MissingFileError
+from ..progress import step
 from .base import GenerationError
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("de-quantising %s (first load only)", gguf_path.name)
-    with quiet_transformers():
+    with step(f"de-quantising {gguf_path.name} (first load only)"), quiet_transformers():
         tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
