@@ -300,3 +300,7 @@ def test_plan_estimates_a_synrag_build(tmp_path: Path, fake_models: dict[str, in
                                       "--no-calibrate"])
     assert stated.exit_code == 0, stated.output
     assert "50 documents + 12 passages" in stated.stdout
+    bad = CliRunner().invoke(app, ["plan", str(example), "--no-data", "--records", "-5",
+                                   "--no-calibrate"])
+    assert bad.exit_code == 2 and "--records N needs N >= 1" in bad.output
+    assert "Traceback" not in bad.output

@@ -165,6 +165,8 @@ def _documents(cfg: Any, records: int | None, no_data: bool) -> int | None:
     from ..run_dataset import load_run_data
     from ..run_folder import RunDir
 
+    if records is not None and records < 1:  # checked as a PE plan checks it
+        raise ConfigError("--records N needs N >= 1, the number of records")
     if records is not None or no_data:
         return records
     with tempfile.TemporaryDirectory(prefix="dpsynth-plan-") as tmp:
