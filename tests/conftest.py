@@ -39,6 +39,19 @@ def _temp_root_in_memory(root: Path = Path("/dev/shm"), room: int = 2 * 2**30) -
 _temp_root_in_memory()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`dpsynth plan`'s model timings (``$XDG_CACHE_HOME/dpsynth/calibration.json``) go to a
+    folder of the test session's, never to the user's cache."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture(autouse=True)
 def _own_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
                 ) -> None:

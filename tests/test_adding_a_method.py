@@ -56,3 +56,37 @@ def test_skeleton_method_runs_through_the_runner(tmp_path: Path,
     assert keys == ["label_counts", "iter0/votes", "iter1/votes"]
     assert json.loads((run / "run.json").read_text())["status"] == "finished"
     sys.modules.pop("keep_best_doc", None)
+
+
+def test_a_method_counts_its_own_work_for_the_plans_estimate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dpsynth plan` takes the run's work from the method (``planned_work``), never by its
+    name: the skeleton with a stage of its own shows that stage."""
+    from typer.testing import CliRunner
+
+    from dpsynth import methods
+    from dpsynth.cli import app
+
+    (tmp_path / "keep_best_doc.py").write_text(_skeleton(), encoding="utf-8")
+    (tmp_path / "keep_best_plus.py").write_text(
+        "from dpsynth.work import Stage\n"
+        "from keep_best_doc import KeepBest\n\n\n"
+        "class KeepBestPlus(KeepBest):\n"
+        "    name = 'keep_best_plus'\n"
+        "    section = 'keep_best_plus'\n\n"
+        "    def planned_work(self, config, plan, detection_s):\n"
+        "        work, stages = super().planned_work(config, plan, detection_s)\n"
+        "        return work, [*stages, Stage('ranking the best', f'{plan.records} records',"
+        " 0.0, 'negligible')]\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(methods.REGISTRY, "keep_best_plus", "keep_best_plus:KeepBestPlus")
+    cfg = pe_config("keep_best_plus", write_csv(tmp_path / "d.csv", private_rows(40)))
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    res = CliRunner().invoke(app, ["plan", str(tmp_path / "run.yaml"), "--no-data",
+                                   "--records", "123", "--no-calibrate", "--json"])
+    assert res.exit_code == 0, res.output
+    stages = {s["stage"]: s for s in json.loads(res.output)["estimate"]["stages"]}
+    assert stages["ranking the best"]["work"] == "123 records"
+    assert "generation" in stages  # the inherited arithmetic
+    for name in ("keep_best_doc", "keep_best_plus"):
+        sys.modules.pop(name, None)

@@ -283,7 +283,9 @@ def test_the_short_end_of_the_length_band_comes_from_the_released_lengths() -> N
 ])
 def test_texts_below_the_length_band_are_refused_and_regenerated(
         tmp_path, words: int, over: dict[str, Any], refused: bool) -> None:
-    run = _run(tmp_path, {"synthesis.retries": 1, "synthesis.samples": 6, **over},
+    # the label check off: this test counts the length band's refusals alone
+    run = _run(tmp_path, {"synthesis.retries": 1, "synthesis.samples": 6,
+                          "synthesis.label_check": False, **over},
                FakeGenerator("fake-g0", words=words))
     share = _jsonl(run / "stats.jsonl")[0]["filtered_share_initial"]
     assert share == (1.0 if refused else 0.0)

@@ -481,6 +481,15 @@ class SynthesisConfig(Section):
                           "set, speak about the writer ('This customer wants ...') or repeat "
                           "its description, instead of being a sample. On the real records of "
                           "Banking77 and Yelp it refuses 0 % and 0.5 %")
+    label_check: bool = Field(
+        True, description="refuse, and retry, a generation whose own label value is not among "
+                          "the nearest to it of its column's values (their descriptions or "
+                          "names, embedded): another label's text. Public inputs only, no "
+                          "budget. A column whose values the embedder does not separate on "
+                          "the candidates (kappa below 0.3, e.g. star ratings) is not checked. "
+                          "On SmolLM2's zero-shot Banking77 messages it raised the share "
+                          "matching their intent from 0.60 to 0.79 "
+                          "(benchmarks/results/label_check.md)")
     retries: int = Field(2, ge=0, description="extra tries for empty or refused generations")
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     max_candidates: int = Field(200_000, gt=0)

@@ -119,6 +119,12 @@ class PrivateView:
         """Joint label classes, including declared ones that no record holds."""
         return len(self.label_classes)
 
+    @property
+    def label_domain(self) -> dict[str, list[str]]:
+        """Label column -> its values, in the order of the label classes (public)."""
+        return {col: list(dict.fromkeys(cls[j] for cls in self.label_classes))
+                for j, col in enumerate(self.label_columns)}
+
     def label_dict(self, code: int) -> dict[str, str]:
         """Label column -> value of joint class ``code``."""
         return dict(zip(self.label_columns, self.label_classes[code], strict=True))

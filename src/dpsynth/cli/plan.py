@@ -23,19 +23,12 @@ from .. import progress
 from ..errors import ConfigError
 from ..estimate import (
     Estimate,
-    Stage,
-    TuneWork,
-    Work,
     estimate_finetune,
     estimate_rag,
     estimate_run,
-    pe_work,
     rag_work,
-    secpe_stages,
-    secpe_work,
-    wasp_stages,
-    wasp_work,
 )
+from ..work import TuningMethod
 
 
 def plan(
@@ -126,37 +119,15 @@ def _estimate(cfg: Any, method: Any, result: Any, calibrate: bool,
               detection_s: float | None = None) -> Estimate:
     """The run's wall time per stage on this machine (:mod:`dpsynth.estimate`) from the plan's
     counts (:func:`_pe_work`); each generator writes up to its ``max_new_tokens``, else the
-    texts' planned length in tokens (64 where there is none, as the run)."""
+    texts' planned length in tokens (64 where there is none, as the run). The method counts
+    its own work (``planned_work``)."""
     from ..evolution.lengths import tokens_for
 
     length = tokens_for(result.max_words) if result.max_words else 64
-    work, extra = _pe_work(cfg, method, result, detection_s)
+    work, extra = method.planned_work(cfg, result, detection_s)
     return estimate_run(cfg, work, [g.max_new_tokens or length for g in cfg.generators],
                         calibrate=calibrate, extra=extra,
-                        preference=method.name == "aug_pe" and cfg.synthesis.preference.enabled)
-
-
-def _pe_work(cfg: Any, method: Any, result: Any,
-             detection_s: float | None) -> tuple[Work, list[Stage]]:
-    """What the PE-family ``method``'s run does, from its plan and its config, and its own
-    stages: a method without private votes writes its samples once; WASP (rounds, its
-    generators, contrastive prompts, federated rounds), SecPE (its pool, the secret
-    detection timed by this plan in ``detection_s``, the public KMeans) and Aug-PE each by
-    their own arithmetic (:mod:`dpsynth.estimate`)."""
-    syn = cfg.synthesis
-    if not getattr(method, "private_votes", False):
-        return pe_work(result.records, result.samples, result.samples, result.samples, 0), []
-    if method.name == "wasp":
-        wasp = method.settings(cfg)
-        shown = 2 * max(1, wasp.demonstrations // 2) if wasp.contrastive else 0
-        return (wasp_work(result.records, syn.samples, syn.iterations, len(cfg.generators),
-                          shown), wasp_stages(wasp.federated.parties, syn.iterations))
-    if method.name == "secpe":
-        return (secpe_work(result.records, syn.samples, syn.pool_multiplier, syn.iterations),
-                secpe_stages(result.records, method.settings(cfg).clusters, detection_s,
-                             syn.iterations))
-    return pe_work(result.records, result.samples, result.candidates, result.population,
-                   syn.iterations, syn.lookahead), []
+                        preference=method.trains_on_votes(cfg))
 
 
 def _documents(cfg: Any, records: int | None, no_data: bool) -> int | None:
@@ -306,16 +277,12 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,
 
 def _held_estimate(cfg: Any, method: Any, held: Any, units: int,
                    calibrate: bool) -> Estimate | None:
-    """dp_finetune's wall time per stage (:mod:`dpsynth.estimate`): its T steps of an
-    expected batch of q x the units that set q (the declared count, else the data's
-    ``units``), its release's samples; None for another method (no count is known)."""
-    if method.name != "dp_finetune":
+    """The wall time per stage (:mod:`dpsynth.estimate`) of a method that counts its own
+    training (:class:`~dpsynth.work.TuningMethod`, dp_finetune) from its plan and the data's
+    ``units``; None for another method (no count is known)."""
+    if not isinstance(method, TuningMethod):
         return None
-    s = method.settings(cfg)
-    q, steps = float(held.notes["q"]), int(held.notes["steps"])
-    work = TuneWork(steps, q * float(method.declared_units(cfg) or units), s.max_tokens,
-                    s.samples, s.max_new_tokens, cfg.privacy.unit)
-    return estimate_finetune(cfg, work, calibrate=calibrate)
+    return estimate_finetune(cfg, method.tune_work(cfg, held, units), calibrate=calibrate)
 
 
 def _from_data(cfg: object, labels: int | None

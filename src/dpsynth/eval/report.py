@@ -382,6 +382,8 @@ FIELD_WORDS = {
     "iterations": "iterations",
     "filtered": "candidates filtered out (off-task)",
     "filtered_share": "share of the generations filtered out (off-task)",
+    "off_label": "generations refused as another label's text",
+    "off_label_share": "share of the generations refused as another label's text",
     "rho": "zCDP rho (the release's privacy cost)",
     "mu": "GDP mu",
     "grid": "noise grid step",

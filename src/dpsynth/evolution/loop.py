@@ -115,6 +115,8 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
         strategy.state = type(strategy.state).from_json(saved["strategy"])
         start = int(saved["iteration"])
         initial_filtered = saved.get("initial_filtered", {})
+        gen.label_gates = {int(g): dict(gate) for g, gate in
+                           saved.get("label_gates", {}).items()}
         run.log(f"resuming at iteration {start} with {len(pool)} candidates")
     else:
         progress.stage("initial pool")
@@ -125,7 +127,7 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
                         mode=SHARED_MODE)
         start = 0
         initial_filtered = {f"{k}_initial": v for k, v in generated.since_last().items()}
-        _save(run, 0, pool, strategy, initial_filtered)
+        _save(run, 0, pool, strategy, initial_filtered, gen)
         run.log(f"initial pool: {len(pool)} candidates")
     for t in range(start, iterations):
         assert isinstance(strategy, Strategy)
@@ -145,7 +147,7 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
         run.append_stats({"iteration": t + 1, "candidates": int(len(emb)),
                           "kept": int(len(pool)), **vote.stats, **generated.since_last(),
                           **(initial_filtered if t == 0 else {})})
-        _save(run, t + 1, pool, strategy, initial_filtered)
+        _save(run, t + 1, pool, strategy, initial_filtered, gen)
         run.log(f"iteration {t + 1}/{iterations}: {len(pool)} in pool")
     quota = strategy.state.quota
     final = pool if quota is None else trim_to_quota(pool, quota, rngs)
@@ -170,32 +172,39 @@ class _Filtered:
         self.gen = gen
         self.last = self._now()
 
-    def _now(self) -> tuple[int, int]:
+    def _now(self) -> tuple[int, int, int]:
         counts = self.gen.counts()
-        return counts.get("sent", 0), counts.get("rejected", 0)
+        return counts.get("sent", 0), counts.get("rejected", 0), counts.get("off_label", 0)
 
     def since_last(self) -> dict[str, Any]:
-        """{"generated", "filtered_share"} since the previous call (or the start)."""
-        (sent, rejected), (sent0, rejected0) = self._now(), self.last
-        self.last = (sent, rejected)
+        """{"generated", "filtered_share", "off_label_share"} since the previous call (or the
+        start); the off-label share is part of the filtered one."""
+        (sent, rejected, off), (sent0, rejected0, off0) = self._now(), self.last
+        self.last = (sent, rejected, off)
         n = sent - sent0
-        return {"generated": n, "filtered_share": round((rejected - rejected0) / n, 4)
-                if n else 0.0}
+        return {"generated": n,
+                "filtered_share": round((rejected - rejected0) / n, 4) if n else 0.0,
+                "off_label_share": round((off - off0) / n, 4) if n else 0.0}
 
     def warn_if_mostly_filtered(self, run: RunDir) -> None:
-        sent, rejected = self._now()
+        sent, rejected, off = self._now()
         if sent and rejected / sent > MOSTLY_FILTERED:
             message = (f"{rejected / sent:.0%} of this run's generations were refused by the "
                        "filters (assistant chatter, echoes of the prompt, placeholders, "
-                       "answers, duplicates): the model writes poorly for this task. Try "
-                       "prompts.writer and prompts.task in the words of the texts' writers, "
-                       "a larger generator, or more synthesis.retries")
+                       "answers, duplicates" + (f"; {off / sent:.0%} were another label's text"
+                                                if off else "") +
+                       "): the model writes poorly for this task. Try prompts.writer and "
+                       "prompts.task in the words of the texts' writers, "
+                       + ("prompts.label_descriptions in plain words, " if off else "")
+                       + "a larger generator, or more synthesis.retries")
             progress.warn(message)
             run.log(f"warning: {message}")
 
 
 def _save(run: RunDir, iteration: int, pool: Pool, strategy: Starter,
-          initial_filtered: dict[str, Any]) -> None:
+          initial_filtered: dict[str, Any], gen: Generation) -> None:
     run.save_checkpoint(CHECKPOINT, {"iteration": iteration, "pool": pool.to_state(),
                                      "strategy": strategy.state.to_json(),
-                                     "initial_filtered": initial_filtered})
+                                     "initial_filtered": initial_filtered,
+                                     "label_gates": {str(g): gate for g, gate
+                                                     in gen.label_gates.items()}})

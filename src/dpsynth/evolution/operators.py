@@ -9,7 +9,7 @@ its work over the run's generators by given weights.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from ..embed.protocols import EngineTagged
 from ..llm.cache import CachedGenerator
 from ..progress import step
 from . import prompts as P
+from .label_check import LabelCheck
 from .lengths import tokens_for
 from .pool import Pool
 from .preference import PreferencePair, Trainer, is_tuned, ranked_pairs, train_dpo
@@ -56,7 +57,8 @@ class Generation:
                  seed: int, cache_path: Path, embed_cache: Path, *,
                  rng: Callable[[str], np.random.Generator], log: Callable[[str], None],
                  progress: bool = True, generators: Sequence[Any] | None = None,
-                 embedder: Any | None = None, trainer: Trainer | None = None) -> None:
+                 embedder: Any | None = None, trainer: Trainer | None = None,
+                 label_domain: Mapping[str, Sequence[str]] | None = None) -> None:
         if generators is not None and len(generators) != len(config.generators):
             raise ValueError(f"{len(generators)} generators given for "
                              f"{len(config.generators)} configured")
@@ -79,6 +81,11 @@ class Generation:
         #: recorder) and the tuned model each generator runs now (folder), if any
         self.trainer: Trainer = trainer or train_dpo
         self.tuned: dict[int, Path] = {}
+        #: label column -> its declared values (public), for the label check; None: no check
+        self.label_domain = label_domain
+        #: generator -> the label check's gate (column -> checked), once decided; the loop's
+        #: checkpoint keeps it so that a resumed run checks as the first attempt did
+        self.label_gates: dict[int, dict[str, bool]] = {}
 
     def write_up_to(self, words: int | None, at_least: int | None = None) -> None:
         """Generations of up to ``words`` words from now on (generators whose config sets
@@ -148,7 +155,7 @@ class Generation:
     def counts(self) -> dict[str, int]:
         """LLM request counts of this attempt, for summary.json."""
         total: dict[str, int] = {"requested": 0, "sent": 0, "dropped": 0, "retried": 0,
-                                 "rejected": 0}
+                                 "rejected": 0, "off_label": 0}
         if "synthesizers" not in self.__dict__:
             return total
         for synth in self.synthesizers:
@@ -216,7 +223,8 @@ class Generation:
                   ) -> tuple[Pool, np.ndarray]:
         """Send each instruction to its generator; keep the cleaned successes (and say which).
         A text that repeats another text of the call, or (``parents``) the text it varies,
-        is refused and retried (public: synthetic texts only)."""
+        is refused and retried, as is one the label check refuses (public: synthetic texts
+        only)."""
         texts: list[str | None] = [None] * len(instructions)
         src = np.asarray(sources, dtype=np.int64)
         seen: set[str] = set()
@@ -234,11 +242,39 @@ class Generation:
                 return True
 
             out = synth.complete([instructions[i] for i in idx], [tags[i] for i in idx],
-                                 progress=self.progress, accept=fresh)
+                                 progress=self.progress, accept=fresh,
+                                 check=self._label_check(g, [labels[i] for i in idx],
+                                                         tags[idx[0]].split("/")[0]))
             for i, text in zip(idx, out, strict=True):
                 texts[i] = text
         ok = np.array([i for i, t in enumerate(texts) if t is not None], dtype=np.int64)
         return Pool.build(texts, labels, sources), ok
+
+    def _label_check(self, g: int, labels: Sequence[int], call: str
+                     ) -> Callable[[list[int], list[str]], np.ndarray] | None:
+        """The label check of generator ``g``'s share of a call (None when
+        ``synthesis.label_check`` is off or the label domain is unknown). A gate this call
+        decides is kept in ``label_gates`` and said in the run log."""
+        if not self.config.synthesis.label_check or not self.label_domain:
+            return None
+        descriptions = self.config.prompts.descriptions()
+        check = LabelCheck(self.label_domain,
+                           lambda col, v: descriptions.get(col, {}).get(v, P.readable_label(v)),
+                           lambda texts: self.embedder.embed(list(texts), progress=False),
+                           gate=self.label_gates.get(g))
+
+        def refused(indices: list[int], texts: list[str]) -> np.ndarray:
+            undecided = check.gate is None
+            mask = check.refused(texts, [self.label_dict(int(labels[i])) for i in indices])
+            if undecided and check.gate is not None:
+                self.label_gates[g] = check.gate
+                for col, on in check.gate.items():
+                    self.log(f"label check of generator {g} ({call}): {col} "
+                             f"{'checked' if on else 'not checked'} (kappa "
+                             f"{check.kappas[col]}; {int(mask.sum())} of {len(texts)} refused)")
+            return mask
+
+        return refused
 
     def _label_text(self, y: int) -> str:
         return P.describe_labels(self.label_dict(y), self.config.prompts)

@@ -8,8 +8,11 @@ on-disk request cache answers them without a second LLM call.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from ..config import GeneratorConfig, SynthesisConfig
 from ..llm.base import Generator
@@ -27,8 +30,11 @@ class GenerationCounts:
     sent: int = 0
     dropped: int = 0
     retried: int = 0
-    #: answers the filters refused (chatter, echoes, placeholders, duplicates), then retried
+    #: answers the filters refused (chatter, echoes, placeholders, duplicates, off-label
+    #: texts), then retried
     rejected: int = 0
+    #: of those, refused by the label check (another label's text)
+    off_label: int = 0
 
     def add(self, other: GenerationCounts) -> None:
         self.requested += other.requested
@@ -36,6 +42,7 @@ class GenerationCounts:
         self.dropped += other.dropped
         self.retried += other.retried
         self.rejected += other.rejected
+        self.off_label += other.off_label
 
 
 @dataclass
@@ -70,15 +77,18 @@ class Synthesizer:
         return bool(self.generator.supports_chat)
 
     def complete(self, instructions: Sequence[str], tags: Sequence[str],
-                 progress: bool = True, accept: Callable[[int, str], bool] | None = None
+                 progress: bool = True, accept: Callable[[int, str], bool] | None = None,
+                 check: Callable[[list[int], list[str]], np.ndarray] | None = None
                  ) -> list[str | None]:
         """Generate one cleaned text per instruction; None where every attempt failed.
         ``accept(i, text)``: False refuses instruction i's cleaned text too (a duplicate, an
-        unchanged variation), which is then retried like a refused one."""
-        from ..llm import GenerationRequest, SamplingParams
-
+        unchanged variation), which is then retried like a refused one. ``check(indices,
+        texts)``: a mask of the cleaned texts of one attempt to refuse as off-label
+        (:class:`~dpsynth.evolution.label_check.LabelCheck`); an instruction whose every
+        attempt was off-label or short keeps its last such text (the checks steer; they never
+        empty a release)."""
         results: list[str | None] = [None] * len(instructions)
-        short: dict[int, str] = {}  # the last clean but too-short text of each instruction
+        fallback: dict[int, str] = {}  # the last clean but short or off-label text
         pending = list(range(len(instructions)))
         self.counts.requested += len(instructions)
         for attempt in range(self.synthesis.retries + 1):
@@ -86,43 +96,73 @@ class Synthesizer:
                 break
             if attempt:
                 self.counts.retried += len(pending)
-            requests = [
-                GenerationRequest(
-                    prompt=render(instructions[i], self.chat, self.writer),
-                    params=SamplingParams(
-                        temperature=self.config.temperature,
-                        top_p=self.config.top_p,
-                        top_k=self.config.sampling_top_k,
-                        max_new_tokens=self.config.max_new_tokens or self.length_tokens,
-                        seed=stable_seed(self.seed, self.name, tags[i], attempt),
-                        stop=() if self.chat else ("\n\n",),
-                    ),
-                )
-                for i in pending
-            ]
-            outputs = self.generator.generate(requests, progress=progress)
-            self.counts.sent += len(requests)
+            outputs = self.generator.generate(self._requests(instructions, tags, pending,
+                                                             attempt), progress=progress)
+            self.counts.sent += len(pending)
+            cleaned = {i: self._cleaned(raw or "", instructions[i])
+                       for i, raw in zip(pending, outputs, strict=True)}
+            off = self._off_label(cleaned, check)
             failed = []
-            for i, raw in zip(pending, outputs, strict=True):
-                echoes = (instruction_sentences(with_writer(instructions[i], self.writer))
-                          if self.synthesis.strip_echoes else ())
-                text = clean_generation(raw or "", self.synthesis.min_chars, echoes=echoes,
-                                        drop_off_task=self.synthesis.drop_off_task,
-                                        writer=self.writer)
-                if text is not None and self.max_words is not None:
-                    text = trim_cut_off(text, self.max_words)
-                if text is not None and self.min_words is not None \
-                        and len(text.split()) < self.min_words:
-                    if accept is None or accept(i, text):
-                        short[i] = text
-                    text = None  # below the length band: regenerated
-                if text is None or (accept is not None and not accept(i, text)):
+            for i in pending:
+                text = cleaned[i]
+                held = text is not None and (i in off or self._short(text))
+                if held and (accept is None or accept(i, text)):
+                    fallback[i] = text  # type: ignore[assignment]
+                if held or text is None or (accept is not None and not accept(i, text)):
                     self.counts.rejected += 1
                     failed.append(i)
                 else:
                     results[i] = text
             pending = failed
-        for i in [i for i in pending if i in short]:  # every attempt short: keep the last
-            results[i] = short[i]
-        self.counts.dropped += sum(1 for i in pending if i not in short)
+        for i in [i for i in pending if i in fallback]:  # every attempt held back: keep last
+            results[i] = fallback[i]
+        self.counts.dropped += sum(1 for i in pending if i not in fallback)
         return results
+
+    def _requests(self, instructions: Sequence[str], tags: Sequence[str],
+                  pending: Sequence[int], attempt: int) -> list[Any]:
+        """The requests of one attempt, seeded by the run seed, the tag and the attempt."""
+        from ..llm import GenerationRequest, SamplingParams
+
+        return [
+            GenerationRequest(
+                prompt=render(instructions[i], self.chat, self.writer),
+                params=SamplingParams(
+                    temperature=self.config.temperature,
+                    top_p=self.config.top_p,
+                    top_k=self.config.sampling_top_k,
+                    max_new_tokens=self.config.max_new_tokens or self.length_tokens,
+                    seed=stable_seed(self.seed, self.name, tags[i], attempt),
+                    stop=() if self.chat else ("\n\n",),
+                ),
+            )
+            for i in pending
+        ]
+
+    def _cleaned(self, raw: str, instruction: str) -> str | None:
+        """One generation through the public filters (:func:`clean_generation`), trimmed to
+        its last full sentence when the token cap cut it."""
+        echoes = (instruction_sentences(with_writer(instruction, self.writer))
+                  if self.synthesis.strip_echoes else ())
+        text = clean_generation(raw, self.synthesis.min_chars, echoes=echoes,
+                                drop_off_task=self.synthesis.drop_off_task, writer=self.writer)
+        if text is not None and self.max_words is not None:
+            text = trim_cut_off(text, self.max_words)
+        return text
+
+    def _short(self, text: str) -> bool:
+        """Below the length band (regenerated; kept when every attempt was short)."""
+        return self.min_words is not None and len(text.split()) < self.min_words
+
+    def _off_label(self, cleaned: Mapping[int, str | None],
+                   check: Callable[[list[int], list[str]], np.ndarray] | None) -> set[int]:
+        """The instructions whose cleaned text ``check`` refuses (counted in ``off_label``)."""
+        if check is None:
+            return set()
+        kept = [(i, t) for i, t in cleaned.items() if t is not None]
+        if not kept:
+            return set()
+        mask = check([i for i, _ in kept], [t for _, t in kept])
+        off = {i for (i, _), refuse in zip(kept, mask, strict=True) if refuse}
+        self.counts.off_label += len(off)
+        return off

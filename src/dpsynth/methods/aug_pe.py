@@ -179,6 +179,10 @@ class AugPE(PEMethod):
                  gen: Generation, rngs: Rngs) -> AugPEStrategy:
         return AugPEStrategy(config, self, view, releaser, gen, rngs)
 
+    def trains_on_votes(self, config: RunConfig) -> bool:
+        """Learning from the votes (``synthesis.preference``), when on."""
+        return config.synthesis.preference.enabled
+
     @classmethod
     def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
         """Learning from the votes trains with trl and peft (``[finetune]``)."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..config import ConfigError, RunConfig
 from ..run_folder import RunDir
+from ..work import Stage, Work, pe_work
 from .base import Guarantee, Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from ..data import Dataset
     from ..evolution.loop import Starter
     from ..evolution.operators import Generation
+    from ..planning import RunPlan
 
 
 def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
@@ -98,6 +100,24 @@ class PEMethod(Method):
         if not self.private_votes:
             return "public"
         return "none" if math.isinf(config.privacy.epsilon) else "dp"
+
+    # -- the work, for `dpsynth plan`'s wall-time estimate ----------------------------------
+    def planned_work(self, config: RunConfig, plan: RunPlan, detection_s: float | None
+                     ) -> tuple[Work, list[Stage]]:
+        """What this method's run does, from its plan, and rows of its own: Aug-PE's
+        arithmetic (:func:`dpsynth.work.pe_work`); a method without private votes writes its
+        samples once. ``detection_s``: seconds the plan's own pass over the data took (SecPE's
+        secret detection), for a method that repeats it."""
+        if not self.private_votes:
+            return pe_work(plan.records, plan.samples, plan.samples, plan.samples, 0), []
+        syn = config.synthesis
+        return pe_work(plan.records, plan.samples, plan.candidates, plan.population,
+                       syn.iterations, syn.lookahead), []
+
+    def trains_on_votes(self, config: RunConfig) -> bool:
+        """Whether the run trains its generators on the released votes (a stage the estimate
+        names, uncalibrated)."""
+        return False
 
     def vote_releases(self, config: RunConfig, n_labels: int) -> int:
         """How many Gaussian releases (all with one noise multiplier) the run makes."""
@@ -226,7 +246,7 @@ class PEMethod(Method):
             cfg, view.label_dict, rngs.seed, _llm_cache_path(cfg, run),
             run.private / "embed-cache", rng=rngs, log=run.log, progress=job.progress,
             generators=job.generators, embedder=job.embedder,
-            trainer=job.hooks.preference_trainer)
+            trainer=job.hooks.preference_trainer, label_domain=view.label_domain)
         job.paid_calls = lambda: gen.counts().get("llm_calls", 0)
         releaser = Releaser(job.session, sigma, private=not math.isinf(cfg.privacy.epsilon))
         # the exact record count is a fact about the private data: diagnostics only

@@ -35,6 +35,7 @@ from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
 from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
 from ..privacy.lattice import Lattice
+from ..work import Stage, Work, wasp_stages, wasp_work
 from .base import Job, Outcome
 from .pe import PEMethod
 
@@ -292,6 +293,15 @@ class Wasp(PEMethod):
     private_passes = ("embed",)
     section = "wasp"
     config_model = WaspConfig
+
+    def planned_work(self, config: RunConfig, plan: Any, detection_s: float | None
+                     ) -> tuple[Work, list[Stage]]:
+        """WASP's rounds, its generators and contrastive prompts
+        (:func:`dpsynth.work.wasp_work`), and its federated rounds when on."""
+        syn, wasp = config.synthesis, self.settings(config)
+        shown = 2 * max(1, wasp.demonstrations // 2) if wasp.contrastive else 0
+        return (wasp_work(plan.records, syn.samples, syn.iterations, len(config.generators),
+                          shown), wasp_stages(wasp.federated.parties, syn.iterations))
 
     @classmethod
     def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:

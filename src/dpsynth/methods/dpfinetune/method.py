@@ -34,6 +34,7 @@ from ...privacy import run_seed
 from ...privacy.lattice import count_lattice
 from ...progress import note
 from ...run_folder import RunDir
+from ...work import TuneWork
 from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 from . import accounting
 from .config import DPFineTuneConfig
@@ -53,6 +54,15 @@ class DPFineTune(Method):
     sharded_data = False
     #: DP-SGD's per-sample gradients: one record per pass by default (``clipping: loop``)
     private_passes = ("train",)
+
+    def tune_work(self, config: RunConfig, plan: PrivacyPlan, units: int) -> TuneWork:
+        """Its T steps of an expected batch of q x the units that set q (the declared count,
+        else the data's ``units``), then its release's samples (``dpsynth plan``'s
+        estimate)."""
+        s = self.settings(config)
+        q, steps = float(plan.notes["q"]), int(plan.notes["steps"])
+        return TuneWork(steps, q * float(self.declared_units(config) or units), s.max_tokens,
+                        s.samples, s.max_new_tokens, config.privacy.unit)
 
     @classmethod
     def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:

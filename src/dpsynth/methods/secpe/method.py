@@ -38,6 +38,7 @@ from ...evolution.operators import Generation
 from ...evolution.parts import reference_set, select_and_vary
 from ...evolution.pool import Pool
 from ...evolution.selection import allocate, thresholded
+from ...work import Stage, Work, secpe_stages, secpe_work
 from ..base import Guarantee, Job, Outcome, PrivacyPlan
 from ..pe import PEMethod
 from . import statistics
@@ -195,6 +196,15 @@ class SecPE(PEMethod):
     private_passes = ("secrets", "embed")
     section = "secpe"
     config_model = SecPEConfig
+
+    def planned_work(self, config: RunConfig, plan: Any, detection_s: float | None
+                     ) -> tuple[Work, list[Stage]]:
+        """SecPE's pool (:func:`dpsynth.work.secpe_work`), the secret detection as long as
+        the plan's own took (``detection_s``) and the public KMeans."""
+        syn = config.synthesis
+        return (secpe_work(plan.records, syn.samples, syn.pool_multiplier, syn.iterations),
+                secpe_stages(plan.records, self.settings(config).clusters, detection_s,
+                             syn.iterations))
 
     def vote_mass(self, config: RunConfig) -> float:
         """A record's mass in its cluster's noisy count, which goes to the nearest candidate
