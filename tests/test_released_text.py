@@ -123,6 +123,23 @@ def test_a_population_below_the_margin_is_warned_about(tmp_path) -> None:
     assert auto.verdict == "ok" and auto.population == 333 and auto.samples == 500
 
 
+def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:
+    """WASP has no pool multiplier: vote t is on rounds 0..t, and the last of the T + 1
+    rounds is written after the last vote (200 samples, T = 2: 134 candidates voted)."""
+    wasp = get_method("wasp")
+    cfg = parse_config(pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(61)),
+                                 **{"synthesis.samples": 200, "synthesis.iterations": 2,
+                                    "synthesis.pool_multiplier": 3}))
+    plan = plan_run(cfg, wasp, 500, 10, 2.0)
+    assert plan.candidates == 134
+    assert plan.expected_votes == pytest.approx(500 * wasp.vote_mass(cfg) / 134)
+    assert "rounds 0..1 of 200" in plan.message and "pool_multiplier" not in plan.message
+    aug = plan_run(_config(tmp_path, **{"synthesis.samples": 200, "synthesis.population": 200,
+                                        "synthesis.pool_multiplier": 3}),
+                   get_method("aug_pe"), 500, 10, 2.0)
+    assert aug.candidates == 600 and "pool_multiplier 3" in aug.message
+
+
 def test_one_label_with_automatic_sizes_is_charged_for_the_sizes_release(tmp_path) -> None:
     method = get_method("aug_pe")
     one = _config(tmp_path, **{"data.label_values": {"label": ["billing"]}})

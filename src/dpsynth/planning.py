@@ -108,16 +108,18 @@ class RunPlan:
 
 
 def verdict(config: RunConfig, noise: float, expected: float, mass: float,
-            population: int | None = None) -> tuple[str, str]:
+            population: int | None = None, candidates: str | None = None) -> tuple[str, str]:
     """(ok | thin | noisy | random, the sentence the operator reads); ``population``: the
-    samples kept per round (``synthesis.samples`` when None)."""
+    samples kept per round (``synthesis.samples`` when None); ``candidates``: how the voted
+    candidates are counted, when the method counts them otherwise (WASP's rounds)."""
     population = config.synthesis.samples if population is None else population
     syn = config.synthesis
     ratio = noise / expected if expected > 0 else math.inf
+    counted = candidates or (f"population {population} x pool_multiplier "
+                             f"{syn.pool_multiplier}")
     head = (f"at epsilon {config.privacy.epsilon:.3g} the noise on each candidate's votes "
             f"(sigma {noise:.3g}) is {ratio:.3g}x the expected votes per candidate "
-            f"({expected:.3g} = records x {mass:.3g} / (population {population} x "
-            f"pool_multiplier {syn.pool_multiplier})"
+            f"({expected:.3g} = records x {mass:.3g} / ({counted})"
             + ("; at user level each user's votes are scaled to norm 1, so fewer" if
                config.privacy.unit == "user" else "") + ")")
     fix = ("raise privacy.epsilon, or lower synthesis.population (Aug-PE; synthesis.samples "
@@ -185,7 +187,7 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
     (``planned_events``) and what one record's vote does (``vote_mass``, ``vote_noise``)."""
     syn = config.synthesis
     population = voting_population(config, method, records, labels, sigma)
-    candidates = population * syn.pool_multiplier
+    candidates, counted = method.voted_candidates(config, population)
     plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
                    candidates, None, population=population, samples=syn.samples)
     plan.max_words, plan.length_source = plan_length(config, method, exact_words)
@@ -213,7 +215,7 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
         plan.vote_noise = float(method.vote_noise(config, sigma))
         plan.expected_votes = records * mass / candidates
         plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes, mass,
-                                             population)
+                                             population, counted)
     return plan
 
 

@@ -114,6 +114,11 @@ class PEMethod(Method):
         return pe_work(plan.records, plan.samples, plan.candidates, plan.population,
                        syn.iterations, syn.lookahead), []
 
+    def voted_candidates(self, config: RunConfig, population: int) -> tuple[int, str | None]:
+        """The most candidates one vote is on, and how they are counted (None: the plan's
+        usual words): ``population x pool_multiplier`` (Aug-PE, SecPE)."""
+        return population * config.synthesis.pool_multiplier, None
+
     def trains_on_votes(self, config: RunConfig) -> bool:
         """Whether the run trains its generators on the released votes (a stage the estimate
         names, uncalibrated)."""

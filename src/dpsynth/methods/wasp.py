@@ -35,7 +35,7 @@ from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
 from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
 from ..privacy.lattice import Lattice
-from ..work import Stage, Work, wasp_stages, wasp_work
+from ..work import Stage, Work, split_evenly, wasp_stages, wasp_work
 from .base import Job, Outcome
 from .pe import PEMethod
 
@@ -302,6 +302,15 @@ class Wasp(PEMethod):
         shown = 2 * max(1, wasp.demonstrations // 2) if wasp.contrastive else 0
         return (wasp_work(plan.records, syn.samples, syn.iterations, len(config.generators),
                           shown), wasp_stages(wasp.federated.parties, syn.iterations))
+
+    def voted_candidates(self, config: RunConfig, population: int) -> tuple[int, str | None]:
+        """Vote t is on the pool of rounds 0..t, so the last vote sees every round but the
+        last, which is written after it: ``samples - samples // (T + 1)`` candidates (WASP
+        has no pool multiplier)."""
+        syn = config.synthesis
+        voted = syn.samples - split_evenly(syn.samples, syn.iterations + 1)[-1]
+        return voted, (f"about {voted} samples: rounds 0..{syn.iterations - 1} of "
+                       f"{syn.samples}, the pool the last vote sees")
 
     @classmethod
     def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
