@@ -213,9 +213,10 @@ def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:
             return super().generate(requests, **kw)
 
     _run(tmp_path, {"synthesis.max_words": None, "privacy.epsilon": 8.0,
+                    "synthesis.lengths": "longest",
                     "generators": [{"model": "fake-g0"}]}, Recording("fake-g0"))
     # the private rows run to 8-15 words: the 90th percentile's bin ends at 16 (or a
-    # neighbouring bin under the noise)
+    # neighbouring bin under the noise); every text up to it (lengths: longest)
     assert set(seen) <= {tokens_for(w) for w in (8, 16, 32)} and len(set(seen)) == 1
     seen.clear()
     _run(tmp_path, {"synthesis.max_words": 50, "generators": [{"model": "fake-g0"}]},
@@ -237,6 +238,8 @@ def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:
     "If you have any questions, feel free to contact us.",
     "You're welcome. What can I help you with today?",
     "Please do not hesitate. Here is a rewritten message: my card is late.",
+    "Dear [BankAccountName], your payment method was not recognised.",
+    "We apologise for any inconvenience with your recent cash withdrawal.",
 ])
 def test_chatter_echoes_placeholders_and_answers_are_refused(text: str) -> None:
     assert P.clean_generation(text, 12, drop_off_task=True,
@@ -407,3 +410,50 @@ def test_dpo_tunes_the_real_generator_and_the_tuned_model_generates(tmp_path) ->
     text = tuned.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=12,
                                                                       seed=1))])[0]
     assert isinstance(text, str) and text.strip()
+
+
+class _CapRecorder(FakeGenerator):
+    """Writes as many words as its request's token cap allows (about 1.5 tokens a word, as
+    :func:`tokens_for` counts) and records each zero-shot request's cap."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.caps: list[int] = []
+
+    def _text(self, request: Any, occurrence: int) -> str:
+        self.n_words = max(3, int((request.params.max_new_tokens - 8) / 1.5))
+        prompt = json.dumps(request.prompt)
+        if "Rephrase" not in prompt and "Fill in" not in prompt:
+            self.caps.append(request.params.max_new_tokens)
+        return super()._text(request, occurrence)
+
+
+@pytest.mark.parametrize("lengths", ["drawn", "longest"])
+def test_each_zero_shot_request_draws_its_length_from_the_released_lengths(
+        tmp_path, lengths: str) -> None:
+    """Records of 8-15 words, with a few of 32-63: with ``lengths: drawn`` most requests are
+    capped for 8-15 words and a few for the longer bin; with ``longest`` all for the longest."""
+    rows = private_rows(120)
+    for i, row in enumerate(rows):
+        if i % 10 == 0:
+            row["text"] += " and" + " more words" * 15  # 40-odd words
+    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", rows),
+                    **{"synthesis.population": None, "synthesis.samples": 40,
+                       "synthesis.lengths": lengths, "synthesis.label_check": False,
+                       "privacy.epsilon": 8.0})
+    cfg["privacy"]["ledger"] = str(tmp_path / "ledger.json")
+    cfg["generators"] = [{"model": "fake-g0"}]  # no max_new_tokens of its own: the run's
+    gen = _CapRecorder("fake-g0")
+    run = Path(run_generation(parse_config(cfg), tmp_path / "run", progress=False,
+                              generators=[gen], embedder=FakeEmbedder()))
+    caps = np.array(gen.caps)
+    state = json.loads((run / "private" / "checkpoints" / "evolution.json").read_text())
+    mix = state["strategy"]["length_mix"]
+    if lengths == "longest":
+        assert mix is None and set(caps) == {tokens_for(64)}
+        return
+    assert len(mix) == 5 and mix[2] > 0.5 and mix[4] > 0  # bins [8,16) mostly; [32,64) some
+    assert set(caps) <= {tokens_for(w) for w in (3, 7, 15, 31, 63)}
+    assert np.mean(caps == tokens_for(15)) > 0.6 and (caps == tokens_for(63)).any()
+    words = [len(r["text"].split()) for r in _jsonl(run / "release" / "synthetic.jsonl")]
+    assert np.median(words) <= 16  # the release follows the records' lengths

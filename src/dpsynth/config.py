@@ -460,6 +460,12 @@ class SynthesisConfig(Section):
         None, gt=0, description="the shortest text kept, in words (public): a shorter one is "
                                 "refused and regenerated; null: Aug-PE takes the short end of "
                                 "its DP length estimate (none without it)")
+    lengths: Literal["drawn", "longest"] = Field(
+        "drawn", description="Aug-PE with an estimated length: 'drawn' caps each zero-shot "
+                             "request at a length drawn from the released length distribution "
+                             "(its bins up to max_words) and each variation at its parent's "
+                             "length bin, so the texts' lengths follow the records'; "
+                             "'longest' caps every text at max_words")
     iterations: int = Field(2, ge=0, description="T: private voting rounds")
     pool_multiplier: int = Field(3, ge=1, description="L: candidates per kept sample")
     k: int = Field(1, ge=1, description="nearest candidates each record votes for")

@@ -85,6 +85,16 @@ class Sizes:
         b = self._quantile_bin(COVER)
         return LENGTH_EDGES[b] if b < len(LENGTH_EDGES) else LONGEST
 
+    def length_mix(self) -> list[float] | None:
+        """The share of each length bin up to the :data:`COVER` quantile's, from the (clipped)
+        noisy length distribution: what a zero-shot request draws its length from (None when
+        the released mass is not positive)."""
+        mass = np.maximum(self.lengths, 0.0)
+        if mass.sum() <= 0:
+            return None
+        mass = mass[: self._quantile_bin(COVER) + 1]
+        return (mass / mass.sum()).round(6).tolist() if mass.sum() > 0 else None
+
     def min_words(self) -> int | None:
         """The lower edge of the bin holding the ``1 - COVER`` quantile of the (clipped) noisy
         length distribution: the short end of the length band (None when the released mass
@@ -105,6 +115,22 @@ def exact_max_words(texts: Iterable[str]) -> int:
     operator's plan only, never a release)."""
     hist = np.bincount([length_bin(t) for t in texts], minlength=N_BINS).astype(np.float64)
     return Sizes.of(hist[None, :]).max_words()
+
+
+def bin_words(b: int) -> int:
+    """The longest text of length bin ``b`` in words: one under its (exclusive) upper edge, so
+    that a text of that length stays in the bin (:data:`LONGEST` for the open last bin)."""
+    return LENGTH_EDGES[b] - 1 if b < len(LENGTH_EDGES) else LONGEST
+
+
+def drawn_lengths(mix: list[float] | None, n: int, rng: np.random.Generator
+                  ) -> list[int | None]:
+    """``n`` text lengths in words, each the :func:`bin_words` of a bin drawn from ``mix``
+    (post-processing of the released lengths); None each without a mix."""
+    if not mix or n == 0:
+        return [None] * n
+    p = np.asarray(mix, dtype=np.float64)
+    return [bin_words(int(b)) for b in rng.choice(len(p), size=n, p=p / p.sum())]
 
 
 def tokens_for(words: int) -> int:

@@ -22,7 +22,7 @@ from ..llm.cache import CachedGenerator
 from ..progress import step
 from . import prompts as P
 from .label_check import LabelCheck
-from .lengths import tokens_for
+from .lengths import bin_words, drawn_lengths, length_bin, tokens_for
 from .pool import Pool
 from .preference import PreferencePair, Trainer, is_tuned, ranked_pairs, train_dpo
 from .prompts import render
@@ -77,6 +77,10 @@ class Generation:
         self.max_words: int | None = config.synthesis.max_words
         #: the shortest text kept, in words (synthesis.min_words, or the DP estimate's)
         self.min_words: int | None = config.synthesis.min_words
+        #: the released length distribution's bins up to max_words (:meth:`Sizes.length_mix`):
+        #: each zero-shot request draws its own length from it, each variation keeps its
+        #: parent's; None: every text up to max_words
+        self.length_mix: list[float] | None = None
         #: trains a generator on preference pairs (:func:`preference.train_dpo`; a test's
         #: recorder) and the tuned model each generator runs now (folder), if any
         self.trainer: Trainer = trainer or train_dpo
@@ -87,11 +91,13 @@ class Generation:
         #: checkpoint keeps it so that a resumed run checks as the first attempt did
         self.label_gates: dict[int, dict[str, bool]] = {}
 
-    def write_up_to(self, words: int | None, at_least: int | None = None) -> None:
+    def write_up_to(self, words: int | None, at_least: int | None = None,
+                    mix: list[float] | None = None) -> None:
         """Generations of up to ``words`` words from now on (generators whose config sets
         max_new_tokens keep it), and of at least ``at_least`` words (a shorter one is
-        regenerated; None: no such bound)."""
-        self.max_words, self.min_words = words, at_least
+        regenerated; None: no such bound); with ``mix``, each request up to a length of its
+        own (:attr:`length_mix`)."""
+        self.max_words, self.min_words, self.length_mix = words, at_least, mix
         if "synthesizers" in self.__dict__:
             for synth in self.synthesizers:
                 synth.length_tokens, synth.max_words = self._length_tokens(), words
@@ -219,8 +225,8 @@ class Generation:
 
     # -- operators -------------------------------------------------------------------------
     def _run_jobs(self, instructions: list[str], labels: list[int], sources: list[int],
-                  tags: list[str], parents: Sequence[str] | None = None
-                  ) -> tuple[Pool, np.ndarray]:
+                  tags: list[str], parents: Sequence[str] | None = None,
+                  words: Sequence[int | None] | None = None) -> tuple[Pool, np.ndarray]:
         """Send each instruction to its generator; keep the cleaned successes (and say which).
         A text that repeats another text of the call, or (``parents``) the text it varies,
         is refused and retried, as is one the label check refuses (public: synthetic texts
@@ -244,7 +250,8 @@ class Generation:
             out = synth.complete([instructions[i] for i in idx], [tags[i] for i in idx],
                                  progress=self.progress, accept=fresh,
                                  check=self._label_check(g, [labels[i] for i in idx],
-                                                         tags[idx[0]].split("/")[0]))
+                                                         tags[idx[0]].split("/")[0]),
+                                 words=None if words is None else [words[i] for i in idx])
             for i, text in zip(idx, out, strict=True):
                 texts[i] = text
         ok = np.array([i for i, t in enumerate(texts) if t is not None], dtype=np.int64)
@@ -293,7 +300,17 @@ class Generation:
                     labels.append(y)
                     sources.append(g)
                     tags.append(f"{tag}/{y}/{g}/{j}")
-        return self._run_jobs(instructions, labels, sources, tags)[0]
+        words = (drawn_lengths(self.length_mix, len(instructions), self.rng(f"lengths/{tag}"))
+                 if self.length_mix else None)
+        return self._run_jobs(instructions, labels, sources, tags, words=words)[0]
+
+    def _parent_words(self, parents: Sequence[str]) -> list[int | None] | None:
+        """A variation's length: its parent's length bin, up to ``max_words`` (None without a
+        :attr:`length_mix`)."""
+        if not self.length_mix:
+            return None
+        cap = self.max_words or bin_words(len(self.length_mix) - 1)
+        return [min(bin_words(length_bin(text)), cap) for text in parents]
 
     def variations(self, pool: Pool, n_each: int, tag: str) -> tuple[Pool, np.ndarray]:
         """VARIATION_API (docs/methods.md §1, step 3e): n_each variations of every sample in
@@ -322,7 +339,8 @@ class Generation:
                 sources.append(int(pool.sources[i]))
                 tags.append(f"{tag}/{i}/{j}")
                 parents.append(text)
-        out, ok = self._run_jobs(instructions, labels, sources, tags, parents)
+        out, ok = self._run_jobs(instructions, labels, sources, tags, parents,
+                                 self._parent_words(parents))
         return out, ok // max(n_each, 1)
 
     def contrastive(self, per_label: np.ndarray, weights: np.ndarray,

@@ -140,7 +140,8 @@ _PREFIX = re.compile(
 #: A template slot or elision instead of words: "[...]", "[Insert date]", "{name}", "<amount>".
 _PLACEHOLDER = re.compile(
     r"\[(?:\s*(?:\.\s*){2,}|\s*…\s*|insert\b[^\]]*|[^\]]{0,30}\b(?:name|date|number|amount|"
-    r"address|email|phone)\b[^\]]{0,30})\]|\{[a-z_ ]{1,30}\}|<[a-z_ ]{1,30}>|\bX{3,}\b",
+    r"address|email|phone)\b[^\]]{0,30})\]|\{[a-z_ ]{1,30}\}|<[a-z_ ]{1,30}>|\bX{3,}\b|"
+    r"\[[A-Za-z]{0,30}(?:Name|Number|Date|Address|Amount)\]",  # a slot: [BankAccountName]
     re.IGNORECASE,
 )
 #: An answer or explanation where a record was asked for: "The answer to this question
@@ -186,6 +187,8 @@ _ASSISTANT_VOICE = re.compile(
     r"\bhere(?:'s| is) (?:a |the |my )?(?:rewritten|revised|rephrased) (?:message|text|"
     r"version|question)\b|"
     r"\bwelcome to\b|\bdear (?:valued|customer|sir|madam)\b|"
+    r"\b(?:sorry|apologi[sz]e) for any inconvenience\b|\bwe(?:'re| are)? (?:sorry|"
+    r"apologi[sz]e)\b|"
     r"\[(?:your|user'?s?|customer'?s?|client'?s?|company|business|bank)\b[^\]]{0,40}\]",
     re.IGNORECASE,
 )

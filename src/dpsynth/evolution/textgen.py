@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import GeneratorConfig, SynthesisConfig
 from ..llm.base import Generator
+from .lengths import tokens_for
 from .prompts import clean_generation, instruction_sentences, render, trim_cut_off, with_writer
 
 
@@ -78,15 +79,16 @@ class Synthesizer:
 
     def complete(self, instructions: Sequence[str], tags: Sequence[str],
                  progress: bool = True, accept: Callable[[int, str], bool] | None = None,
-                 check: Callable[[list[int], list[str]], np.ndarray] | None = None
-                 ) -> list[str | None]:
+                 check: Callable[[list[int], list[str]], np.ndarray] | None = None,
+                 words: Sequence[int | None] | None = None) -> list[str | None]:
         """Generate one cleaned text per instruction; None where every attempt failed.
         ``accept(i, text)``: False refuses instruction i's cleaned text too (a duplicate, an
         unchanged variation), which is then retried like a refused one. ``check(indices,
         texts)``: a mask of the cleaned texts of one attempt to refuse as off-label
         (:class:`~dpsynth.evolution.label_check.LabelCheck`); an instruction whose every
         attempt was off-label or short keeps its last such text (the checks steer; they never
-        empty a release)."""
+        empty a release). ``words``: each instruction's own length in words (its token cap and
+        the length it is trimmed back from), else ``max_words`` for all."""
         results: list[str | None] = [None] * len(instructions)
         fallback: dict[int, str] = {}  # the last clean but short or off-label text
         pending = list(range(len(instructions)))
@@ -97,9 +99,10 @@ class Synthesizer:
             if attempt:
                 self.counts.retried += len(pending)
             outputs = self.generator.generate(self._requests(instructions, tags, pending,
-                                                             attempt), progress=progress)
+                                                             attempt, words), progress=progress)
             self.counts.sent += len(pending)
-            cleaned = {i: self._cleaned(raw or "", instructions[i])
+            cleaned = {i: self._cleaned(raw or "", instructions[i],
+                                        words[i] if words is not None else None)
                        for i, raw in zip(pending, outputs, strict=True)}
             off = self._off_label(cleaned, check)
             failed = []
@@ -120,9 +123,17 @@ class Synthesizer:
         return results
 
     def _requests(self, instructions: Sequence[str], tags: Sequence[str],
-                  pending: Sequence[int], attempt: int) -> list[Any]:
-        """The requests of one attempt, seeded by the run seed, the tag and the attempt."""
+                  pending: Sequence[int], attempt: int,
+                  words: Sequence[int | None] | None = None) -> list[Any]:
+        """The requests of one attempt, seeded by the run seed, the tag and the attempt; each
+        capped at its own length's tokens when ``words`` gives one (a generator config's
+        ``max_new_tokens`` wins)."""
         from ..llm import GenerationRequest, SamplingParams
+
+        def cap(i: int) -> int:
+            own = words[i] if words is not None else None
+            return self.config.max_new_tokens or (tokens_for(own) if own else
+                                                  self.length_tokens)
 
         return [
             GenerationRequest(
@@ -131,7 +142,7 @@ class Synthesizer:
                     temperature=self.config.temperature,
                     top_p=self.config.top_p,
                     top_k=self.config.sampling_top_k,
-                    max_new_tokens=self.config.max_new_tokens or self.length_tokens,
+                    max_new_tokens=cap(i),
                     seed=stable_seed(self.seed, self.name, tags[i], attempt),
                     stop=() if self.chat else ("\n\n",),
                 ),
@@ -139,15 +150,17 @@ class Synthesizer:
             for i in pending
         ]
 
-    def _cleaned(self, raw: str, instruction: str) -> str | None:
+    def _cleaned(self, raw: str, instruction: str, words: int | None = None) -> str | None:
         """One generation through the public filters (:func:`clean_generation`), trimmed to
-        its last full sentence when the token cap cut it."""
+        its last full sentence when the token cap cut it (at its own ``words``, else
+        ``max_words``)."""
         echoes = (instruction_sentences(with_writer(instruction, self.writer))
                   if self.synthesis.strip_echoes else ())
         text = clean_generation(raw, self.synthesis.min_chars, echoes=echoes,
                                 drop_off_task=self.synthesis.drop_off_task, writer=self.writer)
-        if text is not None and self.max_words is not None:
-            text = trim_cut_off(text, self.max_words)
+        longest = words or self.max_words
+        if text is not None and longest is not None:
+            text = trim_cut_off(text, longest)
         return text
 
     def _short(self, text: str) -> bool:

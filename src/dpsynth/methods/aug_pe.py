@@ -65,6 +65,9 @@ class AugPEState(StrategyState):
     vote_quota: np.ndarray | None = None
     max_words: int | None = None
     min_words: int | None = None
+    #: the released length distribution's bins up to max_words (each zero-shot request's
+    #: length is drawn from it); None with a declared synthesis.max_words
+    length_mix: list[float] | None = None
     #: the tuned models the generators run (folders under private/preference), if any
     tuned: list[str] | None = None
 
@@ -86,17 +89,19 @@ class AugPEStrategy:
         self.rngs = rngs
         self.state = AugPEState()
 
-    def _sizes(self) -> tuple[np.ndarray, np.ndarray, int | None, int | None]:
-        """(quota, vote_quota, max_words, min_words) from one release of the (label x length)
-        histogram when anything needs it (several labels, an automatic population or length),
-        else from the public settings."""
+    def _sizes(self) -> tuple[np.ndarray, np.ndarray, int | None, int | None,
+                              list[float] | None]:
+        """(quota, vote_quota, max_words, min_words, length_mix) from one release of the
+        (label x length) histogram when anything needs it (several labels, an automatic
+        population or length), else from the public settings. The length mix only with an
+        estimated length and ``synthesis.lengths: drawn``."""
         syn, n_labels = self.syn, self.view.n_labels
         if not AugPE.releases_sizes(self.config, n_labels):
             # one label class, a declared length and (with votes) a declared population
             population = voting_population(self.config, self.method, 0.0, n_labels,
                                            self.releaser.sigma) if syn.iterations else syn.samples
             return np.array([syn.samples]), np.array([population]), syn.max_words, \
-                syn.min_words
+                syn.min_words, None
         sizes = released_sizes(self.view, self.releaser)
         quota = allocate(syn.samples, sizes.label_counts)
         if not syn.iterations:
@@ -106,14 +111,16 @@ class AugPEStrategy:
                                            self.releaser.sigma)
             vote_quota = allocate(population, sizes.label_counts)
             vote_quota = np.minimum(np.maximum(vote_quota, (quota > 0).astype(np.int64)), quota)
+        mix = sizes.length_mix() if syn.max_words is None and syn.lengths == "drawn" else None
         return quota, vote_quota, syn.max_words or sizes.max_words(), \
-            syn.min_words or (None if syn.max_words else sizes.min_words())
+            syn.min_words or (None if syn.max_words else sizes.min_words()), mix
 
     def initial(self) -> Start:
-        quota, vote_quota, words, least = self._sizes()
+        quota, vote_quota, words, least, mix = self._sizes()
         self.state.quota, self.state.vote_quota = quota, vote_quota
         self.state.max_words, self.state.min_words = words, least
-        self.gen.write_up_to(words, least)
+        self.state.length_mix = mix
+        self.gen.write_up_to(words, least, mix)
         # one zero-shot pass serves both: the voting pool (the first vote_quota x L of each
         # label) and the zero-shot reference of the release's size
         full = self.gen.zero_shot(np.maximum(quota, vote_quota * self.syn.pool_multiplier),
@@ -123,7 +130,7 @@ class AugPEStrategy:
 
     def _restore(self) -> None:
         """The generators' length and tuned models from the state (a resumed run)."""
-        self.gen.write_up_to(self.state.max_words, self.state.min_words)
+        self.gen.write_up_to(self.state.max_words, self.state.min_words, self.state.length_mix)
         for g, name in enumerate(self.state.tuned or []):
             self.gen.use_tuned(g, self.view.run.private / "preference" / name)
 
