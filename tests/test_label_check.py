@@ -162,3 +162,25 @@ def test_a_resumed_run_keeps_the_gate_the_first_attempt_decided(tmp_path) -> Non
     for file in ("zero_shot.jsonl", "synthetic.jsonl"):
         assert (resumed / "release" / file).read_text() == \
             (whole / "release" / file).read_text()
+
+
+@pytest.mark.parametrize(("counts", "chatter", "off_label"), [
+    ({"sent": 100, "rejected": 58, "off_label": 31}, False, False),  # the demo's mix
+    ({"sent": 100, "rejected": 70, "off_label": 10}, True, False),
+    ({"sent": 100, "rejected": 80, "off_label": 60}, False, True),
+])
+def test_the_closing_warning_tells_chatter_from_another_labels_text(
+        tmp_path, counts: dict[str, int], chatter: bool, off_label: bool) -> None:
+    from dpsynth.evolution.loop import _Filtered
+    from dpsynth.run_folder import RunDir
+
+    class Counted:
+        def counts(self) -> dict[str, int]:
+            return counts
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    _Filtered(Counted()).warn_if_mostly_filtered(run)  # type: ignore[arg-type]
+    log = (run.root / "log.txt").read_text() if (run.root / "log.txt").exists() else ""
+    assert ("were refused by the filters" in log) == chatter
+    assert ("another label's text" in log) == off_label

@@ -187,16 +187,23 @@ class _Filtered:
                 "off_label_share": round((off - off0) / n, 4) if n else 0.0}
 
     def warn_if_mostly_filtered(self, run: RunDir) -> None:
+        """Warn when most generations were chatter (refused by the text filters), or most
+        were another label's text (the label check): each says what to change."""
         sent, rejected, off = self._now()
-        if sent and rejected / sent > MOSTLY_FILTERED:
-            message = (f"{rejected / sent:.0%} of this run's generations were refused by the "
-                       "filters (assistant chatter, echoes of the prompt, placeholders, "
-                       "answers, duplicates" + (f"; {off / sent:.0%} were another label's text"
-                                                if off else "") +
-                       "): the model writes poorly for this task. Try prompts.writer and "
-                       "prompts.task in the words of the texts' writers, "
-                       + ("prompts.label_descriptions in plain words, " if off else "")
-                       + "a larger generator, or more synthesis.retries")
+        messages = []
+        if sent and (rejected - off) / sent > MOSTLY_FILTERED:
+            messages.append(
+                f"{(rejected - off) / sent:.0%} of this run's generations were refused by the "
+                "filters (assistant chatter, echoes of the prompt, placeholders, answers, "
+                "duplicates): the model writes poorly for this task. Try prompts.writer and "
+                "prompts.task in the words of the texts' writers, a larger generator, or more "
+                "synthesis.retries")
+        if sent and off / sent > MOSTLY_FILTERED:
+            messages.append(
+                f"{off / sent:.0%} of this run's generations were another label's text (the "
+                "label check refused them): describe each label in prompts.label_descriptions "
+                "in plain words, or use a larger generator")
+        for message in messages:
             progress.warn(message)
             run.log(f"warning: {message}")
 
