@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -139,9 +140,18 @@ def measure(job: dict[str, Any], per_class: int, embedder: Any) -> list[str]:
     return lines
 
 
+def _arms(seed: int) -> list[tuple[str, str, bool, str]]:
+    """(run name, method, label check, lengths) of one seed: zero-shot and Aug-PE with the
+    check on and off (every text up to max_words, as before drawn lengths), then Aug-PE with
+    the check and drawn lengths (today's defaults)."""
+    arms = [(f"{m}-s{seed}-{'on' if c else 'off'}", m, c, "longest")
+            for m in ("zero_shot", "aug_pe") for c in (True, False)]
+    return [*arms, (f"aug_pe-s{seed}-on-drawn", "aug_pe", True, "drawn")]
+
+
 def end_to_end(seeds: list[int], runs: Path) -> list[str]:
-    """Zero-shot and Aug-PE with the label check on and off, on bench_side_by_side.py's job:
-    one row per run (seeded noise, one seed per pair)."""
+    """:func:`_arms` on bench_side_by_side.py's job, one seeded noise stream per seed: one
+    row per run (a finished run is evaluated again, not rerun)."""
     import time
 
     import bench_side_by_side as job
@@ -153,27 +163,27 @@ def end_to_end(seeds: list[int], runs: Path) -> list[str]:
     rows: list[str] = []
     reference: Path | None = None
     for seed in seeds:
-        for method in ("zero_shot", "aug_pe"):
-            for check in (True, False):
-                name = f"{method}-s{seed}-{'on' if check else 'off'}"
-                out, wall = runs / name, "resumed"
-                if not (out / "release" / "synthetic.jsonl").is_file():
-                    cfg = job.config_of(method, job.SAMPLES, runs / f"{name}.ledger.json")
-                    cfg["synthesis"]["label_check"] = check
-                    cfg["privacy"].update({"noise": "seeded", "seed": seed})
-                    started = time.time()
-                    dpsynth.generate(private, text="text", labels=["category"],
-                                     label_values={"category": intents}, epsilon=job.EPSILON,
-                                     delta=job.DELTA, method=method, output=out, config=cfg,
-                                     progress=False)
-                    wall = f"{time.time() - started:.0f}"
-                reference = reference or out
-                r = job.evaluate_arm(out, test, reference, embedder)
-                rows.append(f"| {method} | {seed} | {'on' if check else 'off'} | "
-                            f"{r['synthetic']['accuracy']:.3f} | "
-                            f"{r['synthetic']['macro_f1']:.3f} | {r['fid']:.3f} | "
-                            f"{r['n_synthetic']} | {wall} |")
-                print(rows[-1], flush=True)
+        for name, method, check, lengths in _arms(seed):
+            out, wall = runs / name, "earlier"
+            if not (out / "release" / "synthetic.jsonl").is_file():
+                cfg = job.config_of(method, job.SAMPLES, runs / f"{name}.ledger.json")
+                cfg["synthesis"].update(label_check=check, lengths=lengths)
+                cfg["privacy"].update({"noise": "seeded", "seed": seed})
+                started = time.time()
+                dpsynth.generate(private, text="text", labels=["category"],
+                                 label_values={"category": intents}, epsilon=job.EPSILON,
+                                 delta=job.DELTA, method=method, output=out, config=cfg,
+                                 progress=False)
+                wall = f"{time.time() - started:.0f}"
+            reference = reference or out
+            r = job.evaluate_arm(out, test, reference, embedder)
+            words = [len(json.loads(x)["text"].split()) for x in
+                     (out / "release" / "synthetic.jsonl").read_text().splitlines() if x]
+            rows.append(f"| {method} | {seed} | {'on' if check else 'off'} | {lengths} | "
+                        f"{r['synthetic']['accuracy']:.3f} | "
+                        f"{r['synthetic']['macro_f1']:.3f} | {r['fid']:.3f} | "
+                        f"{r['n_synthetic']} | {np.median(words):.0f} | {wall} |")
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -195,8 +205,9 @@ def main() -> None:
                 "private records, eps 4, N = 200, SmolLM2 and MiniLM, seeded noise (one seed "
                 "per pair). Scored by `dpsynth.evaluate` (logistic regression) on the 400 test "
                 "records of those intents. Wall: seconds of `dpsynth.generate` on a shared "
-                "machine (load 1.5-3).\n\n| method | seed | label check | accuracy | "
-                "macro-F1 | FID | texts | wall (s) |\n|---|---|---|---|---|---|---|---|\n"
+                "machine (load 1.5-3).\n\n| method | seed | label check | lengths | accuracy | "
+                "macro-F1 | FID | texts | median words | wall (s) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n"
                 + "\n".join(rows) + "\n")
         return
     from dpsynth.embed import Embedder
