@@ -240,6 +240,7 @@ def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:
     "Please do not hesitate. Here is a rewritten message: my card is late.",
     "Dear [BankAccountName], your payment method was not recognised.",
     "We apologise for any inconvenience with your recent cash withdrawal.",
+    '<a href="/b-bank/account/details">My balance</a> is wrong after the transfer.',
 ])
 def test_chatter_echoes_placeholders_and_answers_are_refused(text: str) -> None:
     assert P.clean_generation(text, 12, drop_off_task=True,

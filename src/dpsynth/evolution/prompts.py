@@ -141,7 +141,8 @@ _PREFIX = re.compile(
 _PLACEHOLDER = re.compile(
     r"\[(?:\s*(?:\.\s*){2,}|\s*…\s*|insert\b[^\]]*|[^\]]{0,30}\b(?:name|date|number|amount|"
     r"address|email|phone)\b[^\]]{0,30})\]|\{[a-z_ ]{1,30}\}|<[a-z_ ]{1,30}>|\bX{3,}\b|"
-    r"\[[A-Za-z]{0,30}(?:Name|Number|Date|Address|Amount)\]",  # a slot: [BankAccountName]
+    r"\[[A-Za-z]{0,30}(?:Name|Number|Date|Address|Amount)\]|"  # a slot: [BankAccountName]
+    r"</?(?:a|div|span|p|br|img|html|body|li|ul)(?:\s[^>]*)?/?>",  # markup, not a record
     re.IGNORECASE,
 )
 #: An answer or explanation where a record was asked for: "The answer to this question
