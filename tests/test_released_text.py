@@ -257,6 +257,17 @@ def test_records_of_the_task_are_kept(text: str) -> None:
                               writer="a customer of an online bank") == text
 
 
+def test_a_list_of_texts_keeps_its_first_item() -> None:
+    """WASP's demonstrations are a list; a model continuing it writes several texts."""
+    raw = "- Why was my card payment charged a fee?\n- Another text.\n- And a third."
+    assert P.clean_generation(raw, 12, drop_off_task=True) == \
+        "Why was my card payment charged a fee?"
+    assert P.clean_generation("1. Why was I charged twice?\n2. Next one", 12) == \
+        "Why was I charged twice?"
+    text = "My card - the new one - was charged twice."  # dashes inside a text stay
+    assert P.clean_generation(text, 12) == text
+
+
 def test_prefixes_are_stripped_and_cut_off_texts_trimmed() -> None:
     assert P.clean_generation("Rephrased question: Where is my card?", 5) == "Where is my card?"
     assert P.clean_generation("Here's a reprise of your question. Text: Where is my card?",

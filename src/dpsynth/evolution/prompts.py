@@ -248,6 +248,13 @@ def instruction_sentences(instruction: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", first) if len(s.strip()) >= 8]
 
 
+#: a generation that opens as a list item ("- ", "* ", "1. "), and the start of its next item:
+#: WASP's contrastive prompt lists its demonstrations so, and a model continuing it writes
+#: several texts in one answer (18 of 195 released texts of a Banking77 run)
+_LIST_ITEM = re.compile(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+")
+_NEXT_ITEM = re.compile(r"\n\s*(?:[-*\u2022]|\d{1,2}[.)])\s+")
+
+
 def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
                      echoes: Sequence[str] = (), drop_off_task: bool = False,
                      writer: str = "") -> str | None:
@@ -265,6 +272,8 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
     cue = list(re.finditer(r"(?:^|\s)Text:\s+", text))
     if cue and len(text) - cue[-1].end() >= min_chars:
         text = text[cue[-1].end():].strip()
+    if _LIST_ITEM.match(text):  # a list of texts, as the demonstrations are laid out: the first
+        text = _NEXT_ITEM.split(_LIST_ITEM.sub("", text, count=1))[0]
     text = re.split(r"\n\s*\n(?:note|explanation|analysis|---)|\n\s*\(?\bnote:\s",
                     text, flags=re.IGNORECASE)[0]
     if len(text) >= 2 and text[0] in "\"'“" and text[-1] in "\"'”":
