@@ -373,7 +373,10 @@ def main() -> None:
     fresh = {a for a in args.fresh.split(",") if a}
     for arm in fresh:
         shutil.rmtree(runs / arm, ignore_errors=True)
-        (runs / f"{arm}.ledger.json").unlink(missing_ok=True)
+        # a new, empty ledger on purpose: the ledger with its key, backup and lock (a ledger
+        # missing beside its key stops every run, as it should for a lost one)
+        for suffix in ("", ".key", ".bak", ".lock"):
+            (runs / f"{arm}.ledger.json{suffix}").unlink(missing_ok=True)
         state["arms"].pop(arm, None)
 
     from dpsynth.embed import Embedder
