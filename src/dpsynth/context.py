@@ -121,9 +121,10 @@ class PrivateView:
 
     @property
     def label_domain(self) -> dict[str, list[str]]:
-        """Label column -> its values, in the order of the label classes (public)."""
-        return {col: list(dict.fromkeys(cls[j] for cls in self.label_classes))
-                for j, col in enumerate(self.label_columns)}
+        """Label column -> its values, the public domain the label classes are the product
+        of (declared, or released by the discovery)."""
+        domain = self.dataset.label_domain or {}
+        return {col: list(domain[col]) for col in self.label_columns}
 
     def label_dict(self, code: int) -> dict[str, str]:
         """Label column -> value of joint class ``code``."""

@@ -91,6 +91,12 @@ def secpe_work(records: int, samples: int, pool_multiplier: int, iterations: int
     return replace(work, vote="representative vote and noise")
 
 
+def wasp_voted(samples: int, iterations: int) -> int:
+    """The candidates WASP's last vote sees: every round of the T + 1 but the last, which is
+    written after it (rounds split as :func:`split_evenly` splits them)."""
+    return samples - split_evenly(samples, iterations + 1)[-1]
+
+
 def wasp_work(records: int, samples: int, iterations: int, generators: int,
               demonstrations: int = 0) -> Work:
     """WASP's arithmetic (docs/methods.md §2): ``samples`` texts written over the T + 1
@@ -107,7 +113,7 @@ def wasp_work(records: int, samples: int, iterations: int, generators: int,
             shares[g] += n
     prompts = (f"; {samples - rounds[0]} contrastive, up to {demonstrations} demonstrations "
                "a prompt (their reading not timed)" if iterations and demonstrations else "")
-    return Work(samples, records if iterations else 0, samples - rounds[-1], iterations,
+    return Work(samples, records if iterations else 0, wasp_voted(samples, iterations), iterations,
                 tuple(shares), "Top-Q nearest and furthest histograms and noise", prompts)
 
 

@@ -117,10 +117,10 @@ def _plan_pe(cfg: Any, method: Any, records: int | None, no_data: bool,
 
 def _estimate(cfg: Any, method: Any, result: Any, calibrate: bool,
               detection_s: float | None = None) -> Estimate:
-    """The run's wall time per stage on this machine (:mod:`dpsynth.estimate`) from the plan's
-    counts (:func:`_pe_work`); each generator writes up to its ``max_new_tokens``, else the
-    texts' planned length in tokens (64 where there is none, as the run). The method counts
-    its own work (``planned_work``)."""
+    """The run's wall time per stage on this machine (:mod:`dpsynth.estimate`) from the work
+    the method counts from its plan (``planned_work``); each generator writes up to its
+    ``max_new_tokens``, else the texts' planned length in tokens (64 where there is none, as
+    the run)."""
     from ..evolution.lengths import tokens_for
 
     length = tokens_for(result.max_words) if result.max_words else 64

@@ -92,8 +92,8 @@ class Sizes:
         mass = np.maximum(self.lengths, 0.0)
         if mass.sum() <= 0:
             return None
-        mass = mass[: self._quantile_bin(COVER) + 1]
-        return (mass / mass.sum()).round(6).tolist() if mass.sum() > 0 else None
+        mass = mass[: self._quantile_bin(COVER) + 1]  # holds at least COVER of the mass
+        return (mass / mass.sum()).round(6).tolist()
 
     def min_words(self) -> int | None:
         """The lower edge of the bin holding the ``1 - COVER`` quantile of the (clipped) noisy

@@ -35,7 +35,7 @@ from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
 from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
 from ..privacy.lattice import Lattice
-from ..work import Stage, Work, split_evenly, wasp_stages, wasp_work
+from ..work import Stage, Work, wasp_stages, wasp_voted, wasp_work
 from .base import Job, Outcome
 from .pe import PEMethod
 
@@ -308,7 +308,7 @@ class Wasp(PEMethod):
         last, which is written after it: ``samples - samples // (T + 1)`` candidates (WASP
         has no pool multiplier)."""
         syn = config.synthesis
-        voted = syn.samples - split_evenly(syn.samples, syn.iterations + 1)[-1]
+        voted = wasp_voted(syn.samples, syn.iterations)
         return voted, (f"about {voted} samples: rounds 0..{syn.iterations - 1} of "
                        f"{syn.samples}, the pool the last vote sees")
 
