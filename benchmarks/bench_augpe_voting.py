@@ -54,7 +54,7 @@ def child(path: str, args: argparse.Namespace) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     if path == "faiss":
-        from dpsynth.evolution.voting import knn_vote
+        from dpsynth.voting import knn_vote
 
         hist = knn_vote(priv, plab, cand, clab, k=args.k)
     elif path == "reference":

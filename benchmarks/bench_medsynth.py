@@ -131,13 +131,13 @@ def main() -> None:
     if not DATA.is_dir():
         raise SystemExit(f"medsynth data not found at {DATA}")
 
+    from dpsynth.api import build_kb
     from dpsynth.config import parse_config
     from dpsynth.embed import Embedder
     from dpsynth.files import write_jsonl
     from dpsynth.llm import load_generator
     from dpsynth.privacy import zcdp_to_eps_cks
     from dpsynth.rag.answer import Answerer
-    from dpsynth.rag.build import build_kb
     from dpsynth.rag.index import KnowledgeBase, build_index
     from rag_baselines import (  # benchmarks/rag_baselines.py (research code)
         DPRAG,

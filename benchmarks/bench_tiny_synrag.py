@@ -126,12 +126,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "tiny_synrag.md"))
     args = ap.parse_args()
 
+    from dpsynth.api import build_kb
     from dpsynth.demo_corpus import demo_knowledge, write_demo_corpus
     from dpsynth.embed import Embedder
     from dpsynth.files import write_jsonl
     from dpsynth.llm import load_generator
     from dpsynth.rag.answer import Answerer
-    from dpsynth.rag.build import build_kb
     from dpsynth.rag.index import KnowledgeBase, build_index
 
     t_start = time.time()

@@ -97,7 +97,6 @@ class DPSynth(Method):
         from dpsynth.methods.synrag.filtering import self_filter
         from dpsynth.methods.synrag.pipeline import documents as private_documents
         from dpsynth.methods.synrag.pipeline import load_models
-        from dpsynth.runner import open_session
 
         config, run, main = job.config, job.run, job.session
         scfg: SynRAGConfig = self.settings(config)
@@ -107,8 +106,7 @@ class DPSynth(Method):
         generator, embedder = load_models(config, run,
                                           job.generators[0] if job.generators else None,
                                           job.embedder)
-        store = open_session(config, run, job.plan, folder="subset-releases", target=False)
-        job.cleanup.callback(store.close)
+        store = job.store("subset-releases")
         m = scfg.clusters
         groups: list[list[str]] = [[] for _ in range(m)]
         for d in docs:

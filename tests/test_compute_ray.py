@@ -22,11 +22,11 @@ import pytest
 
 from dpsynth.compute import LocalCompute
 from dpsynth.config import ConfigError, parse_config
-from dpsynth.evolution.voting import knn_vote, topq_vote
 from dpsynth.hooks import RunHooks
 from dpsynth.llm import GenerationError
 from dpsynth.methods.secpe import kernels as secpe_kernels
 from dpsynth.methods.secpe import statistics as secpe_statistics
+from dpsynth.voting import knn_vote, topq_vote
 from fakes import FakeEmbedder, FakeGenerator
 from faults import FAULTS, Arming, stop_at
 from shards import InProcessShards, array_shards
@@ -399,8 +399,8 @@ def test_dp_synrag_build_on_ray_writes_the_local_release(ray_cluster, tmp_path, 
     clusters' private predictions run on LogitWorker actors that fetch S_r from the shards
     (with the public-token shortcut too), and release/ is byte for byte the one-process
     build's."""
+    from dpsynth.api import build_kb
     from dpsynth.demo_corpus import write_demo_corpus
-    from dpsynth.rag.build import build_kb
 
     example = TESTS.parent / "examples" / "tiny-synrag.yaml"
     data = write_demo_corpus(tmp_path / "data", n=40, seed=0)["private"]

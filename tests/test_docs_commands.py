@@ -34,7 +34,6 @@ import dpsynth.estimate
 import dpsynth.llm
 import dpsynth.llm.server
 import dpsynth.rag.answer
-import dpsynth.rag.build
 import dpsynth.rag.service
 from dpsynth.cli import app
 from dpsynth.demo_corpus import write_demo_corpus
@@ -142,8 +141,8 @@ def _fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
     gen, emb = FakeGenerator("fake-g0"), FakeEmbedder()
     monkeypatch.setattr(dpsynth.api, "run_generation", functools.partial(
         dpsynth.api.run_generation, generators=[gen], embedder=emb))
-    monkeypatch.setattr(dpsynth.rag.build, "build_kb", functools.partial(
-        dpsynth.rag.build.build_kb, generator=gen, embedder=emb))
+    monkeypatch.setattr(dpsynth.api, "build_kb", functools.partial(
+        dpsynth.api.build_kb, generator=gen, embedder=emb))
     monkeypatch.setattr(suite, "evaluate_run", functools.partial(suite.evaluate_run,
                                                                  embedder=emb))
     monkeypatch.setattr(dpsynth.rag.answer, "open_answerer", functools.partial(

@@ -56,12 +56,13 @@ def config(tmp_path):
     return cfg, data
 
 
-def test_canary_loop_counts_memorised_copies(config, tmp_path, monkeypatch):
+def test_canary_loop_counts_memorised_copies(config, tmp_path):
     cfg, data = config
     calls: list = []
-    monkeypatch.setattr("dpsynth.api.run_generation", _fake_generation(calls, copy_rows=40))
+    generate = _fake_generation(calls, copy_rows=40)
     out = tmp_path / "audit"
-    res = run_canary_audit(cfg, out, canary=CANARY, copies=6, seed=1, progress=False)
+    res = run_canary_audit(cfg, out, generate=generate, canary=CANARY, copies=6, seed=1,
+                           progress=False)
     canary_file = Path(calls[0]["overrides"]["data.path"])
     assert canary_file.parent == out / "private"
     assert stat.S_IMODE((out / "private").stat().st_mode) == 0o700

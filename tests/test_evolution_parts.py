@@ -10,7 +10,7 @@ import pytest
 
 from dpsynth.evolution.prompts import clean_generation, mask_words
 from dpsynth.evolution.selection import allocate, select_per_label, thresholded, top_indices
-from dpsynth.evolution.voting import knn_vote, topq_sensitivity, topq_vote, user_label_counts
+from dpsynth.voting import knn_vote, topq_sensitivity, topq_vote, user_label_counts
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

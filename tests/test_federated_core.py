@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 
-from dpsynth.evolution.voting import topq_vote
 from dpsynth.federated.core import (
     PartyData,
     clip_probability_bound,
@@ -19,6 +18,7 @@ from dpsynth.federated.core import (
     plan_quantisation,
     validate_parties,
 )
+from dpsynth.voting import topq_vote
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:

@@ -146,7 +146,7 @@ def test_wasp_charges_the_worst_case_before_any_sum(tmp_path, monkeypatch):
     """A budget that fits the full-noise round but not the worst case (only min_parties of P
     noise shares) is refused before Flower runs: the server never sees a sum."""
     import dpsynth.federated as fed_pkg
-    from dpsynth.evolution.voting import topq_sensitivity
+    from dpsynth.voting import topq_sensitivity
 
     calls = []
     monkeypatch.setattr(fed_pkg, "federated_noisy_histogram",
@@ -166,7 +166,7 @@ def test_wasp_charges_the_worst_case_before_any_sum(tmp_path, monkeypatch):
 
 def test_wasp_round_is_accounted_at_worst_case_sigma(tmp_path, monkeypatch):
     import dpsynth.federated as fed_pkg
-    from dpsynth.evolution.voting import topq_sensitivity
+    from dpsynth.voting import topq_sensitivity
 
     session = _session(tmp_path / "store", eps=50.0)
     seen = {}
@@ -197,7 +197,7 @@ def test_federated_calibration_plans_the_worst_case():
     cfg = RunConfig.model_validate({
         "method": "wasp", "synthesis": {"iterations": 3},
         "wasp": {"federated": {"parties": 4, "min_parties": 2}}})
-    from dpsynth.evolution.voting import topq_sensitivity
+    from dpsynth.voting import topq_sensitivity
 
     events = Wasp().planned_events(cfg, 2, 5.0)
     sens = topq_sensitivity(cfg.wasp.top_q)
@@ -246,7 +246,7 @@ def test_wasp_passes_the_configured_bound_not_a_party_size(tmp_path, monkeypatch
     exact party sizes go to private/diagnostics.jsonl only."""
     import dpsynth.federated as fed_pkg
     from dpsynth.diagnostics import read_diagnostics
-    from dpsynth.evolution.voting import topq_sensitivity
+    from dpsynth.voting import topq_sensitivity
 
     session = _session(tmp_path / "store", eps=50.0)
     seen = {}

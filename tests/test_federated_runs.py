@@ -85,9 +85,9 @@ def _largest_party_neighbours(cfg: dict[str, Any]) -> tuple[list[dict[str, str]]
     record in D; it returns (D, extra, L)."""
     from dpsynth.config import parse_config
     from dpsynth.context import Rngs
-    from dpsynth.evolution.voting import topq_sensitivity
     from dpsynth.methods.pe import calibrate_sigma
     from dpsynth.methods.wasp import Wasp, party_split
+    from dpsynth.voting import topq_sensitivity
 
     config = parse_config(cfg)
     fed = config.wasp.federated

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsynth.evolution.voting import topq_vote
 from dpsynth.federated.app import PartyClient, ServerSink, make_client_app, make_server_app
 from dpsynth.federated.core import (
     FederatedRoundError,
@@ -30,6 +29,7 @@ from dpsynth.federated.simulation import (
     federated_noisy_histogram,
     run_flower_simulation,
 )
+from dpsynth.voting import topq_vote
 
 SIGMA = 1.5
 VOTE = functools.partial(topq_vote, q=4)

@@ -205,9 +205,9 @@ def test_set_on_a_finished_run_says_it_changes_nothing(env: dict[str, Any]) -> N
 def test_the_rag_build_is_charged_and_refused_at_the_cap(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """DP-SynRAG's build reserves on the same ledger and meets the same cap (fakes)."""
+    from dpsynth.api import build_kb
     from dpsynth.config import parse_config
     from dpsynth.privacy import BudgetRefusedError
-    from dpsynth.rag.build import build_kb
     from fakes import FakeEmbedder, FakeGenerator
     from test_release_check import private_rows, rag_config, write_csv
 

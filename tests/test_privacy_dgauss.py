@@ -374,8 +374,8 @@ def test_store_records_its_format_and_refuses_old_float_draws(tmp_path: Path) ->
 def test_user_level_vectors_are_exact_lattice_sums() -> None:
     """User-level votes and counts: each user's vector, scaled to norm <= 1, is truncated onto
     the 2^-32 grid before the sum, so the sum is an exact lattice statistic of sensitivity 1."""
-    from dpsynth.evolution.voting import knn_vote, user_label_counts
     from dpsynth.label_domain import value_counts
+    from dpsynth.voting import knn_vote, user_label_counts
 
     rng = np.random.default_rng(3)
     emb = rng.normal(size=(300, 8)).astype(np.float32)

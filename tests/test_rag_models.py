@@ -243,7 +243,7 @@ def _tiny_overrides(tmp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_kb(smollm, embedder, tmp_path_factory, monkeypatch_module) -> Path:
-    from dpsynth.rag.build import build_kb
+    from dpsynth.api import build_kb
 
     out = tmp_path_factory.mktemp("kb") / "run"
     over = _tiny_overrides(out)
@@ -400,7 +400,7 @@ def test_dprag_refuses_after_budget(smollm, embedder, tmp_path) -> None:
 
 
 def test_histogram_with_nothing_above_noise(smollm, embedder, tmp_path, monkeypatch) -> None:
-    from dpsynth.rag.build import build_kb
+    from dpsynth.api import build_kb
 
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
     over = _tiny_overrides(tmp_path)

@@ -135,7 +135,7 @@ def test_append_diagnostic_is_private(tmp_path) -> None:
 
 
 def test_release_holds_no_exact_fact(tmp_path) -> None:
-    from dpsynth.rag.build import build_kb
+    from dpsynth.api import build_kb
 
     # k = 50 > 40 documents: every cluster has fewer than k; seeds down to pure noise: many
     # clusters are empty. Both facts are exact facts about the private data.
@@ -164,7 +164,7 @@ def test_release_holds_no_exact_fact(tmp_path) -> None:
 
 
 def test_vocabulary_from_private_data_is_refused(tmp_path) -> None:
-    from dpsynth.rag.build import build_kb
+    from dpsynth.api import build_kb
 
     data = tmp_path / "private.csv"
     data.write_text("text\nI have a rash\n")
@@ -204,9 +204,9 @@ def test_dp_synth_shortcut_states_what_it_draws(tmp_path) -> None:
 def test_synrag_shortcut_clusters_within_theorem1(tmp_path) -> None:
     """Each cluster's recorded releases cost at most the per-cluster share charged by
     Theorem 1 (overlapping composition over L charges that share L times)."""
+    from dpsynth.api import build_kb
     from dpsynth.methods.synrag.accounting import cluster_events
     from dpsynth.methods.synrag.config import parse_synrag
-    from dpsynth.rag.build import build_kb
 
     over = _overrides(public_shortcut=True, svt_threshold=-1e9, svt_epsilon=0.2, tokens=12)
     out = build_kb(EXAMPLE, tmp_path / "run", overrides=over, generator=FakeGen(),
@@ -224,7 +224,7 @@ def test_synrag_shortcut_clusters_within_theorem1(tmp_path) -> None:
 def test_cluster_prompts_name_their_released_keyword(tmp_path) -> None:
     """``{keyword}`` in ``synrag.rephrase_instruction`` and ``synrag.lead`` is each cluster's
     released seed keyword: every released text opens with its cluster's lead."""
-    from dpsynth.rag.build import build_kb
+    from dpsynth.api import build_kb
 
     over = _overrides(rephrase_instruction="Rephrase this note about {keyword}.",
                       lead="About {keyword}:")
@@ -241,7 +241,7 @@ def test_cluster_prompts_name_their_released_keyword(tmp_path) -> None:
 def test_the_build_drops_garbled_passages_and_says_why(tmp_path) -> None:
     """The fake's passages are token codes: the build drops them as garbled and says how many
     and why, in the summary and the warnings (post-processing of the released texts)."""
-    from dpsynth.rag.build import build_kb
+    from dpsynth.api import build_kb
 
     over = _overrides() | {"privacy.noise": "seeded", "privacy.seed": 11}
     out = build_kb(EXAMPLE, tmp_path / "run", overrides=over, generator=FakeGen(),
@@ -258,8 +258,8 @@ def test_the_build_drops_garbled_passages_and_says_why(tmp_path) -> None:
 def test_ask_retrieves_what_the_build_says(tmp_path, retrieve: int) -> None:
     """``synrag.retrieve`` is stored with the index: `rag ask` without -k (and the service
     and Python API, which share the answerer) retrieve that many passages; -k overrides."""
+    from dpsynth.api import build_kb
     from dpsynth.rag.answer import answer
-    from dpsynth.rag.build import build_kb
 
     # a seeded build: with fresh noise a cluster may fall below the threshold and the KB hold
     # fewer passages than asked for

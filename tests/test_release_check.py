@@ -824,8 +824,8 @@ def rag_config(data: Path, **over: Any) -> dict[str, Any]:
 
 
 def run_rag(cfg: dict[str, Any], out: Path, *, resume: bool = False) -> Path:
+    from dpsynth.api import build_kb
     from dpsynth.config import parse_config
-    from dpsynth.rag.build import build_kb
 
     config: Any = out if resume else parse_config(own_ledger(cfg, out))
     return Path(build_kb(config, out, resume=resume, generator=FakeGenerator("fake-g0"),
@@ -1188,7 +1188,7 @@ def census_run(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[An
     cfg = own_ledger(pe_config(name, write_csv(tmp / "d.csv", rows),
                                **CENSUS_SIZES.get(name, {})), tmp / "run")
     if method_class(name).releases == "knowledge_base":
-        from dpsynth.rag.build import build_kb
+        from dpsynth.api import build_kb
 
         build_kb(parse_config(cfg), tmp / "run", generator=gen, embedder=emb)
     else:

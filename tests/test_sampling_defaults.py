@@ -106,7 +106,7 @@ def test_synrag_private_tokens_never_see_the_candidate_sampling(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DP-SynRAG samples its private tokens from the full noisy softmax: the generator's
     temperature / top-p / top-k must change nothing in its release (same seeded noise)."""
-    from dpsynth.rag.build import build_kb
+    from dpsynth.api import build_kb
     from test_rag_release import EXAMPLE, FakeGen, _overrides
     from test_rag_release import FakeEmbedder as RagEmbedder
 

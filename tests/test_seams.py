@@ -142,7 +142,7 @@ def test_each_module_imports_alone() -> None:
             "dpsynth.evolution.textgen", "dpsynth.methods", "dpsynth.methods.base",
             "dpsynth.methods.pe", "dpsynth.methods.aug_pe", "dpsynth.methods.wasp",
             "dpsynth.methods.secpe", "dpsynth.methods.zero_shot", "dpsynth.methods.synrag",
-            "dpsynth.methods.synrag.pipeline", "dpsynth.rag.build", "dpsynth.methods.synrag.config",
+            "dpsynth.methods.synrag.pipeline", "dpsynth.voting", "dpsynth.methods.synrag.config",
             "dpsynth.compute", "dpsynth.compute.ray_engine", "dpsynth.run_dataset",
             "dpsynth.methods.secpe.kernels", "dpsynth.methods.secpe.method",
             "dpsynth.llm.local", "dpsynth.llm.ct2", "dpsynth.llm.stepper"]
@@ -321,10 +321,10 @@ def test_method_sections_are_validated_by_their_config_model(tmp_path: Path) -> 
     written (RunConfig has no method-specific section of its own)."""
     import yaml
 
+    from dpsynth.api import build_kb
     from dpsynth.config import ConfigError, RunConfig
     from dpsynth.methods.synrag.config import SynRAGConfig
     from dpsynth.methods.wasp import WaspConfig
-    from dpsynth.rag.build import build_kb
 
     assert not {"wasp", "secpe", "synrag"} & set(RunConfig.model_fields)
     good = _config(tmp_path, "aug_pe")

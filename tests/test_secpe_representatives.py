@@ -184,7 +184,7 @@ def test_nearest_count_vote_matches_numpy(data):
 def test_nearest_count_vote_is_weight_one_not_aug_pe(data):
     """Weight 1 per neighbour: equal to Aug-PE's kNN vote (1/sqrt(k)) for k = 1 and one label,
     sqrt(k) times it for k > 1."""
-    from dpsynth.evolution.voting import knn_vote
+    from dpsynth.voting import knn_vote
 
     _, private, cand = data
     x = (private / np.linalg.norm(private, axis=1, keepdims=True)).astype(np.float32)

@@ -182,7 +182,7 @@ def test_an_empty_knowledge_base_warns_and_fails_only_when_asked(tmp_path, monke
 
     from typer.testing import CliRunner
 
-    import dpsynth.rag.build as build
+    import dpsynth.api as build
     from dpsynth.cli import app
     from dpsynth.demo_corpus import write_demo_corpus
     from fakes import FakeEmbedder

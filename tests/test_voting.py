@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.config import SynthesisConfig
-from dpsynth.evolution.voting import (
+from dpsynth.voting import (
     VoteIndex,
     knn_vote,
     nearest_candidates,
@@ -228,7 +228,7 @@ def test_config_voting_reaches_the_vote(tmp_path, monkeypatch, method):
     """`synthesis.voting` travels from the config through the compute engine to the search."""
     from pathlib import Path
 
-    import dpsynth.evolution.voting as voting
+    import dpsynth.voting as voting
     from dpsynth.api import run_generation
     from dpsynth.config import parse_config
     from fakes import FakeEmbedder, FakeGenerator

@@ -9,8 +9,8 @@ import faiss
 import numpy as np
 import pytest
 
-import dpsynth.evolution.voting as voting
-from dpsynth.evolution.voting import VoteIndex, knn_vote, nearest_candidates, topq_vote
+import dpsynth.voting as voting
+from dpsynth.voting import VoteIndex, knn_vote, nearest_candidates, topq_vote
 
 PQ = VoteIndex(kind="pq", min_candidates=1)
 

@@ -33,7 +33,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -662,6 +662,34 @@ def generate(data: Any, *, text: str = "text", labels: Sequence[str] | None = No
     return result
 
 
+def build_kb(
+    config: RunConfig | str | Path | None,
+    output_dir: str | Path,
+    *,
+    resume: bool = False,
+    overrides: dict[str, Any] | None = None,
+    generator: Any = None,
+    embedder: Any = None,
+    progress: bool = False,
+    echo: Callable[[str], None] | None = None,
+    hooks: RunHooks | None = None,
+) -> Path:
+    """``dpsynth rag build CONFIG --output DIR``: build (or resume) a DP synthetic knowledge
+    base with DP-SynRAG (docs/methods.md §4) through the one runner; returns the run folder.
+
+    ``generator`` / ``embedder``: ready objects instead of the configured models (the
+    generator must expose next-token logits); ``echo`` receives operator messages;
+    ``hooks``: what the caller plugs into the run (:class:`dpsynth.hooks.RunHooks`: the tests
+    stop a build after a cluster's checkpoint, as a kill would)."""
+    from .methods.synrag.method import SynRAG  # faiss and the compute engine: on first use
+
+    return run_method(config, output_dir, resume=resume, overrides=overrides,
+                      method=SynRAG(config, output_dir), options=RunOptions(
+                          progress=progress, echo=echo,
+                          generators=None if generator is None else [generator],
+                          embedder=embedder, hooks=hooks or RunHooks()))
+
+
 def build_rag(data: Any, *, text: str = "text", epsilon: float | None = None,
               delta: float | None = None, output: str | Path | None = None,
               config: Mapping[str, Any] | None = None, resume: bool = False,
@@ -671,7 +699,6 @@ def build_rag(data: Any, *, text: str = "text", epsilon: float | None = None,
     (path, DataFrame or list of dicts; ``text`` names the column); ``config`` holds the
     ``synrag`` section and any other. Returns a :class:`RagResult` (``.ask(question)``)."""
     from . import progress as display
-    from .rag.build import build_kb
 
     _check_run_arguments(data, text=text, epsilon=epsilon, delta=delta, output=output,
                          config=config, resume=resume, progress=progress, source=source)

@@ -8,12 +8,12 @@
 * :class:`Releaser` - the only door to the privacy session: every noisy statistic a method
   releases goes through it (docs/methods.md §0).
 
-They import nothing of the evolution package but the seed helper of ``textgen`` (which
-imports no collaborator), so there is no import cycle.
+They import nothing of the evolution package, which sits above them and imports them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -22,13 +22,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .config import RunConfig
-from .evolution.textgen import stable_seed
 from .run_folder import RunDir
 
 if TYPE_CHECKING:
     from .compute.sharded import ShardedDataset
     from .data import Dataset
     from .privacy import Event, Lattice, NoiseSource, PrivacySession
+
+
+def stable_seed(*parts: object) -> int:
+    """A 31-bit seed from the parts' text (SHA-256): the same parts give the same seed in
+    every process and on every machine."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 class PrivateStatistics(Protocol):

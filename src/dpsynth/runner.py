@@ -422,7 +422,9 @@ def _job(opts: RunOptions, mcfg: RunConfig, run: RunDir, meta: dict[str, Any], d
     plugged in (``opts``)."""
     return Job(mcfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
                resume=resume, progress=opts.progress, generators=opts.generators,
-               embedder=opts.embedder, echo=opts.echo, hooks=opts.hooks)
+               embedder=opts.embedder, echo=opts.echo, hooks=opts.hooks,
+               open_store=lambda folder: open_session(mcfg, run, plan, folder=folder,
+                                                      target=False))
 
 
 def _write_statement(cfg: RunConfig, run: RunDir, m: Method, job: Job,

@@ -331,7 +331,7 @@ class KnnData:
 def _knn_job(path: str, data: KnnData, params: dict, threads: int, ids_file: str, q) -> None:
     import faiss
 
-    from dpsynth.evolution.voting import VoteIndex, nearest_candidates
+    from dpsynth.voting import VoteIndex, nearest_candidates
 
     faiss.omp_set_num_threads(threads)
     priv, plab, cand, clab = data.arrays()

@@ -41,12 +41,13 @@ def canary(
     as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
 ) -> None:
     """Plant a canary in N private records, run the method, count exact and near hits."""
+    from ..api import run_generation
     from ..eval.audits import DEFAULT_CANARY
     from ..eval.canary import run_canary_audit
 
     result = run_canary_audit(
-        config, output, canary=canary_text or DEFAULT_CANARY, copies=copies, seed=seed,
-        threshold=threshold, overrides=parse_sets(set_ or []),
+        config, output, generate=run_generation, canary=canary_text or DEFAULT_CANARY,
+        copies=copies, seed=seed, threshold=threshold, overrides=parse_sets(set_ or []),
         progress=not (quiet or as_json),
     )
     if as_json:

@@ -31,8 +31,8 @@ def build(
     """Build a DP synthetic knowledge base: release/kb.jsonl, kb.faiss, privacy.json. An empty
     knowledge base is a warning (exit 0) unless --require-passages."""
     from .. import progress
+    from ..api import build_kb
     from ..preflight import check_output_writable
-    from ..rag.build import build_kb
 
     def echo(message: str) -> None:  # the run's log lines reach the display already
         if message.startswith("[private]"):

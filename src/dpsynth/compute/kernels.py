@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..evolution.voting import knn_vote, topq_vote, user_label_counts
 from ..privacy.lattice import truncate_to_grid
+from ..voting import knn_vote, topq_vote, user_label_counts
 from .shard import Shard, shard_kernel
 
 #: Fixed-point scale of exact sums of embeddings: coordinates are truncated to multiples of

@@ -14,7 +14,6 @@ at a near tie, their votes. At a fixed shape the other rows change nothing, bit 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..files import atomic_write_bytes
+from ..llm.runtime import import_openvino
 
 # Public probe sentences (varied lengths, one past the 256-token limit) that a fast engine must
 # embed like the torch path before it is used.
@@ -208,16 +208,6 @@ class OnnxEngine(GraphEngine):
 
     def _pass(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-
-
-def import_openvino() -> Any:
-    """``import openvino`` without its telemetry: openvino_telemetry, when openvino finds it,
-    writes ``~/intel/openvino_ga_cid`` on import and tries to send usage data; hidden from
-    the import, openvino uses its own stub (nothing written, nothing sent)."""
-    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
-    import openvino
-
-    return openvino
 
 
 class OpenVinoEngine(GraphEngine):

@@ -14,6 +14,7 @@ JSON; the indices of the records that carry it are not.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,8 @@ def canary_report(
 def run_canary_audit(
     config: str | Path,
     output_dir: str | Path,
+    *,
+    generate: Callable[..., str | Path],
     canary: str = DEFAULT_CANARY,
     copies: int = 10,
     seed: int = 0,
@@ -102,9 +105,10 @@ def run_canary_audit(
 ) -> dict[str, Any]:
     """Insert the canary into ``copies`` private records, run the configured method, count.
 
-    The modified data goes to ``OUTPUT/private/`` (0700); the run to ``OUTPUT/run``.
+    ``generate(config, run_dir, overrides=..., progress=...)`` runs the method and returns its
+    folder (the CLI passes :func:`dpsynth.api.run_generation`). The modified data goes to
+    ``OUTPUT/private/`` (0700); the run to ``OUTPUT/run``.
     """
-    from ..api import run_generation
     from ..config import load_config
 
     out = Path(output_dir)
@@ -127,7 +131,7 @@ def run_canary_audit(
     run_overrides = dict(overrides or {})
     # absolute: a relative data.path is read from the config file's folder, not from here
     run_overrides["data.path"] = str(Path(canary_file).resolve())
-    run_dir = run_generation(config, out / "run", overrides=run_overrides, progress=progress)
+    run_dir = generate(config, out / "run", overrides=run_overrides, progress=progress)
     report = canary_report(Path(run_dir), canary, copies, threshold)
     report["private_records"] = n_rows
     atomic_write_json(out / "audit_canary.json", report)

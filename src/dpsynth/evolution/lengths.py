@@ -20,7 +20,7 @@ import numpy as np
 
 from ..compute.kernels import Partial, finish, per_bucket, sum_partials
 from ..compute.shard import Shard, shard_kernel, text_chunks
-from .voting import user_label_counts
+from ..voting import user_label_counts
 
 #: upper edges (exclusive) of the public word-count bins; the last bin is open
 LENGTH_EDGES = (4, 8, 16, 32, 64, 128, 256)

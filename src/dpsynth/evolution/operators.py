@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig
+from ..context import stable_seed
 from ..embed.protocols import EngineTagged
 from ..llm.cache import CachedGenerator
 from ..progress import step
@@ -27,7 +28,7 @@ from .pool import Pool
 from .preference import PreferencePair, Trainer, is_tuned, ranked_pairs, train_dpo
 from .prompts import render
 from .selection import allocate
-from .textgen import Synthesizer, stable_seed
+from .textgen import Synthesizer
 
 
 def embedder_device(device: str) -> str:

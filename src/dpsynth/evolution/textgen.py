@@ -7,7 +7,6 @@ on-disk request cache answers them without a second LLM call.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,14 +14,10 @@ from typing import Any
 import numpy as np
 
 from ..config import GeneratorConfig, SynthesisConfig
+from ..context import stable_seed
 from ..llm.base import Generator
 from .lengths import tokens_for
 from .prompts import clean_generation, instruction_sentences, render, trim_cut_off, with_writer
-
-
-def stable_seed(*parts: object) -> int:
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 @dataclass

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..evolution.voting import topq_sensitivity
 from ..identity import DataIdentity, file_digest
 from ..privacy.distributed import share_sigma
 from ..privacy.ledger import DEFAULT_TOTAL_EPSILON
+from ..voting import topq_sensitivity
 
 if TYPE_CHECKING:  # the accountant is imported when a round is charged, not with the party
     from ..privacy import BudgetLedger

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from ..embed.engines import import_openvino
 from ..files import publish_dir
 from . import ct2
 from .base import GenerationError
+from .runtime import import_openvino
 from .stepper import SharedTokenStepper, cache_keyword, output_logits
 
 log = logging.getLogger("dpsynth.llm")

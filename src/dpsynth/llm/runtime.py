@@ -4,6 +4,8 @@ its device (the CPU or a GPU torch sees) and its engine (CTranslate2 int8 or tra
 from __future__ import annotations
 
 import os
+import sys
+from typing import Any
 
 from ..errors import ConfigError
 from . import ct2
@@ -85,3 +87,13 @@ def resolve_device(device: str) -> str:
         raise ConfigError(f"device {device!r}: torch sees {gpus} GPU(s) (cuda:0 to "
                           f"cuda:{gpus - 1})")
     return form
+
+
+def import_openvino() -> Any:
+    """``import openvino`` without its telemetry: openvino_telemetry, when openvino finds it,
+    writes ``~/intel/openvino_ga_cid`` on import and tries to send usage data; hidden from
+    the import, openvino uses its own stub (nothing written, nothing sent)."""
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    import openvino
+
+    return openvino

@@ -34,9 +34,9 @@ from ..evolution.parts import (
 )
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, select_per_label, thresholded
-from ..evolution.voting import vote_index_from
 from ..planning import voting_population
 from ..privacy.lattice import Lattice
+from ..voting import vote_index_from
 from .base import Job, Outcome
 from .pe import PEMethod
 

@@ -79,6 +79,18 @@ class Job:
     paid_calls: Callable[[], int] = lambda: 0
     #: closed by the runner when the attempt ends (compute workers and the like)
     cleanup: ExitStack = field(default_factory=ExitStack)
+    #: another store of the run's noise (``private/<folder>``, the plan's accountant and noise,
+    #: no cap of its own) for releases the method composes itself (DP-SynRAG's per-cluster
+    #: releases); the runner supplies it, so a method never reaches back into the runner
+    open_store: Callable[[str], PrivacySession] | None = None
+
+    def store(self, folder: str) -> PrivacySession:
+        """A session over ``private/<folder>`` (:attr:`open_store`), closed with the attempt."""
+        if self.open_store is None:
+            raise RuntimeError("this job has no store opener (the runner supplies one)")
+        session = self.open_store(folder)
+        self.cleanup.callback(session.close)
+        return session
 
 
 @dataclass

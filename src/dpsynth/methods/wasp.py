@@ -33,8 +33,8 @@ from ..evolution.operators import Generation
 from ..evolution.parts import noisy_quota, reference_set
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
-from ..evolution.voting import topq_sensitivity, topq_vote, vote_index_from
 from ..privacy.lattice import Lattice
+from ..voting import topq_sensitivity, topq_vote, vote_index_from
 from ..work import Stage, Work, wasp_stages, wasp_voted, wasp_work
 from .base import Job, Outcome
 from .pe import PEMethod

@@ -9,7 +9,7 @@ solves sigma from (epsilon, delta, epochs, batch size, records) before any model
 session charges all T steps once, before step 0 (a resumed run pays nothing again).
 
 ``privacy.unit: user``: the unit is a user throughout. The label counts are each user's count
-vector scaled to L2 norm <= 1 (as Aug-PE's, :func:`dpsynth.evolution.voting.user_label_counts`);
+vector scaled to L2 norm <= 1 (as Aug-PE's, :func:`dpsynth.voting.user_label_counts`);
 DP-SGD samples users with probability q = batch_size / ``users`` (a public count, like
 ``records``) and clips each sampled user's gradient (the mean over at most
 ``max_records_per_user`` of their records) to C as one (:mod:`.train`); the same events then
@@ -25,7 +25,6 @@ import numpy as np
 from ...config import ConfigError, RunConfig
 from ...context import Rngs, label_classes
 from ...evolution.prompts import describe_labels
-from ...evolution.voting import user_label_counts
 from ...files import SHARED_MODE, atomic_write_json, write_jsonl
 from ...label_domain import declared_statement, undeclared_columns
 from ...llm.local import LocalGenerator
@@ -34,6 +33,7 @@ from ...privacy import run_seed
 from ...privacy.lattice import count_lattice
 from ...progress import note
 from ...run_folder import RunDir
+from ...voting import user_label_counts
 from ...work import TuneWork
 from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 from . import accounting

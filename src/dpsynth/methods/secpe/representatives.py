@@ -375,7 +375,7 @@ def nearest_count_vote(private_emb_iter: Iterable[np.ndarray], candidate_emb: np
                        k: int = 1, batch: int = 8192) -> np.ndarray:
     """True histogram [N] (no noise): how many private records have each candidate among
     their k nearest. Each record adds weight 1 to each of its k neighbours (Aug-PE's vote,
-    :func:`dpsynth.evolution.voting.knn_vote`, gives 1/sqrt(k) per label; for k = 1 without
+    :func:`dpsynth.voting.knn_vote`, gives 1/sqrt(k) per label; for k = 1 without
     labels the two agree). The O(M N) baseline that ``representative_vote`` is measured
     against; streams the private chunks, memory O(batch N) at most inside faiss."""
     hist = np.zeros(len(candidate_emb), dtype=np.float64)

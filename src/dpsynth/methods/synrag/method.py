@@ -105,7 +105,6 @@ class SynRAG(Method):
 
     def execute(self, job: Job) -> Outcome:
         from ...rag.index import build_index
-        from ...runner import open_session
         from .filtering import self_filter
         from .keywords import load_vocabulary
 
@@ -121,8 +120,7 @@ class SynRAG(Method):
              f"clip c = {clip:.5g}")
         n_docs = corpus.n_documents()
         note.private(f"{n_docs} private documents", documents=n_docs)
-        store = open_session(cfg, run, job.plan, folder="cluster-releases", target=False)
-        job.cleanup.callback(store.close)
+        store = job.store("cluster-releases")
 
         # 1. keywords (kept with the documents) and the noisy histogram
         progress.stage("keywords and histogram")
