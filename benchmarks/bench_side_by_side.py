@@ -70,10 +70,11 @@ RECORDS = 500
 SAMPLES = 200
 EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "dp_finetune", "dp_finetune_topk",
-        "real")
+        "dp_finetune_chat", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
-          "wasp": "wasp", "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune"}
+          "wasp": "wasp", "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
+          "dp_finetune_chat": "dp_finetune"}
 
 #: aug_pe_preference: DPO pairs per vote (synthesis.preference.pairs; 64 is the default)
 PREFERENCE_PAIRS = 64
@@ -96,10 +97,13 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
         cfg["generators"] = [{"model": "smollm2"}, {"model": "gemma3"}]
     elif arm.startswith("dp_finetune"):
         # dp_finetune sampled its release from the whole vocabulary (top_k null, the default
-        # then); dp_finetune_topk samples from the 50 likeliest tokens, the default now
+        # then); dp_finetune_topk samples from the 50 likeliest tokens, the default now;
+        # dp_finetune_chat also trains and samples after the zero-shot request in the chat
+        # template (dp_finetune.prompt: chat) instead of the plain label sentence
         cfg["dp_finetune"] = {"records": RECORDS, "clipping": "hooks", "epochs": 1,
                               "batch_size": 32, "samples": samples,
-                              "top_k": 50 if arm == "dp_finetune_topk" else None}
+                              "top_k": None if arm == "dp_finetune" else 50,
+                              "prompt": "chat" if arm == "dp_finetune_chat" else "plain"}
     return cfg
 
 
@@ -308,7 +312,9 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"`generators: [smollm2, gemma3]`, `synthesis.samples` = {SAMPLES}; "
         "`dp_finetune` record level, `clipping: hooks`,"
         f" 1 epoch, batch size 32, `dp_finetune.records` = {RECORDS}, the default LoRA (r = 8, "
-        "q_proj / v_proj), 64 training tokens; `real` the private records as the training set "
+        "q_proj / v_proj), 64 training tokens of each record (after its prompt: the plain label "
+        "sentence, or with `dp_finetune_chat` the zero-shot request in the chat template); "
+        "`real` the private records as the training set "
         "(no release: the ceiling). Each generating arm has its own ledger file. Wall time is "
         "the `dpsynth.generate` call only (models loaded inside; the evaluation apart).",
         "",

@@ -419,6 +419,24 @@ def test_a_short_run_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
     assert not any("lora" in n for n, _ in smollm.model.named_parameters())
 
 
+def test_label_heads_on_the_real_smollm2(smollm: Any) -> None:
+    """``plain``: the label sentence and a newline; ``chat``: the zero-shot request (task,
+    label sentence, writer as the system message) in SmolLM2's chat template with the
+    assistant's turn open, so a record's text and a sample follow that turn."""
+    from dpsynth.config import PromptConfig
+    from dpsynth.methods.dpfinetune.prompts import label_heads
+
+    prompts = PromptConfig(task="a short note to a clinic", writer="a patient")
+    sentences = ["It is about sleep.", "It is about a rash."]
+    plain = label_heads(smollm, sentences, prompts, "plain")
+    assert plain == [smollm.encode_prompt(s + "\n") for s in sentences]
+    chat = [smollm.tokenizer.decode(h) for h in label_heads(smollm, sentences, prompts, "chat")]
+    for text, sentence in zip(chat, sentences, strict=True):
+        assert "You are a patient." in text and "Write a short note to a clinic." in text
+        assert sentence in text and text.rstrip().endswith("<|im_start|>assistant")
+    assert chat[0] != chat[1]
+
+
 def test_adapters_on_the_last_layers_only() -> None:
     """``lora_layers: k``: adapters on the last k layers, nothing trainable below them."""
     model = _tiny(last_layers=1)

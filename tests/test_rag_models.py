@@ -175,6 +175,39 @@ def test_each_documents_logits_are_its_own(smollm, engine, dtype) -> None:
         smollm.set_stepper_engine("transformers")
 
 
+@pytest.mark.models  # loads SmolLM2 twice itself (no fixture marks it)
+def test_the_stepper_ignores_the_machine_load(monkeypatch) -> None:
+    """The stepper runs on ``stepper_threads`` (the configured threads, else every core this
+    process may use), never on the cores idle when the generator was loaded: a generator
+    loaded while the machine looks busy (load 50, one idle core) gives the bf16 logits of one
+    loaded at rest (load 0), bit for bit. (It compiled for the idle cores, one on a busy
+    machine, where bf16 runs as f32: a seeded DP-SynRAG build released other text under
+    load.)"""
+    from dpsynth.llm import load_generator
+    from dpsynth.llm.runtime import available_cores
+    from dpsynth.methods.synrag.private_prediction import open_documents
+
+    def loaded_at(load: float) -> Any:
+        monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
+        gen = load_generator("smollm2")
+        assert gen.configured_threads is None
+        assert gen.num_threads == (1 if load else available_cores())
+        return gen
+
+    def logits(gen: Any) -> np.ndarray:
+        prefix, suffix = prompt_parts(gen, INSTR)
+        gen.set_logits_dtype("bfloat16")
+        gen.set_stepper_engine("openvino")
+        st, _ = open_documents(gen, DOCS, prefix, suffix, 96, rows=2)
+        with st:
+            first = st.logits()
+            st.advance(int(gen.encode(" The")[0]))
+            return np.stack([first, st.logits()])
+
+    calm = logits(loaded_at(0.0))
+    np.testing.assert_array_equal(logits(loaded_at(50.0)), calm)
+
+
 @pytest.mark.models  # loads SmolLM2 in a child process (no fixture marks it)
 def test_openvino_stepper_on_one_thread() -> None:
     """bf16 on one inference thread kills the process inside OpenVINO's compile (SIGFPE,

@@ -324,7 +324,9 @@ def train_pass(smollm: Any, docs: list[str]) -> list[Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from dpsynth.config import PromptConfig
     from dpsynth.methods.dpfinetune.config import DPFineTuneConfig
+    from dpsynth.methods.dpfinetune.prompts import label_heads
     from dpsynth.methods.dpfinetune.train import (
         DPSGD,
         StepSettings,
@@ -342,8 +344,9 @@ def train_pass(smollm: Any, docs: list[str]) -> list[Any]:
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.full_like(p, 1e-3))
-    examples = make_examples(smollm.tokenizer, ["About the clinic."] * len(docs), docs,
-                             s.max_tokens, smollm.eos_token_id)
+    head = label_heads(smollm, ["About the clinic."], PromptConfig(), s.prompt)[0]
+    examples = make_examples(smollm.tokenizer, [head] * len(docs), docs, s.max_tokens,
+                             smollm.eos_token_id)
     settings = StepSettings(1.0, 1.0, 1, float(len(docs)), s.max_grad_norm, s.learning_rate,
                             clipping=s.clipping, micro_batch=s.micro_batch, secure=False)
     trainer = DPSGD(model, examples, settings, Path("/nonexistent"), SeededNoise(0).spawn,

@@ -144,6 +144,9 @@ class LocalGenerator:
         engine = self._place(engine, device)
         spec, embedded, root = self._locate(model, cache_dir)
         self._set_threads(num_threads)
+        #: the threads the caller asked for (None: chosen from the idle cores per batch); a
+        #: pass whose numbers follow the thread count runs on these or on every core
+        self.configured_threads = num_threads
         self.load_source = self._float_weights(spec, embedded, root)
         self._read_tokenizer()
         self.last_batch_sizes: list[int] = []
@@ -538,9 +541,13 @@ class LocalGenerator:
         """Run the :class:`Stepper` on ``"transformers"`` (torch, in :attr:`logits_dtype`) or
         ``"openvino"`` (:mod:`dpsynth.llm.ov_stepper`: exported and compiled now, so a model it
         cannot run fails here, before any private document is read; bf16 when
-        :attr:`logits_dtype` is bfloat16, else f32)."""
+        :attr:`logits_dtype` is bfloat16, else f32). Either runs on
+        :func:`~dpsynth.llm.ov_stepper.stepper_threads` from here on, not on the idle cores:
+        logits follow the thread count (torch's float32 too, by up to 6e-5 between one thread
+        and two), and a seeded build releases the same text whatever the machine's load."""
         if engine not in STEPPER_ENGINES:
             raise ConfigError(f"stepper engine must be one of {STEPPER_ENGINES}, got {engine!r}")
+        self._set_threads(ov_stepper.stepper_threads(self))
         if engine == "openvino":
             ov_stepper.compiled(self, self._ov_precision())
         self.stepper_engine = engine

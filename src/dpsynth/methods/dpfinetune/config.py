@@ -52,7 +52,13 @@ class DPFineTuneConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="per-sample clip C (L2); per user at "
                                                         "privacy.unit user")
     max_tokens: int = Field(64, ge=8, le=4096,
-                            description="tokens per training text (label sentence + record)")
+                            description="tokens of a record's text a training example keeps "
+                                        "(after its prompt)")
+    prompt: Literal["chat", "plain"] = Field(
+        "plain", description="the prompt a record's text follows in training and a sample's "
+                             "in the release: chat (the PE methods' zero-shot request in the "
+                             "model's chat template) or plain (the label sentence and a "
+                             "newline); dpsynth.methods.dpfinetune.prompts")
     clipping: Literal["loop", "hooks", "ghost"] = Field(
         "loop", description="per-sample gradients: one record per forward and backward pass "
                             "(loop: no pass mixes records, each record's clipped gradient "

@@ -38,6 +38,7 @@ from ...work import TuneWork
 from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 from . import accounting
 from .config import DPFineTuneConfig
+from .prompts import label_heads
 from .sample import quota, sample_texts
 from .train import DPSGD, StepSettings, attach_lora, make_examples, step_logger
 
@@ -198,17 +199,19 @@ class DPFineTune(Method):
         sentences = [describe_labels(dict(zip(columns, c, strict=True)), cfg.prompts)
                      for c in classes]
         # the model first (no release yet: a model that cannot load spends nothing)
-        model, tok, model_id, eos_ids, pad_id = _load_model(cfg, job)
+        model, gen = _load_model(cfg, job)
+        tok, eos_ids, pad_id = gen.tokenizer, list(gen.eos_token_ids), int(gen.pad_token_id)
+        heads = label_heads(gen, sentences, cfg.prompts, s.prompt)
         torch.manual_seed(rngs.seed_for("dp_finetune/lora_init") % 2**63)  # public randomness
         model = attach_lora(model, s.lora_rank, s.lora_alpha, s.target_modules, s.lora_layers)
-        examples = make_examples(tok, [sentences[int(y)] for y in codes], dataset.texts,
+        examples = make_examples(tok, [heads[int(y)] for y in codes], dataset.texts,
                                  s.max_tokens, eos_ids[0])
         groups = (user_groups(dataset.users, s.max_records_per_user)
                   if self.user_level(cfg) else None)
         noisy = self._releases(job, codes, len(classes))
         seconds = self._train(job, model, examples, pad_id, groups)
-        rows = self._sample(job, model, tok, sentences, noisy, rngs, eos_ids, pad_id)
-        name = f"dp_finetune:{model_id}"
+        rows = self._sample(job, model, tok, heads, noisy, rngs, eos_ids, pad_id)
+        name = f"dp_finetune:{gen.model_id}"
         release = [{"text": text, "labels": dict(zip(columns, classes[y], strict=True)),
                     "generator": name} for y, text in rows]
         return self._write(job, release, seconds)
@@ -278,14 +281,14 @@ class DPFineTune(Method):
         model.save_pretrained(str(folder / "adapter"))
         return float(facts["seconds"])
 
-    def _sample(self, job: Job, model: Any, tok: Any, sentences: list[str],
+    def _sample(self, job: Job, model: Any, tok: Any, heads: list[list[int]],
                 noisy: np.ndarray | None, rngs: Any, eos_ids: list[int],
                 pad_id: int) -> list[tuple[int, str]]:
         """(label, text) of the release: N_y per label from the noisy counts (or even)."""
 
         s = self.settings(job.config)
-        per_label = quota(s.samples, noisy, len(sentences))
-        return sample_texts(model, tok, sentences, per_label.tolist(),
+        per_label = quota(s.samples, noisy, len(heads))
+        return sample_texts(model, tok, heads, per_label.tolist(),
                             seed_for=lambda y, lo: rngs.seed_for("dp_finetune/sample", y, lo),
                             max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_p=s.top_p, top_k=s.top_k, batch=s.sample_batch, eos_ids=eos_ids,
@@ -367,9 +370,10 @@ def user_groups(users: Any, cap: int | None) -> list[np.ndarray]:
     return [g[:cap] if cap is not None else g for g in groups]
 
 
-def _load_model(cfg: RunConfig, job: Job) -> tuple[Any, Any, str, list[int], int]:
+def _load_model(cfg: RunConfig, job: Job) -> tuple[Any, LocalGenerator]:
     """A fresh float32 copy of the configured local generator's weights (never the caller's
-    model object: the adapter is injected in place), its tokenizer, id, end and pad ids."""
+    model object: the adapter is injected in place), and the generator (its tokenizer, chat
+    template, id, end and pad ids)."""
 
     given = next((g for g in job.generators or () if isinstance(g, LocalGenerator)), None)
     if given is not None:
@@ -386,4 +390,4 @@ def _load_model(cfg: RunConfig, job: Job) -> tuple[Any, Any, str, list[int], int
         gen = LocalGenerator(g.model, engine="transformers", num_threads=g.threads,
                              device="cpu")
         model = gen.model
-    return model, gen.tokenizer, gen.model_id, list(gen.eos_token_ids), int(gen.pad_token_id)
+    return model, gen

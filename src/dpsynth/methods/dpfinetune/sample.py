@@ -20,19 +20,21 @@ def quota(samples: int, noisy_counts: np.ndarray | None, n_labels: int) -> np.nd
     return allocate(samples, weights)
 
 
-def sample_texts(model: Any, tokenizer: Any, prompts: Sequence[str], per_prompt: Sequence[int],
+def sample_texts(model: Any, tokenizer: Any, heads: Sequence[Sequence[int]],
+                 per_prompt: Sequence[int],
                  *, seed_for: Callable[[int, int], int], max_new_tokens: int,
                  temperature: float, top_p: float, batch: int, eos_ids: Sequence[int],
                  pad_id: int, top_k: int | None = None) -> list[tuple[int, str]]:
-    """(label index, text) for ``per_prompt[y]`` samples of each prompt ``"<label>\\n"``,
+    """(label index, text) for ``per_prompt[y]`` samples after each label's prompt ids
+    ``heads[y]`` (:func:`dpsynth.methods.dpfinetune.prompts.label_heads`),
     ``batch`` at a time, each batch seeded by ``seed_for(y, first index)`` (a resumed or
     repeated run samples the same texts from the same model)."""
     import torch
 
     out: list[tuple[int, str]] = []
     model.eval()
-    for y, (prompt, n) in enumerate(zip(prompts, per_prompt, strict=True)):
-        head = list(tokenizer.encode(prompt + "\n", add_special_tokens=True))
+    for y, (head, n) in enumerate(zip(heads, per_prompt, strict=True)):
+        head = [int(i) for i in head]
         for lo in range(0, int(n), batch):
             b = min(batch, int(n) - lo)
             ids = torch.tensor([head] * b, dtype=torch.long)

@@ -60,16 +60,16 @@ class Example:
     start: int
 
 
-def make_examples(tokenizer: Any, prompts: Sequence[str], texts: Sequence[str],
+def make_examples(tokenizer: Any, heads: Sequence[Sequence[int]], texts: Sequence[str],
                   max_tokens: int, eos_id: int) -> list[Example]:
-    """``"<label sentence>\\n<record text><eos>"`` per record, cut at ``max_tokens``."""
+    """Per record its head's ids (the label's prompt, :func:`dpsynth.methods.dpfinetune.
+    prompts.label_heads`), then the record's text cut at ``max_tokens`` tokens and the end
+    token; the loss is on the text and the end token only."""
     out = []
-    for prompt, text in zip(prompts, texts, strict=True):
-        head = list(tokenizer.encode(prompt + "\n", add_special_tokens=True))
-        body = list(tokenizer.encode(text, add_special_tokens=False)) + [int(eos_id)]
-        ids = (head + body)[:max_tokens]
-        start = min(len(head), len(ids) - 1)
-        out.append(Example(tuple(int(i) for i in ids), max(1, start)))
+    for head, text in zip(heads, texts, strict=True):
+        body = list(tokenizer.encode(text, add_special_tokens=False))[:max_tokens]
+        ids = [int(i) for i in head] + body + [int(eos_id)]
+        out.append(Example(tuple(ids), max(1, len(head))))
     return out
 
 
