@@ -755,3 +755,70 @@ def test_bench_dp_finetune_command(tmp_path: Path) -> None:
     assert {"cpu_model", "cores", "load_average_1m", "quiet"} <= set(res["machine"])
     bad = CliRunner().invoke(app, ["bench", "dp-finetune", "--modes", "fast"])
     assert bad.exit_code == 2
+
+
+def test_refused_samples_are_drawn_again_with_their_own_seeds() -> None:
+    """The release's samples go through the public filters: a refused text is drawn again
+    with a seed of its own attempt (attempt 0 keeps the seed it had without filters), up to
+    ``retries`` more times, and left out when every try was refused; the counts say so."""
+    import torch
+
+    from dpsynth.methods.dpfinetune.sample import sample_texts
+
+    class Model:  # the next token from the seeded torch stream: 0 (refused) or 1 (kept)
+        def eval(self) -> None:
+            pass
+
+        def generate(self, input_ids: Any, **_: Any) -> Any:
+            rows = input_ids.shape[0]
+            draws = torch.randint(0, 2, (rows, 1))
+            return torch.cat([input_ids, draws, torch.full((rows, 1), 9)], dim=1)
+
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return " ".join("bad" if i == 0 else "good" for i in ids)
+
+    seeds: list[tuple[int, ...]] = []
+
+    def seed_for(*parts: int) -> int:
+        seeds.append(parts)
+        return 1000 * len(seeds)
+
+    def run(retries: int, clean: Any) -> tuple[list[tuple[int, str]], dict[str, int]]:
+        seeds.clear()
+        return sample_texts(Model(), Tok(), [[5], [6]], [6, 4], seed_for=seed_for,
+                            max_new_tokens=2, temperature=1.0, top_p=1.0, batch=4,
+                            eos_ids=[9], pad_id=9, clean=clean, retries=retries)
+
+    plain, counts = run(0, None)
+    first = list(seeds)
+    assert len(plain) == 10 and counts == {"refused": 0, "dropped": 0}
+    def refuse(text: str) -> str | None:
+        return None if text == "bad" else text
+
+    kept, counts = run(3, refuse)
+    assert [s for s in seeds if len(s) == 2] == first  # attempt 0 as without filters
+    assert all(s[2] >= 1 for s in seeds if len(s) == 3) and len(seeds) > len(first)
+    assert all(text == "good" for _, text in kept)
+    assert counts["refused"] > 0 and len(kept) + counts["dropped"] == 10
+    never, counts = run(2, lambda text: None)
+    assert never == [] and counts["dropped"] == 10 and counts["refused"] == 30
+
+
+def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
+    """When the text filters refuse most of the tuned model's samples (here all of them: no
+    sample reaches ``synthesis.min_chars``), the run leaves them out, counts them in
+    summary.json and warns in log.txt with what to change."""
+    model_dir = _tiny_model_dir(tmp_path)
+    data = _write(tmp_path / "d.csv", _rows(16))
+    raw = _config(data, batch_size=8, epochs=1, records=16, max_tokens=16, samples=4,
+                  max_new_tokens=4, sample_batch=2)
+    raw["generators"] = [{"model": str(model_dir)}]
+    raw["synthesis"] = {"min_chars": 5000, "retries": 1}
+    out = _run(raw, tmp_path / "run")
+    summary = json.loads((out / "release" / "summary.json").read_text())
+    assert summary["samples"] == 0 and summary["dropped"] == 4 and summary["rejected"] == 8
+    assert (out / "release" / "synthetic.jsonl").read_text() == ""
+    log = (out / "log.txt").read_text()
+    assert "100% of the tuned model's samples were refused by the filters" in log
+    assert "prompts.writer" in log

@@ -55,7 +55,7 @@ class DPFineTuneConfig(Section):
                             description="tokens of a record's text a training example keeps "
                                         "(after its prompt)")
     prompt: Literal["chat", "plain"] = Field(
-        "plain", description="the prompt a record's text follows in training and a sample's "
+        "chat", description="the prompt a record's text follows in training and a sample's "
                              "in the release: chat (the PE methods' zero-shot request in the "
                              "model's chat template) or plain (the label sentence and a "
                              "newline); dpsynth.methods.dpfinetune.prompts")

@@ -18,20 +18,28 @@ hold for add/remove one user."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ...config import ConfigError, RunConfig
 from ...context import Rngs, label_classes
-from ...evolution.prompts import describe_labels
+from ...evolution.loop import MOSTLY_FILTERED
+from ...evolution.prompts import (
+    clean_generation,
+    describe_labels,
+    instruction_sentences,
+    with_writer,
+    zero_shot_instruction,
+)
 from ...files import SHARED_MODE, atomic_write_json, write_jsonl
 from ...label_domain import declared_statement, undeclared_columns
 from ...llm.local import LocalGenerator
 from ...llm.models import quiet_transformers
 from ...privacy import run_seed
 from ...privacy.lattice import count_lattice
-from ...progress import note
+from ...progress import note, warn
 from ...run_folder import RunDir
 from ...voting import user_label_counts
 from ...work import TuneWork
@@ -210,11 +218,12 @@ class DPFineTune(Method):
                   if self.user_level(cfg) else None)
         noisy = self._releases(job, codes, len(classes))
         seconds = self._train(job, model, examples, pad_id, groups)
-        rows = self._sample(job, model, tok, heads, noisy, rngs, eos_ids, pad_id)
+        rows, refused = self._sample(job, model, tok, heads, sentences, noisy, rngs, eos_ids,
+                                     pad_id)
         name = f"dp_finetune:{gen.model_id}"
         release = [{"text": text, "labels": dict(zip(columns, classes[y], strict=True)),
                     "generator": name} for y, text in rows]
-        return self._write(job, release, seconds)
+        return self._write(job, release, seconds, refused)
 
     def _releases(self, job: Job, codes: np.ndarray, n_labels: int) -> np.ndarray | None:
         """Release 1, the noisy label counts (None: not released); release 2, all T steps,
@@ -282,26 +291,42 @@ class DPFineTune(Method):
         return float(facts["seconds"])
 
     def _sample(self, job: Job, model: Any, tok: Any, heads: list[list[int]],
-                noisy: np.ndarray | None, rngs: Any, eos_ids: list[int],
-                pad_id: int) -> list[tuple[int, str]]:
-        """(label, text) of the release: N_y per label from the noisy counts (or even)."""
+                sentences: list[str], noisy: np.ndarray | None, rngs: Any, eos_ids: list[int],
+                pad_id: int) -> tuple[list[tuple[int, str]], dict[str, int]]:
+        """(label, text) of the release: N_y per label from the noisy counts (or even), each
+        text through the PE methods' public filters (:func:`_text_filter`), a refused one
+        drawn again up to ``synthesis.retries`` times; and the counts refused and dropped."""
 
-        s = self.settings(job.config)
+        s, cfg = self.settings(job.config), job.config
         per_label = quota(s.samples, noisy, len(heads))
         return sample_texts(model, tok, heads, per_label.tolist(),
-                            seed_for=lambda y, lo: rngs.seed_for("dp_finetune/sample", y, lo),
+                            seed_for=lambda y, lo, *a: rngs.seed_for("dp_finetune/sample", y,
+                                                                      lo, *a),
                             max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_p=s.top_p, top_k=s.top_k, batch=s.sample_batch, eos_ids=eos_ids,
-                            pad_id=pad_id)
+                            pad_id=pad_id, clean=_text_filter(cfg, sentences),
+                            retries=cfg.synthesis.retries)
 
-    def _write(self, job: Job, release: list[dict[str, Any]], seconds: float) -> Outcome:
-        """release/synthetic.jsonl and the outcome (the training time stays in facts)."""
+    def _write(self, job: Job, release: list[dict[str, Any]], seconds: float,
+               refused: dict[str, int]) -> Outcome:
+        """release/synthetic.jsonl and the outcome (the training time stays in facts; the
+        counts of synthetic texts the filters refused and dropped go to the summary)."""
 
         run, plan = job.run, job.plan
         write_jsonl(run.release / "synthetic.jsonl", release, mode=SHARED_MODE)
         run.log(f"release: {len(release)} synthetic samples in "
-                f"{run.release / 'synthetic.jsonl'}")
+                f"{run.release / 'synthetic.jsonl'} ({refused['refused']} drawn again after "
+                f"the text filters refused them, {refused['dropped']} left out)")
+        drawn = len(release) + refused["refused"]
+        if drawn and refused["refused"] / drawn > MOSTLY_FILTERED:
+            message = (f"{refused['refused'] / drawn:.0%} of the tuned model's samples were "
+                       "refused by the filters (assistant chatter, echoes of the prompt, "
+                       "placeholders, answers): try prompts.writer and prompts.task in the words "
+                       "of the texts' writers, dp_finetune.prompt: chat, or a larger generator")
+            warn(message)
+            run.log(f"warning: {message}")
         summary = {"samples": len(release), "epsilon": None, "delta": None,
+                   "rejected": refused["refused"], "dropped": refused["dropped"],
                    "attempts": int(job.meta.get("attempts", 1))}
         return Outcome(summary, facts={"sigma": plan.sigma, "q": plan.notes["q"],
                                        "steps": plan.notes["steps"], "train_seconds": seconds},
@@ -391,3 +416,20 @@ def _load_model(cfg: RunConfig, job: Job) -> tuple[Any, LocalGenerator]:
                              device="cpu")
         model = gen.model
     return model, gen
+
+
+def _text_filter(cfg: RunConfig, sentences: list[str]) -> Callable[[str], str | None]:
+    """The PE methods' public filters on one sampled text (:func:`dpsynth.evolution.prompts.
+    clean_generation`: chat preambles stripped; refusals, commentary on the request, the
+    assistant's voice, placeholders and texts shorter than ``synthesis.min_chars`` refused),
+    with the label sentences and the request's sentences as the echoes to strip
+    (``synthesis.strip_echoes``)."""
+    syn, prompts = cfg.synthesis, cfg.prompts
+    echoes: list[str] = []
+    if syn.strip_echoes:
+        for sentence in sentences:
+            echoes += instruction_sentences(with_writer(
+                zero_shot_instruction(prompts.task, sentence), prompts.writer))
+    echoes = sorted(set(echoes), key=len, reverse=True)
+    return lambda raw: clean_generation(raw, syn.min_chars, echoes=echoes,
+                                        drop_off_task=syn.drop_off_task, writer=prompts.writer)

@@ -22,33 +22,58 @@ def quota(samples: int, noisy_counts: np.ndarray | None, n_labels: int) -> np.nd
 
 def sample_texts(model: Any, tokenizer: Any, heads: Sequence[Sequence[int]],
                  per_prompt: Sequence[int],
-                 *, seed_for: Callable[[int, int], int], max_new_tokens: int,
+                 *, seed_for: Callable[..., int], max_new_tokens: int,
                  temperature: float, top_p: float, batch: int, eos_ids: Sequence[int],
-                 pad_id: int, top_k: int | None = None) -> list[tuple[int, str]]:
+                 pad_id: int, top_k: int | None = None,
+                 clean: Callable[[str], str | None] | None = None,
+                 retries: int = 0) -> tuple[list[tuple[int, str]], dict[str, int]]:
     """(label index, text) for ``per_prompt[y]`` samples after each label's prompt ids
-    ``heads[y]`` (:func:`dpsynth.methods.dpfinetune.prompts.label_heads`),
-    ``batch`` at a time, each batch seeded by ``seed_for(y, first index)`` (a resumed or
-    repeated run samples the same texts from the same model)."""
-    import torch
+    ``heads[y]`` (:func:`dpsynth.methods.dpfinetune.prompts.label_heads`), ``batch`` at a
+    time, each batch seeded by ``seed_for(y, first index)`` (a resumed or repeated run
+    samples the same texts from the same model); and the counts of refused and dropped texts.
 
+    ``clean``: the PE methods' public text filters (a text, or None for one they refuse); a
+    refused text is drawn again, up to ``retries`` more times (``seed_for(y, first index,
+    attempt)``), and left out of the release when every try was refused."""
     out: list[tuple[int, str]] = []
+    counts = {"refused": 0, "dropped": 0}
     model.eval()
     for y, (head, n) in enumerate(zip(heads, per_prompt, strict=True)):
-        head = [int(i) for i in head]
-        for lo in range(0, int(n), batch):
-            b = min(batch, int(n) - lo)
-            ids = torch.tensor([head] * b, dtype=torch.long)
-            torch.manual_seed(seed_for(y, lo) % (2**63))
-            with torch.no_grad():
-                gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                     do_sample=True, temperature=temperature, top_p=top_p,
-                                     top_k=top_k or 0, max_new_tokens=max_new_tokens,
-                                     eos_token_id=list(eos_ids), pad_token_id=pad_id)
-            for row in gen[:, len(head):].tolist():
-                cut = [t for t in _until(row, eos_ids)]
-                text = tokenizer.decode(cut, skip_special_tokens=True).strip()
-                out.append((y, text))
-    return out
+        kept: list[str] = []
+        for attempt in range(retries + 1 if clean is not None else 1):
+            need = int(n) - len(kept)
+            if need <= 0:
+                break
+            for lo in range(0, need, batch):
+                b = min(batch, need - lo)
+                seed = seed_for(y, lo) if attempt == 0 else seed_for(y, lo, attempt)
+                for text in _draw(model, tokenizer, head, b, seed, max_new_tokens, temperature,
+                                  top_p, top_k, eos_ids, pad_id):
+                    cleaned = text if clean is None else clean(text)
+                    if cleaned is None:
+                        counts["refused"] += 1
+                    else:
+                        kept.append(cleaned)
+        counts["dropped"] += int(n) - len(kept)
+        out += [(y, text) for text in kept]
+    return out, counts
+
+
+def _draw(model: Any, tokenizer: Any, head: Sequence[int], rows: int, seed: int,
+          max_new_tokens: int, temperature: float, top_p: float, top_k: int | None,
+          eos_ids: Sequence[int], pad_id: int) -> list[str]:
+    """``rows`` texts sampled after ``head`` in one seeded generate call."""
+    import torch
+
+    ids = torch.tensor([[int(i) for i in head]] * rows, dtype=torch.long)
+    torch.manual_seed(seed % (2**63))
+    with torch.no_grad():
+        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             do_sample=True, temperature=temperature, top_p=top_p,
+                             top_k=top_k or 0, max_new_tokens=max_new_tokens,
+                             eos_token_id=list(eos_ids), pad_token_id=pad_id)
+    return [tokenizer.decode(_until(row, eos_ids), skip_special_tokens=True).strip()
+            for row in gen[:, len(head):].tolist()]
 
 
 def _until(row: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
