@@ -272,6 +272,10 @@ def test_prefixes_are_stripped_and_cut_off_texts_trimmed() -> None:
     assert P.clean_generation("Rephrased question: Where is my card?", 5) == "Where is my card?"
     assert P.clean_generation("Here's a reprise of your question. Text: Where is my card?",
                               5) == "Where is my card?"  # the prompt's cue, repeated
+    assert P.clean_generation("Below is the text you requested: Where is my card?",
+                              5) == "Where is my card?"
+    assert P.clean_generation("Below the cash machine: a card", 5) == \
+        "Below the cash machine: a card"  # no "below is": a text's own words
     cut = "My card came last week and it does not work at all. I have tried every shop in my"
     assert P.trim_cut_off(cut, 16) == "My card came last week and it does not work at all."
     early = "My card came. It does not work at all and I have tried every shop in my"

@@ -132,7 +132,7 @@ def render(instruction: str, chat: bool, writer: str = ""
 
 _PREFIX = re.compile(
     r"^\s*(?:(?:sure|okay|ok|certainly|of course)[,!.]?\s*)?"
-    r"(?:here(?:'s| is| are)[^:\n]{0,80}:\s*)?"
+    r"(?:(?:here|below)(?:'s| is| are)[^:\n]{0,80}:\s*)?"
     r"(?:\*?(?:rephras\w*|completed|new|the|customer'?s?|my)?\s*(?:text|message|version|review|"
     r"example|question|query|request|sentence)?\s*:\s*)?",
     re.IGNORECASE,
