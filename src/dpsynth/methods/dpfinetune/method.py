@@ -319,10 +319,12 @@ class DPFineTune(Method):
                 f"the text filters refused them, {refused['dropped']} left out)")
         drawn = len(release) + refused["refused"]
         if drawn and refused["refused"] / drawn > MOSTLY_FILTERED:
+            chat = "" if self.settings(job.config).prompt == "chat" else \
+                "dp_finetune.prompt: chat, "
             message = (f"{refused['refused'] / drawn:.0%} of the tuned model's samples were "
                        "refused by the filters (assistant chatter, echoes of the prompt, "
                        "placeholders, answers): try prompts.writer and prompts.task in the words "
-                       "of the texts' writers, dp_finetune.prompt: chat, or a larger generator")
+                       f"of the texts' writers, {chat}or a larger generator")
             warn(message)
             run.log(f"warning: {message}")
         summary = {"samples": len(release), "epsilon": None, "delta": None,

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...compute.ray_engine import ray_get
+from ...llm.ov_stepper import stepper_threads
 from .config import STEPPER_ROWS
 from .private_prediction import (
     Prediction,
@@ -268,11 +269,16 @@ class GeneratorSpec:
     spec: Any
     logits_dtype: str = "float32"  # resolved on the driver, so every worker steps alike
     stepper: str = "transformers"  # likewise (synrag.stepper)
+    #: likewise the stepper's threads (:func:`dpsynth.llm.ov_stepper.stepper_threads`): logits
+    #: follow the thread count; a worker with fewer cores runs on fewer (the generator's cap)
+    threads: int | None = None
 
     def __call__(self) -> Any:
         from ...llm import load_generator
 
         gen = load_generator(self.spec)
+        if self.threads is not None:
+            gen.configured_threads = self.threads
         gen.set_logits_dtype(self.logits_dtype)
         gen.set_stepper_engine(self.stepper)
         return gen
@@ -285,7 +291,7 @@ def generator_factory(config: Any, gen: Any) -> Any:
 
     g = config.generators[0]
     return (GeneratorSpec(g.load_spec(), getattr(gen, "logits_dtype", "float32"),
-                          getattr(gen, "stepper_engine", "transformers"))
+                          getattr(gen, "stepper_engine", "transformers"), stepper_threads(gen))
             if isinstance(gen, LocalGenerator)
             else GivenGenerator(gen))
 
