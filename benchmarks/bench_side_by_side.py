@@ -70,11 +70,14 @@ RECORDS = 500
 SAMPLES = 200
 EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "dp_finetune", "dp_finetune_topk",
-        "dp_finetune_chat", "real")
+        "dp_finetune_chat", "dp_finetune_chat_lr", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
           "wasp": "wasp", "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
-          "dp_finetune_chat": "dp_finetune"}
+          "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune"}
+
+#: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
+DP_FINETUNE_SMALL_LR = 2e-4
 
 #: aug_pe_preference: DPO pairs per vote (synthesis.preference.pairs; 64 is the default)
 PREFERENCE_PAIRS = 64
@@ -103,7 +106,9 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
         cfg["dp_finetune"] = {"records": RECORDS, "clipping": "hooks", "epochs": 1,
                               "batch_size": 32, "samples": samples,
                               "top_k": None if arm == "dp_finetune" else 50,
-                              "prompt": "chat" if arm == "dp_finetune_chat" else "plain"}
+                              "prompt": "chat" if arm.startswith("dp_finetune_chat") else "plain"}
+        if arm == "dp_finetune_chat_lr":  # a smaller step: stay nearer the zero-shot model
+            cfg["dp_finetune"]["learning_rate"] = DP_FINETUNE_SMALL_LR
     return cfg
 
 
