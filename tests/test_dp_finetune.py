@@ -784,15 +784,17 @@ def test_refused_samples_are_drawn_again_with_their_own_seeds() -> None:
         seeds.append(parts)
         return 1000 * len(seeds)
 
-    def run(retries: int, clean: Any) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    def run(retries: int, clean: Any, check: Any = None
+            ) -> tuple[list[tuple[int, str]], dict[str, int]]:
         seeds.clear()
         return sample_texts(Model(), Tok(), [[5], [6]], [6, 4], seed_for=seed_for,
                             max_new_tokens=2, temperature=1.0, top_p=1.0, batch=4,
-                            eos_ids=[9], pad_id=9, clean=clean, retries=retries)
+                            eos_ids=[9], pad_id=9, clean=clean, check=check,
+                            retries=retries)
 
     plain, counts = run(0, None)
     first = list(seeds)
-    assert len(plain) == 10 and counts == {"refused": 0, "dropped": 0}
+    assert len(plain) == 10 and counts == {"refused": 0, "off_label": 0, "dropped": 0}
     def refuse(text: str) -> str | None:
         return None if text == "bad" else text
 
@@ -803,6 +805,19 @@ def test_refused_samples_are_drawn_again_with_their_own_seeds() -> None:
     assert counts["refused"] > 0 and len(kept) + counts["dropped"] == 10
     never, counts = run(2, lambda text: None)
     assert never == [] and counts["dropped"] == 10 and counts["refused"] == 30
+    calls: list[list[int]] = []
+
+    def label_check(labels: list[int], texts: list[str]) -> np.ndarray:
+        """Refuses every text of label 1, over all labels' texts of an attempt at once."""
+        calls.append(labels)
+        return np.array([y == 1 for y in labels])
+
+    checked, counts = run(2, None, label_check)
+    # label 1's 4 texts refused on every try: its slots keep the last try's texts (the check
+    # steers, it never empties a release); only the filters leave a slot out
+    assert [y for y, _ in checked] == [0] * 6 + [1] * 4 and counts["dropped"] == 0
+    assert counts["off_label"] == counts["refused"] == 12  # 4 texts, 3 tries
+    assert calls[0] == [0] * 6 + [1] * 4 and calls[1] == [1] * 4
 
 
 def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:

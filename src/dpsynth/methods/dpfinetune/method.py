@@ -25,11 +25,15 @@ import numpy as np
 
 from ...config import ConfigError, RunConfig
 from ...context import Rngs, label_classes
+from ...embed import Embedder
+from ...evolution.label_check import LabelCheck
 from ...evolution.loop import MOSTLY_FILTERED
+from ...evolution.operators import embedder_device
 from ...evolution.prompts import (
     clean_generation,
     describe_labels,
     instruction_sentences,
+    readable_label,
     with_writer,
     zero_shot_instruction,
 )
@@ -218,8 +222,9 @@ class DPFineTune(Method):
                   if self.user_level(cfg) else None)
         noisy = self._releases(job, codes, len(classes))
         seconds = self._train(job, model, examples, pad_id, groups)
+        check = _label_check(job, [dict(zip(columns, c, strict=True)) for c in classes])
         rows, refused = self._sample(job, model, tok, heads, sentences, noisy, rngs, eos_ids,
-                                     pad_id)
+                                     pad_id, check)
         name = f"dp_finetune:{gen.model_id}"
         release = [{"text": text, "labels": dict(zip(columns, classes[y], strict=True)),
                     "generator": name} for y, text in rows]
@@ -292,10 +297,12 @@ class DPFineTune(Method):
 
     def _sample(self, job: Job, model: Any, tok: Any, heads: list[list[int]],
                 sentences: list[str], noisy: np.ndarray | None, rngs: Any, eos_ids: list[int],
-                pad_id: int) -> tuple[list[tuple[int, str]], dict[str, int]]:
+                pad_id: int, check: Callable[[list[int], list[str]], np.ndarray] | None
+                ) -> tuple[list[tuple[int, str]], dict[str, int]]:
         """(label, text) of the release: N_y per label from the noisy counts (or even), each
-        text through the PE methods' public filters (:func:`_text_filter`), a refused one
-        drawn again up to ``synthesis.retries`` times; and the counts refused and dropped."""
+        text through the PE methods' public filters (:func:`_text_filter`) and label check
+        (:func:`_label_check`), a refused one drawn again up to ``synthesis.retries`` times;
+        and the counts refused, off-label and dropped."""
 
         s, cfg = self.settings(job.config), job.config
         per_label = quota(s.samples, noisy, len(heads))
@@ -304,7 +311,7 @@ class DPFineTune(Method):
                                                                       lo, *a),
                             max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_p=s.top_p, top_k=s.top_k, batch=s.sample_batch, eos_ids=eos_ids,
-                            pad_id=pad_id, clean=_text_filter(cfg, sentences),
+                            pad_id=pad_id, clean=_text_filter(cfg, sentences), check=check,
                             retries=cfg.synthesis.retries)
 
     def _write(self, job: Job, release: list[dict[str, Any]], seconds: float,
@@ -328,7 +335,8 @@ class DPFineTune(Method):
             warn(message)
             run.log(f"warning: {message}")
         summary = {"samples": len(release), "epsilon": None, "delta": None,
-                   "rejected": refused["refused"], "dropped": refused["dropped"],
+                   "rejected": refused["refused"], "off_label": refused["off_label"],
+                   "dropped": refused["dropped"],
                    "attempts": int(job.meta.get("attempts", 1))}
         return Outcome(summary, facts={"sigma": plan.sigma, "q": plan.notes["q"],
                                        "steps": plan.notes["steps"], "train_seconds": seconds},
@@ -435,3 +443,39 @@ def _text_filter(cfg: RunConfig, sentences: list[str]) -> Callable[[str], str | 
     echoes = sorted(set(echoes), key=len, reverse=True)
     return lambda raw: clean_generation(raw, syn.min_chars, echoes=echoes,
                                         drop_off_task=syn.drop_off_task, writer=prompts.writer)
+
+
+def _label_check(job: Job, labels: list[dict[str, str]]
+                 ) -> Callable[[list[int], list[str]], np.ndarray] | None:
+    """The PE methods' label check on the release's samples (``synthesis.label_check``;
+    :class:`dpsynth.evolution.label_check.LabelCheck`): a text whose own label value is not
+    among the nearest of its column's values (their public descriptions or names, embedded by
+    the run's embedder) is refused, where the embedder separates the column's values on the
+    first attempt's samples (the gate). ``labels[y]``: class y's value per column. Public
+    inputs only; None when the check is off or no column has two values."""
+    cfg = job.config
+    domain = {col: list(vals) for col, vals in (job.dataset.label_domain or {}).items()
+              if col in labels[0] and len(vals) > 1} if labels else {}
+    if not cfg.synthesis.label_check or not domain:
+        return None
+    embedder = job.embedder if job.embedder is not None else _embedder(cfg, job.run)
+    descriptions = cfg.prompts.descriptions()
+    check = LabelCheck(domain,
+                       lambda col, v: descriptions.get(col, {}).get(v, readable_label(v)),
+                       lambda texts: embedder.embed(list(texts), progress=False))
+
+    def refused(classes: list[int], texts: list[str]) -> np.ndarray:
+        undecided = check.gate is None
+        mask = check.refused(texts, [labels[y] for y in classes])
+        if undecided and check.gate is not None:
+            job.run.log(f"dp_finetune: label check {check.gate} (kappa {check.kappas})")
+        return mask
+
+    return refused
+
+
+def _embedder(cfg: RunConfig, run: RunDir) -> Any:
+    """The configured embedder (the label check's), with its cache in private/."""
+    e = cfg.embedder
+    return Embedder(e.model, cache_dir=run.private / "embed-cache", batch_size=e.batch_size,
+                    engine=e.engine, threads=e.threads, device=embedder_device(e.device))

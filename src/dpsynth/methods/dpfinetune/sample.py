@@ -26,37 +26,50 @@ def sample_texts(model: Any, tokenizer: Any, heads: Sequence[Sequence[int]],
                  temperature: float, top_p: float, batch: int, eos_ids: Sequence[int],
                  pad_id: int, top_k: int | None = None,
                  clean: Callable[[str], str | None] | None = None,
+                 check: Callable[[list[int], list[str]], np.ndarray] | None = None,
                  retries: int = 0) -> tuple[list[tuple[int, str]], dict[str, int]]:
     """(label index, text) for ``per_prompt[y]`` samples after each label's prompt ids
     ``heads[y]`` (:func:`dpsynth.methods.dpfinetune.prompts.label_heads`), ``batch`` at a
     time, each batch seeded by ``seed_for(y, first index)`` (a resumed or repeated run
-    samples the same texts from the same model); and the counts of refused and dropped texts.
+    samples the same texts from the same model); and the counts of refused texts (``refused``,
+    of them ``off_label``) and of those left out (``dropped``).
 
-    ``clean``: the PE methods' public text filters (a text, or None for one they refuse); a
-    refused text is drawn again, up to ``retries`` more times (``seed_for(y, first index,
-    attempt)``), and left out of the release when every try was refused."""
-    out: list[tuple[int, str]] = []
-    counts = {"refused": 0, "dropped": 0}
+    ``clean``: the PE methods' public text filters (a text, or None for one they refuse);
+    ``check(labels, texts)``: a mask of the texts the label check refuses, over every label's
+    texts of one attempt at once (its gate needs many). A refused text is drawn again, up to
+    ``retries`` more times (``seed_for(y, first index, attempt)``). After the last try a slot
+    still empty keeps the last text only the label check refused (the check steers, as in
+    the PE methods: it never empties a release), and is left out when the filters refused
+    every try."""
+    counts = {"refused": 0, "off_label": 0, "dropped": 0}
+    kept: list[list[str]] = [[] for _ in heads]
+    fallback: list[list[str]] = [[] for _ in heads]  # the last attempt's off-label texts
     model.eval()
-    for y, (head, n) in enumerate(zip(heads, per_prompt, strict=True)):
-        kept: list[str] = []
-        for attempt in range(retries + 1 if clean is not None else 1):
-            need = int(n) - len(kept)
-            if need <= 0:
-                break
-            for lo in range(0, need, batch):
-                b = min(batch, need - lo)
+    for attempt in range(retries + 1 if clean is not None or check is not None else 1):
+        drawn: list[tuple[int, str]] = []
+        for y, (head, n) in enumerate(zip(heads, per_prompt, strict=True)):
+            need = int(n) - len(kept[y])
+            for lo in range(0, max(0, need), batch):
                 seed = seed_for(y, lo) if attempt == 0 else seed_for(y, lo, attempt)
-                for text in _draw(model, tokenizer, head, b, seed, max_new_tokens, temperature,
-                                  top_p, top_k, eos_ids, pad_id):
+                for text in _draw(model, tokenizer, head, min(batch, need - lo), seed,
+                                  max_new_tokens, temperature, top_p, top_k, eos_ids, pad_id):
                     cleaned = text if clean is None else clean(text)
                     if cleaned is None:
                         counts["refused"] += 1
                     else:
-                        kept.append(cleaned)
-        counts["dropped"] += int(n) - len(kept)
-        out += [(y, text) for text in kept]
-    return out, counts
+                        drawn.append((y, cleaned))
+        off = (check([y for y, _ in drawn], [t for _, t in drawn])
+               if check is not None and drawn else np.zeros(len(drawn), dtype=bool))
+        counts["refused"] += int(off.sum())
+        counts["off_label"] += int(off.sum())
+        off_label: list[list[str]] = [[] for _ in heads]
+        for (y, text), refuse in zip(drawn, off, strict=True):
+            (off_label if refuse else kept)[y].append(text)
+        fallback = [new or old for new, old in zip(off_label, fallback, strict=True)]
+    for y, n in enumerate(per_prompt):
+        kept[y] += fallback[y][:max(0, int(n) - len(kept[y]))]
+    counts["dropped"] = sum(int(n) - len(k) for n, k in zip(per_prompt, kept, strict=True))
+    return [(y, text) for y, texts in enumerate(kept) for text in texts], counts
 
 
 def _draw(model: Any, tokenizer: Any, head: Sequence[int], rows: int, seed: int,
