@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig
+from ..config import EmbedderConfig, PromptConfig, RunConfig
 from ..context import stable_seed
 from ..embed.protocols import EngineTagged
 from ..llm.cache import CachedGenerator
@@ -39,6 +39,21 @@ def embedder_device(device: str) -> str:
     from ..llm.runtime import resolve_device
 
     return resolve_device(device)
+
+
+def configured_embedder(cfg: EmbedderConfig, cache_dir: Path) -> Any:
+    """The run's configured embedder (``embedder`` section), its cache in ``cache_dir``."""
+    from ..embed import Embedder
+
+    return Embedder(cfg.model, cache_dir=cache_dir, batch_size=cfg.batch_size,
+                    engine=cfg.engine, threads=cfg.threads, device=embedder_device(cfg.device))
+
+
+def described_value(prompts: PromptConfig) -> Callable[[str, str], str]:
+    """What the label check's embedder reads for a column's value: its public description
+    (``prompts.label_descriptions``), else its readable name."""
+    descriptions = prompts.descriptions()
+    return lambda col, v: descriptions.get(col, {}).get(v, P.readable_label(v))
 
 
 def split_by_weights(n: int, weights: np.ndarray) -> np.ndarray:
@@ -112,14 +127,10 @@ class Generation:
     def embedder(self) -> Any:
         if self._given_embedder is not None:
             return self._given_embedder
-        from ..embed import Embedder
-
         cfg = self.config.embedder
         self.log(f"loading embedder {cfg.model} (engine {cfg.engine})")
         with step(f"loading embedder {cfg.model}"):
-            embedder = Embedder(cfg.model, cache_dir=self.embed_cache,
-                                batch_size=cfg.batch_size, engine=cfg.engine,
-                                threads=cfg.threads, device=embedder_device(cfg.device))
+            embedder = configured_embedder(cfg, self.embed_cache)
         tag = embedder.engine_tag if isinstance(embedder, EngineTagged) else \
             type(embedder).__name__
         self.log(f"embedder engine: {tag}")
@@ -265,9 +276,7 @@ class Generation:
         decides is kept in ``label_gates`` and said in the run log."""
         if not self.config.synthesis.label_check or not self.label_domain:
             return None
-        descriptions = self.config.prompts.descriptions()
-        check = LabelCheck(self.label_domain,
-                           lambda col, v: descriptions.get(col, {}).get(v, P.readable_label(v)),
+        check = LabelCheck(self.label_domain, described_value(self.config.prompts),
                            lambda texts: self.embedder.embed(list(texts), progress=False),
                            gate=self.label_gates.get(g))
 

@@ -48,6 +48,7 @@ from .runtime import (
     idle_threads,
     resolve_device,
     resolve_engine,
+    stepper_threads,
 )
 from .stepper import SharedTokenStepper, Stepper, rows_apart_of
 
@@ -542,12 +543,12 @@ class LocalGenerator:
         ``"openvino"`` (:mod:`dpsynth.llm.ov_stepper`: exported and compiled now, so a model it
         cannot run fails here, before any private document is read; bf16 when
         :attr:`logits_dtype` is bfloat16, else f32). Either runs on
-        :func:`~dpsynth.llm.ov_stepper.stepper_threads` from here on, not on the idle cores:
+        :func:`~dpsynth.llm.runtime.stepper_threads` from here on, not on the idle cores:
         logits follow the thread count (torch's float32 too, by up to 6e-5 between one thread
         and two), and a seeded build releases the same text whatever the machine's load."""
         if engine not in STEPPER_ENGINES:
             raise ConfigError(f"stepper engine must be one of {STEPPER_ENGINES}, got {engine!r}")
-        self._set_threads(ov_stepper.stepper_threads(self))
+        self._set_threads(stepper_threads(self))
         if engine == "openvino":
             ov_stepper.compiled(self, self._ov_precision())
         self.stepper_engine = engine

@@ -39,7 +39,7 @@ import numpy as np
 from ..files import publish_dir
 from . import ct2
 from .base import GenerationError
-from .runtime import available_cores, import_openvino
+from .runtime import import_openvino, stepper_threads
 from .stepper import SharedTokenStepper, cache_keyword, output_logits
 
 log = logging.getLogger("dpsynth.llm")
@@ -201,27 +201,16 @@ def runnable_precision(precision: str, threads: int) -> str:
     OpenVINO's CPU plugin (2026.4; openvinotoolkit/openvino#33300) kills the process with a
     floating point exception when it compiles a bf16 decoder for one thread (measured here:
     ``INFERENCE_NUM_THREADS`` 1, or one core by ``taskset -c 0``; f32 compiles): one thread
-    (:func:`stepper_threads`: a generator configured for one, or a process that may use one
-    core) runs f32 (closer to float32, slower)."""
+    (:func:`~dpsynth.llm.runtime.stepper_threads`: a generator configured for one, or a
+    process that may use one core) runs f32 (closer to float32, slower)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return "f32" if precision == "bf16" and threads < 2 else precision
 
 
-def stepper_threads(gen: Any) -> int:
-    """The inference threads the stepper compiles with: the generator's configured threads
-    (``generators[].threads``), else every core this process may use, never the cores idle
-    at the moment. OpenVINO's logits follow the thread count (float32 logits of SmolLM2 differ
-    by up to 0.012 between one thread and two, and on one thread bf16 runs as f32: 0.47), so
-    a count read from the load would make a seeded build's release depend on what else ran
-    on the machine."""
-    configured = getattr(gen, "configured_threads", None)
-    return min(int(configured), available_cores()) if configured else available_cores()
-
-
 def compiled(gen: Any, precision: str) -> Any:
     """The compiled decoder of ``gen`` in ``precision`` (compiled once per generator, on
-    :func:`stepper_threads`; on one thread bf16 is compiled as f32, see
+    :func:`~dpsynth.llm.runtime.stepper_threads`; on one thread bf16 is compiled as f32, see
     :func:`runnable_precision`)."""
     wanted = precision
     threads = stepper_threads(gen)

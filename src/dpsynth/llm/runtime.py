@@ -97,3 +97,14 @@ def import_openvino() -> Any:
     import openvino
 
     return openvino
+
+
+def stepper_threads(gen: Any) -> int:
+    """The threads a stepper (OpenVINO or torch) runs on: the generator's configured threads
+    (``generators[].threads``), else every core this process may use, never the cores idle
+    at the moment. Its logits follow the thread count (OpenVINO's float32 logits of SmolLM2
+    differ by up to 0.012 between one thread and two, and on one thread bf16 runs as f32:
+    0.47), so a count read from the load would make a seeded build's release depend on what
+    else ran on the machine."""
+    configured = getattr(gen, "configured_threads", None)
+    return min(int(configured), available_cores()) if configured else available_cores()

@@ -25,15 +25,13 @@ import numpy as np
 
 from ...config import ConfigError, RunConfig
 from ...context import Rngs, label_classes
-from ...embed import Embedder
 from ...evolution.label_check import LabelCheck
 from ...evolution.loop import MOSTLY_FILTERED
-from ...evolution.operators import embedder_device
+from ...evolution.operators import configured_embedder, described_value
 from ...evolution.prompts import (
     clean_generation,
     describe_labels,
     instruction_sentences,
-    readable_label,
     with_writer,
     zero_shot_instruction,
 )
@@ -458,10 +456,9 @@ def _label_check(job: Job, labels: list[dict[str, str]]
               if col in labels[0] and len(vals) > 1} if labels else {}
     if not cfg.synthesis.label_check or not domain:
         return None
-    embedder = job.embedder if job.embedder is not None else _embedder(cfg, job.run)
-    descriptions = cfg.prompts.descriptions()
-    check = LabelCheck(domain,
-                       lambda col, v: descriptions.get(col, {}).get(v, readable_label(v)),
+    embedder = (job.embedder if job.embedder is not None
+                else configured_embedder(cfg.embedder, job.run.private / "embed-cache"))
+    check = LabelCheck(domain, described_value(cfg.prompts),
                        lambda texts: embedder.embed(list(texts), progress=False))
 
     def refused(classes: list[int], texts: list[str]) -> np.ndarray:
@@ -472,10 +469,3 @@ def _label_check(job: Job, labels: list[dict[str, str]]
         return mask
 
     return refused
-
-
-def _embedder(cfg: RunConfig, run: RunDir) -> Any:
-    """The configured embedder (the label check's), with its cache in private/."""
-    e = cfg.embedder
-    return Embedder(e.model, cache_dir=run.private / "embed-cache", batch_size=e.batch_size,
-                    engine=e.engine, threads=e.threads, device=embedder_device(e.device))

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...compute.ray_engine import ray_get
-from ...llm.ov_stepper import stepper_threads
+from ...llm.runtime import stepper_threads
 from .config import STEPPER_ROWS
 from .private_prediction import (
     Prediction,
@@ -269,7 +269,7 @@ class GeneratorSpec:
     spec: Any
     logits_dtype: str = "float32"  # resolved on the driver, so every worker steps alike
     stepper: str = "transformers"  # likewise (synrag.stepper)
-    #: likewise the stepper's threads (:func:`dpsynth.llm.ov_stepper.stepper_threads`): logits
+    #: likewise the stepper's threads (:func:`dpsynth.llm.runtime.stepper_threads`): logits
     #: follow the thread count; a worker with fewer cores runs on fewer (the generator's cap)
     threads: int | None = None
 
