@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from xdist_scheduler import RayModulesTogether, ray_modules
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -173,18 +175,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist, send every test of a module that uses the shared Ray cluster to one
-    worker (one cluster per session, not one per worker); every other test is balanced alone.
-    (xdist's own ``--dist loadgroup`` marks are not honoured with pytest 9: the scheduler
-    never sees their group, so the grouping is done here, by module.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    ray_modules = {p.name for p in Path(__file__).parent.glob("test_*.py")
-                   if "ray_cluster" in p.read_text(encoding="utf-8")}
-
-    class RayModulesTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return "ray-cluster" if module in ray_modules else nodeid
-
-    return RayModulesTogether(config, log)
+    """Under pytest-xdist, every test of a module that uses the shared Ray cluster runs on one
+    worker, every other test is balanced alone, and a crashed worker does not hang the run
+    (tests/xdist_scheduler.py)."""
+    return RayModulesTogether(config, log, together=ray_modules(Path(__file__).parent))

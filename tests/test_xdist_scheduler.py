@@ -1,0 +1,60 @@
+"""The suite's xdist scheduler (tests/xdist_scheduler.py) on a small suite of its own: the
+Ray-like module runs on one worker, and a worker that dies mid-run fails its test and the run
+goes on to the end (xdist's own scope scheduler hung there, and CI with it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+from xdist_scheduler import RayModulesTogether
+
+def pytest_xdist_make_scheduler(config, log):
+    return RayModulesTogether(config, log, together={{"test_ray_like.py"}})
+"""
+
+WORKER_NOTE = """
+import os
+from pathlib import Path
+
+def note(name):
+    with open(Path(__file__).with_name("ran.txt"), "a") as fh:
+        fh.write(f"{name} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+"""
+
+
+def suite(folder: Path) -> None:
+    (folder / "pytest.ini").write_text("[pytest]\n")
+    (folder / "conftest.py").write_text(CONFTEST)
+    (folder / "noting.py").write_text(WORKER_NOTE)
+    many = "".join(f"def test_{i}():\n    note('a{i}')\n\n" for i in range(8))
+    (folder / "test_a.py").write_text(f"from noting import note\n\n{many}")
+    ray_like = "".join(f"def test_{i}():\n    note('ray{i}')\n\n" for i in range(4))
+    (folder / "test_ray_like.py").write_text(f"from noting import note\n\n{ray_like}")
+    (folder / "test_crash.py").write_text(
+        "import os\nfrom noting import note\n\n"
+        "def test_crash():\n    os._exit(3)\n\n"
+        "def test_after():\n    note('after')\n")
+
+
+def test_a_crashed_worker_fails_its_test_and_the_run_ends(tmp_path) -> None:
+    suite(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-p",
+         "no:randomly", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "1 failed, 13 passed" in out, out[-3000:]
+    assert "crashed while running" in out and "test_crash.py::test_crash" in out, out[-3000:]
+    ran = [line.split() for line in (tmp_path / "ran.txt").read_text().splitlines()]
+    names = sorted(name for name, _ in ran)
+    assert names == sorted([f"a{i}" for i in range(8)] + [f"ray{i}" for i in range(4)]
+                           + ["after"])  # each once: the crashed test is not run again
+    assert len({worker for name, worker in ran if name.startswith("ray")}) == 1

@@ -1,0 +1,72 @@
+"""The suite's pytest-xdist scheduler: every test of a module that uses the shared Ray cluster
+goes to one worker (one cluster per session, not one per worker); every other test is a work
+unit of its own.
+
+It is xdist's ``LoadScopeScheduling`` with three mends for a worker that crashes (a segfault, or
+a test that kills its process), each a known xdist bug that otherwise hangs the whole run
+(seen in CI: a worker crashed at a third of the suite and the run hung until CI's limit):
+
+- the crashed worker's finished units went back on the queue as empty ones, which no worker
+  ever reports done, so the run waits on them forever (xdist issue 1378);
+- the test the worker died on was queued again, to crash its replacement too (xdist PR 1371);
+- a replacement worker was given one unit of one test, and a worker runs a test only once it
+  holds the next one (to know which fixtures to tear down), so it waited (xdist issue 1327).
+
+(xdist's own ``--dist loadgroup`` marks are not honoured with pytest 9: the scheduler never
+sees their group, so the grouping is done here, by module.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from xdist.scheduler import LoadScopeScheduling
+
+RAY_SCOPE = "ray-cluster"
+
+
+def ray_modules(tests: Path) -> set[str]:
+    """The test modules that use the shared Ray cluster fixture."""
+    return {p.name for p in tests.glob("test_*.py")
+            if "ray_cluster" in p.read_text(encoding="utf-8")}
+
+
+class RayModulesTogether(LoadScopeScheduling):
+    """One scope for every Ray-cluster module, one per test elsewhere; survives a crash."""
+
+    def __init__(self, config: Any, log: Any = None, *, together: set[str]) -> None:
+        super().__init__(config, log)
+        self.together = together
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        return RAY_SCOPE if module in self.together else nodeid
+
+    def remove_node(self, node: Any) -> str | None:
+        """Forget a worker that finished or crashed; requeue only the tests it left unrun,
+        never the one it crashed on (that one is reported failed by xdist)."""
+        workload = self.assigned_work.pop(node)
+        unrun = [nodeid for unit in workload.values() for nodeid, done in unit.items()
+                 if not done]
+        if not unrun:
+            return None
+        crashed = unrun[0]  # a worker runs its units' tests in the order they were sent
+        self.registered_collections.pop(node, None)  # its replacement registers its own
+        for scope, unit in workload.items():
+            left = {nodeid: False for nodeid, done in unit.items()
+                    if not done and nodeid != crashed}
+            if left:
+                self.workqueue[scope] = left
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashed
+
+    def _reschedule(self, node: Any) -> None:
+        """xdist's rule, then units until the worker holds at least two tests (a unit here is
+        often one test; a worker holding one test waits for a second before it runs it)."""
+        super()._reschedule(node)
+        while (not node.shutting_down and self.workqueue and node in self.assigned_work
+               and node in self.registered_collections
+               and self._pending_of(self.assigned_work[node]) < 2):
+            self._assign_work_unit(node)
