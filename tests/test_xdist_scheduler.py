@@ -39,22 +39,40 @@ def suite(folder: Path) -> None:
     (folder / "test_ray_like.py").write_text(f"from noting import note\n\n{ray_like}")
     (folder / "test_crash.py").write_text(
         "import os\nfrom noting import note\n\n"
-        "def test_crash():\n    os._exit(3)\n\n"
+        "def test_crash():\n    note('crash')\n    os._exit(3)\n\n"
         "def test_after():\n    note('after')\n")
 
 
-def test_a_crashed_worker_fails_its_test_and_the_run_ends(tmp_path) -> None:
-    suite(tmp_path)
+def run(folder: Path, *extra: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-p",
-         "no:randomly", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", *extra,
+         str(folder)], cwd=folder, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
-    assert "1 failed, 13 passed" in out, out[-3000:]
+    return out
+
+
+def ran(folder: Path) -> list[list[str]]:
+    return [line.split() for line in (folder / "ran.txt").read_text().splitlines()]
+
+
+def test_a_crash_is_rerun_once_a_failure_never_and_the_run_ends(tmp_path) -> None:
+    """With the suite's own options: a test whose worker crashes runs once more, and fails
+    when it crashes again (not once per worker restart); a crash that does not come back
+    passes; a failing test is not rerun; the Ray-like module runs on one worker; and the run
+    ends (xdist's scope scheduler hung after a crash)."""
+    suite(tmp_path)
+    (tmp_path / "test_more.py").write_text(
+        "import os\nfrom pathlib import Path\nfrom noting import note\n\n"
+        "def test_crash_once():\n    note('once')\n"
+        "    mark = Path(__file__).with_name('crashed-once')\n"
+        "    if not mark.exists():\n        mark.touch()\n        os._exit(3)\n\n"
+        "def test_fails():\n    note('fails')\n    assert False\n")
+    out = run(tmp_path, "--reruns", "1", "--rerun-except", ".*")
+    assert "2 failed, 14 passed, 2 rerun" in out, out[-3000:]
     assert "crashed while running" in out and "test_crash.py::test_crash" in out, out[-3000:]
-    ran = [line.split() for line in (tmp_path / "ran.txt").read_text().splitlines()]
-    names = sorted(name for name, _ in ran)
-    assert names == sorted([f"a{i}" for i in range(8)] + [f"ray{i}" for i in range(4)]
-                           + ["after"])  # each once: the crashed test is not run again
-    assert len({worker for name, worker in ran if name.startswith("ray")}) == 1
+    names = [name for name, _ in ran(tmp_path)]
+    assert sorted(n for n in names if n not in ("once", "fails", "crash")) == sorted(
+        [f"a{i}" for i in range(8)] + [f"ray{i}" for i in range(4)] + ["after"])
+    assert names.count("once") == names.count("crash") == 2 and names.count("fails") == 1
+    assert len({worker for name, worker in ran(tmp_path) if name.startswith("ray")}) == 1

@@ -12,6 +12,11 @@ a test that kills its process), each a known xdist bug that otherwise hangs the 
 - a replacement worker was given one unit of one test, and a worker runs a test only once it
   holds the next one (to know which fixtures to tear down), so it waited (xdist issue 1327).
 
+It also queues a crashed test once more when pytest-rerunfailures asks (``mark_test_pending``):
+the suite reruns a test whose worker crashed once (a native crash in a library, seen once in
+CI and never here), and never a test that failed (``--rerun-except``, pyproject.toml); the
+rerun is reported.
+
 (xdist's own ``--dist loadgroup`` marks are not honoured with pytest 9: the scheduler never
 sees their group, so the grouping is done here, by module.)
 """
@@ -62,11 +67,22 @@ class RayModulesTogether(LoadScopeScheduling):
             self._reschedule(other)
         return crashed
 
+    def mark_test_pending(self, item: str) -> None:
+        """Queue a test its worker crashed on once more, first in line (pytest-rerunfailures
+        calls this for a crash; xdist's scope scheduler could not)."""
+        scope = self._split_scope(item)
+        self.workqueue.setdefault(scope, {})[item] = False
+        self.workqueue.move_to_end(scope, last=False)
+        for node in self.assigned_work:
+            self._reschedule(node)
+
     def _reschedule(self, node: Any) -> None:
         """xdist's rule, then units until the worker holds at least two tests (a unit here is
-        often one test; a worker holding one test waits for a second before it runs it)."""
+        often one test; a worker holding one test waits for a second before it runs it). A
+        replacement worker still collecting is scheduled once it has collected."""
+        if node not in self.registered_collections:
+            return
         super()._reschedule(node)
-        while (not node.shutting_down and self.workqueue and node in self.assigned_work
-               and node in self.registered_collections
+        while (not node.shutting_down and self.workqueue
                and self._pending_of(self.assigned_work[node]) < 2):
             self._assign_work_unit(node)
