@@ -12,13 +12,10 @@ a test that kills its process), each a known xdist bug that otherwise hangs the 
 - a replacement worker was given one unit of one test, and a worker runs a test only once it
   holds the next one (to know which fixtures to tear down), so it waited (xdist issue 1327).
 
-It also queues a crashed test once more when pytest-rerunfailures asks (``mark_test_pending``):
-the suite reruns a test whose worker crashed once (a native crash in a library, seen once in
-CI and never here), and never a test that failed (``--rerun-except``, pyproject.toml); the
-rerun is reported.
-
-(xdist's own ``--dist loadgroup`` marks are not honoured with pytest 9: the scheduler never
-sees their group, so the grouping is done here, by module.)
+It also queues a crashed test once more when pytest-rerunfailures asks (``mark_test_pending``).
+``make test`` (what CI runs) reruns a test whose worker crashed, once: a native crash in a
+library took a worker down once in CI and never here. It never reruns a test that failed
+(``--rerun-except`` matches every error). The rerun is reported.
 """
 
 from __future__ import annotations
