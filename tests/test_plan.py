@@ -26,10 +26,10 @@ from test_release_check import (
 )
 
 
-def _cfg(tmp_path: Path, rows: int = 61, **over: object) -> Path:
+def _cfg(tmp_path: Path, rows: int = 61, method: str = "aug_pe", **over: object) -> Path:
     data = write_csv(tmp_path / "d.csv", private_rows(rows))
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(pe_config("aug_pe", data, **over)))
+    path.write_text(yaml.safe_dump(pe_config(method, data, **over)))
     return path
 
 
@@ -131,3 +131,37 @@ def test_the_plan_shows_the_length_the_run_will_use(tmp_path: Path) -> None:
     assert blind["max_words"] is None and "estimated by the run" in blind["length_source"]
     wasp = _plan(cfg, "--set", "method=wasp")
     assert wasp["length_source"] == ""  # WASP writes its generators' max_new_tokens
+
+
+@pytest.mark.parametrize("method", ["aug_pe", "wasp"])
+def test_the_run_and_dpsynth_plan_make_one_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                method: str) -> None:
+    """One planner (``plan_pe``, a pure function of the config and ``PlanInputs``): the vote
+    plan ``dpsynth plan`` prints from the data is the one the run keeps in private/plan.json,
+    field for field (the automatic population and the records' length included)."""
+    from dpsynth.config import load_config
+    from dpsynth.methods import get_method
+    from dpsynth.methods.pe import plan_pe
+    from dpsynth.planning import PlanInputs
+
+    monkeypatch.setattr(dpsynth.api, "run_generation", functools.partial(
+        dpsynth.api.run_generation, generators=[FakeGenerator("fake-g0")],
+        embedder=FakeEmbedder()))
+    over = {"synthesis.iterations": 1, "synthesis.samples": 30,
+            "synthesis.population": None, "synthesis.max_words": None}
+    cfg = _cfg(tmp_path, method=method, **over)
+    planned = _plan(cfg)
+    planned.pop("estimate")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["generate", str(cfg), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "private" / "plan.json").read_text()) == planned
+    if method == "aug_pe":  # sized from the data (WASP does not size its votes yet)
+        assert planned["max_words"] and planned["population"] < 30
+    # pure: the same inputs give the same plan, with nothing read or written
+    config, m = load_config(cfg), get_method(method)
+    inputs = PlanInputs(planned["records"], planned["labels"], words=planned["max_words"])
+    monkeypatch.chdir(tmp_path / "run")
+    first, again = plan_pe(m, config, inputs), plan_pe(m, config, inputs)
+    assert first == again and first.votes is not None
+    assert first.votes.to_dict() == planned

@@ -18,6 +18,7 @@ states, without the data.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,29 @@ NOISY_ABOVE = 1.0
 VOTE_MARGIN = 2.0
 #: the verdicts a run and ``dpsynth plan`` warn about
 WARN_VERDICTS = ("thin", "noisy", "random")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a PE run's plan is computed from besides the config: the facts of the data it
+    needs, read before anything is spent (``PEMethod.plan_inputs`` on the data, or stated by
+    the user: ``dpsynth plan --records N --labels L``). With them the plan is a pure function
+    (``dpsynth.methods.pe.plan_pe``) that ``dpsynth plan`` and the run share.
+
+    ``records``: the record count (exact: the operator's plan only). ``labels``: the joint
+    label classes (None: a label column is discovered by the run, a DP release, before it can
+    calibrate; ``discover`` names those columns). ``words``: the records' exact length in
+    words, for a method that estimates it (the plan shows it; the run uses its noisy
+    estimate). ``sigma``: a noise multiplier the method fixed from the data (SecPE's, from
+    its secrets), else None: calibrated from (epsilon, delta). ``notes``: what the method's
+    run needs from this step (handed on in ``PrivacyPlan.notes``)."""
+
+    records: int
+    labels: int | None
+    words: int | None = None
+    sigma: float | None = None
+    discover: tuple[str, ...] = ()
+    notes: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -89,14 +90,18 @@ def plan(
 
 def _plan_pe(cfg: Any, method: Any, records: int | None, no_data: bool,
              labels: int | None) -> tuple[Any, float | None]:
-    """A PE method's :class:`~dpsynth.planning.RunPlan`: from the data, or from the stated
-    ``records`` (and ``labels``) with ``no_data``; and the seconds its noise calibration on
-    the data took (SecPE's secret detection; None without the data)."""
-    from ..methods.pe import PEMethod, calibrate_sigma
+    """A PE method's :class:`~dpsynth.planning.RunPlan`, made by the run's own planner
+    (:func:`~dpsynth.methods.pe.plan_pe`) from the facts of the data (``plan_inputs``, as the
+    run reads them) or from the stated ``records`` (and ``labels``) with ``no_data``; and
+    the seconds reading those facts took (SecPE's secret detection and calibration, which
+    its run repeats; None without the data). With data.limit the plan is the subset's
+    (dpsynth.neighbours), as the run's."""
+    from ..methods.pe import plan_pe
     from ..neighbours import mechanism_config
-    from ..planning import declared_labels, plan_run
+    from ..planning import PlanInputs, declared_labels
 
-    sigma, words, seconds = None, None, None
+    mcfg = mechanism_config(cfg)
+    seconds = None
     if no_data or records is not None:
         if records is None or records < 1:
             raise ConfigError("--no-data needs --records N (N >= 1), the number of records")
@@ -107,12 +112,10 @@ def _plan_pe(cfg: Any, method: Any, records: int | None, no_data: bool,
         if cfg.method == "secpe":
             raise ConfigError("SecPE's noise follows from the secrets found in the data: run "
                               "`dpsynth plan` with the data (without --no-data)")
+        inputs = PlanInputs(records, n_labels)
     else:
-        records, n_labels, sigma, words, seconds = _from_data(cfg, labels)
-    if sigma is None and isinstance(method, PEMethod) and method.guarantee(cfg) == "dp":
-        # with data.limit the run calibrates for the subset's share (dpsynth.neighbours)
-        sigma = calibrate_sigma(mechanism_config(cfg), method, n_labels)
-    return plan_run(cfg, method, records, n_labels, sigma, words), seconds
+        inputs, seconds = _from_data(mcfg, method, labels)
+    return plan_pe(method, mcfg, inputs).votes, seconds
 
 
 def _estimate(cfg: Any, method: Any, result: Any, calibrate: bool,
@@ -240,8 +243,6 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,
     """The plan of a method without a plan printer of its own: its
     :class:`~dpsynth.methods.base.PrivacyPlan` as its run makes it (from the data; spends
     nothing), field by field; then its estimated wall time (:func:`_held_estimate`)."""
-    from dataclasses import fields
-
     from ..neighbours import mechanism_config
     from ..run_dataset import load_run_data
     from ..run_folder import RunDir
@@ -285,35 +286,26 @@ def _held_estimate(cfg: Any, method: Any, held: Any, units: int,
     return estimate_finetune(cfg, method.tune_work(cfg, held, units), calibrate=calibrate)
 
 
-def _from_data(cfg: object, labels: int | None
-               ) -> tuple[int, int, float | None, int | None, float]:
-    """(records, label classes, SecPE's noise multiplier, the records' length in words for a
-    method that estimates it, the seconds the noise multiplier took: SecPE's secret
-    detection and calibration, which its run repeats) of the configured data."""
-    from ..context import label_classes
-    from ..evolution.lengths import exact_max_words
-    from ..methods import get_method
+def _from_data(cfg: Any, method: Any, labels: int | None) -> tuple[Any, float]:
+    """The :class:`~dpsynth.planning.PlanInputs` the run reads from the configured data
+    (``labels`` in place of the label classes when given: required for a domain the run
+    discovers) and the seconds reading them took."""
     from ..run_dataset import load_run_data
     from ..run_folder import RunDir
 
     with tempfile.TemporaryDirectory(prefix="dpsynth-plan-") as tmp:
         run = RunDir(tmp)
         run.private.mkdir(mode=0o700)
-        dataset = load_run_data(cfg, run)  # type: ignore[arg-type]
-        try:
-            n = labels or len(label_classes(dataset))
-        except ValueError:
-            raise ConfigError("the label domain is discovered from the data: give --labels N "
-                              "(the label classes you expect)") from None
-        method = get_method(cfg.method, "text")  # type: ignore[attr-defined]
+        dataset = load_run_data(cfg, run)
         started = time.perf_counter()
-        sigma = method.noise_multiplier(cfg, dataset)
+        inputs = method.plan_inputs(cfg, dataset, run)
         seconds = time.perf_counter() - started
-        words = None
-        syn = cfg.synthesis  # type: ignore[attr-defined]
-        if getattr(method, "sizes_votes", False) and syn.max_words is None:
-            words = exact_max_words(dataset.texts)
-        return len(dataset), n, sigma, words, seconds
+    if labels:
+        return replace(inputs, labels=labels, discover=()), seconds
+    if inputs.labels is None:
+        raise ConfigError("the label domain is discovered from the data: give --labels N "
+                          "(the label classes you expect)")
+    return inputs, seconds
 
 
 def register(root: typer.Typer) -> None:

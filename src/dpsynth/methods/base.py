@@ -26,6 +26,7 @@ from ..run_folder import RunDir
 
 if TYPE_CHECKING:
     from ..data import Dataset
+    from ..planning import RunPlan
     from ..privacy import PrivacySession
 
 Guarantee = Literal["dp", "none", "secret-protection", "public"]
@@ -45,7 +46,10 @@ class PrivacyPlan:
     reads no private record and records nothing. ``sigma``: the noise multiplier (None while a
     label domain is still to be discovered). ``target``: the session's (epsilon, delta) cap.
     ``ledger``: public details recorded with a non-DP run; ``meta``: extra (public) run.json
-    fields; ``notes``: what the method's ``execute`` needs to know from planning."""
+    fields; ``notes``: what the method's ``execute`` needs to know from planning; ``votes``:
+    a PE run's vote plan (:class:`dpsynth.planning.RunPlan`, the operator's: it holds the exact
+    record count), None where the method has none or the label domain is still to be
+    discovered."""
 
     guarantee: Guarantee
     sigma: float | None
@@ -54,6 +58,7 @@ class PrivacyPlan:
     ledger: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+    votes: RunPlan | None = None
 
 
 @dataclass

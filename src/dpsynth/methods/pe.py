@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..data import Dataset
     from ..evolution.loop import Starter
     from ..evolution.operators import Generation
-    from ..planning import RunPlan
+    from ..planning import PlanInputs, RunPlan
 
 
 def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
@@ -43,16 +43,14 @@ def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
     ))
 
 
-def show_vote_plan(method: PEMethod, config: RunConfig, records: int, labels: int,
-                   sigma: float, run: RunDir, exact_words: int | None = None) -> None:
+def show_vote_plan(plan: RunPlan, run: RunDir) -> None:
     """What the noise will do to the votes (:mod:`dpsynth.planning`), before anything is
     spent: on the terminal, a warning when it swamps them, and in private/plan.json (it uses
     the exact record count: never log.txt or release/)."""
     from ..files import atomic_write_json
-    from ..planning import WARN_VERDICTS, plan_run
+    from ..planning import WARN_VERDICTS
     from ..progress import note, warn
 
-    plan = plan_run(config, method, records, labels, sigma, exact_words)
     atomic_write_json(run.private / "plan.json", plan.to_dict(), mode=0o600)
     for line in plan.lines()[:-1] if plan.message else plan.lines():
         note(line)
@@ -60,6 +58,35 @@ def show_vote_plan(method: PEMethod, config: RunConfig, records: int, labels: in
         warn(plan.message)
     elif plan.message:
         note(plan.message)
+
+
+def plan_pe(method: PEMethod, config: RunConfig, inputs: PlanInputs) -> PrivacyPlan:
+    """The plan of a PE run, a pure function of the config and the facts it is computed from
+    (no file, no model, no record): ``dpsynth plan`` and the run both make it here. With the
+    label classes known it validates, fixes the noise multiplier (the method's own, else
+    calibrated over ``planned_events`` to the (epsilon, delta) target) and plans the votes;
+    with a label column to discover both wait for that release (``sigma`` None). The ledger's
+    target leaves out the delta spent outside the accountant (discovery's threshold, the
+    method's :meth:`PEMethod.delta_outside`)."""
+    from ..planning import plan_run
+
+    guarantee = method.guarantee(config)
+    sigma, votes = None, None
+    if inputs.labels is not None:
+        method.validate(config, inputs.records, inputs.labels)
+        sigma = inputs.sigma if inputs.sigma is not None else calibrate_sigma(
+            config, method, inputs.labels)
+        votes = plan_run(config, method, inputs.records, inputs.labels, sigma, inputs.words)
+    delta_used = config.data.label_domain_delta if inputs.discover else 0.0
+    target = None
+    if guarantee == "dp":
+        target = (config.privacy.epsilon,
+                  config.privacy.delta - delta_used - method.delta_outside(config))
+    return PrivacyPlan(guarantee, sigma, config.privacy.accountant, target,
+                       ledger=method.ledger_details(config),
+                       notes={"discover": list(inputs.discover), "delta_used": delta_used,
+                              **inputs.notes},
+                       votes=votes)
 
 
 class PEMethod(Method):
@@ -181,33 +208,29 @@ class PEMethod(Method):
     def iterations(self, config: RunConfig) -> int:
         return config.synthesis.iterations
 
-    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
-        """Validate and calibrate before any model loads; with label columns to discover,
-        validation and calibration wait for the discovery release (``sigma`` None)."""
+    def plan_inputs(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PlanInputs:
+        """The facts of the data the plan needs (:class:`~dpsynth.planning.PlanInputs`),
+        read before anything is spent: the record count, the label classes (or the columns
+        to discover), the records' length for a method that estimates it, and a noise
+        multiplier the method fixes from the data (:meth:`noise_multiplier`)."""
         from ..context import label_classes
+        from ..planning import PlanInputs
 
-        guarantee = self.guarantee(config)
-        discover = _discovery_columns(config, dataset, guarantee == "dp")
-        sigma = None
-        if not discover:  # a declared domain: validate and calibrate before any release
-            n_labels = len(label_classes(dataset))
-            self.validate(config, len(dataset), n_labels)
-            sigma = self.noise_multiplier(config, dataset)
-            if sigma is None:
-                sigma = calibrate_sigma(config, self, n_labels)
-        else:
-            n_labels = None
-        if sigma is not None and n_labels is not None and sigma > 0:
-            show_vote_plan(self, config, len(dataset), n_labels, sigma, run,
-                           _exact_words(self, config, dataset))
-        delta_used = config.data.label_domain_delta if discover else 0.0
-        target = None
-        if guarantee == "dp":
-            target = (config.privacy.epsilon,
-                      config.privacy.delta - delta_used - self.delta_outside(config))
-        return PrivacyPlan(guarantee, sigma, config.privacy.accountant, target,
-                           ledger=self.ledger_details(config),
-                           notes={"discover": discover, "delta_used": delta_used})
+        discover = _discovery_columns(config, dataset, self.guarantee(config) == "dp")
+        if discover:
+            return PlanInputs(len(dataset), None, words=_exact_words(self, config, dataset),
+                              discover=tuple(discover))
+        return PlanInputs(len(dataset), len(label_classes(dataset)),
+                          words=_exact_words(self, config, dataset),
+                          sigma=self.noise_multiplier(config, dataset))
+
+    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
+        """:func:`plan_pe` on :meth:`plan_inputs`, before any model loads; the vote plan is
+        shown, and kept in private/plan.json, when the votes are noised."""
+        plan = plan_pe(self, config, self.plan_inputs(config, dataset, run))
+        if plan.sigma and plan.votes is not None:
+            show_vote_plan(plan.votes, run)
+        return plan
 
     # -- the work --------------------------------------------------------------------------
     @abstractmethod

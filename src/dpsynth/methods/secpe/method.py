@@ -39,7 +39,7 @@ from ...evolution.parts import reference_set, select_and_vary
 from ...evolution.pool import Pool
 from ...evolution.selection import allocate, thresholded
 from ...work import Stage, Work, secpe_stages, secpe_work
-from ..base import Guarantee, Job, Outcome, PrivacyPlan
+from ..base import Guarantee, Job, Outcome
 from ..pe import PEMethod
 from . import statistics
 from .config import SecPEConfig
@@ -49,6 +49,7 @@ from .representatives import JOINT_SENSITIVITY
 if TYPE_CHECKING:
     from ...compute.sharded import ShardedDataset
     from ...data import Dataset
+    from ...planning import PlanInputs
     from ...run_folder import RunDir
 
 
@@ -223,9 +224,9 @@ class SecPE(PEMethod):
         self.secrets: SecretPlan | None = None
         self._run: RunDir | None = None
 
-    def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
+    def plan_inputs(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PlanInputs:
         self._run = run  # where noise_multiplier saves (and on resume finds) the plan
-        return super().plan(config, dataset, run)
+        return super().plan_inputs(config, dataset, run)
 
     def guarantee(self, config: RunConfig) -> Guarantee:
         """(p, r)-secret protection; nothing with epsilon = inf."""
