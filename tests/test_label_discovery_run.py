@@ -57,6 +57,11 @@ def test_discovered_domain_is_charged_and_stated(tmp_path, monkeypatch):
     without = privacy["epsilon"]
     assert acc.epsilon(1e-5 - 1e-7) < without  # the votes add to the discovery cost
     assert sigma > 0
+    # planned again by the same planner once the domain is out: the operator's vote plan
+    # over the kept records and the released classes, at the run's noise multiplier
+    plan = json.loads((run / "private" / "plan.json").read_text())
+    assert plan["labels"] == 2 and plan["records"] == 80
+    assert plan["noise_multiplier"] == pytest.approx(sigma, rel=1e-12)
     rows = [json.loads(x) for x in (run / "release" / "synthetic.jsonl").read_text().splitlines()]
     assert rows and all(r["labels"]["dept"] != "oncology" for r in rows)
     for path in (run / "release").rglob("*"):

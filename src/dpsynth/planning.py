@@ -54,14 +54,17 @@ class PlanInputs:
     calibrate; ``discover`` names those columns). ``words``: the records' exact length in
     words, for a method that estimates it (the plan shows it; the run uses its noisy
     estimate). ``sigma``: a noise multiplier the method fixed from the data (SecPE's, from
-    its secrets), else None: calibrated from (epsilon, delta). ``notes``: what the method's
-    run needs from this step (handed on in ``PrivacyPlan.notes``)."""
+    its secrets), else None: calibrated from (epsilon, delta). ``spent``: releases already
+    made (the label-domain discovery's, when the run plans again after it), composed with the
+    plan's own. ``notes``: what the method's run needs from this step (handed on in
+    ``PrivacyPlan.notes``)."""
 
     records: int
     labels: int | None
     words: int | None = None
     sigma: float | None = None
     discover: tuple[str, ...] = ()
+    spent: tuple[Any, ...] = ()
     notes: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -64,20 +64,21 @@ def plan_pe(method: PEMethod, config: RunConfig, inputs: PlanInputs) -> PrivacyP
     """The plan of a PE run, a pure function of the config and the facts it is computed from
     (no file, no model, no record): ``dpsynth plan`` and the run both make it here. With the
     label classes known it validates, fixes the noise multiplier (the method's own, else
-    calibrated over ``planned_events`` to the (epsilon, delta) target) and plans the votes;
-    with a label column to discover both wait for that release (``sigma`` None). The ledger's
+    calibrated over ``planned_events`` and the releases already ``spent`` to the (epsilon,
+    delta) target) and plans the votes; with a label column to discover both wait for that
+    release (``sigma`` None), and the run plans again here once it is made. The ledger's
     target leaves out the delta spent outside the accountant (discovery's threshold, the
     method's :meth:`PEMethod.delta_outside`)."""
     from ..planning import plan_run
 
     guarantee = method.guarantee(config)
+    delta_used = config.data.label_domain_delta if inputs.discover else 0.0
     sigma, votes = None, None
     if inputs.labels is not None:
         method.validate(config, inputs.records, inputs.labels)
         sigma = inputs.sigma if inputs.sigma is not None else calibrate_sigma(
-            config, method, inputs.labels)
+            config, method, inputs.labels, inputs.spent, delta_used)
         votes = plan_run(config, method, inputs.records, inputs.labels, sigma, inputs.words)
-    delta_used = config.data.label_domain_delta if inputs.discover else 0.0
     target = None
     if guarantee == "dp":
         target = (config.privacy.epsilon,
@@ -232,6 +233,23 @@ class PEMethod(Method):
             show_vote_plan(plan.votes, run)
         return plan
 
+    def plan_after_discovery(self, config: RunConfig, dataset: Dataset, run: RunDir,
+                             spent: Sequence[Any], discover: Sequence[str]) -> float:
+        """The plan once the label domain is released (``spent``: its events): the same
+        :func:`plan_pe` on the kept records and the released classes; its vote plan is shown
+        and kept as before the run. Returns the noise multiplier."""
+        from ..context import label_classes
+        from ..planning import PlanInputs
+
+        inputs = PlanInputs(len(dataset), len(label_classes(dataset)),
+                            words=_exact_words(self, config, dataset),
+                            discover=tuple(discover), spent=tuple(spent))
+        plan = plan_pe(self, config, inputs)
+        if plan.sigma and plan.votes is not None:
+            show_vote_plan(plan.votes, run)
+        assert plan.sigma is not None
+        return plan.sigma
+
     # -- the work --------------------------------------------------------------------------
     @abstractmethod
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
@@ -249,14 +267,10 @@ class PEMethod(Method):
 
         cfg, run, dataset = job.config, job.run, job.dataset
         sigma, domain = job.plan.sigma, None
-        if job.plan.notes.get("discover"):  # the label domain found privately, then validation
+        if job.plan.notes.get("discover"):  # the label domain found privately, then the plan
             dataset, domain = _discover_domain(cfg, dataset, job.session)
-            from ..context import label_classes
-
-            n_labels = len(label_classes(dataset))
-            self.validate(cfg, len(dataset), n_labels)
-            sigma = calibrate_sigma(cfg, self, n_labels, domain.events,
-                                    job.plan.notes["delta_used"])
+            sigma = self.plan_after_discovery(cfg, dataset, run, domain.events,
+                                              job.plan.notes["discover"])
             if not job.resume:
                 run.update_meta(sigma=sigma)
         assert sigma is not None
