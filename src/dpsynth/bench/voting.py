@@ -165,6 +165,7 @@ def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, 
         hist = representative_vote(reps.e_tilde, reps.n_tilde, cand)
         t2 = time.perf_counter()
     noisy = t1 - t0 - stream.gen_seconds
+    accumulate = ta - t0 - stream.gen_seconds  # this stream's, before the loop replaces it
     at_rate = {}
     for other in also_rates:  # same iteration at other sampling rates (time only)
         stream = TimedStream(m, d, seed)
@@ -180,7 +181,7 @@ def _representative_job(m: int, n: int, k: int, d: int, seed: int, rate: float, 
         "seconds_at_rate": at_rate,
         "seconds": noisy + (t2 - t1),
         "noisy_centres_seconds": noisy,
-        "accumulate_seconds": ta - t0 - stream.gen_seconds,
+        "accumulate_seconds": accumulate,
         "noise_seconds": t1 - ta,
         "vote_seconds": t2 - t1,
         "peak_mb": mem.extra_mb,
