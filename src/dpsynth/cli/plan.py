@@ -228,8 +228,7 @@ def run_noise_multiplier(config: Path, labels: int | None) -> float:
     cfg = load_config(config)
     method = get_method(cfg.method)
     method.check(cfg)
-    if not isinstance(method, PEMethod) or method.guarantee(cfg) != "dp" \
-            or method.noise_multiplier(cfg, None) is not None:
+    if not isinstance(method, PEMethod) or method.guarantee(cfg) != "dp":
         raise ConfigError(f"method {method.name!r} does not calibrate one noise multiplier "
                           "from the config: run `dpsynth plan` for its plan")
     n_labels = labels or declared_labels(cfg)

@@ -37,7 +37,7 @@ from ..evolution.selection import allocate, select_per_label, thresholded
 from ..planning import voting_population
 from ..privacy.lattice import Lattice
 from ..voting import vote_index_from
-from .base import Job, Outcome
+from .base import Job, Outcome, PrivacyPlan
 from .pe import PEMethod
 
 
@@ -183,7 +183,7 @@ class AugPE(PEMethod):
         return int(self.releases_sizes(config, n_labels)) + config.synthesis.iterations
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs) -> AugPEStrategy:
+                 gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> AugPEStrategy:
         return AugPEStrategy(config, self, view, releaser, gen, rngs)
 
     def trains_on_votes(self, config: RunConfig) -> bool:

@@ -191,11 +191,6 @@ class PEMethod(Method):
         """The standard deviation of the noise on one candidate's vote count."""
         return sigma
 
-    def noise_multiplier(self, config: RunConfig, dataset: Dataset) -> float | None:
-        """A noise multiplier the method fixes itself (SecPE); None: calibrate it from the
-        (epsilon, delta) target over ``planned_events``."""
-        return None
-
     def delta_outside(self, config: RunConfig) -> float:
         """Delta taken by events the accountant does not model (a bound on their probability,
         from public inputs; e.g. federated WASP's clipping at SecAgg+'s range): left out of
@@ -212,8 +207,9 @@ class PEMethod(Method):
     def plan_inputs(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PlanInputs:
         """The facts of the data the plan needs (:class:`~dpsynth.planning.PlanInputs`),
         read before anything is spent: the record count, the label classes (or the columns
-        to discover), the records' length for a method that estimates it, and a noise
-        multiplier the method fixes from the data (:meth:`noise_multiplier`)."""
+        to discover) and the records' length for a method that estimates it. A method that
+        fixes its noise from the data (SecPE) adds it here (``sigma``), with what its run
+        needs of that step (``notes``)."""
         from ..context import label_classes
         from ..planning import PlanInputs
 
@@ -222,8 +218,7 @@ class PEMethod(Method):
             return PlanInputs(len(dataset), None, words=_exact_words(self, config, dataset),
                               discover=tuple(discover))
         return PlanInputs(len(dataset), len(label_classes(dataset)),
-                          words=_exact_words(self, config, dataset),
-                          sigma=self.noise_multiplier(config, dataset))
+                          words=_exact_words(self, config, dataset))
 
     def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
         """:func:`plan_pe` on :meth:`plan_inputs`, before any model loads; the vote plan is
@@ -253,8 +248,9 @@ class PEMethod(Method):
     # -- the work --------------------------------------------------------------------------
     @abstractmethod
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs) -> Starter:
-        """The method's parts for the loop, handed exactly the collaborators they use."""
+                 gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> Starter:
+        """The method's parts for the loop, handed exactly the collaborators they use and
+        the run's plan (``plan.notes`` holds what the method's ``plan_inputs`` read)."""
 
     def execute(self, job: Job) -> Outcome:
         """Discover the label domain if asked, then run the loop; writes release/*.jsonl."""
@@ -295,7 +291,7 @@ class PEMethod(Method):
         append_diagnostic(run, {"kind": "dataset", "records": len(dataset),
                                 "noise_multiplier": sigma})
         run.log(f"method {self.name}: {view.n_labels} label classes")
-        final = evolve(self.strategy(cfg, view, releaser, gen, rngs), gen, run, rngs,
+        final = evolve(self.strategy(cfg, view, releaser, gen, rngs, job.plan), gen, run, rngs,
                        self.iterations(cfg))
         summary = {"samples": len(final), "epsilon": None, "delta": None, **gen.counts(),
                    # calls paid by earlier attempts (a killed process cannot report its own;

@@ -36,7 +36,7 @@ from ..evolution.selection import allocate, top_indices
 from ..privacy.lattice import Lattice
 from ..voting import topq_sensitivity, topq_vote, vote_index_from
 from ..work import Stage, Work, wasp_stages, wasp_voted, wasp_work
-from .base import Job, Outcome
+from .base import Job, Outcome, PrivacyPlan
 from .pe import PEMethod
 
 
@@ -378,7 +378,7 @@ class Wasp(PEMethod):
         return events
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs) -> WaspStrategy:
+                 gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> WaspStrategy:
         return WaspStrategy(config, view, releaser, gen, rngs)
 
     def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:

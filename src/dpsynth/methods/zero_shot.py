@@ -10,7 +10,7 @@ from ..context import PrivateView, Releaser, Rngs
 from ..evolution.loop import Start, StrategyState
 from ..evolution.operators import Generation
 from ..evolution.selection import allocate
-from .base import Job, Outcome
+from .base import Job, Outcome, PrivacyPlan
 from .pe import PEMethod
 
 
@@ -40,7 +40,7 @@ class ZeroShot(PEMethod):
         return 0
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs) -> ZeroShotStrategy:
+                 gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> ZeroShotStrategy:
         return ZeroShotStrategy(config.synthesis.samples, view.n_labels, gen)
 
     def guarantee_statement(self, job: Job, outcome: Outcome) -> dict[str, object]:

@@ -26,6 +26,7 @@ sigma = sqrt(2) sigma*. The release itself is representatives.release_representa
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from ...evolution.parts import reference_set, select_and_vary
 from ...evolution.pool import Pool
 from ...evolution.selection import allocate, thresholded
 from ...work import Stage, Work, secpe_stages, secpe_work
-from ..base import Guarantee, Job, Outcome
+from ..base import Guarantee, Job, Outcome, PrivacyPlan
 from ..pe import PEMethod
 from . import statistics
 from .config import SecPEConfig
@@ -220,13 +221,15 @@ class SecPE(PEMethod):
             return [("presidio_analyzer", "secpe", "secpe secrets of kind 'pii'")]
         return []
 
-    def __init__(self) -> None:
-        self.secrets: SecretPlan | None = None
-        self._run: RunDir | None = None
-
-    def plan_inputs(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PlanInputs:
-        self._run = run  # where noise_multiplier saves (and on resume finds) the plan
-        return super().plan_inputs(config, dataset, run)
+    def plan_inputs(self, config: RunConfig, dataset: Dataset | ShardedDataset, run: RunDir
+                    ) -> PlanInputs:
+        """The shared facts, and the secret plan: secrets detected and the noise calibrated
+        (or the plan the run saved in private/ reused: a resumed run does not solve the LP
+        again); its noise std of each released coordinate is the plan's ``sigma``, the secret
+        plan itself goes to the strategy and the statement in ``notes["secrets"]``."""
+        secrets = SecretPlan.build(config, dataset, run.private)
+        return replace(super().plan_inputs(config, dataset, run), sigma=secrets.sigma,
+                       notes={"secrets": secrets})
 
     def guarantee(self, config: RunConfig) -> Guarantee:
         """(p, r)-secret protection; nothing with epsilon = inf."""
@@ -243,21 +246,12 @@ class SecPE(PEMethod):
         if config.privacy.unit != "record":
             raise ConfigError("secpe protects secrets, not users: set privacy.unit to 'record'")
 
-    def noise_multiplier(self, config: RunConfig, dataset: Dataset | ShardedDataset
-                         ) -> float:
-        """Detect secrets and calibrate (or reuse the plan the run saved: a resumed run does
-        not solve the LP again); returns the noise std of each released coordinate."""
-        folder = None if self._run is None else self._run.private
-        self.secrets = SecretPlan.build(config, dataset, folder)
-        return self.secrets.sigma
-
     def vote_releases(self, config: RunConfig, n_labels: int) -> int:
         return config.synthesis.iterations
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs) -> SecPEStrategy:
-        assert self.secrets is not None, "plan() runs before the loop"
-        return SecPEStrategy(config, self.secrets, view, releaser, gen, rngs)
+                 gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> SecPEStrategy:
+        return SecPEStrategy(config, plan.notes["secrets"], view, releaser, gen, rngs)
 
     def guarantee_statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
         if self.guarantee(job.config) == "none":
@@ -268,8 +262,7 @@ class SecPE(PEMethod):
                 "mechanisms": job.session.accountant.summary()}
 
     def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
-        plan = self.secrets
-        assert plan is not None
+        plan: SecretPlan = job.plan.notes["secrets"]
         cfg = self.settings(job.config)
         protection = {
             "definition": "(p, r)-secret protection (SecPE): for every secret s_j and every "
