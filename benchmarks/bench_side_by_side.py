@@ -69,11 +69,12 @@ INTENTS = 10
 RECORDS = 500
 SAMPLES = 200
 EPSILON, DELTA = 4.0, 1e-5
-ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "dp_finetune", "dp_finetune_topk",
-        "dp_finetune_chat", "dp_finetune_chat_lr", "real")
+ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "wasp_one", "wasp_one_every",
+        "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
-          "wasp": "wasp", "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
+          "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
+          "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
           "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune"}
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
@@ -91,8 +92,10 @@ PROMPTS = {"writer": "a customer of an online bank",
 def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
     """The ``config`` sections of one arm (on top of the shared data / privacy arguments)."""
     cfg: dict[str, Any] = {"prompts": dict(PROMPTS), "privacy": {"ledger": str(ledger)}}
-    if arm in ("zero_shot", "aug_pe", "wasp"):
+    if arm in ("zero_shot", "aug_pe", "wasp", "wasp_one"):
         cfg["synthesis"] = {"samples": samples}
+    if arm == "wasp_one_every":  # WASP before its votes were sized: a vote on every candidate
+        cfg["synthesis"] = {"samples": samples, "population": samples}
     if arm == "aug_pe_preference":
         cfg["synthesis"] = {"samples": samples,
                             "preference": {"enabled": True, "pairs": PREFERENCE_PAIRS}}
@@ -116,14 +119,17 @@ def run_facts(arm: str, run_dir: Path) -> str | None:
     """What the run's own files say of the new arms: WASP's generator weights after each vote
     and its release by generator (stats.jsonl, released: they follow the noisy votes); the
     preference arm's DPO trainings and their wall time (log.txt)."""
-    if arm == "wasp":
+    if arm.startswith("wasp"):
         stats = [json.loads(x) for x in (run_dir / "stats.jsonl").read_text().splitlines()
                  if x.strip()]
         weights = "; ".join(
             f"vote {r.get('iteration')}: weights {r.get('generator_weights')}, near-vote "
             f"share {r.get('generator_vote_share')}" for r in stats
             if r.get("generator_weights"))
-        return f"generators smollm2, gemma3; {weights or 'no weights in stats.jsonl'}"
+        voted = ", ".join(f"{r.get('voted')} of {r.get('candidates')}" for r in stats)
+        names = "smollm2, gemma3" if arm == "wasp" else "smollm2"
+        return (f"generators {names}; votes on {voted} candidates; "
+                f"{weights or 'no weights in stats.jsonl'}")
     if arm == "aug_pe_preference":
         # a training starts at its log line and ends when its model's marker is written
         starts = [line for line in (run_dir / "log.txt").read_text(

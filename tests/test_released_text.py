@@ -125,15 +125,30 @@ def test_a_population_below_the_margin_is_warned_about(tmp_path) -> None:
 
 def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:
     """WASP has no pool multiplier: vote t is on rounds 0..t, and the last of the T + 1
-    rounds is written after the last vote (200 samples, T = 2: 134 candidates voted)."""
+    rounds is written after the last vote (200 samples, T = 2: 134 candidates voted), or on
+    its voting population drawn from them when that is smaller: sized from the record count
+    (2 x the noise, at multiplier 1), or set."""
     wasp = get_method("wasp")
-    cfg = parse_config(pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(61)),
-                                 **{"synthesis.samples": 200, "synthesis.iterations": 2,
-                                    "synthesis.pool_multiplier": 3}))
-    plan = plan_run(cfg, wasp, 500, 10, 2.0)
-    assert plan.candidates == 134
-    assert plan.expected_votes == pytest.approx(500 * wasp.vote_mass(cfg) / 134)
+    over = {"synthesis.samples": 200, "synthesis.iterations": 2,
+            "synthesis.pool_multiplier": 3, "synthesis.population": None}
+    data = write_csv(tmp_path / "d.csv", private_rows(61))
+    cfg = parse_config(pe_config("wasp", data, **over))
+    plan = plan_run(cfg, wasp, 5000, 10, 2.0)  # enough records: every candidate voted on
+    assert plan.candidates == 134 and plan.population == 200
+    assert plan.expected_votes == pytest.approx(5000 * wasp.vote_mass(cfg) / 134)
     assert "rounds 0..1 of 200" in plan.message and "pool_multiplier" not in plan.message
+    few = plan_run(cfg, wasp, 150, 10, 2.0)
+    noise = wasp.vote_noise(cfg, 2.0)
+    assert few.population == few.candidates == math.floor(
+        150 * wasp.vote_mass(cfg) / (VOTE_MARGIN * noise)) < 134
+    assert few.expected_votes >= VOTE_MARGIN * noise and few.verdict == "ok"
+    assert "drawn from the pool" in few.message
+    set_ = plan_run(parse_config(pe_config("wasp", data, **{**over, "synthesis.population": 40})),
+                    wasp, 5000, 10, 2.0)
+    assert set_.candidates == 40
+    one = parse_config(pe_config("wasp", data, **{**over, "data.label_values":
+                                                  {"label": ["billing"]}}))
+    assert plan_run(one, wasp, 150, 1, 2.0).candidates == 134  # no count to size from
     aug = plan_run(_config(tmp_path, **{"synthesis.samples": 200, "synthesis.population": 200,
                                         "synthesis.pool_multiplier": 3}),
                    get_method("aug_pe"), 500, 10, 2.0)
@@ -175,8 +190,9 @@ def test_the_release_is_the_winners_and_their_variations_spread_evenly() -> None
     assert sorted(gen.parents) == ["a0", "a0", "a0", "a1", "a1"]  # 5 more, evenly
 
 
-def _run(tmp_path: Path, over: dict[str, Any], gen: Any = None, name: str = "run") -> Path:
-    cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(120)), **over)
+def _run(tmp_path: Path, over: dict[str, Any], gen: Any = None, name: str = "run",
+         method: str = "aug_pe") -> Path:
+    cfg = pe_config(method, write_csv(tmp_path / "d.csv", private_rows(120)), **over)
     cfg["privacy"]["ledger"] = str(tmp_path / f"{name}.ledger.json")
     return Path(run_generation(parse_config(cfg), tmp_path / name, progress=False,
                                generators=[gen or FakeGenerator("fake-g0")],
@@ -202,6 +218,28 @@ def test_a_run_votes_on_its_population_and_releases_its_samples(tmp_path) -> Non
     assert privacy["epsilon"] <= 8.0 + 1e-9
     sigma = calibrate_steps(8.0, 1e-5, 3, kind="rdp")  # sizes + 2 votes, one sigma
     assert privacy["noise_multiplier"] == pytest.approx(sigma, rel=1e-6)
+
+
+def test_wasp_votes_on_its_population_and_releases_every_round(tmp_path) -> None:
+    """WASP's votes are on a sample of the pool sized from the released label counts (the
+    run's noisy count, the plan's exact one); its release is still every round's samples,
+    and the vote is on the candidates of each label the sample holds."""
+    over = {"synthesis.population": None, "synthesis.samples": 60, "privacy.epsilon": 4.0,
+            "synthesis.iterations": 2}
+    run = _run(tmp_path, over, method="wasp")
+    plan = json.loads((run / "private" / "plan.json").read_text())
+    stats = _jsonl(run / "stats.jsonl")
+    assert plan["population"] < 40 and plan["candidates"] == plan["population"]
+    pools = [s["candidates"] for s in stats]  # rounds 0..t of 3 rounds of about 20
+    assert pools[0] < pools[1] < 60
+    assert stats[-1]["voted"] < pools[1] and abs(stats[-1]["voted"] - plan["population"]) <= 3
+    assert all(s["voted"] <= c for s, c in zip(stats, pools, strict=True))
+    assert len(_jsonl(run / "release" / "synthetic.jsonl")) == 60
+    again = _run(tmp_path, over, method="wasp", name="again")  # seeded: the same sample
+    assert (again / "release" / "synthetic.jsonl").read_bytes() == \
+        (run / "release" / "synthetic.jsonl").read_bytes()
+    every = _run(tmp_path, {**over, "synthesis.population": 60}, method="wasp", name="every")
+    assert [s["voted"] for s in _jsonl(every / "stats.jsonl")] == pools
 
 
 def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:

@@ -166,28 +166,34 @@ def auto_population(config: RunConfig, method: Any, records: float, labels: int,
                     sigma: float) -> int:
     """The voting population that gives a candidate :data:`VOTE_MARGIN` x the noise in
     expected votes: ``floor(records m / (L margin sigma_vote))`` (m: one record's vote mass,
-    L: pool_multiplier), at least one sample per label class and at most
+    L: the candidates voted on per member of the population, ``method.voted_candidates`` of
+    one: Aug-PE's pool_multiplier, WASP's 1), at least one sample per label class and at most
     ``synthesis.samples``. ``records`` is a released noisy count in a run (the plan shows it
     from the exact one)."""
     syn = config.synthesis
     if not sigma or sigma <= 0 or not syn.iterations:
         return syn.samples
     noise = float(method.vote_noise(config, sigma))
+    per = max(1, int(method.voted_candidates(config, 1)[0]))
     fit = math.floor(max(records, 0.0) * float(method.vote_mass(config))
-                     / (syn.pool_multiplier * VOTE_MARGIN * noise))
+                     / (per * VOTE_MARGIN * noise))
     return int(min(syn.samples, max(fit, labels)))
 
 
 def voting_population(config: RunConfig, method: Any, records: float, labels: int,
                       sigma: float | None) -> int:
-    """Samples kept per voting round: ``synthesis.population`` when set (at most
-    ``samples``), else :func:`auto_population` for a method that sizes its votes
-    (``sizes_votes``), else ``synthesis.samples``."""
+    """The voting population: ``synthesis.population`` when set (at most ``samples``), else
+    :func:`auto_population` for a method that sizes its votes (``sizes_votes``) from a
+    released count, else ``synthesis.samples``. A run that releases no count before its
+    votes (WASP on one label class: ``vote_releases`` is its T votes) has none to size from
+    and votes on every candidate."""
     syn = config.synthesis
     if not getattr(method, "sizes_votes", False):
         return syn.samples
     if syn.population is not None:
         return min(syn.population, syn.samples)
+    if method.vote_releases(config, labels) <= syn.iterations:
+        return syn.samples
     return auto_population(config, method, records, labels, sigma or 0.0)
 
 
@@ -196,7 +202,7 @@ def plan_length(config: RunConfig, method: Any, exact_words: int | None
     """(words, where they come from) of the texts a method that sizes its votes writes:
     ``synthesis.max_words`` when declared, else the run's DP estimate, shown from the exact
     lengths (``exact_words``, the operator's plan only) when the data is at hand."""
-    if not getattr(method, "sizes_votes", False):
+    if not getattr(method, "estimates_length", False):
         return None, ""
     if config.synthesis.max_words is not None:
         return config.synthesis.max_words, "declared (synthesis.max_words)"

@@ -16,15 +16,22 @@ from .pool import Pool
 from .selection import allocate, select_per_label
 
 
+def noisy_label_counts(view: PrivateView, releaser: Releaser) -> np.ndarray | None:
+    """The DP label counts (one Gaussian release, L2 sensitivity 1); None for one label
+    class, where nothing is released."""
+    if view.n_labels == 1:
+        return None
+    counts = view.compute.label_counts(view.n_labels)
+    lattice = count_lattice(view.config.privacy.unit == "user")
+    return np.asarray(releaser.gaussian("label_counts", counts, 1.0, name="label_counts",
+                                        lattice=lattice))
+
+
 def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray:
     """Samples per label from DP label counts (never raw frequencies; docs/methods.md §0).
     One label class: no release, the whole total."""
-    if view.n_labels == 1:
-        return np.array([total])
-    counts = view.compute.label_counts(view.n_labels)
-    lattice = count_lattice(view.config.privacy.unit == "user")
-    noisy = releaser.gaussian("label_counts", counts, 1.0, name="label_counts", lattice=lattice)
-    return allocate(total, noisy)
+    noisy = noisy_label_counts(view, releaser)
+    return np.array([total]) if noisy is None else allocate(total, noisy)
 
 
 def released_sizes(view: PrivateView, releaser: Releaser) -> Sizes:

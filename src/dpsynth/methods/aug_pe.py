@@ -169,6 +169,8 @@ class AugPE(PEMethod):
     private_passes = ("embed",)
     #: the voting population is sized from the released record count (planning)
     sizes_votes = True
+    #: and the texts' length from the same released histogram
+    estimates_length = True
 
     @staticmethod
     def releases_sizes(config: RunConfig, n_labels: int) -> bool:

@@ -98,6 +98,9 @@ class PEMethod(Method):
     #: the method sizes its voting population from the released record count
     #: (``synthesis.population``; :func:`dpsynth.planning.voting_population`)
     sizes_votes: ClassVar[bool] = False
+    #: the method estimates the texts' length from the records (Aug-PE's sizes histogram:
+    #: ``synthesis.max_words`` when unset; :func:`dpsynth.planning.plan_length`)
+    estimates_length: ClassVar[bool] = False
 
     # -- validation and the privacy plan -------------------------------------------------
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
@@ -347,7 +350,7 @@ def _exact_words(method: PEMethod, config: RunConfig, dataset: Any) -> int | Non
     for a method that estimates it; None when the data is not in this process."""
     from ..evolution.lengths import exact_max_words  # the compute engine: lazy
 
-    if not method.sizes_votes or config.synthesis.max_words is not None:
+    if not method.estimates_length or config.synthesis.max_words is not None:
         return None
     texts = getattr(dataset, "texts", None)
     return None if texts is None else exact_max_words(texts)

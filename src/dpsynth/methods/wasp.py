@@ -30,9 +30,10 @@ from ..config import ConfigError, RunConfig, Section, ray_address_form
 from ..context import PrivateView, Releaser, Rngs
 from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
-from ..evolution.parts import noisy_quota, reference_set
+from ..evolution.parts import noisy_label_counts, reference_set
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
+from ..planning import voting_population
 from ..privacy.lattice import Lattice
 from ..voting import topq_sensitivity, topq_vote, vote_index_from
 from ..work import Stage, Work, wasp_stages, wasp_voted, wasp_work
@@ -165,11 +166,13 @@ def party_split(texts: Sequence[str], label_codes: np.ndarray, fed: FederatedCon
 @dataclass
 class WaspState(StrategyState):
     """WASP's state between rounds: the quota, the per-round sizes [rounds, labels], the
-    current generator weights and their history."""
+    current generator weights and their history, and the candidates each vote is on per
+    label (``vote_quota``; None: every candidate of the pool)."""
 
     sizes: np.ndarray | None = None
     weights: np.ndarray | None = None
     history: list[list[float]] = field(default_factory=list)
+    vote_quota: np.ndarray | None = None
 
 
 class WaspStrategy:
@@ -177,8 +180,9 @@ class WaspStrategy:
     contrastive rounds."""
 
     def __init__(self, config: RunConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs) -> None:
+                 gen: Generation, rngs: Rngs, method: Wasp | None = None) -> None:
         self.config = config
+        self.method = method or Wasp()
         self.syn = config.synthesis
         self.wasp: WaspConfig = Wasp.settings(config)
         self.noise_mode = config.privacy.noise
@@ -190,9 +194,17 @@ class WaspStrategy:
         self.state = WaspState(weights=np.full(n, 1.0 / n))
 
     def initial(self) -> Start:
-        quota = noisy_quota(self.view, self.releaser, self.syn.samples)
+        counts = noisy_label_counts(self.view, self.releaser)
+        quota = np.array([self.syn.samples]) if counts is None else allocate(self.syn.samples,
+                                                                             counts)
         sizes = round_sizes(quota, self.syn.iterations + 1)
         self.state.quota, self.state.sizes = quota, sizes
+        records = 0.0 if counts is None else float(max(np.sum(counts), 0.0))
+        population = voting_population(self.config, self.method, records, self.view.n_labels,
+                                       self.releaser.sigma)
+        if population < self.syn.samples:  # sized from the released counts (planning)
+            vote_quota = allocate(population, quota)  # at least one a label with samples
+            self.state.vote_quota = np.minimum(np.maximum(vote_quota, (quota > 0)), quota)
         pool = self.gen.zero_shot(sizes[0], "round0", self.state.weights)
         return Start(pool, reference_set(pool, sizes[0], self.rngs))
 
@@ -251,7 +263,26 @@ class WaspStrategy:
         return self.releaser.external_round(key, event, run_round,
                                             view.run.private / "federated")
 
+    def voters(self, t: int, pool: Pool) -> np.ndarray:
+        """The candidates vote t is on: with a sized population (``vote_quota``), that many
+        of each label's candidates, drawn uniformly from the pool's rounds so far with the
+        run's post-processing randomness (a label with fewer has all of them voted on); else
+        every candidate. Public inputs only: which candidates are voted on depends on no
+        record, so the vote's sensitivity is Top-Q's as over the whole pool."""
+        quota = self.state.vote_quota
+        if quota is None:
+            return np.arange(len(pool))
+        rng = self.rngs(f"voters{t}")
+        keep = []
+        for y, want in enumerate(np.asarray(quota, dtype=np.int64)):
+            idx = np.flatnonzero(pool.labels == y)
+            keep.append(idx if len(idx) <= want else rng.choice(idx, int(want), replace=False))
+        return np.sort(np.concatenate(keep)) if keep else np.zeros(0, np.int64)
+
     def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult:
+        voted = self.voters(t, pool)
+        if len(voted) < len(pool):
+            pool, emb = pool.take(voted), emb[voted]
         noisy = self._histograms(t, pool, emb)
         n = len(pool)
         near, far = noisy[:n], noisy[n:]
@@ -260,7 +291,8 @@ class WaspStrategy:
         share = np.bincount(pool.sources, weights=pos, minlength=len(names))
         share = share / share.sum() if share.sum() > 0 else share
         weights = np.asarray(self.state.weights)
-        return VoteResult(near, {"near": near, "far": far}, {
+        return VoteResult(near, {"near": near, "far": far, "voted": voted}, {
+            "voted": int(n),
             "noise_sigma": self.releaser.sigma * topq_sensitivity(self.wasp.top_q),
             "vote_mass": float(near.sum()),
             "generator_weights": dict(zip(names, weights.round(4).tolist(), strict=True)),
@@ -270,16 +302,18 @@ class WaspStrategy:
     def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool:
         wasp, state = self.wasp, self.state
         assert state.sizes is not None and state.weights is not None
+        on = vote.histograms.get("voted")  # the candidates the vote was on (None: all)
+        voted = pool if on is None or len(on) == len(pool) else pool.take(on)
         if wasp.weighting:
-            state.weights = generator_weights(vote.histograms["near"], pool.sources,
+            state.weights = generator_weights(vote.histograms["near"], voted.sources,
                                               len(state.weights), wasp.weight_temperature)
         state.history.append(np.asarray(state.weights).tolist())
         # After the last vote too: round t + 1 = T is the last of the T + 1 rounds of samples.
         per = wasp.demonstrations
-        good = {y: [pool.texts[i] for i in idx]
-                for y, idx in top_indices(vote.histograms["near"], pool.labels, per).items()}
-        bad = {y: [pool.texts[i] for i in idx]
-               for y, idx in top_indices(vote.histograms["far"], pool.labels, per).items()}
+        good = {y: [voted.texts[i] for i in idx]
+                for y, idx in top_indices(vote.histograms["near"], voted.labels, per).items()}
+        bad = {y: [voted.texts[i] for i in idx]
+               for y, idx in top_indices(vote.histograms["far"], voted.labels, per).items()}
         sizes = state.sizes[t + 1]
         if wasp.contrastive:
             new = self.gen.contrastive(sizes, state.weights, good, bad, per, f"round{t + 1}")
@@ -290,6 +324,9 @@ class WaspStrategy:
 
 class Wasp(PEMethod):
     name = "wasp"
+    #: the candidates each vote is on are sized from the released label counts (planning):
+    #: a sample of the pool, the release stays every round's samples
+    sizes_votes = True
     private_passes = ("embed",)
     section = "wasp"
     config_model = WaspConfig
@@ -306,9 +343,13 @@ class Wasp(PEMethod):
     def voted_candidates(self, config: RunConfig, population: int) -> tuple[int, str | None]:
         """Vote t is on the pool of rounds 0..t, so the last vote sees every round but the
         last, which is written after it: ``samples - samples // (T + 1)`` candidates (WASP
-        has no pool multiplier)."""
+        has no pool multiplier), or the voting population drawn from them when it is
+        smaller (:meth:`WaspStrategy.voters`)."""
         syn = config.synthesis
         voted = wasp_voted(syn.samples, syn.iterations)
+        if population < voted:
+            return population, (f"{population} samples drawn from the pool of rounds "
+                                f"0..t for each vote (the voting population)")
         return voted, (f"about {voted} samples: rounds 0..{syn.iterations - 1} of "
                        f"{syn.samples}, the pool the last vote sees")
 
@@ -379,7 +420,7 @@ class Wasp(PEMethod):
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> WaspStrategy:
-        return WaspStrategy(config, view, releaser, gen, rngs)
+        return WaspStrategy(config, view, releaser, gen, rngs, self)
 
     def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
         wasp = self.settings(job.config)
