@@ -659,6 +659,26 @@ def test_aug_pe_sized_votes_neighbours(tmp_path, spy):
     assert problems == [], "\n".join(problems)
 
 
+def test_wasp_sized_votes_neighbours(tmp_path, spy):
+    """WASP's default: each vote is on a sample of the pool sized from the released label
+    counts (30 samples over 3 rounds against 61 records: fewer than the pool), so the votes'
+    shape may differ between D and D' (never on D's noise) and nothing else does."""
+    rows = private_rows(61)
+    extra = {"text": "patient Wexhollow asks about a skin rash since last week",
+             "label": "clinical", "user": "u-new"}
+
+    def cfg(p: Path) -> dict[str, Any]:
+        return pe_config("wasp", p, generators=[{"model": "fake-g0"}, {"model": "fake-g1"}],
+                         **{"wasp.top_q": 3, "wasp.demonstrations": 2,
+                            "synthesis.population": None, "synthesis.samples": 30})
+
+    problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
+                                allowed=PE_PUBLIC | {30},
+                                allowed_shape=frozenset({"iter0/topq",
+                                                         "iter1/topq"}))
+    assert problems == [], "\n".join(problems)
+
+
 def test_aug_pe_user_neighbours(tmp_path, spy):
     rows = private_rows(69, users=23)  # 3 records per user
     new_user = [{"text": f"patient Quorrin{j} asks about the bill and the insurance form",
