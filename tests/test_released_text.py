@@ -134,7 +134,7 @@ def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:
     data = write_csv(tmp_path / "d.csv", private_rows(61))
     cfg = parse_config(pe_config("wasp", data, **over))
     plan = plan_run(cfg, wasp, 5000, 10, 2.0)  # enough records: every candidate voted on
-    assert plan.candidates == 134 and plan.population == 200
+    assert plan.candidates == plan.population == 134
     assert plan.expected_votes == pytest.approx(5000 * wasp.vote_mass(cfg) / 134)
     assert "rounds 0..1 of 200" in plan.message and "pool_multiplier" not in plan.message
     few = plan_run(cfg, wasp, 150, 10, 2.0)

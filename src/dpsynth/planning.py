@@ -112,10 +112,11 @@ class RunPlan:
 
     def lines(self) -> list[str]:
         """The plan as the terminal shows it."""
+        kept = (f" ({self.population} kept a round)" if self.population != self.candidates
+                else "")
         out = [f"{self.method}: epsilon {self.epsilon:.3g}, delta {self.delta:.3g}; "
                f"{self.records} records, {self.labels} label classes, {self.candidates} "
-               f"candidates per iteration ({self.population} kept a round), "
-               f"{self.samples} texts released"]
+               f"candidates per iteration{kept}, {self.samples} texts released"]
         if self.noise_multiplier is not None:
             out.append(f"  noise multiplier {self.noise_multiplier:.4g}")
         for r in self.releases:
@@ -221,8 +222,10 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
     syn = config.synthesis
     population = voting_population(config, method, records, labels, sigma)
     candidates, counted = method.voted_candidates(config, population)
+    # a population above the candidates a vote is on (WASP's pool, smaller early on) is that
     plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
-                   candidates, None, population=population, samples=syn.samples)
+                   candidates, None, population=min(population, candidates),
+                   samples=syn.samples)
     plan.max_words, plan.length_source = plan_length(config, method, exact_words)
     if plan.length_source:
         least = config.synthesis.min_words
