@@ -150,9 +150,9 @@ def verdict(config: RunConfig, noise: float, expected: float, mass: float,
             f"({expected:.3g} = records x {mass:.3g} / ({counted})"
             + ("; at user level each user's votes are scaled to norm 1, so fewer" if
                config.privacy.unit == "user" else "") + ")")
-    fix = ("raise privacy.epsilon, or lower synthesis.population (Aug-PE; synthesis.samples "
-           "elsewhere), synthesis.pool_multiplier or synthesis.iterations, or bring more "
-           "records")
+    fix = ("raise privacy.epsilon, or lower synthesis.population (Aug-PE, WASP; "
+           "synthesis.samples elsewhere), synthesis.pool_multiplier or synthesis.iterations, "
+           "or bring more records")
     if ratio > RANDOM_ABOVE:
         return "random", f"{head}: the selection will be random; {fix}"
     if ratio > NOISY_ABOVE:
