@@ -27,11 +27,15 @@ def noisy_label_counts(view: PrivateView, releaser: Releaser) -> np.ndarray | No
                                         lattice=lattice))
 
 
+def quota_of(noisy: np.ndarray | None, total: int) -> np.ndarray:
+    """``total`` samples split over labels by released counts (None: one label class)."""
+    return np.array([total]) if noisy is None else allocate(total, noisy)
+
+
 def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray:
     """Samples per label from DP label counts (never raw frequencies; docs/methods.md §0).
     One label class: no release, the whole total."""
-    noisy = noisy_label_counts(view, releaser)
-    return np.array([total]) if noisy is None else allocate(total, noisy)
+    return quota_of(noisy_label_counts(view, releaser), total)
 
 
 def released_sizes(view: PrivateView, releaser: Releaser) -> Sizes:

@@ -217,16 +217,17 @@ class PEMethod(Method):
         from ..planning import PlanInputs
 
         discover = _discovery_columns(config, dataset, self.guarantee(config) == "dp")
-        if discover:
-            return PlanInputs(len(dataset), None, words=_exact_words(self, config, dataset),
-                              discover=tuple(discover))
-        return PlanInputs(len(dataset), len(label_classes(dataset)),
-                          words=_exact_words(self, config, dataset))
+        return PlanInputs(len(dataset), None if discover else len(label_classes(dataset)),
+                          words=_exact_words(self, config, dataset), discover=tuple(discover))
 
     def plan(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PrivacyPlan:
         """:func:`plan_pe` on :meth:`plan_inputs`, before any model loads; the vote plan is
         shown, and kept in private/plan.json, when the votes are noised."""
-        plan = plan_pe(self, config, self.plan_inputs(config, dataset, run))
+        return self._shown(config, self.plan_inputs(config, dataset, run), run)
+
+    def _shown(self, config: RunConfig, inputs: PlanInputs, run: RunDir) -> PrivacyPlan:
+        """:func:`plan_pe`, its vote plan shown and kept when the votes are noised."""
+        plan = plan_pe(self, config, inputs)
         if plan.sigma and plan.votes is not None:
             show_vote_plan(plan.votes, run)
         return plan
@@ -242,11 +243,9 @@ class PEMethod(Method):
         inputs = PlanInputs(len(dataset), len(label_classes(dataset)),
                             words=_exact_words(self, config, dataset),
                             discover=tuple(discover), spent=tuple(spent))
-        plan = plan_pe(self, config, inputs)
-        if plan.sigma and plan.votes is not None:
-            show_vote_plan(plan.votes, run)
-        assert plan.sigma is not None
-        return plan.sigma
+        sigma = self._shown(config, inputs, run).sigma
+        assert sigma is not None
+        return sigma
 
     # -- the work --------------------------------------------------------------------------
     @abstractmethod

@@ -30,7 +30,7 @@ from ..config import ConfigError, RunConfig, Section, ray_address_form
 from ..context import PrivateView, Releaser, Rngs
 from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
-from ..evolution.parts import noisy_label_counts, reference_set
+from ..evolution.parts import noisy_label_counts, quota_of, reference_set
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
 from ..planning import voting_population
@@ -195,8 +195,7 @@ class WaspStrategy:
 
     def initial(self) -> Start:
         counts = noisy_label_counts(self.view, self.releaser)
-        quota = np.array([self.syn.samples]) if counts is None else allocate(self.syn.samples,
-                                                                             counts)
+        quota = quota_of(counts, self.syn.samples)
         sizes = round_sizes(quota, self.syn.iterations + 1)
         self.state.quota, self.state.sizes = quota, sizes
         records = 0.0 if counts is None else float(max(np.sum(counts), 0.0))
