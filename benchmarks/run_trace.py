@@ -6,8 +6,9 @@ function of the package: the room of the caller (the nearest package frame below
 room of the callee, each placed on its floor by docs/architecture.md ("Floors"). It reports
 the rooms visited, the stays (maximal runs of calls in one room), the returns to a room left
 earlier, and every *climb*: a call from a room to a room on a higher floor (a callback, such
-as the loop calling a method's strategy). No import makes a climb but the two named arrows;
-what the trace shows are calls handed down as values.
+as the engine running a shard kernel a method hands it). A module's body running is an
+import, not a call: imports are tests/test_layers.py's to check (every one, at the top, in
+functions and under TYPE_CHECKING), so the trace leaves them out.
 
     python benchmarks/run_trace.py generate examples/tiny-aug-pe.yaml --set privacy.seed=7
     python benchmarks/run_trace.py --out benchmarks/results/run_trace.md generate ...
@@ -72,6 +73,8 @@ class Trace:
             self._enter(caller)
             return
         self._enter(here)
+        if frame.f_code.co_name == "<module>":  # a module's body runs: an import, not a call
+            return
         if caller is not None and caller != here:
             self.calls.append((caller, here, back.f_code.co_qualname, frame.f_code.co_qualname))
 

@@ -90,3 +90,30 @@ def test_a_method_counts_its_own_work_for_the_plans_estimate(
     assert "generation" in stages  # the inherited arithmetic
     for name in ("keep_best_doc", "keep_best_plus"):
         sys.modules.pop(name, None)
+
+
+def test_the_pieces_table_names_every_hook_a_pe_method_overrides() -> None:
+    """docs/adding-a-method.md's "What a PE method provides" lists each PEMethod hook a
+    registered PE method overrides, and who overrides it: a new hook, or a method overriding
+    one the table does not give it, fails here."""
+    from dpsynth.methods import REGISTRY, method_class
+    from dpsynth.methods.pe import PEMethod
+
+    text = DOC.read_text(encoding="utf-8").split("## What a PE method provides", 1)[1]
+    text = text.split("\n## ", 1)[0]
+    table: dict[str, str] = {}
+    for row in re.findall(r"^\| (`[^|]+`) \|.*\| ([^|]+) \|$", text, re.M):
+        for name in re.findall(r"`(\w+)`", row[0]):
+            table[name] = row[1]
+    hooks = {n for n, v in vars(PEMethod).items() if callable(v) and not n.startswith("_")}
+    assert set(table) <= hooks  # the table names real hooks
+    shown = {"aug_pe": "Aug-PE", "wasp": "WASP", "secpe": "SecPE", "zero_shot": "zero-shot"}
+    for name in REGISTRY:
+        cls = method_class(name)
+        if not issubclass(cls, PEMethod):
+            continue
+        overridden = {n for klass in cls.__mro__[:cls.__mro__.index(PEMethod)]
+                      for n in vars(klass) if n in hooks}
+        assert overridden <= set(table), (name, overridden - set(table))
+        for hook in overridden - {"strategy"}:
+            assert shown[name] in table[hook], (name, hook)

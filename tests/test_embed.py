@@ -368,8 +368,10 @@ def test_uses_encode_uncached_when_present(tmp_path) -> None:
 def test_private_view_streams_private_embeddings(tmp_path) -> None:
     """PrivateView.private_embeddings of the run's engine (the production path: the PE
     methods' execution builds both) writes the resumable memmap."""
+    from dpsynth.compute.embeddings import PrivateEmbeddings
     from dpsynth.context import PrivateView
-    from dpsynth.run_dataset import private_embeddings, run_engine
+    from dpsynth.embed.shared import SharedEmbedder
+    from dpsynth.run_dataset import run_engine
 
     class _Data:
         texts = _texts(9)
@@ -393,7 +395,9 @@ def test_private_view_streams_private_embeddings(tmp_path) -> None:
                         "generators": [{"model": "smollm2"}],
                         "privacy": {"epsilon": 1.0, "noise": "seeded", "seed": 1}})
     _Run.private.mkdir(mode=0o700)
-    embeddings = private_embeddings(_Run(), _Data(), lambda: FakeEmbedder(dim=8))
+    embedder = SharedEmbedder(cfg.embedder, Path(_Run.private) / "embed-cache",
+                              given=FakeEmbedder(dim=8))
+    embeddings = PrivateEmbeddings(embedder, _Data(), Path(_Run.private) / "private-embeddings.npy")
     engine = run_engine(cfg, _Run(), _Data(), embeddings=embeddings)
     view = PrivateView(cfg, _Run(), _Data(), engine, embeddings=embeddings)
     assert engine.shard.emb is embeddings()  # the local engine votes on the same rows

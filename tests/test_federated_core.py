@@ -15,9 +15,9 @@ from dpsynth.federated.core import (
     effective_sigma,
     grid_top_q,
     party_submission,
-    plan_quantisation,
     validate_parties,
 )
+from dpsynth.privacy.distributed import plan_quantisation
 from dpsynth.voting import topq_vote
 
 
@@ -225,7 +225,7 @@ def test_the_round_clip_delta_bounds_every_plans_clip_probability(sigma: float) 
     round of any sigma gets, so it can be fixed before sigma is calibrated."""
     from scipy.stats import norm
 
-    from dpsynth.federated.core import clip_probability_bound, plan_quantisation, round_clip_delta
+    from dpsynth.federated.core import clip_probability_bound, round_clip_delta
 
     parties, dim = 5, 24
     beta = round_clip_delta(parties, dim)
@@ -249,23 +249,28 @@ def test_federated_wasp_adds_every_rounds_clip_delta_to_its_statement() -> None:
            "wasp": {"federated": {"parties": 4, "min_parties": 3}}}
     cfg = parse_config(raw)
     beta = 3 * round_clip_delta(4, 80)
-    assert beta > 0 and Wasp().delta_outside(cfg) == pytest.approx(beta)
+    assert beta > 0 and Wasp().release_plan(cfg, 2).delta_outside == pytest.approx(beta)
     targets = []
 
     def statement(unit: str, target: tuple[float, float]) -> dict:
         targets.append(target)
         return {"epsilon": 3.9, "delta": target[1], "target_delta": target[1]}
 
-    class Visible(Wasp):  # beta itself (~1e-20) vanishes next to 1e-5 in floating point
-        def delta_outside(self, config: object) -> float:
-            return 1e-6
+    # the run's plan carries it to the statement; beta itself (~1e-20) vanishes next to 1e-5
+    # in floating point, so the statement is checked with a visible one
+    from dpsynth.methods.pe import plan_pe
+    from dpsynth.planning import PlanInputs
 
-    job = SimpleNamespace(config=cfg, session=SimpleNamespace(statement=statement))
-    out = Visible().guarantee_statement(job, Outcome({}))  # type: ignore[arg-type]
+    # (labels None: planned before the votes, as a discovering run is; no calibration)
+    assert plan_pe(Wasp(), cfg, PlanInputs(100, None)).notes["delta_outside"] == pytest.approx(
+        beta)
+    job = SimpleNamespace(config=cfg, session=SimpleNamespace(statement=statement),
+                          plan=SimpleNamespace(notes={"delta_outside": 1e-6}))
+    out = Wasp().guarantee_statement(job, Outcome({}))  # type: ignore[arg-type]
     assert targets == [(4.0, pytest.approx(9e-6))]
     assert out["delta"] == pytest.approx(1e-5) and out["target_delta"] == 1e-5
     raw["wasp"]["federated"]["parties"] = 0
-    assert Wasp().delta_outside(parse_config(raw)) == 0.0
+    assert Wasp().release_plan(parse_config(raw), 2).delta_outside == 0.0
 
 
 def test_a_deployment_party_charges_its_own_ledger_before_its_votes_leave(tmp_path) -> None:
@@ -273,7 +278,7 @@ def test_a_deployment_party_charges_its_own_ledger_before_its_votes_leave(tmp_pa
     charges its own ledger first (its worst case: its own share alone), and refuses a round
     past its cap before anything is drawn; simulated parties carry no budget."""
     from dpsynth.federated.app import PartyClient
-    from dpsynth.federated.core import PartyData, plan_quantisation
+    from dpsynth.federated.core import PartyData
     from dpsynth.federated.party_budget import party_budget
     from dpsynth.privacy import (
         Accountant,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dpsynth.config import RunConfig
-from dpsynth.evolution.loop import Pool
+from dpsynth.evolution.strategy import Pool
 from dpsynth.federated.app import reconstruction_threshold
 from dpsynth.federated.rounds import RoundBudgetSpentError, accounted_round, start_key
 from dpsynth.methods.wasp import Wasp, WaspStrategy, worst_case_sigma
@@ -199,7 +199,7 @@ def test_federated_calibration_plans_the_worst_case():
         "wasp": {"federated": {"parties": 4, "min_parties": 2}}})
     from dpsynth.voting import topq_sensitivity
 
-    events = Wasp().planned_events(cfg, 2, 5.0)
+    events = Wasp().release_plan(cfg, 2).at(5.0)
     sens = topq_sensitivity(cfg.wasp.top_q)
     assert [(e.sigma, e.count) for e in events] == [(5.0, 1), (5.0 * sens / 2.0, 3)]
     assert events[1].parties == 2 and events[1].sensitivity == pytest.approx(sens)

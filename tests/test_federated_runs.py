@@ -91,7 +91,8 @@ def _largest_party_neighbours(cfg: dict[str, Any]) -> tuple[list[dict[str, str]]
 
     config = parse_config(cfg)
     fed = config.wasp.federated
-    sigma = calibrate_sigma(config, Wasp(), len(LABELS)) * topq_sensitivity(config.wasp.top_q)
+    sigma = calibrate_sigma(config, Wasp().release_plan(config, len(LABELS))) * topq_sensitivity(
+        config.wasp.top_q)
     margin = 10 * sigma / np.sqrt(fed.parties)
     k = int(np.ceil(np.log2(margin + 16)))
     largest = int(np.floor(2**k - margin))

@@ -22,13 +22,13 @@ from dpsynth.federated.core import (
     InsufficientPartiesError,
     PartyData,
     party_submission,
-    plan_quantisation,
 )
 from dpsynth.federated.simulation import (
     _SimulationParties,
     federated_noisy_histogram,
     run_flower_simulation,
 )
+from dpsynth.privacy.distributed import plan_quantisation
 from dpsynth.voting import topq_vote
 
 SIGMA = 1.5

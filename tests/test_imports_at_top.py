@@ -198,7 +198,6 @@ ALLOWED: set[tuple[str, str]] = {
     ("dpsynth.methods.aug_pe", "dpsynth.compute.kernels"),
     ("dpsynth.methods.pe", "dpsynth.context"),
     ("dpsynth.methods.pe", "dpsynth.diagnostics"),
-    ("dpsynth.methods.pe", "dpsynth.evolution.loop"),
     ("dpsynth.methods.pe", "dpsynth.evolution.operators"),
     ("dpsynth.methods.pe", "dpsynth.files"),
     ("dpsynth.methods.pe", "dpsynth.label_domain"),

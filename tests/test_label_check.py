@@ -39,7 +39,7 @@ def test_top_k_grows_with_the_label_domain() -> None:
 
 def _check(columns: dict[str, list[str]]) -> LabelCheck:
     emb = FakeEmbedder(dim=256)
-    return LabelCheck(columns, lambda col, v: v, lambda texts: emb.embed(list(texts)))
+    return LabelCheck(columns, lambda col, v: v, emb)
 
 
 def test_a_separated_column_is_checked_and_its_off_label_texts_refused() -> None:
@@ -76,7 +76,7 @@ def test_the_gate_waits_for_enough_candidates_then_holds() -> None:
     many = [f"billing {i}" if i % 5 else f"clinical {i}" for i in range(40)]
     refused = check.refused(many, [{"topic": "billing"}] * 40)
     assert check.gate == {"topic": True} and refused.sum() == 8
-    later = LabelCheck(check.domain, lambda col, v: v, check.embed, gate=check.gate)
+    later = LabelCheck(check.domain, lambda col, v: v, check.embedder, gate=check.gate)
     assert later.refused(["clinical case"] * 2, labels[:2]).all()  # kept, not re-judged
 
 
@@ -171,7 +171,7 @@ def test_a_resumed_run_keeps_the_gate_the_first_attempt_decided(tmp_path) -> Non
 ])
 def test_the_closing_warning_tells_chatter_from_another_labels_text(
         tmp_path, counts: dict[str, int], chatter: bool, off_label: bool) -> None:
-    from dpsynth.evolution.loop import _Filtered
+    from dpsynth.methods.loop import FilterShares
     from dpsynth.run_folder import RunDir
 
     class Counted:
@@ -180,7 +180,7 @@ def test_the_closing_warning_tells_chatter_from_another_labels_text(
 
     run = RunDir(tmp_path / "run")
     run.root.mkdir()
-    _Filtered(Counted()).warn_if_mostly_filtered(run)  # type: ignore[arg-type]
+    FilterShares(Counted()).warn_if_mostly_filtered(run)  # type: ignore[arg-type]
     log = (run.root / "log.txt").read_text() if (run.root / "log.txt").exists() else ""
     assert ("were refused by the filters" in log) == chatter
     assert ("another label's text" in log) == off_label

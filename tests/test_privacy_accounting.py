@@ -19,6 +19,8 @@ from dpsynth.privacy import (
     ExponentialEvent,
     GaussianEvent,
     PrivacyConfigError,
+    ReleasePlan,
+    Scaled,
     ZCDPEvent,
     calibrate_gaussian_sigma,
     calibrate_steps,
@@ -251,14 +253,13 @@ def test_calibration_round_trip(eps: float, delta: float, steps: int, kind: str)
 
 
 def test_calibrate_plan_with_label_counts() -> None:
-    def plan(s: float) -> list:
-        return [GaussianEvent(s, 1.0, count=10, name="votes"), GaussianEvent(s, 1.0, name="labels")]
-
+    plan = ReleasePlan((Scaled(GaussianEvent(1.0, 1.0, count=10, name="votes")),
+                        Scaled(GaussianEvent(1.0, 1.0, name="labels"))))
     sigma = calibrate_gaussian_sigma(1.0, 1e-5, plan)
     # 11 releases of sensitivity 1 = sigma * sqrt(11/10) of the 10-step sigma.
     assert sigma == pytest.approx(11.797 * math.sqrt(1.1), rel=2e-3)
     acc = Accountant("pld")
-    acc.extend(plan(sigma))
+    acc.extend(plan.at(sigma))
     assert acc.epsilon(1e-5) <= 1.0
 
 
@@ -457,3 +458,21 @@ def test_a_small_noise_multiplier_floods_no_warning_and_loses_no_soundness(caplo
     assert not any("failed to converge" in r.getMessage() for r in caplog.records)
     assert logging.getLogger("absl").level == logging.NOTSET  # restored
     assert 0 < eps < float("inf")
+
+
+def test_subsampled_gaussian_rdp_is_dp_accountings_to_the_bit() -> None:
+    """The RDP accountant keeps one Poisson-subsampled Gaussian step's curve per (q, noise
+    multiplier) and reuses it at other step counts (a DP-SGD run's per-step reports): the
+    epsilon is dp_accounting's own RdpAccountant's, bit for bit, first time and again."""
+    from dpsynth.privacy.accountant import RDP_ORDERS
+
+    orders = [a for a in RDP_ORDERS if a <= 1024]
+    for steps in (94, 40, 94):  # a new step count, then the first again: the kept curve
+        events = [GaussianEvent(0.78, 1.0, steps, 0.032, "dp_sgd"),
+                  GaussianEvent(1.1, 1.0, 3, 0.016, "other")]
+        ours = Accountant("rdp")
+        ours.extend(events)
+        ref = rdp_lib.RdpAccountant(orders=orders)
+        ref.compose(dp_event.PoissonSampledDpEvent(0.032, dp_event.GaussianDpEvent(0.78)), steps)
+        ref.compose(dp_event.PoissonSampledDpEvent(0.016, dp_event.GaussianDpEvent(1.1)), 3)
+        assert ours.epsilon(1e-5) == ref.get_epsilon(1e-5)

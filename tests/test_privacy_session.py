@@ -19,6 +19,8 @@ from dpsynth.privacy import (
     Lattice,
     PrivacyConfigError,
     PrivacySession,
+    ReleasePlan,
+    Scaled,
     ZCDPEvent,
     calibrate_gaussian_sigma,
     calibrate_steps,
@@ -131,7 +133,7 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
 
 def test_budget_guard_raises_before_drawing(tmp_path: Path) -> None:
     sigma = calibrate_gaussian_sigma(
-        1.0, 1e-5, lambda s: [DiscreteGaussianEvent(s, 1.0, 10, shifts=(1,))])
+        1.0, 1e-5, ReleasePlan((Scaled(DiscreteGaussianEvent(1.0, 1.0, 10, shifts=(1,))),)))
     assert sigma > calibrate_steps(1.0, 1e-5, 10)  # the discrete PLD is a little wider
     noise = CountingNoise()
     store = tmp_path / "s"

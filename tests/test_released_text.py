@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dpsynth.api import run_generation
-from dpsynth.compute.kernels import finish, sum_partials
+from dpsynth.compute.kernels import finish, label_length_partial, sum_partials
 from dpsynth.compute.shard import Shard, TextShard
 from dpsynth.config import parse_config
 from dpsynth.evolution import prompts as P
@@ -21,14 +21,14 @@ from dpsynth.evolution.lengths import (
     LENGTH_EDGES,
     N_BINS,
     Sizes,
-    label_length_partial,
     length_bin,
     tokens_for,
 )
 from dpsynth.evolution.parts import release_from_winners
 from dpsynth.evolution.pool import Pool
 from dpsynth.methods import get_method
-from dpsynth.planning import VOTE_MARGIN, auto_population, plan_run, voting_population
+from dpsynth.methods.pe import plan_pe
+from dpsynth.planning import VOTE_MARGIN, PlanInputs, RunPlan, auto_population, voting_population
 from dpsynth.privacy import calibrate_steps
 from fakes import FakeEmbedder, FakeGenerator
 from test_release_check import pe_config, private_rows, write_csv
@@ -96,29 +96,38 @@ def _config(tmp_path: Path, rows: int = 61, **over: Any) -> Any:
     return parse_config(pe_config("aug_pe", data, **{"synthesis.population": None, **over}))
 
 
+def _plan(cfg, method, records: int, labels: int, sigma: float) -> RunPlan:
+    """The vote plan the run makes (plan_pe) on these facts, at noise multiplier ``sigma``."""
+    plan = plan_pe(method, cfg, PlanInputs(records, labels, sigma=sigma)).votes
+    assert plan is not None
+    return plan
+
+
 def test_the_automatic_population_gives_each_candidate_twice_the_noise(tmp_path) -> None:
     cfg = _config(tmp_path, **{"synthesis.samples": 200, "synthesis.pool_multiplier": 3})
     method = get_method("aug_pe")
-    n = auto_population(cfg, method, 2000, 3, 1.88)
+    shape = method.votes(cfg, 3)
+    n = auto_population(cfg, shape, 2000, 3, 1.88)
     assert n == math.floor(2000 / (3 * VOTE_MARGIN * 1.88)) == 177
     expected = 2000 / (3 * n)
     assert expected >= VOTE_MARGIN * 1.88 > 2000 / (3 * (n + 1)) * 0.99
-    assert auto_population(cfg, method, 20, 3, 1.88) == 3  # at least one a label class
-    assert auto_population(cfg, method, 10**7, 3, 1.88) == 200  # at most the release
-    assert voting_population(cfg, method, 2000, 3, 1.88) == 177
+    assert auto_population(cfg, shape, 20, 3, 1.88) == 3  # at least one a label class
+    assert auto_population(cfg, shape, 10**7, 3, 1.88) == 200  # at most the release
+    assert voting_population(cfg, shape, 2000, 3, 1.88) == 177
     pinned = _config(tmp_path, **{"synthesis.samples": 200, "synthesis.population": 500})
-    assert voting_population(pinned, method, 2000, 3, 1.88) == 200
-    assert voting_population(cfg, get_method("wasp"), 2000, 3, 1.88) == 200  # WASP: samples
+    assert voting_population(pinned, method.votes(pinned, 3), 2000, 3, 1.88) == 200
+    wasp = get_method("wasp").votes(cfg, 3)
+    assert voting_population(cfg, wasp, 2000, 3, 1.88) == 200  # WASP: samples
 
 
 def test_a_population_below_the_margin_is_warned_about(tmp_path) -> None:
     method = get_method("aug_pe")
     thin = _config(tmp_path, **{"synthesis.samples": 500, "synthesis.population": 400,
                                 "synthesis.pool_multiplier": 3})
-    plan = plan_run(thin, method, 2000, 3, 1.0)  # expected 2000 / 1200 = 1.67, noise 1
+    plan = _plan(thin, method, 2000, 3, 1.0)  # expected 2000 / 1200 = 1.67, noise 1
     assert plan.verdict == "thin" and "below the margin of 2x" in plan.message
     assert "synthesis.population" in plan.message
-    auto = plan_run(_config(tmp_path, **{"synthesis.samples": 500,
+    auto = _plan(_config(tmp_path, **{"synthesis.samples": 500,
                                          "synthesis.pool_multiplier": 3}), method, 2000, 3, 1.0)
     assert auto.verdict == "ok" and auto.population == 333 and auto.samples == 500
 
@@ -133,23 +142,23 @@ def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:
             "synthesis.pool_multiplier": 3, "synthesis.population": None}
     data = write_csv(tmp_path / "d.csv", private_rows(61))
     cfg = parse_config(pe_config("wasp", data, **over))
-    plan = plan_run(cfg, wasp, 5000, 10, 2.0)  # enough records: every candidate voted on
+    plan = _plan(cfg, wasp, 5000, 10, 2.0)  # enough records: every candidate voted on
     assert plan.candidates == plan.population == 134
-    assert plan.expected_votes == pytest.approx(5000 * wasp.vote_mass(cfg) / 134)
+    assert plan.expected_votes == pytest.approx(5000 * wasp.votes(cfg, 10).mass / 134)
     assert "rounds 0..1 of 200" in plan.message and "pool_multiplier" not in plan.message
-    few = plan_run(cfg, wasp, 150, 10, 2.0)
-    noise = wasp.vote_noise(cfg, 2.0)
+    few = _plan(cfg, wasp, 150, 10, 2.0)
+    noise = 2.0 * wasp.votes(cfg, 10).noise
     assert few.population == few.candidates == math.floor(
-        150 * wasp.vote_mass(cfg) / (VOTE_MARGIN * noise)) < 134
+        150 * wasp.votes(cfg, 10).mass / (VOTE_MARGIN * noise)) < 134
     assert few.expected_votes >= VOTE_MARGIN * noise and few.verdict == "ok"
     assert "drawn from the pool" in few.message
-    set_ = plan_run(parse_config(pe_config("wasp", data, **{**over, "synthesis.population": 40})),
+    set_ = _plan(parse_config(pe_config("wasp", data, **{**over, "synthesis.population": 40})),
                     wasp, 5000, 10, 2.0)
     assert set_.candidates == 40
     one = parse_config(pe_config("wasp", data, **{**over, "data.label_values":
                                                   {"label": ["billing"]}}))
-    assert plan_run(one, wasp, 150, 1, 2.0).candidates == 134  # no count to size from
-    aug = plan_run(_config(tmp_path, **{"synthesis.samples": 200, "synthesis.population": 200,
+    assert _plan(one, wasp, 150, 1, 2.0).candidates == 134  # no count to size from
+    aug = _plan(_config(tmp_path, **{"synthesis.samples": 200, "synthesis.population": 200,
                                         "synthesis.pool_multiplier": 3}),
                    get_method("aug_pe"), 500, 10, 2.0)
     assert aug.candidates == 600 and "pool_multiplier 3" in aug.message
@@ -158,10 +167,10 @@ def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:
 def test_one_label_with_automatic_sizes_is_charged_for_the_sizes_release(tmp_path) -> None:
     method = get_method("aug_pe")
     one = _config(tmp_path, **{"data.label_values": {"label": ["billing"]}})
-    assert method.vote_releases(one, 1) == 3  # the sizes histogram and two votes
+    assert method.release_plan(one, 1).noised == 3  # the sizes histogram and two votes
     pinned = _config(tmp_path, **{"synthesis.population": 9, "synthesis.max_words": 20})
-    assert method.vote_releases(pinned, 1) == 2
-    events = method.planned_events(one, 1, 2.0)
+    assert method.release_plan(pinned, 1).noised == 2
+    events = method.release_plan(one, 1).at(2.0)
     assert [e.name for e in events] == ["label_counts", "votes"]
     assert [e.count for e in events] == [1, 2]
 

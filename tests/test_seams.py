@@ -19,9 +19,9 @@ import pytest
 from dpsynth.api import run_generation
 from dpsynth.config import RunConfig, parse_config
 from dpsynth.evolution.lengths import N_BINS
-from dpsynth.evolution.loop import VoteResult
 from dpsynth.evolution.pool import Pool
 from dpsynth.evolution.selection import allocate, top_indices
+from dpsynth.evolution.strategy import VoteResult
 from dpsynth.hooks import RunHooks
 from fakes import FakeEmbedder, FakeGenerator
 from faults import stop_at
@@ -137,7 +137,8 @@ def test_no_import_cycle_hidden_or_not() -> None:
 def test_each_module_imports_alone() -> None:
     """A fresh import of each module of the run's structure works on its own (a cycle that
     only bites in one import order fails here)."""
-    mods = ["dpsynth.context", "dpsynth.runner", "dpsynth.api", "dpsynth.evolution.loop",
+    mods = ["dpsynth.context", "dpsynth.runner", "dpsynth.api", "dpsynth.evolution.strategy",
+            "dpsynth.methods.loop",
             "dpsynth.evolution.operators", "dpsynth.evolution.parts", "dpsynth.evolution.pool",
             "dpsynth.evolution.textgen", "dpsynth.methods", "dpsynth.methods.base",
             "dpsynth.methods.pe", "dpsynth.methods.aug_pe", "dpsynth.methods.wasp",

@@ -226,7 +226,7 @@ def test_secpe_score_uses_the_clip_below_one_bound(tmp_path):
     from dpsynth.compute import LocalCompute
     from dpsynth.config import RunConfig
     from dpsynth.data import Dataset
-    from dpsynth.evolution.loop import Pool
+    from dpsynth.evolution.strategy import Pool
     from dpsynth.methods.secpe import SecPEStrategy, SecretPlan
 
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ states, without the data.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,45 @@ class PlanInputs:
     discover: tuple[str, ...] = ()
     spent: tuple[Any, ...] = ()
     notes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VoteShape:
+    """What one of a PE method's votes is, as the planner needs it: a value the method makes
+    from its config (``PEMethod.votes``), so that planning never calls back into the method.
+
+    ``private``: the method reads private records through noisy votes (False: zero-shot).
+    ``sizes``: it sizes its voting population from a released count, which the run releases
+    before its votes when ``counted``. ``estimates_length``: it estimates the texts' length
+    from the records (Aug-PE's sizes histogram). ``mass``: the vote mass one record spreads
+    over its label's candidates; ``noise``: the std of the noise on one candidate's votes per
+    unit of the noise multiplier. ``per_member``: candidates voted on per member of the voting
+    population (Aug-PE's pool_multiplier); ``pool``: where set, the most candidates a vote is
+    on (WASP: the pool the last vote sees), told as ``whole`` when a vote is on all of it and
+    as drawn from ``drawn`` when on a sample."""
+
+    private: bool = True
+    sizes: bool = False
+    counted: bool = True
+    estimates_length: bool = False
+    mass: float = 1.0
+    noise: float = 1.0
+    per_member: int = 1
+    pool: int | None = None
+    whole: str = ""
+    drawn: str = ""
+
+
+def voted_candidates(shape: VoteShape, population: int) -> tuple[int, str | None]:
+    """The most candidates one vote is on, and how they are counted (None: the plan's usual
+    words): ``population x per_member``, at most the shape's ``pool``."""
+    candidates = population * shape.per_member
+    if shape.pool is None:
+        return candidates, None
+    if candidates < shape.pool:
+        return candidates, (f"{candidates} samples drawn from {shape.drawn} for each vote "
+                            "(the voting population)")
+    return shape.pool, f"about {shape.pool} samples: {shape.whole}"
 
 
 @dataclass
@@ -163,47 +202,44 @@ def verdict(config: RunConfig, noise: float, expected: float, mass: float,
     return "ok", f"{head}: the votes stand out from the noise"
 
 
-def auto_population(config: RunConfig, method: Any, records: float, labels: int,
+def auto_population(config: RunConfig, shape: VoteShape, records: float, labels: int,
                     sigma: float) -> int:
     """The voting population that gives a candidate :data:`VOTE_MARGIN` x the noise in
     expected votes: ``floor(records m / (L margin sigma_vote))`` (m: one record's vote mass,
-    L: the candidates voted on per member of the population, ``method.voted_candidates`` of
-    one: Aug-PE's pool_multiplier, WASP's 1), at least one sample per label class and at most
-    ``synthesis.samples``. ``records`` is a released noisy count in a run (the plan shows it
-    from the exact one)."""
+    L: the candidates voted on per member of the population: Aug-PE's pool_multiplier,
+    WASP's 1), at least one sample per label class and at most ``synthesis.samples``.
+    ``records`` is a released noisy count in a run (the plan shows it from the exact one)."""
     syn = config.synthesis
     if not sigma or sigma <= 0 or not syn.iterations:
         return syn.samples
-    noise = float(method.vote_noise(config, sigma))
-    per = max(1, int(method.voted_candidates(config, 1)[0]))
-    fit = math.floor(max(records, 0.0) * float(method.vote_mass(config))
-                     / (per * VOTE_MARGIN * noise))
+    noise = sigma * shape.noise
+    per = max(1, int(voted_candidates(shape, 1)[0]))
+    fit = math.floor(max(records, 0.0) * float(shape.mass) / (per * VOTE_MARGIN * noise))
     return int(min(syn.samples, max(fit, labels)))
 
 
-def voting_population(config: RunConfig, method: Any, records: float, labels: int,
+def voting_population(config: RunConfig, shape: VoteShape, records: float, labels: int,
                       sigma: float | None) -> int:
     """The voting population: ``synthesis.population`` when set (at most ``samples``), else
-    :func:`auto_population` for a method that sizes its votes (``sizes_votes``) from a
-    released count, else ``synthesis.samples``. A run that releases no count before its
-    votes (WASP on one label class: ``vote_releases`` is its T votes) has none to size from
-    and votes on every candidate."""
+    :func:`auto_population` for a method that sizes its votes from a released count, else
+    ``synthesis.samples``. A run that releases no count before its votes (WASP on one label
+    class) has none to size from and votes on every candidate."""
     syn = config.synthesis
-    if not getattr(method, "sizes_votes", False):
+    if not shape.sizes:
         return syn.samples
     if syn.population is not None:
         return min(syn.population, syn.samples)
-    if method.vote_releases(config, labels) <= syn.iterations:
+    if not shape.counted:
         return syn.samples
-    return auto_population(config, method, records, labels, sigma or 0.0)
+    return auto_population(config, shape, records, labels, sigma or 0.0)
 
 
-def plan_length(config: RunConfig, method: Any, exact_words: int | None
+def plan_length(config: RunConfig, shape: VoteShape, exact_words: int | None
                 ) -> tuple[int | None, str]:
-    """(words, where they come from) of the texts a method that sizes its votes writes:
-    ``synthesis.max_words`` when declared, else the run's DP estimate, shown from the exact
-    lengths (``exact_words``, the operator's plan only) when the data is at hand."""
-    if not getattr(method, "estimates_length", False):
+    """(words, where they come from) of the texts a method that estimates their length
+    writes: ``synthesis.max_words`` when declared, else the run's DP estimate, shown from the
+    exact lengths (``exact_words``, the operator's plan only) when the data is at hand."""
+    if not shape.estimates_length:
         return None, ""
     if config.synthesis.max_words is not None:
         return config.synthesis.max_words, "declared (synthesis.max_words)"
@@ -213,20 +249,21 @@ def plan_length(config: RunConfig, method: Any, exact_words: int | None
     return None, "from the records: estimated by the run, released with the label counts"
 
 
-def plan_run(config: RunConfig, method: Any, records: int, labels: int,
-             sigma: float | None, exact_words: int | None = None) -> RunPlan:
-    """The plan of a PE-family ``method``'s run on ``records`` records in ``labels`` label
-    classes at noise multiplier ``sigma`` (the run's: calibrated from the config, or SecPE's
-    from its secrets; None when nothing is noised). The method says what its releases are
-    (``planned_events``) and what one record's vote does (``vote_mass``, ``vote_noise``)."""
+def plan_run(config: RunConfig, shape: VoteShape, guarantee: str, records: int, labels: int,
+             sigma: float | None, exact_words: int | None = None,
+             releases: Sequence[Any] = ()) -> RunPlan:
+    """The plan of a PE-family run on ``records`` records in ``labels`` label classes at noise
+    multiplier ``sigma`` (the run's: calibrated from the config, or SecPE's from its secrets;
+    None when nothing is noised), from values the method hands down: what one vote is
+    (``shape``), the run's ``guarantee`` and its ``releases`` at ``sigma`` (privacy events)."""
     syn = config.synthesis
-    population = voting_population(config, method, records, labels, sigma)
-    candidates, counted = method.voted_candidates(config, population)
+    population = voting_population(config, shape, records, labels, sigma)
+    candidates, counted = voted_candidates(shape, population)
     # a population above the candidates a vote is on (WASP's pool, smaller early on) is that
     plan = RunPlan(config.method, config.privacy.epsilon, config.privacy.delta, records, labels,
                    candidates, None, population=min(population, candidates),
                    samples=syn.samples)
-    plan.max_words, plan.length_source = plan_length(config, method, exact_words)
+    plan.max_words, plan.length_source = plan_length(config, shape, exact_words)
     if plan.length_source:
         least = config.synthesis.min_words
         plan.short_end = (f"texts under {least} words are regenerated (synthesis.min_words)"
@@ -234,24 +271,21 @@ def plan_run(config: RunConfig, method: Any, records: int, labels: int,
                           "the run's noisy length estimate are regenerated" if
                           config.synthesis.max_words is None else
                           "no short end: declare synthesis.min_words to set one")
-    if not sigma or not getattr(method, "private_votes", False) or method.guarantee(
-            config) not in ("dp", "secret-protection"):
+    if not sigma or not shape.private or guarantee not in ("dp", "secret-protection"):
         plan.verdict = "none"
-        plan.message = ("no private votes: nothing is noised" if not
-                        getattr(method, "private_votes", False) else
+        plan.message = ("no private votes: nothing is noised" if not shape.private else
                         "epsilon is infinite: the votes are not noised (no DP guarantee)")
         return plan
     plan.noise_multiplier = float(sigma)
-    for event in method.planned_events(config, labels, sigma):
+    for event in releases:
         plan.releases.append(PlannedRelease(
             getattr(event, "name", None) or "votes", int(getattr(event, "count", 1)),
             float(event.sensitivity), float(event.sigma)))
     if syn.iterations:
-        mass = float(method.vote_mass(config))
-        plan.vote_noise = float(method.vote_noise(config, sigma))
-        plan.expected_votes = records * mass / candidates
-        plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes, mass,
-                                             population, counted)
+        plan.vote_noise = float(sigma * shape.noise)
+        plan.expected_votes = records * shape.mass / candidates
+        plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes,
+                                             shape.mass, population, counted)
     return plan
 
 

@@ -265,6 +265,13 @@ def note(message: str) -> None:
         display.note(message)
 
 
+def private_note(message: str) -> None:
+    """A run's message that carries an exact fact about the private data ("[private]" lines)
+    on the operator's display; the run's other log lines reach the display already."""
+    if message.startswith("[private]"):
+        note(message)
+
+
 def warn(message: str) -> None:
     display = current()
     if display is not None:

@@ -4,7 +4,6 @@ and the private-statistics engine over it (``compute.engine``)."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,22 +148,6 @@ def _ray_engine(config: RunConfig, run: RunDir, spec: DataSpec, embedder_factory
                       c.timeout_s, actor=shard_actor or ShardActor)
 
 
-def private_embeddings(run: RunDir, dataset: Any, embedder: Callable[[], Any]
-                       ) -> Callable[[], np.ndarray]:
-    """The embeddings of the private texts, computed on the first call: streamed in chunks
-    into a memory-mapped .npy in the private area (mode 0600), resumed where a stopped run left
-    it (``embed.embed_to_file``); ``embedder``: a factory of the run's embedder."""
-
-    @functools.cache
-    def embeddings() -> np.ndarray:
-        from .embed import embed_to_file
-
-        return embed_to_file(embedder(), dataset.texts, len(dataset),
-                             run.private / "private-embeddings.npy", log=run.log)
-
-    return embeddings
-
-
 def run_engine(config: RunConfig, run: RunDir, dataset: Any, *,
                embeddings: Callable[[], np.ndarray], given_embedder: Any = None,
                shard_actor: type[ShardActor] | None = None) -> PrivateCompute:
@@ -172,7 +155,7 @@ def run_engine(config: RunConfig, run: RunDir, dataset: Any, *,
     ``ray`` the shards that loaded a sharded dataset (or new shards, checked against the
     dataset read here), given the run's embedder (``given_embedder``, a ready object shipped
     to the workers, or the configured model built on each); else this process, with the
-    ``embeddings`` of :func:`private_embeddings`."""
+    ``embeddings`` (:class:`~dpsynth.compute.embeddings.PrivateEmbeddings`)."""
     from .compute import LocalCompute
 
     if config.compute.engine == "ray":
@@ -191,6 +174,5 @@ def run_engine(config: RunConfig, run: RunDir, dataset: Any, *,
                                  None, shard_actor)
         engine.use_embedder(factory)
         return engine
-    users = dataset.users if config.privacy.unit == "user" else None
-    return LocalCompute(embeddings, lambda: dataset.joint_label_codes()[0], users, dataset,
-                        folder=run.private)
+    return LocalCompute.for_dataset(dataset, config.privacy.unit == "user", run.private,
+                                    embeddings)

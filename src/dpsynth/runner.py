@@ -34,6 +34,7 @@ from .neighbours import check_limit, mechanism_config, over_file
 from .on_shards import engine_of
 from .preflight import check_output_writable, check_run
 from .privacy.ledger import DEFAULT_TOTAL_EPSILON, OtherFolderError, check_folder
+from .privacy.session import StoreOpener
 from .progress import warn as operator_warning
 from .resume import (
     changed_fields,
@@ -423,8 +424,8 @@ def _job(opts: RunOptions, mcfg: RunConfig, run: RunDir, meta: dict[str, Any], d
     return Job(mcfg, run, meta, dataset, session, plan, fingerprint=fingerprint,
                resume=resume, progress=opts.progress, generators=opts.generators,
                embedder=opts.embedder, echo=opts.echo, hooks=opts.hooks,
-               open_store=lambda folder: open_session(mcfg, run, plan, folder=folder,
-                                                      target=False))
+               open_store=StoreOpener(run.private, plan.accountant, mcfg.privacy.noise,
+                                      noise_seed(mcfg, run)))
 
 
 def _write_statement(cfg: RunConfig, run: RunDir, m: Method, job: Job,

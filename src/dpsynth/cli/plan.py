@@ -234,7 +234,8 @@ def run_noise_multiplier(config: Path, labels: int | None) -> float:
     n_labels = labels or declared_labels(cfg)
     if n_labels is None:
         raise ConfigError("the label domain is discovered from the data: give --labels N")
-    return calibrate_sigma(mechanism_config(cfg), method, n_labels)
+    mcfg = mechanism_config(cfg)
+    return calibrate_sigma(mcfg, method.release_plan(mcfg, n_labels))
 
 
 def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,

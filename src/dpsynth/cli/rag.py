@@ -34,16 +34,13 @@ def build(
     from ..api import build_kb
     from ..preflight import check_output_writable
 
-    def echo(message: str) -> None:  # the run's log lines reach the display already
-        if message.startswith("[private]"):
-            progress.note(message)
-
     try:  # a DpsynthError goes to the root group: one `error:` line, exit 2
         check_output_writable(output)
         with progress.session(enabled=not as_json):
             run_dir = build_kb(config, output, resume=resume,
                                overrides=parse_sets(set_ or []),
-                               echo=None if as_json else echo, progress=not as_json)
+                               echo=None if as_json else progress.private_note,
+                               progress=not as_json)
     except KeyboardInterrupt as err:
         typer.echo(f"stopped ({stop_reason(err)}); run.json says so. Continue with: "
                    f"dpsynth rag build {config} -o {output} --resume", err=True)

@@ -13,9 +13,10 @@ sums here, so a release does not depend on how the records were sharded:
   the same order whatever the shard count; the driver adds the buckets in bucket order.
 
 Noise is never added here: the driver's privacy session noises the summed statistic once. The
-kernels here are those any method may ask for (label counts, the kNN and Top-Q vote
-histograms, label values for domain discovery, the record count); a method's own kernels live
-with the method (``dpsynth.methods.secpe.kernels``, ``dpsynth.methods.synrag.shard``).
+kernels here are those any method may ask for (label counts, the (label x length bin)
+histogram, the kNN and Top-Q vote histograms, label values for domain discovery, the record
+count); a method's own kernels live with the method (``dpsynth.methods.secpe.kernels``,
+``dpsynth.methods.synrag.shard``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 
 from ..privacy.lattice import truncate_to_grid
 from ..voting import knn_vote, topq_vote, user_label_counts
-from .shard import Shard, shard_kernel
+from .shard import Shard, shard_kernel, text_chunks
 
 #: Fixed-point scale of exact sums of embeddings: coordinates are truncated to multiples of
 #: 2^-32.
@@ -177,6 +178,30 @@ def label_count_partial(shard: Shard, n_labels: int) -> Partial:
         return Partial(ints=np.bincount(shard.labels, minlength=n_labels).astype(np.int64))
     return per_bucket(shard, lambda sel, codes: user_label_counts(
         shard.labels[sel], n_labels, codes))
+
+
+# -- the (label class x length bin) histogram: public bins (dpsynth.evolution.lengths) --
+#: upper edges (exclusive) of the public word-count bins; the last bin is open
+LENGTH_EDGES = (4, 8, 16, 32, 64, 128, 256)
+N_BINS = len(LENGTH_EDGES) + 1
+
+
+def length_bin(text: str) -> int:
+    """The public bin of a text's word count."""
+    return int(np.searchsorted(LENGTH_EDGES, len(text.split()), side="right"))
+
+
+@shard_kernel
+def label_length_partial(shard: Shard, n_labels: int) -> Partial:
+    """The shard's exact (label class x length bin) histogram, flattened label-major; L2
+    sensitivity 1 per record (or per user)."""
+    bins = np.fromiter((length_bin(t) for _, chunk in text_chunks(shard.text) for t in chunk),
+                       dtype=np.int64, count=len(shard))
+    codes = shard.labels * N_BINS + bins
+    if not shard.user_level:
+        return Partial(ints=np.bincount(codes, minlength=n_labels * N_BINS).astype(np.int64))
+    return per_bucket(shard, lambda sel, users: user_label_counts(
+        codes[sel], n_labels * N_BINS, users))
 
 
 @shard_kernel

@@ -42,10 +42,12 @@ class LocalCompute(PrivateCompute):
         self._shard: Shard | None = None
 
     @classmethod
-    def for_dataset(cls, dataset: Any, user_level: bool, folder: Path | None = None
-                    ) -> LocalCompute:
-        """The statistics of a loaded dataset's texts and labels (no embeddings) here."""
-        return cls(None, lambda: dataset.joint_label_codes()[0],
+    def for_dataset(cls, dataset: Any, user_level: bool, folder: Path | None = None,
+                    embeddings: Callable[[], np.ndarray] | None = None) -> LocalCompute:
+        """The statistics of a loaded dataset's texts and labels here, and of its
+        ``embeddings`` when given (e.g. :class:`~dpsynth.compute.embeddings.
+        PrivateEmbeddings`)."""
+        return cls(embeddings, lambda: dataset.joint_label_codes()[0],
                    dataset.users if user_level else None, dataset, folder=folder)
 
     def _n(self) -> int:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 from scipy.stats import binomtest
 
+from ..embed.protocols import TextEmbedder
+
 #: kappa of the candidates' agreement with their own label, over chance, below which a
 #: column is not checked. Measured on SmolLM2's zero-shot candidates: Banking77 intents 0.58,
 #: Yelp business category 0.65, Yelp stars 0.25 (label_check.md).
@@ -69,22 +71,25 @@ class LabelCheck:
     decided on the call's first batch of candidates, whether the column is checked.
 
     ``domain``: column -> its values in declared order (public); ``value_text(column, value)``:
-    what the embedder reads for a value; ``embed``: unit-norm embeddings of texts (the run's
-    embedder, whose cache the vote then reads); ``gate``: column -> checked, decided by an
+    what the embedder reads for a value; ``embedder``: the run's embedder (unit-norm vectors;
+    its cache the vote then reads); ``gate``: column -> checked, decided by an
     earlier call (None: decide on this call's candidates)."""
 
     def __init__(self, domain: Mapping[str, Sequence[str]],
                  value_text: Callable[[str, str], str],
-                 embed: Callable[[Sequence[str]], np.ndarray],
-                 gate: Mapping[str, bool] | None = None) -> None:
+                 embedder: TextEmbedder, gate: Mapping[str, bool] | None = None) -> None:
         self.domain = {col: list(vals) for col, vals in domain.items() if len(vals) > 1}
-        self.embed = embed
-        self.values = {col: embed([value_text(col, v) for v in vals])
+        self.embedder = embedder
+        self.values = {col: self.embed([value_text(col, v) for v in vals])
                        for col, vals in self.domain.items()}
         #: column -> checked; None until a call had enough candidates to judge
         self.gate: dict[str, bool] | None = dict(gate) if gate is not None else None
         #: column -> kappa of the call that decided the gate (for the run log)
         self.kappas: dict[str, float] = {}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-norm vectors of ``texts`` by the run's embedder (no progress bar)."""
+        return self.embedder.embed(list(texts), progress=False)
 
     def refused(self, texts: Sequence[str], labels: Sequence[Mapping[str, str]]
                 ) -> np.ndarray:

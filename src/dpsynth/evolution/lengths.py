@@ -18,13 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compute.kernels import Partial, finish, per_bucket, sum_partials
-from ..compute.shard import Shard, shard_kernel, text_chunks
-from ..voting import user_label_counts
+from ..compute.kernels import (
+    LENGTH_EDGES,
+    N_BINS,
+    finish,
+    label_length_partial,
+    length_bin,
+    sum_partials,
+)
 
-#: upper edges (exclusive) of the public word-count bins; the last bin is open
-LENGTH_EDGES = (4, 8, 16, 32, 64, 128, 256)
-N_BINS = len(LENGTH_EDGES) + 1
+__all__ = ["LENGTH_EDGES", "N_BINS", "Sizes", "exact_label_lengths", "length_bin", "tokens_for"]
+
 #: the word count the open last bin stands for
 LONGEST = 400
 #: the share of the records' (noisy) length mass a generation may cover: the generators write
@@ -34,24 +38,6 @@ COVER = 0.9
 #: tokens a word takes on average in the default models' tokenizers (SmolLM2, Gemma 3:
 #: 1.3-1.4 on English reviews and questions), with headroom
 TOKENS_PER_WORD = 1.5
-
-
-def length_bin(text: str) -> int:
-    """The public bin of a text's word count."""
-    return int(np.searchsorted(LENGTH_EDGES, len(text.split()), side="right"))
-
-
-@shard_kernel
-def label_length_partial(shard: Shard, n_labels: int) -> Partial:
-    """The shard's exact (label class x length bin) histogram, flattened label-major; L2
-    sensitivity 1 per record (or per user)."""
-    bins = np.fromiter((length_bin(t) for _, chunk in text_chunks(shard.text) for t in chunk),
-                       dtype=np.int64, count=len(shard))
-    codes = shard.labels * N_BINS + bins
-    if not shard.user_level:
-        return Partial(ints=np.bincount(codes, minlength=n_labels * N_BINS).astype(np.int64))
-    return per_bucket(shard, lambda sel, users: user_label_counts(
-        codes[sel], n_labels * N_BINS, users))
 
 
 def exact_label_lengths(compute: object, n_labels: int) -> np.ndarray:

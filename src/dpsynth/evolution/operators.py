@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import EmbedderConfig, PromptConfig, RunConfig
+from ..config import PromptConfig, RunConfig
 from ..context import stable_seed
-from ..embed.protocols import EngineTagged
+from ..embed.shared import SharedEmbedder
 from ..llm.cache import CachedGenerator
 from ..progress import step
 from . import prompts as P
@@ -29,24 +29,6 @@ from .preference import PreferencePair, Trainer, is_tuned, ranked_pairs, train_d
 from .prompts import render
 from .selection import allocate
 from .textgen import Synthesizer
-
-
-def embedder_device(device: str) -> str:
-    """The embedder's torch device for ``embedder.device`` (``auto``: a GPU when torch sees
-    one)."""
-    if device == "cpu":
-        return "cpu"
-    from ..llm.runtime import resolve_device
-
-    return resolve_device(device)
-
-
-def configured_embedder(cfg: EmbedderConfig, cache_dir: Path) -> Any:
-    """The run's configured embedder (``embedder`` section), its cache in ``cache_dir``."""
-    from ..embed import Embedder
-
-    return Embedder(cfg.model, cache_dir=cache_dir, batch_size=cfg.batch_size,
-                    engine=cfg.engine, threads=cfg.threads, device=embedder_device(cfg.device))
 
 
 def described_value(prompts: PromptConfig) -> Callable[[str, str], str]:
@@ -65,15 +47,16 @@ class Generation:
     """The run's generators and embedder, loaded on first use (a run that fails validation
     never pays for a model load), and the operators built on them.
 
-    ``generators`` / ``embedder``: ready objects used instead of loading the configured models
-    (one generator per ``config.generators`` entry), e.g. the test fakes; ``label_dict`` maps a
-    joint class code to its label values (public)."""
+    ``embedder``: the run's embedder, shared with the private-statistics engine and loaded on
+    first use by whichever needs it first; ``generators``: ready objects used instead of
+    loading the configured models (one per ``config.generators`` entry), e.g. the test fakes;
+    ``label_dict`` maps a joint class code to its label values (public)."""
 
     def __init__(self, config: RunConfig, label_dict: Callable[[int], dict[str, str]],
-                 seed: int, cache_path: Path, embed_cache: Path, *,
+                 seed: int, cache_path: Path, embedder: SharedEmbedder, *,
                  rng: Callable[[str], np.random.Generator], log: Callable[[str], None],
                  progress: bool = True, generators: Sequence[Any] | None = None,
-                 embedder: Any | None = None, trainer: Trainer | None = None,
+                 trainer: Trainer | None = None,
                  label_domain: Mapping[str, Sequence[str]] | None = None) -> None:
         if generators is not None and len(generators) != len(config.generators):
             raise ValueError(f"{len(generators)} generators given for "
@@ -82,12 +65,11 @@ class Generation:
         self.label_dict = label_dict
         self.seed = seed
         self.cache_path = cache_path
-        self.embed_cache = embed_cache
         self.rng = rng
         self.log = log
         self.progress = progress
         self._given_generators = list(generators) if generators is not None else None
-        self._given_embedder = embedder
+        self._embedder = embedder
         #: the longest text to write, in words (synthesis.max_words, or set from a DP
         #: estimate by :meth:`write_up_to`); None: 64 tokens
         self.max_words: int | None = config.synthesis.max_words
@@ -123,18 +105,11 @@ class Generation:
         return 64 if self.max_words is None else tokens_for(self.max_words)
 
     # -- models ----------------------------------------------------------------------------
-    @cached_property
+    @property
     def embedder(self) -> Any:
-        if self._given_embedder is not None:
-            return self._given_embedder
-        cfg = self.config.embedder
-        self.log(f"loading embedder {cfg.model} (engine {cfg.engine})")
-        with step(f"loading embedder {cfg.model}"):
-            embedder = configured_embedder(cfg, self.embed_cache)
-        tag = embedder.engine_tag if isinstance(embedder, EngineTagged) else \
-            type(embedder).__name__
-        self.log(f"embedder engine: {tag}")
-        return embedder
+        """The run's embedder, shared with the private-statistics engine (loaded on first
+        use)."""
+        return self._embedder.get()
 
     @cached_property
     def synthesizers(self) -> list[Synthesizer]:
@@ -277,8 +252,7 @@ class Generation:
         if not self.config.synthesis.label_check or not self.label_domain:
             return None
         check = LabelCheck(self.label_domain, described_value(self.config.prompts),
-                           lambda texts: self.embedder.embed(list(texts), progress=False),
-                           gate=self.label_gates.get(g))
+                           self.embedder, gate=self.label_gates.get(g))
 
         def refused(indices: list[int], texts: list[str]) -> np.ndarray:
             undecided = check.gate is None

@@ -12,13 +12,12 @@ from dpsynth.federated.core import (
     FederatedRoundError,
     InsufficientPartiesError,
     PartyData,
-    QuantisationPlan,
     VoteFn,
     effective_sigma,
     party_submission,
-    plan_quantisation,
 )
 from dpsynth.federated.simulation import federated_noisy_histogram
+from dpsynth.privacy.distributed import QuantisationPlan, plan_quantisation
 
 __all__ = [
     "FederatedResult",

@@ -54,12 +54,11 @@ from dpsynth.federated.core import (
     FederatedRoundError,
     InsufficientPartiesError,
     PartyData,
-    QuantisationPlan,
     VoteFn,
     party_submission,
-    plan_quantisation,
 )
 from dpsynth.federated.party_budget import PartyBudget, party_budget
+from dpsynth.privacy.distributed import QuantisationPlan, plan_quantisation
 
 CFG_SIGMA = "dpsynth-sigma"
 CFG_NUM_PARTIES = "dpsynth-num-parties"

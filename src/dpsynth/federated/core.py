@@ -32,7 +32,7 @@ which needs its noise to exceed k standard deviations; its probability in a roun
 ``clip_probability_bound`` = 2 * P * dim * Phi(-k) (about 1.5e-23 per coordinate for k = 10;
 the discrete Gaussian's tails are no heavier than the continuous one's). A round is therefore
 (epsilon, delta + beta)-DP with beta that bound; the run adds beta for every planned round to
-its delta (:func:`round_clip_delta`, ``Wasp.delta_outside``), from public inputs only (C is
+its delta (:func:`round_clip_delta`, ``Wasp.release_plan``), from public inputs only (C is
 at least B + k sigma / sqrt(P) by construction, so beta does not depend on sigma).
 """
 
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dpsynth.errors import ComputeError
+from dpsynth.privacy.distributed import DEFAULT_NOISE_BOUND_SDS, QuantisationPlan
 
 if TYPE_CHECKING:
     from dpsynth.privacy.noise import NoiseSource
@@ -53,9 +54,6 @@ if TYPE_CHECKING:
 VoteFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 """vote_fn(party_embeddings, party_labels, candidate_embeddings, candidate_labels) -> flat hist."""
 
-DEFAULT_NOISE_BOUND_SDS = 10.0
-DEFAULT_QUANTIZATION_RANGE = 2**22
-DEFAULT_MODULUS_RANGE = 2**32
 
 
 class FederatedRoundError(ComputeError):
@@ -93,23 +91,6 @@ class PartyData:
         return int(self.embeddings.shape[0])
 
 
-@dataclass(frozen=True)
-class QuantisationPlan:
-    """SecAgg+ quantisation parameters (public; identical for every party): built from the
-    config and sigma only (:func:`plan_quantisation`), never from party sizes."""
-
-    clipping_range: float
-    quantization_range: int
-    modulus_range: int
-    vote_bound: float
-
-    @property
-    def step(self) -> float:
-        """Grid step Delta = 2C / R."""
-        return 2.0 * self.clipping_range / self.quantization_range
-
-
-
 @dataclass
 class FederatedResult:
     """Outcome of one federated round: the released secure sum and how to account for it."""
@@ -121,70 +102,6 @@ class FederatedResult:
     effective_sigma: float
     clipping_range: float
     clip_probability_bound: float
-
-
-def _next_pow2(x: float) -> float:
-    return float(2.0 ** math.ceil(math.log2(x)))
-
-
-def plan_quantisation(
-    *,
-    vote_bound: float,
-    sigma: float,
-    num_parties: int,
-    clipping_range: float | None = None,
-    quantization_range: int = DEFAULT_QUANTIZATION_RANGE,
-    modulus_range: int = DEFAULT_MODULUS_RANGE,
-    noise_bound_sds: float = DEFAULT_NOISE_BOUND_SDS,
-    vote_grid: float | None = None,
-) -> QuantisationPlan:
-    """Pick C = next power of two >= B + k * sigma / sqrt(P) unless given (B = vote_bound).
-
-    ``vote_grid`` (a power of two: WASP's 2^-(Q-1)): the lattice the parties' votes lie on; the
-    quantisation range R is raised to a power of two with Delta = 2C / R <= vote_grid, so the
-    votes lie exactly on SecAgg+'s grid and each party's discrete Gaussian share is drawn on it.
-    Every argument is public (config, calibrated sigma): the plan, and with it the grid of the
-    released sum, is the same on neighbouring datasets. Callers pass the declared bound B
-    (``wasp.federated.max_records_per_party``), never a party's size."""
-    if num_parties < 2:
-        raise ValueError(f"num_parties must be >= 2 for secure aggregation, got {num_parties}")
-    if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
-    if not (math.isfinite(vote_bound) and vote_bound > 0):
-        raise ValueError(f"vote_bound must be finite and > 0, got {vote_bound!r}")
-    if not isinstance(quantization_range, int) or quantization_range < 2:
-        raise ValueError(f"quantization_range must be an int >= 2, got {quantization_range!r}")
-    if clipping_range is None:
-        clipping_range = _next_pow2(vote_bound + noise_bound_sds * sigma / math.sqrt(num_parties))
-    elif not (math.isfinite(clipping_range) and clipping_range > 0):
-        raise ValueError(f"clipping_range must be finite and > 0, got {clipping_range!r}")
-    if num_parties * quantization_range >= modulus_range:
-        raise ValueError(
-            f"num_parties * quantization_range ({num_parties} * {quantization_range}) must be "
-            f"< modulus_range ({modulus_range}) or the secure sum overflows: lower "
-            "wasp.federated.max_records_per_party or the number of parties"
-        )
-    if vote_grid is not None:
-        if not (vote_grid > 0 and math.log2(vote_grid).is_integer()):
-            raise ValueError(f"vote_grid must be a power of two, got {vote_grid!r}")
-        # as fine as the votes' lattice, as far as the modulus allows (the largest power of
-        # two with P * R < modulus): a coarser step drops the vote weights below it
-        # (:func:`grid_top_q`), never rounds them
-        widest = 2 ** ((modulus_range - 1) // num_parties).bit_length() // 2
-        quantization_range = min(widest, max(quantization_range,
-                                              int(_next_pow2(2.0 * clipping_range / vote_grid))))
-    if num_parties * quantization_range >= modulus_range:
-        raise ValueError(
-            f"num_parties * quantization_range ({num_parties} * {quantization_range}) must be "
-            f"< modulus_range ({modulus_range}) or the secure sum overflows: lower "
-            "wasp.federated.max_records_per_party or the number of parties"
-        )
-    return QuantisationPlan(
-        clipping_range=float(clipping_range),
-        quantization_range=quantization_range,
-        modulus_range=modulus_range,
-        vote_bound=float(vote_bound),
-    )
 
 
 def grid_top_q(top_q: int, step: float) -> int:

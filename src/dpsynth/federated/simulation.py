@@ -21,16 +21,18 @@ import numpy as np
 
 from dpsynth.errors import require
 from dpsynth.federated.core import (
-    DEFAULT_MODULUS_RANGE,
-    DEFAULT_QUANTIZATION_RANGE,
     FederatedResult,
     PartyData,
-    QuantisationPlan,
     VoteFn,
     clip_probability_bound,
     effective_sigma,
-    plan_quantisation,
     validate_parties,
+)
+from dpsynth.privacy.distributed import (
+    DEFAULT_MODULUS_RANGE,
+    DEFAULT_QUANTIZATION_RANGE,
+    QuantisationPlan,
+    plan_quantisation,
 )
 
 #: A round's own one-machine Ray ("local"): two CPUs, and one actor that takes both.

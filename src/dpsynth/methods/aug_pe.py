@@ -22,7 +22,6 @@ import numpy as np
 
 from ..config import ConfigError, RunConfig
 from ..context import PrivateView, Releaser, Rngs
-from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
 from ..evolution.parts import (
     first_per_label,
@@ -34,11 +33,13 @@ from ..evolution.parts import (
 )
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, select_per_label, thresholded
-from ..planning import voting_population
+from ..evolution.strategy import Start, StrategyState, VoteResult
+from ..planning import VoteShape, voting_population
+from ..privacy import ReleasePlan
 from ..privacy.lattice import Lattice
 from ..voting import vote_index_from
 from .base import Job, Outcome, PrivacyPlan
-from .pe import PEMethod
+from .pe import PEMethod, vote_release_plan
 
 
 def knn_lattice(cand_labels: np.ndarray, k: int, unit: str) -> Lattice:
@@ -78,11 +79,11 @@ class AugPEStrategy:
     voting_population`); the release is drawn from the last vote's winners
     (:func:`release_from_winners`), so its size does not thin the votes."""
 
-    def __init__(self, config: RunConfig, method: PEMethod, view: PrivateView,
+    def __init__(self, config: RunConfig, shape: VoteShape, view: PrivateView,
                  releaser: Releaser, gen: Generation, rngs: Rngs) -> None:
         self.config = config
         self.syn = config.synthesis
-        self.method = method
+        self.shape = shape
         self.view = view
         self.releaser = releaser
         self.gen = gen
@@ -98,7 +99,7 @@ class AugPEStrategy:
         syn, n_labels = self.syn, self.view.n_labels
         if not AugPE.releases_sizes(self.config, n_labels):
             # one label class, a declared length and (with votes) a declared population
-            population = voting_population(self.config, self.method, 0.0, n_labels,
+            population = voting_population(self.config, self.shape, 0.0, n_labels,
                                            self.releaser.sigma) if syn.iterations else syn.samples
             return np.array([syn.samples]), np.array([population]), syn.max_words, \
                 syn.min_words, None
@@ -107,7 +108,7 @@ class AugPEStrategy:
         if not syn.iterations:
             vote_quota = quota
         else:
-            population = voting_population(self.config, self.method, sizes.records, n_labels,
+            population = voting_population(self.config, self.shape, sizes.records, n_labels,
                                            self.releaser.sigma)
             vote_quota = allocate(population, sizes.label_counts)
             vote_quota = np.minimum(np.maximum(vote_quota, (quota > 0).astype(np.int64)), quota)
@@ -180,13 +181,17 @@ class AugPE(PEMethod):
         return n_labels > 1 or syn.max_words is None or (
             syn.population is None and syn.iterations > 0)
 
-    def vote_releases(self, config: RunConfig, n_labels: int) -> int:
-        """The sizes histogram (:meth:`releases_sizes`) and the T votes."""
-        return int(self.releases_sizes(config, n_labels)) + config.synthesis.iterations
+    def release_plan(self, config: RunConfig, n_labels: int) -> ReleasePlan:
+        """The sizes histogram (:meth:`releases_sizes`) and the T votes; k = 1 at record
+        level: one record adds 1 to one candidate's count (shift profile (1,))."""
+        shifts = (1,) if config.synthesis.k == 1 and config.privacy.unit == "record" else ()
+        return vote_release_plan(config, int(self.releases_sizes(config, n_labels)),
+                                 config.synthesis.iterations, shifts)
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> AugPEStrategy:
-        return AugPEStrategy(config, self, view, releaser, gen, rngs)
+        return AugPEStrategy(config, self.votes(config, view.n_labels), view, releaser, gen,
+                             rngs)
 
     def trains_on_votes(self, config: RunConfig) -> bool:
         """Learning from the votes (``synthesis.preference``), when on."""
@@ -215,7 +220,3 @@ class AugPE(PEMethod):
             "after each vote the local generator was tuned (LoRA, DPO) on pairs of synthetic "
             "candidates ranked by the released noisy votes, with public prompts: "
             "post-processing of released values; no private record reached the trainer")}
-
-    def vote_shifts(self, config: RunConfig) -> tuple[int, ...]:
-        """k = 1 at record level: one record adds 1 to one candidate's count."""
-        return (1,) if config.synthesis.k == 1 and config.privacy.unit == "record" else ()

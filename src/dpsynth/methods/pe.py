@@ -10,37 +10,53 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..compute.embeddings import PrivateEmbeddings
 from ..config import ConfigError, RunConfig
+from ..embed.shared import SharedEmbedder
+from ..planning import VoteShape, plan_run
+from ..privacy import DiscreteGaussianEvent, ReleasePlan, Scaled, calibrate_gaussian_sigma
+from ..privacy.lattice import count_lattice
 from ..run_folder import RunDir
 from ..work import Stage, Work, pe_work
 from .base import Guarantee, Job, Method, Outcome, PrivacyPlan, check_prompt_fields
+from .loop import evolve
 
 if TYPE_CHECKING:
     from ..context import PrivateView, Releaser, Rngs
     from ..data import Dataset
-    from ..evolution.loop import Starter
     from ..evolution.operators import Generation
+    from ..evolution.strategy import Starter
     from ..planning import PlanInputs, RunPlan
 
 
-def calibrate_sigma(config: RunConfig, method: PEMethod, n_labels: int,
-                    spent: Sequence[Any] = (), delta_used: float = 0.0) -> float:
-    """The noise multiplier that meets the target (epsilon, delta) over all planned releases.
-
-    ``spent``: events already released (label-domain discovery), composed with the plan;
-    ``delta_used``: delta already taken outside the accountant (discovery's threshold); the
-    method's own :meth:`PEMethod.delta_outside` is left out of the target too."""
-    if math.isinf(config.privacy.epsilon):
+def calibrate_sigma(config: RunConfig, releases: ReleasePlan, delta_used: float = 0.0) -> float:
+    """The noise multiplier that meets the target (epsilon, delta) over the run's planned
+    ``releases`` (a value: :class:`~dpsynth.privacy.ReleasePlan`, with any releases already
+    spent, such as label-domain discovery's). ``delta_used``: delta already taken outside the
+    accountant (discovery's threshold); the plan's own ``delta_outside`` is left out of the
+    target too."""
+    if math.isinf(config.privacy.epsilon) or releases.noised == 0:
         return 0.0
-    if method.vote_releases(config, n_labels) == 0:
-        return 0.0
-    from ..privacy import calibrate_gaussian_sigma
-
     return float(calibrate_gaussian_sigma(
-        config.privacy.epsilon, config.privacy.delta - delta_used - method.delta_outside(config),
-        lambda s: [*spent, *method.planned_events(config, n_labels, s)],
-        kind=config.privacy.accountant,
-    ))
+        config.privacy.epsilon, config.privacy.delta - delta_used - releases.delta_outside,
+        releases, kind=config.privacy.accountant))
+
+
+def vote_release_plan(config: RunConfig, label_releases: int, rounds: int,
+                      vote_shifts: tuple[int, ...] = ()) -> ReleasePlan:
+    """The releases of a PE run at the multiplier still to be chosen (docs/methods.md §0):
+    ``label_releases`` discrete Gaussian count releases (the label counts, or Aug-PE's sizes
+    histogram in their place) and ``rounds`` votes, sensitivity 1, with the shift profiles
+    they carry (``vote_shifts``: () when only the L2 bound is known, zCDP accounting)."""
+    events: list[Scaled] = []
+    if label_releases:
+        events.append(Scaled(DiscreteGaussianEvent(
+            sigma=1.0, sensitivity=1.0, count=label_releases, name="label_counts",
+            shifts=count_lattice(config.privacy.unit == "user").shifts)))
+    if rounds:
+        events.append(Scaled(DiscreteGaussianEvent(sigma=1.0, sensitivity=1.0, count=rounds,
+                                                   name="votes", shifts=vote_shifts)))
+    return ReleasePlan(tuple(events))
 
 
 def show_vote_plan(plan: RunPlan, run: RunDir) -> None:
@@ -64,29 +80,31 @@ def plan_pe(method: PEMethod, config: RunConfig, inputs: PlanInputs) -> PrivacyP
     """The plan of a PE run, a pure function of the config and the facts it is computed from
     (no file, no model, no record): ``dpsynth plan`` and the run both make it here. With the
     label classes known it validates, fixes the noise multiplier (the method's own, else
-    calibrated over ``planned_events`` and the releases already ``spent`` to the (epsilon,
-    delta) target) and plans the votes; with a label column to discover both wait for that
-    release (``sigma`` None), and the run plans again here once it is made. The ledger's
-    target leaves out the delta spent outside the accountant (discovery's threshold, the
-    method's :meth:`PEMethod.delta_outside`)."""
-    from ..planning import plan_run
-
+    calibrated over the method's :meth:`~PEMethod.release_plan` after those already ``spent``
+    to the (epsilon, delta) target) and plans the votes from its :meth:`~PEMethod.votes`;
+    with a label column to discover both wait for that release (``sigma`` None), and the run
+    plans again here once it is made. The method hands both down as values: nothing here
+    calls back into it. The ledger's target leaves out the delta spent outside the
+    accountant (discovery's threshold, the plan's ``delta_outside``)."""
     guarantee = method.guarantee(config)
     delta_used = config.data.label_domain_delta if inputs.discover else 0.0
+    releases = method.release_plan(config, inputs.labels or 1)
     sigma, votes = None, None
     if inputs.labels is not None:
         method.validate(config, inputs.records, inputs.labels)
         sigma = inputs.sigma if inputs.sigma is not None else calibrate_sigma(
-            config, method, inputs.labels, inputs.spent, delta_used)
-        votes = plan_run(config, method, inputs.records, inputs.labels, sigma, inputs.words)
+            config, releases.after(inputs.spent), delta_used)
+        votes = plan_run(config, method.votes(config, inputs.labels), guarantee, inputs.records,
+                         inputs.labels, sigma, inputs.words,
+                         releases.at(sigma) if sigma else [])
     target = None
     if guarantee == "dp":
         target = (config.privacy.epsilon,
-                  config.privacy.delta - delta_used - method.delta_outside(config))
+                  config.privacy.delta - delta_used - releases.delta_outside)
     return PrivacyPlan(guarantee, sigma, config.privacy.accountant, target,
                        ledger=method.ledger_details(config),
                        notes={"discover": list(inputs.discover), "delta_used": delta_used,
-                              **inputs.notes},
+                              "delta_outside": releases.delta_outside, **inputs.notes},
                        votes=votes)
 
 
@@ -145,67 +163,33 @@ class PEMethod(Method):
         return pe_work(plan.records, plan.samples, plan.candidates, plan.population,
                        syn.iterations, syn.lookahead), []
 
-    def voted_candidates(self, config: RunConfig, population: int) -> tuple[int, str | None]:
-        """The most candidates one vote is on, and how they are counted (None: the plan's
-        usual words): ``population x pool_multiplier`` (Aug-PE, SecPE)."""
-        return population * config.synthesis.pool_multiplier, None
+    # -- the method's two values for the planner ------------------------------------------
+    def release_plan(self, config: RunConfig, n_labels: int) -> ReleasePlan:
+        """Every release the run makes, at the noise multiplier still to be chosen, for the
+        calibration, the ledger and the plan (:func:`vote_release_plan`): the label counts
+        when there are several label classes, and the T votes. Its ``delta_outside`` does not
+        depend on ``n_labels``."""
+        return vote_release_plan(config, int(n_labels > 1), config.synthesis.iterations)
+
+    def votes(self, config: RunConfig, n_labels: int) -> VoteShape:
+        """What one vote is, for the planner (:class:`~dpsynth.planning.VoteShape`): Aug-PE's
+        k votes of 1/sqrt(k) (mass sqrt(k)) over ``population x pool_multiplier``
+        candidates, noise std the multiplier; sized from a released count when the method
+        sizes its votes and the run releases one before them."""
+        return VoteShape(
+            private=self.private_votes, sizes=self.sizes_votes,
+            counted=self.release_plan(config, n_labels).noised > config.synthesis.iterations,
+            estimates_length=self.estimates_length, mass=math.sqrt(config.synthesis.k),
+            per_member=config.synthesis.pool_multiplier)
 
     def trains_on_votes(self, config: RunConfig) -> bool:
         """Whether the run trains its generators on the released votes (a stage the estimate
         names, uncalibrated)."""
         return False
 
-    def vote_releases(self, config: RunConfig, n_labels: int) -> int:
-        """How many Gaussian releases (all with one noise multiplier) the run makes."""
-        label_release = 1 if n_labels > 1 else 0
-        return label_release + (config.synthesis.iterations if self.private_votes else 0)
-
-    def planned_events(self, config: RunConfig, n_labels: int, sigma: float) -> list[Any]:
-        """The run's planned releases as privacy events, for calibration and the ledger: the
-        discrete Gaussian label counts and votes, at noise multiplier ``sigma``, with the shift
-        profiles the releases carry (docs/methods.md §0)."""
-        from ..privacy import DiscreteGaussianEvent
-        from ..privacy.lattice import count_lattice
-
-        steps = self.vote_releases(config, n_labels)
-        rounds = min(steps, config.synthesis.iterations if self.private_votes else 0)
-        events = []
-        if steps > rounds:
-            events.append(DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0, count=steps - rounds,
-                                                name="label_counts",
-                                                shifts=count_lattice(
-                                                    config.privacy.unit == "user").shifts))
-        if rounds:
-            events.append(DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0, count=rounds,
-                                                name="votes", shifts=self.vote_shifts(config)))
-        return events
-
-    def vote_shifts(self, config: RunConfig) -> tuple[int, ...]:
-        """The exact shift profile of one record's vote release in lattice steps, () when only
-        its L2 bound is known (zCDP accounting; docs/methods.md §0)."""
-        return ()
-
-    def vote_mass(self, config: RunConfig) -> float:
-        """The vote mass one record spreads over its label's candidates (Aug-PE: k votes of
-        1/sqrt(k); :mod:`dpsynth.planning`)."""
-        return math.sqrt(config.synthesis.k)
-
-    def vote_noise(self, config: RunConfig, sigma: float) -> float:
-        """The standard deviation of the noise on one candidate's vote count."""
-        return sigma
-
-    def delta_outside(self, config: RunConfig) -> float:
-        """Delta taken by events the accountant does not model (a bound on their probability,
-        from public inputs; e.g. federated WASP's clipping at SecAgg+'s range): left out of
-        the accountant's target and added to the stated delta. 0 by default."""
-        return 0.0
-
     def ledger_details(self, config: RunConfig) -> dict[str, Any]:
         """Public details recorded in the ledger with a run that states no (epsilon, delta)."""
         return {"method": self.name}
-
-    def iterations(self, config: RunConfig) -> int:
-        return config.synthesis.iterations
 
     def plan_inputs(self, config: RunConfig, dataset: Dataset, run: RunDir) -> PlanInputs:
         """The facts of the data the plan needs (:class:`~dpsynth.planning.PlanInputs`),
@@ -258,10 +242,9 @@ class PEMethod(Method):
         """Discover the label domain if asked, then run the loop; writes release/*.jsonl."""
         from ..context import PrivateView, Releaser, Rngs
         from ..diagnostics import append_diagnostic
-        from ..evolution.loop import evolve
         from ..evolution.operators import Generation
         from ..privacy import run_seed
-        from ..run_dataset import private_embeddings, run_engine
+        from ..run_dataset import run_engine
 
         cfg, run, dataset = job.config, job.run, job.dataset
         sigma, domain = job.plan.sigma, None
@@ -275,17 +258,20 @@ class PEMethod(Method):
         # the run's private seed (private/seed, drawn once when the config gives none): drives
         # post-processing and LLM sampling, so a resumed run makes the same choices
         rngs = Rngs(run_seed(run.private, cfg.privacy.seed))
-        # the engine over the run's private records, built here and handed to the view
-        embeddings = private_embeddings(run, dataset, lambda: gen.embedder)
+        # one embedder, loaded on first use, for the generation and the engine over the run's
+        # private records; both are handed it (and the engine the embeddings it streams)
+        embedder = SharedEmbedder(cfg.embedder, run.private / "embed-cache", given=job.embedder,
+                                  log=run.log)
+        embeddings = PrivateEmbeddings(embedder, dataset, run.private / "private-embeddings.npy",
+                                       run.log)
         compute = run_engine(cfg, run, dataset, embeddings=embeddings,
                              given_embedder=job.embedder, shard_actor=job.hooks.shard_actor)
         view = PrivateView(cfg, run, dataset, compute, embeddings=embeddings,
                            progress=job.progress)
         job.cleanup.callback(view.close)
         gen = Generation(
-            cfg, view.label_dict, rngs.seed, _llm_cache_path(cfg, run),
-            run.private / "embed-cache", rng=rngs, log=run.log, progress=job.progress,
-            generators=job.generators, embedder=job.embedder,
+            cfg, view.label_dict, rngs.seed, _llm_cache_path(cfg, run), embedder, rng=rngs,
+            log=run.log, progress=job.progress, generators=job.generators,
             trainer=job.hooks.preference_trainer, label_domain=view.label_domain)
         job.paid_calls = lambda: gen.counts().get("llm_calls", 0)
         releaser = Releaser(job.session, sigma, private=not math.isinf(cfg.privacy.epsilon))
@@ -294,7 +280,7 @@ class PEMethod(Method):
                                 "noise_multiplier": sigma})
         run.log(f"method {self.name}: {view.n_labels} label classes")
         final = evolve(self.strategy(cfg, view, releaser, gen, rngs, job.plan), gen, run, rngs,
-                       self.iterations(cfg))
+                       cfg.synthesis.iterations if self.private_votes else 0)
         summary = {"samples": len(final), "epsilon": None, "delta": None, **gen.counts(),
                    # calls paid by earlier attempts (a killed process cannot report its own;
                    # its finished calls sit in the request cache and are not paid again)
@@ -315,7 +301,7 @@ class PEMethod(Method):
                     "note": "NOT PRIVATE: epsilon = inf releases noise-free votes"}
         domain = outcome.facts.get("domain")
         extra_delta = (domain.extra_delta if domain is not None else 0.0) \
-            + self.delta_outside(cfg)
+            + float(job.plan.notes.get("delta_outside", 0.0))
         statement = job.session.statement(cfg.privacy.unit,
                                           (cfg.privacy.epsilon, cfg.privacy.delta - extra_delta))
         if extra_delta:  # (eps, delta_acc) from the accountant plus the discovery threshold

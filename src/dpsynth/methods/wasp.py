@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -28,17 +28,20 @@ from pydantic import Field, field_validator
 
 from ..config import ConfigError, RunConfig, Section, ray_address_form
 from ..context import PrivateView, Releaser, Rngs
-from ..evolution.loop import Start, StrategyState, VoteResult
 from ..evolution.operators import Generation
 from ..evolution.parts import noisy_label_counts, quota_of, reference_set
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
-from ..planning import voting_population
+from ..evolution.strategy import Start, StrategyState, VoteResult
+from ..planning import VoteShape, voting_population
+from ..privacy import ReleasePlan, SecAggRounds
+from ..privacy.distributed import plan_quantisation
 from ..privacy.lattice import Lattice
+from ..privacy.planned import secagg_rounds_event
 from ..voting import topq_sensitivity, topq_vote, vote_index_from
 from ..work import Stage, Work, wasp_stages, wasp_voted, wasp_work
 from .base import Job, Outcome, PrivacyPlan
-from .pe import PEMethod
+from .pe import PEMethod, vote_release_plan
 
 
 class FederatedConfig(Section):
@@ -109,26 +112,19 @@ def generator_weights(near: np.ndarray, sources: np.ndarray, n_generators: int,
 
 def federated_event(config: RunConfig, sigma: float, sens: float, dimension: int,
                     count: int = 1) -> Any:
-    """The charge of federated voting rounds (docs/methods.md §2): each party adds a discrete
-    Gaussian share of std sigma / sqrt(P) on SecAgg+'s public grid (from B, sigma and P only:
-    :func:`dpsynth.federated.core.plan_quantisation`), and a round is charged at the fewest
-    shares that can be in the unmasked sum, ``min_parties`` (Kairouz, Liu & Steinke 2021)."""
-    from ..privacy import DistributedDiscreteGaussianEvent
-    from ..privacy.distributed import share_sigma
-
-    fed = Wasp.settings(config).federated
-    plan = federated_plan(config, sigma)
-    return DistributedDiscreteGaussianEvent(
-        sigma=share_sigma(sigma, fed.parties), sensitivity=sens,
-        parties=fed.min_parties or fed.parties, dimension=dimension, grid=plan.step,
-        count=count, name="topq_votes")
+    """The charge of federated voting rounds of noise std ``sigma`` (docs/methods.md §2):
+    :func:`dpsynth.privacy.planned.secagg_rounds_event` on the config's parties, vote bound
+    and Top-Q grid, charged at the fewest shares that can be in the sum, ``min_parties``."""
+    wasp = Wasp.settings(config)
+    fed = wasp.federated
+    return secagg_rounds_event(sigma, sens, fed.parties, fed.min_parties or fed.parties,
+                               dimension, count, float(fed.max_records_per_party),
+                               topq_grid(wasp.top_q))
 
 
 def federated_plan(config: RunConfig, sigma: float) -> Any:
     """SecAgg+'s public plan for a round of noise std ``sigma`` (C, the grid, the modulus):
     from the config's vote bound, sigma and P only."""
-    from ..federated.core import plan_quantisation
-
     wasp = Wasp.settings(config)
     fed = wasp.federated
     return plan_quantisation(vote_bound=float(fed.max_records_per_party), sigma=sigma,
@@ -180,9 +176,9 @@ class WaspStrategy:
     contrastive rounds."""
 
     def __init__(self, config: RunConfig, view: PrivateView, releaser: Releaser,
-                 gen: Generation, rngs: Rngs, method: Wasp | None = None) -> None:
+                 gen: Generation, rngs: Rngs, shape: VoteShape | None = None) -> None:
         self.config = config
-        self.method = method or Wasp()
+        self.shape = shape
         self.syn = config.synthesis
         self.wasp: WaspConfig = Wasp.settings(config)
         self.noise_mode = config.privacy.noise
@@ -199,7 +195,8 @@ class WaspStrategy:
         sizes = round_sizes(quota, self.syn.iterations + 1)
         self.state.quota, self.state.sizes = quota, sizes
         records = 0.0 if counts is None else float(max(np.sum(counts), 0.0))
-        population = voting_population(self.config, self.method, records, self.view.n_labels,
+        shape = self.shape or Wasp().votes(self.config, self.view.n_labels)
+        population = voting_population(self.config, shape, records, self.view.n_labels,
                                        self.releaser.sigma)
         if population < self.syn.samples:  # sized from the released counts (planning)
             vote_quota = allocate(population, quota)  # at least one a label with samples
@@ -339,18 +336,19 @@ class Wasp(PEMethod):
         return (wasp_work(plan.records, syn.samples, syn.iterations, len(config.generators),
                           shown), wasp_stages(wasp.federated.parties, syn.iterations))
 
-    def voted_candidates(self, config: RunConfig, population: int) -> tuple[int, str | None]:
-        """Vote t is on the pool of rounds 0..t, so the last vote sees every round but the
-        last, which is written after it: ``samples - samples // (T + 1)`` candidates (WASP
-        has no pool multiplier), or the voting population drawn from them when it is
-        smaller (:meth:`WaspStrategy.voters`)."""
-        syn = config.synthesis
-        voted = wasp_voted(syn.samples, syn.iterations)
-        if population < voted:
-            return population, (f"{population} samples drawn from the pool of rounds "
-                                f"0..t for each vote (the voting population)")
-        return voted, (f"about {voted} samples: rounds 0..{syn.iterations - 1} of "
-                       f"{syn.samples}, the pool the last vote sees")
+    def votes(self, config: RunConfig, n_labels: int) -> VoteShape:
+        """A record's Top-Q near votes, sum_{q<Q} 2^-q, under noise of Top-Q's joint
+        sensitivity times the multiplier. Vote t is on the pool of rounds 0..t, so the last
+        vote sees every round but the last, which is written after it: ``samples - samples
+        // (T + 1)`` candidates (WASP has no pool multiplier), or the voting population drawn
+        from them when it is smaller (:meth:`WaspStrategy.voters`)."""
+        syn, top_q = config.synthesis, self.settings(config).top_q
+        return replace(super().votes(config, n_labels), mass=2.0 * (1.0 - 2.0 ** -top_q),
+                       noise=topq_sensitivity(top_q), per_member=1,
+                       pool=wasp_voted(syn.samples, syn.iterations),
+                       whole=(f"rounds 0..{syn.iterations - 1} of {syn.samples}, the pool the "
+                              "last vote sees"),
+                       drawn="the pool of rounds 0..t")
 
     @classmethod
     def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
@@ -377,49 +375,34 @@ class Wasp(PEMethod):
             raise ConfigError(f"wasp.federated.min_parties = {fed.min_parties} must lie in "
                               f"[2, parties = {fed.parties}]")
 
-    def vote_mass(self, config: RunConfig) -> float:
-        """A record's Top-Q near votes: sum_{q<Q} 2^-q (:mod:`dpsynth.planning`)."""
-        return 2.0 * (1.0 - 2.0 ** -self.settings(config).top_q)
-
-    def delta_outside(self, config: RunConfig) -> float:
-        """Federated rounds: the probability that a party's noisy value is clipped at
-        SecAgg+'s range C, which the KLS accounting does not model, summed over the rounds
-        (:func:`dpsynth.federated.core.round_clip_delta`); 0 when not federated."""
+    def release_plan(self, config: RunConfig, n_labels: int) -> ReleasePlan:
+        """Federated votes are planned at their worst-case noise, sigma sqrt(min_parties / P),
+        the noise each round is charged with before it runs; their delta outside the
+        accountant is the probability that a party's noisy value is clipped at SecAgg+'s
+        range C, which the KLS accounting does not model, summed over the rounds
+        (:func:`dpsynth.federated.core.round_clip_delta`)."""
         fed = self.settings(config).federated
         if not fed.parties:
-            return 0.0
+            return super().release_plan(config, n_labels)
+        plan = vote_release_plan(config, int(n_labels > 1), 0)
+        rounds = config.synthesis.iterations
+        if not rounds:
+            return plan
         from ..federated.core import round_clip_delta
 
-        return config.synthesis.iterations * round_clip_delta(
-            fed.parties, 2 * config.synthesis.max_candidates)
-
-    def vote_noise(self, config: RunConfig, sigma: float) -> float:
-        """Top-Q's joint sensitivity times the noise multiplier."""
-        return sigma * topq_sensitivity(self.settings(config).top_q)
-
-    def planned_events(self, config: RunConfig, n_labels: int, sigma: float) -> list[Any]:
-        """Federated votes are planned at their worst-case noise, sigma sqrt(min_parties / P),
-        the noise each round is charged with before it runs."""
-        fed = self.settings(config).federated
-        if not fed.parties:
-            return super().planned_events(config, n_labels, sigma)
-        from ..privacy import DiscreteGaussianEvent
-        from ..privacy.lattice import count_lattice
-
-        shifts = count_lattice(config.privacy.unit == "user").shifts
-        events: list[Any] = [DiscreteGaussianEvent(sigma=sigma, sensitivity=1.0,
-                                                   name="label_counts", shifts=shifts)] \
-            if n_labels > 1 else []
-        rounds = config.synthesis.iterations
-        if rounds:  # the rounds' own noise and grid; the dimension at its upper bound
-            sens = topq_sensitivity(self.settings(config).top_q)
-            events.append(federated_event(config, sigma * sens, sens,
-                                          2 * config.synthesis.max_candidates, rounds))
-        return events
+        wasp = self.settings(config)
+        sens = topq_sensitivity(wasp.top_q)
+        # the rounds' own noise and grid; the dimension at its upper bound
+        votes = SecAggRounds(sens, fed.parties, fed.min_parties or fed.parties,
+                             2 * config.synthesis.max_candidates, rounds,
+                             float(fed.max_records_per_party), topq_grid(wasp.top_q))
+        return ReleasePlan((*plan.releases, votes), rounds * round_clip_delta(
+            fed.parties, 2 * config.synthesis.max_candidates))
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> WaspStrategy:
-        return WaspStrategy(config, view, releaser, gen, rngs, self)
+        return WaspStrategy(config, view, releaser, gen, rngs,
+                            self.votes(config, view.n_labels))
 
     def statement_extras(self, job: Job, outcome: Outcome) -> dict[str, Any]:
         wasp = self.settings(job.config)

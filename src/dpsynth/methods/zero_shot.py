@@ -7,9 +7,10 @@ import numpy as np
 
 from ..config import RunConfig
 from ..context import PrivateView, Releaser, Rngs
-from ..evolution.loop import Start, StrategyState
 from ..evolution.operators import Generation
 from ..evolution.selection import allocate
+from ..evolution.strategy import Start, StrategyState
+from ..privacy import ReleasePlan
 from .base import Job, Outcome, PrivacyPlan
 from .pe import PEMethod
 
@@ -33,11 +34,9 @@ class ZeroShot(PEMethod):
     private_passes = ()
     private_votes = False
 
-    def iterations(self, config: RunConfig) -> int:
-        return 0
-
-    def vote_releases(self, config: RunConfig, n_labels: int) -> int:
-        return 0
+    def release_plan(self, config: RunConfig, n_labels: int) -> ReleasePlan:
+        """Nothing: no private record is read."""
+        return ReleasePlan()
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> ZeroShotStrategy:

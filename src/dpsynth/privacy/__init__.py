@@ -58,7 +58,8 @@ if TYPE_CHECKING:
         threshold_mechanism,
     )
     from .noise import NoiseSource, SecureNoise, SeededNoise, make_noise_source, run_seed
-    from .session import PrivacySession, noise_note
+    from .planned import ReleasePlan, Scaled, SecAggRounds
+    from .session import PrivacySession, StoreOpener, noise_note
     from .store import ReleaseStore, StoreLockedError
 
 #: exported name -> the submodule that defines it
@@ -112,8 +113,12 @@ _WHERE: dict[str, str] = {
     "SeededNoise": "noise",
     "make_noise_source": "noise",
     "run_seed": "noise",
+    "ReleasePlan": "planned",
+    "Scaled": "planned",
+    "SecAggRounds": "planned",
     "PrivacySession": "session",
     "noise_note": "session",
+    "StoreOpener": "session",
     "ReleaseStore": "store",
     "StoreLockedError": "store",
 }
@@ -135,10 +140,14 @@ __all__ = [
     "PrivacyConfigError",
     "PrivacySession",
     "PureDpEvent",
+    "ReleasePlan",
     "ReleaseStore",
+    "Scaled",
+    "SecAggRounds",
     "SecureNoise",
     "SeededNoise",
     "StoreLockedError",
+    "StoreOpener",
     "ZCDPEvent",
     "as_event_list",
     "calibrate_gaussian_sigma",

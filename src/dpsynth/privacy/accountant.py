@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import math
 import numbers
@@ -290,10 +291,26 @@ def _quiet_orders() -> Iterator[None]:
         logger.setLevel(level)
 
 
+@functools.lru_cache(maxsize=512)
+def _poisson_gaussian_rdp(q: float, nm: float, orders: tuple[float, ...]) -> np.ndarray:
+    """One Poisson-subsampled Gaussian step's RDP curve, as dp_accounting's RdpAccountant
+    computes it (the series over each order: the slow part of RDP accounting). Kept per
+    (q, noise multiplier, orders): a run's per-step epsilon reports and its checks of one
+    calibrated sigma ask for the same curve again, at another step count."""
+    acct = rdp_lib.RdpAccountant(orders=list(orders))
+    with _quiet_orders():
+        acct.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(nm)), 1)
+    curve = np.array(acct.rdp, dtype=np.float64)
+    curve.flags.writeable = False
+    return curve
+
+
 def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
-    """Total RDP curve of the grouped events over ``orders``."""
+    """Total RDP curve of the grouped events over ``orders``. The subsampled Gaussians' curves
+    add up as dp_accounting's RdpAccountant adds them (count x one step's curve, in group
+    order, then onto the rest), so the sum is the same to the bit."""
     small = orders <= _SUBSAMPLED_MAX_ORDER
-    acct = rdp_lib.RdpAccountant(orders=list(orders[small]))
+    subsampled = np.zeros(int(small.sum()), dtype=np.float64)
     total = np.zeros_like(orders, dtype=np.float64)
     for key, count in groups.items():
         if key[0] == "gaussian":
@@ -301,9 +318,8 @@ def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
             if q >= 1.0:
                 total += count * orders / (2.0 * nm**2)
             else:
-                with _quiet_orders():
-                    acct.compose(dp_event.PoissonSampledDpEvent(
-                        q, dp_event.GaussianDpEvent(nm)), count)
+                subsampled += count * _poisson_gaussian_rdp(
+                    float(q), float(nm), tuple(float(a) for a in orders[small]))
                 total[~small] += count * orders[~small] / (2.0 * nm**2)
         elif key[0] == "exponential":
             eps = key[1]
@@ -315,7 +331,7 @@ def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
             total += count * ddgauss_rdp(orders, *key[1:])
         else:
             total += count * _group_rho(key) * orders
-    total[small] += np.asarray(acct.rdp, dtype=np.float64)
+    total[small] += subsampled
     return total
 
 

@@ -16,12 +16,14 @@ from dp_accounting.mechanism_calibration import (
 
 from .accountant import Accountant
 from .errors import PrivacyConfigError
-from .events import Event, GaussianEvent, to_dp_event
+from .events import GaussianEvent, to_dp_event
+from .planned import ReleasePlan, Scaled
 
 # Smallest sigma the search considers (below it every real plan is far above any target).
 _SIGMA_MIN = 1e-3
 
-Plan = Callable[[float], list[Event]]
+#: a run's releases at any trial noise multiplier (:mod:`dpsynth.privacy.planned`)
+Plan = ReleasePlan
 
 
 def validate_epsilon_delta(epsilon: float, delta: float) -> None:
@@ -33,9 +35,9 @@ def validate_epsilon_delta(epsilon: float, delta: float) -> None:
 
 
 def plan_epsilon(plan: Plan, sigma: float, delta: float, kind: str = "pld") -> float:
-    """epsilon at ``delta`` of the events ``plan(sigma)``."""
+    """epsilon at ``delta`` of the events ``plan.at(sigma)``."""
     acc = Accountant(kind)
-    acc.extend(plan(sigma))
+    acc.extend(plan.at(sigma))
     return acc.epsilon(delta)
 
 
@@ -49,7 +51,7 @@ def calibrate_gaussian_sigma(
     sigma_max: float = 1e7,
 ) -> float:
     """Smallest sigma (up to ``tol``, rounded towards more noise) such that the run
-    ``plan(sigma)`` is (epsilon, delta)-DP under accountant ``kind`` (docs/methods.md §0).
+    ``plan.at(sigma)`` is (epsilon, delta)-DP under accountant ``kind`` (docs/methods.md §0).
 
     The one calibration of the package, built on ``dp_accounting.calibrate_dp_mechanism``:
     the plan becomes one ``ComposedDpEvent`` per sigma and a fresh :class:`Accountant` judges
@@ -61,17 +63,15 @@ def calibrate_gaussian_sigma(
         raise PrivacyConfigError(f"tol must be > 0, got {tol!r}")
 
     def event(s: float) -> DpEvent:
-        return to_dp_event(plan(s))
+        return to_dp_event(plan.at(s))
 
     def eps_at(s: float) -> float:
         return Accountant(kind).compose(event(s)).get_epsilon(delta)
 
     # A resumed run, or another run of the same plan in this process, asks again: the answer
-    # of the same (target, accountant, plan seen at two probe sigmas) is reused only after
-    # the accountant confirms it meets the target for THIS plan, so a reused sigma can never
-    # miss it (at worst it is the smallest sigma of a plan with the same two probe points).
-    key = (float(epsilon), float(delta), kind, float(tol), float(sigma_max),
-           repr(event(1.0)), repr(event(3.0)))
+    # for the same target, accountant and plan (a value, compared whole) is reused once the
+    # accountant confirms it still meets the target.
+    key = (float(epsilon), float(delta), kind, float(tol), float(sigma_max), plan)
     cached = _CALIBRATED.get(key)
     if cached is not None and eps_at(cached) <= epsilon:
         return cached
@@ -153,8 +153,8 @@ def calibrate_steps(
     ):
         raise PrivacyConfigError(f"sensitivity must be a finite number > 0, got {sensitivity!r}")
     return calibrate_gaussian_sigma(
-        epsilon, delta, lambda s: [GaussianEvent(s, sensitivity, steps)], kind=kind, tol=tol
-    )
+        epsilon, delta, ReleasePlan((Scaled(GaussianEvent(1.0, sensitivity, steps)),)), kind=kind,
+        tol=tol)
 
 
 def steps_epsilon(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from .errors import BudgetExceededError, PrivacyConfigError
 from .events import DiscreteGaussianEvent, Event, ExponentialEvent, ZCDPEvent, as_event_list
 from .lattice import FIXED_POINT_GRID, Lattice, lattice_points
 from .mechanisms import threshold_log_weights
-from .noise import NoiseSource
+from .noise import NoiseSource, make_noise_source
 from .store import ReleaseStore
 
 log = logging.getLogger("dpsynth.privacy")
@@ -413,3 +414,20 @@ def noise_note(mode: str) -> str:
 
 
 __all__ = ["PrivacySession", "noise_note"]
+
+
+@dataclass(frozen=True)
+class StoreOpener:
+    """How a method opens a second store of noise, ``private/<folder>`` (DP-SynRAG's
+    per-cluster releases): the run's accountant (``accountant``) and noise (``noise``, with the
+    run's ``seed`` in seeded mode), no cap of its own. A value the runner hands down in the
+    job, so opening a store calls down into the privacy core, never back into the runner."""
+
+    private: Path
+    accountant: str
+    noise: str
+    seed: int | None = None
+
+    def __call__(self, folder: str) -> PrivacySession:
+        return PrivacySession(self.private / folder, Accountant(self.accountant),
+                              make_noise_source(self.noise, self.seed))

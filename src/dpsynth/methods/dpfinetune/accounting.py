@@ -16,7 +16,14 @@ from typing import Any
 from dp_accounting import dp_event
 
 from ...errors import ConfigError
-from ...privacy import Accountant, DiscreteGaussianEvent, GaussianEvent, calibrate_gaussian_sigma
+from ...privacy import (
+    Accountant,
+    DiscreteGaussianEvent,
+    GaussianEvent,
+    ReleasePlan,
+    Scaled,
+    calibrate_gaussian_sigma,
+)
 from ...privacy.lattice import FIXED_POINT_GRID
 
 #: the accountants that can state a Poisson-subsampled Gaussian (zCDP cannot; GDP only
@@ -82,9 +89,9 @@ def solve_noise_multiplier(epsilon: float, delta: float, q: float, steps: int, k
     (per record, or per user with ``user_level``)."""
 
     check_accountant(kind)
-    return float(calibrate_gaussian_sigma(
-        epsilon, delta, lambda s: planned_events(s, q, steps, label_sigma, user_level),
-        kind=kind))
+    labels = [] if label_sigma is None else [label_count_event(label_sigma, user_level)]
+    plan = ReleasePlan((*labels, Scaled(dp_sgd_event(1.0, q, steps))))
+    return float(calibrate_gaussian_sigma(epsilon, delta, plan, kind=kind))
 
 
 def run_epsilon(noise_multiplier: float, q: float, steps: int, delta: float, kind: str,

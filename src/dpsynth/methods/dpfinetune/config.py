@@ -18,7 +18,7 @@ class DPFineTuneConfig(Section):
     lora_rank: int = Field(8, ge=1, le=256, description="rank r of the LoRA adapter")
     lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling alpha (update x alpha / r)")
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"], min_length=1,
+        ["q_proj", "v_proj"], min_length=1,  # pydantic copies a list default per instance
         description="the linear layers that get an adapter (names in the model)")
     lora_layers: int | None = Field(
         None, ge=1, description="adapters on the last k transformer layers only (the backward "

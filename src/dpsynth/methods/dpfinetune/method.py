@@ -25,9 +25,9 @@ import numpy as np
 
 from ...config import ConfigError, RunConfig
 from ...context import Rngs, label_classes
+from ...embed.shared import configured_embedder
 from ...evolution.label_check import LabelCheck
-from ...evolution.loop import MOSTLY_FILTERED
-from ...evolution.operators import configured_embedder, described_value
+from ...evolution.operators import described_value
 from ...evolution.prompts import (
     clean_generation,
     describe_labels,
@@ -46,6 +46,7 @@ from ...run_folder import RunDir
 from ...voting import user_label_counts
 from ...work import TuneWork
 from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
+from ..loop import MOSTLY_FILTERED
 from . import accounting
 from .config import DPFineTuneConfig
 from .prompts import label_heads
@@ -458,8 +459,7 @@ def _label_check(job: Job, labels: list[dict[str, str]]
         return None
     embedder = (job.embedder if job.embedder is not None
                 else configured_embedder(cfg.embedder, job.run.private / "embed-cache"))
-    check = LabelCheck(domain, described_value(cfg.prompts),
-                       lambda texts: embedder.embed(list(texts), progress=False))
+    check = LabelCheck(domain, described_value(cfg.prompts), embedder)
 
     def refused(classes: list[int], texts: list[str]) -> np.ndarray:
         undecided = check.gate is None

@@ -34,14 +34,16 @@ import numpy as np
 from ...config import ConfigError, RunConfig
 from ...context import PrivateView, Releaser, Rngs
 from ...diagnostics import append_diagnostic
-from ...evolution.loop import Start, StrategyState, VoteResult
 from ...evolution.operators import Generation
 from ...evolution.parts import reference_set, select_and_vary
 from ...evolution.pool import Pool
 from ...evolution.selection import allocate, thresholded
+from ...evolution.strategy import Start, StrategyState, VoteResult
+from ...planning import VoteShape
+from ...privacy import ReleasePlan
 from ...work import Stage, Work, secpe_stages, secpe_work
 from ..base import Guarantee, Job, Outcome, PrivacyPlan
-from ..pe import PEMethod
+from ..pe import PEMethod, vote_release_plan
 from . import statistics
 from .config import SecPEConfig
 from .plan import SecretPlan
@@ -208,10 +210,10 @@ class SecPE(PEMethod):
                 secpe_stages(plan.records, self.settings(config).clusters, detection_s,
                              syn.iterations))
 
-    def vote_mass(self, config: RunConfig) -> float:
-        """A record's mass in its cluster's noisy count, which goes to the nearest candidate
+    def votes(self, config: RunConfig, n_labels: int) -> VoteShape:
+        """A record's mass in its cluster's noisy count, 1, goes to the nearest candidate
         (:mod:`dpsynth.planning`)."""
-        return 1.0
+        return replace(super().votes(config, n_labels), mass=1.0)
 
     @classmethod
     def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
@@ -246,8 +248,10 @@ class SecPE(PEMethod):
         if config.privacy.unit != "record":
             raise ConfigError("secpe protects secrets, not users: set privacy.unit to 'record'")
 
-    def vote_releases(self, config: RunConfig, n_labels: int) -> int:
-        return config.synthesis.iterations
+    def release_plan(self, config: RunConfig, n_labels: int) -> ReleasePlan:
+        """The T votes through the representatives; the label counts are public here (the
+        records without a secret)."""
+        return vote_release_plan(config, 0, config.synthesis.iterations)
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,
                  gen: Generation, rngs: Rngs, plan: PrivacyPlan) -> SecPEStrategy:

@@ -1,99 +1,25 @@
 """The one Private Evolution loop: generate -> [embed -> vote -> noise -> select -> vary] x T.
 
-Methods differ in their parts, not in the loop. A strategy has three verbs (docs/architecture.md,
-"Seams"): ``initial`` makes the first pool, ``vote`` scores a pool from private data (every
-noisy statistic through its :class:`~dpsynth.context.Releaser`) and returns a
-:class:`VoteResult`, ``next`` makes the following pool from the vote. Its state is a dataclass
-(:class:`StrategyState`), checkpointed by the loop. The loop owns checkpoints, per-iteration
-stats and every release file (zero_shot.jsonl, iterations/, synthetic.jsonl), so every method
-resumes and releases the same way.
+Methods differ in their parts, not in the loop: each hands it a strategy
+(:mod:`dpsynth.evolution.strategy`). The loop owns checkpoints, per-iteration stats and every
+release file (zero_shot.jsonl, iterations/, synthetic.jsonl), so every method resumes and
+releases the same way. It stands on the methods' floor, above the parts it drives
+(docs/architecture.md, "Floors"): the loop calls down into the strategy it is handed and the
+strategy calls down into the shared parts, so no call climbs back up.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
-
-import numpy as np
+from typing import Any
 
 from .. import progress
 from ..context import Rngs
+from ..evolution.operators import Generation
+from ..evolution.parts import trim_to_quota
+from ..evolution.pool import Pool
+from ..evolution.strategy import Starter, Strategy
 from ..files import SHARED_MODE, write_jsonl
 from ..run_folder import RunDir
-from .operators import Generation
-from .parts import trim_to_quota
-from .pool import Pool
-
-__all__ = ["Pool", "Start", "Starter", "Strategy", "StrategyState", "VoteResult", "evolve"]
-
-
-@dataclass
-class StrategyState:
-    """What a strategy carries between iterations (checkpointed as JSON). ``quota``: the
-    released samples per label; the loop trims the final pool to it."""
-
-    quota: np.ndarray | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> StrategyState:
-        out = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in raw:
-                continue
-            value = raw[f.name]
-            if value is not None and "ndarray" in str(f.type):
-                value = np.asarray(value)
-            out[f.name] = value
-        return cls(**out)
-
-
-def _plain(value: Any) -> Any:
-    return value.tolist() if isinstance(value, np.ndarray) else value
-
-
-@dataclass
-class Start:
-    """The initial pool and, where the method has one, the zero-shot reference set (written
-    to release/zero_shot.jsonl by the loop)."""
-
-    pool: Pool
-    reference: Pool | None = None
-
-
-@dataclass
-class VoteResult:
-    """A vote over a pool: per-candidate ``scores`` (post-processing of released statistics),
-    every released histogram by name (WASP: ``near`` and ``far``), other released values by
-    name (SecPE: the noisy representatives per label), and aggregate ``stats`` for stats.jsonl
-    (noisy or public values only)."""
-
-    scores: np.ndarray
-    histograms: dict[str, np.ndarray] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
-    released: dict[Any, Any] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Starter(Protocol):
-    """A strategy without private votes (zero-shot): the initial pool is the release."""
-
-    state: StrategyState
-
-    def initial(self) -> Start: ...
-
-
-@runtime_checkable
-class Strategy(Starter, Protocol):
-    """The parts a voting method plugs into the loop."""
-
-    def vote(self, t: int, pool: Pool, emb: np.ndarray) -> VoteResult: ...
-
-    def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool: ...
-
 
 CHECKPOINT = "evolution"
 
@@ -108,7 +34,7 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
     """
     if iterations and not isinstance(strategy, Strategy):
         raise TypeError(f"{type(strategy).__name__} cannot vote: it runs with 0 iterations")
-    generated = _Filtered(gen)
+    generated = FilterShares(gen)
     saved = run.load_checkpoint(CHECKPOINT)
     if saved is not None:
         pool = Pool.from_state(saved["pool"])
@@ -163,7 +89,7 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
 MOSTLY_FILTERED = 0.5
 
 
-class _Filtered:
+class FilterShares:
     """How many generations the public filters refused (chatter, echoes, placeholders,
     duplicates: :func:`dpsynth.evolution.prompts.clean_generation`), per iteration for
     stats.jsonl and over this attempt for the closing warning. Synthetic texts only."""
