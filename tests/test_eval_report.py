@@ -590,3 +590,24 @@ def test_most_generations_filtered_is_said(tmp_path):
         _visible(page)
     (run / "stats.jsonl").write_text(json.dumps({**stats[0], "iteration": 2}) + "\n")
     assert "filtered-caveat" not in write_report(run).read_text(encoding="utf-8")
+
+
+def test_both_pages_draw_each_curve_once_and_the_same(tmp_path, fake, monkeypatch):
+    """write_report's shareable and operator pages show the same per-iteration curves: each is
+    drawn once for both (the rows are the key), and a page drawn afresh holds the same bytes."""
+    import dpsynth.eval.report as report
+
+    drawn: list[str] = []
+    kept = report.plot_kept
+
+    def plot_kept(rows):
+        drawn.append("kept")
+        return kept(rows)
+
+    monkeypatch.setattr(report, "plot_kept", plot_kept)
+    monkeypatch.setattr(report, "_CURVES", {})
+    shareable = write_report(fake["run"], tmp_path / "report.html").read_text(encoding="utf-8")
+    assert drawn == ["kept"]  # one drawing for both pages
+    report._CURVES.clear()
+    again = write_report(fake["run"], tmp_path / "again.html").read_text(encoding="utf-8")
+    assert drawn == ["kept", "kept"] and again == shareable  # the cache changes no byte

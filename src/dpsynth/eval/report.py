@@ -288,6 +288,22 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, An
     return {"header": list(header), "rows": [list(r) for r in rows]}
 
 
+#: the per-iteration curves drawn lately, by (plot, its rows): the shareable and the operator
+#: page of one report draw the same curves from the same stats, and each is drawn once
+_CURVES: dict[tuple[str, str], str | None] = {}
+
+
+def _curve(plot: Any, rows: Sequence[dict[str, Any]]) -> str | None:
+    """``plot(rows)`` (a per-iteration curve, base64 PNG), drawn once for equal rows: the
+    key is the rows themselves, written out in full."""
+    key = (plot.__name__, json.dumps(list(rows), sort_keys=True, default=repr))
+    if key not in _CURVES:
+        if len(_CURVES) >= 64:
+            _CURVES.pop(next(iter(_CURVES)))
+        _CURVES[key] = plot(rows)
+    return _CURVES[key]
+
+
 def _plot(b64: str | None, alt: str) -> dict[str, str] | None:
     return {"b64": b64, "alt": alt} if b64 else None
 
@@ -776,11 +792,12 @@ def render_report(release: RunRelease, n_samples: int = 2, *, operator: bool = F
     privacy = release.privacy or {}
     mechs = privacy.get("mechanisms")
     curves = [
-        _plot(plot_kept(release.stats), "kept samples per iteration"),
-        _plot(plot_votes(release.stats), "vote mass vs noise scale"),
-        _plot(plot_fid(release.stats) or plot_fid(_fid_rows(ev)), "FID per iteration"),
-        _plot(plot_generator_weights(release.stats), "generator weights"),
-        _plot(plot_filtered(release.stats), "generated texts filtered out as off-task"),
+        _plot(_curve(plot_kept, release.stats), "kept samples per iteration"),
+        _plot(_curve(plot_votes, release.stats), "vote mass vs noise scale"),
+        _plot(_curve(plot_fid, release.stats) or _curve(plot_fid, _fid_rows(ev)),
+              "FID per iteration"),
+        _plot(_curve(plot_generator_weights, release.stats), "generator weights"),
+        _plot(_curve(plot_filtered, release.stats), "generated texts filtered out as off-task"),
     ]
     context: dict[str, Any] = {
         "kind": "operator-only report" if operator else "shareable report",
