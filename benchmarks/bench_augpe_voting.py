@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from dpsynth.bench.machine import Where, describe
 
 OUT = Path(__file__).parent / "results" / "augpe_voting.md"
 
@@ -89,8 +90,9 @@ def main() -> None:
         return
     argv = [f"--private={args.private}", f"--synthetic={args.synthetic}", f"--dim={args.dim}",
             f"--labels={args.labels}", f"--k={args.k}", f"--seed={args.seed}"]
-    fast = run_child("faiss", argv)
-    ref = run_child("reference", argv)
+    with Where() as where:
+        fast = run_child("faiss", argv)
+        ref = run_child("reference", argv)
     agree = fast["hist_head"] == ref["hist_head"] and fast["checksum"] == ref["checksum"]
     result = {
         "private": args.private, "synthetic": args.synthetic, "dim": args.dim,
@@ -101,16 +103,15 @@ def main() -> None:
         "faiss_peak_mb": round(fast["peak_extra_mb"], 1),
         "reference_peak_mb": round(ref["peak_extra_mb"], 1),
         "same_histogram": agree,
-        "machine": f"{platform.processor() or platform.machine()}, "
-                   f"{__import__('os').cpu_count()} cores",
+        "machine": where.result(),
     }
     print(json.dumps(result))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(
         "### Aug-PE voting: faiss vs NumPy/scikit-learn reference\n\n"
         f"M = {args.private:,} private, N = {args.synthetic:,} candidates, d = {args.dim}, "
-        f"{args.labels} labels, k = {args.k}; one run, each path in its own process "
-        f"({result['machine']}).\n\n"
+        f"{args.labels} labels, k = {args.k}; one run, each path in its own process.\n\n"
+        f"Machine: {describe(result['machine'])}.\n\n"
         "| path | seconds | peak extra memory (MB) |\n|---|---|---|\n"
         f"| dpsynth knn_vote (faiss IndexFlatIP, batched) | {result['faiss_seconds']} | "
         f"{result['faiss_peak_mb']} |\n"

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from dpsynth.bench.machine import Where, describe
+
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 CONFIG = REPO / "examples" / "tiny-aug-pe.yaml"
@@ -116,52 +118,53 @@ def main() -> None:
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    ref = args.work / "reference"
-    t0 = time.monotonic()
-    _finish(_start(ref), "reference run")
-    duration = time.monotonic() - t0
-    ref_files = _release_files(ref)
-    ref_store = _store(ref)
-    ref_calls = json.loads((ref / "release" / "summary.json").read_text())["llm_calls"]
-    rng = random.Random(args.seed)
-    rows = []
-    for i in range(args.kills):
-        run = args.work / f"kill{i:02d}"
-        at = rng.uniform(0.05, 0.9) * duration  # within the reference run's lifetime
-        proc = _start(run)
-        deadline = time.monotonic() + at
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        killed = proc.poll() is None
-        if killed:
-            proc.send_signal(signal.SIGKILL)
-        proc.communicate()
-        phase = _phase(run) if killed else "(finished before the kill)"
-        before = _store(run)
-        cached = _cache_rows(run)
-        resumed = False
-        if (run / "run.json").exists():
-            status = json.loads((run / "run.json").read_text())["status"]
-            if status != "finished":
-                _finish(_start(run, resume=True), f"resume {i}")
-                resumed = True
-        else:  # killed before the folder existed: nothing to resume, start again
-            _finish(_start(run), f"restart {i}")
-        files = _release_files(run)
-        same = files.keys() == ref_files.keys() and all(
-            (_summary_core(files[k]) == _summary_core(ref_files[k])) if k == "summary.json"
-            else files[k] == ref_files[k] for k in files)
-        after = _store(run)
-        redrawn = sum(1 for k, v in before.items() if after.get(k) != v)
-        redrawn += 0 if after == ref_store else 1
-        summary = json.loads((run / "release" / "summary.json").read_text())
-        # a resumed attempt may send only the requests the cache did not hold at the kill
-        repaid = max(0, summary["llm_calls"] - (ref_calls - cached)) if resumed else 0
-        if killed and not resumed:
-            phase += " (nothing left to resume)" if (run / "run.json").exists() else ""
-        rows.append((i, round(at, 1), phase, same, redrawn, repaid))
-        print(f"kill {i}: t={at:.1f}s phase={phase!r} identical={same} redrawn={redrawn} "
-              f"repaid={repaid}", file=sys.stderr, flush=True)
+    with Where() as where:
+        ref = args.work / "reference"
+        t0 = time.monotonic()
+        _finish(_start(ref), "reference run")
+        duration = time.monotonic() - t0
+        ref_files = _release_files(ref)
+        ref_store = _store(ref)
+        ref_calls = json.loads((ref / "release" / "summary.json").read_text())["llm_calls"]
+        rng = random.Random(args.seed)
+        rows = []
+        for i in range(args.kills):
+            run = args.work / f"kill{i:02d}"
+            at = rng.uniform(0.05, 0.9) * duration  # within the reference run's lifetime
+            proc = _start(run)
+            deadline = time.monotonic() + at
+            while time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            killed = proc.poll() is None
+            if killed:
+                proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            phase = _phase(run) if killed else "(finished before the kill)"
+            before = _store(run)
+            cached = _cache_rows(run)
+            resumed = False
+            if (run / "run.json").exists():
+                status = json.loads((run / "run.json").read_text())["status"]
+                if status != "finished":
+                    _finish(_start(run, resume=True), f"resume {i}")
+                    resumed = True
+            else:  # killed before the folder existed: nothing to resume, start again
+                _finish(_start(run), f"restart {i}")
+            files = _release_files(run)
+            same = files.keys() == ref_files.keys() and all(
+                (_summary_core(files[k]) == _summary_core(ref_files[k])) if k == "summary.json"
+                else files[k] == ref_files[k] for k in files)
+            after = _store(run)
+            redrawn = sum(1 for k, v in before.items() if after.get(k) != v)
+            redrawn += 0 if after == ref_store else 1
+            summary = json.loads((run / "release" / "summary.json").read_text())
+            # a resumed attempt may send only the requests the cache did not hold at the kill
+            repaid = max(0, summary["llm_calls"] - (ref_calls - cached)) if resumed else 0
+            if killed and not resumed:
+                phase += " (nothing left to resume)" if (run / "run.json").exists() else ""
+            rows.append((i, round(at, 1), phase, same, redrawn, repaid))
+            print(f"kill {i}: t={at:.1f}s phase={phase!r} identical={same} redrawn={redrawn} "
+                  f"repaid={repaid}", file=sys.stderr, flush=True)
     ok = sum(r[3] for r in rows)
     print(f"## Kill anywhere ({args.kills} SIGKILLs, tiny Aug-PE, real models)\n")
     print(f"Reference run: {duration:.0f} s, {ref_calls} LLM calls. Each run below was "
@@ -170,8 +173,8 @@ def main() -> None:
           "is started again). Release identical: every file of release/ byte for byte, "
           "summary.json less its per-attempt call counters. Noise redrawn: stored releases "
           "that changed. Calls repaid: requests sent by the resume beyond those missing from "
-          "the request cache at the kill. Load average (1 min) when the table was written: "
-          f"{os.getloadavg()[0]:.1f}.\n")
+          "the request cache at the kill. Machine: "
+          f"{describe(where.result())}.\n")
     print("| kill | at (s) | phase (last log line) | release identical | noise redrawn | "
           "calls repaid |")
     print("|---|---|---|---|---|---|")

@@ -27,6 +27,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from dpsynth.bench.machine import Where
 from dpsynth.bench.voting import bench_knn
 
 
@@ -44,6 +45,10 @@ def render(paths: list[Path]) -> str:
         ref, sec = r.get("reference", {}), r.get("secpe", {})
         load = [u.split("load average:")[-1].split(",")[0].strip()
                 for u in (r.get("uptime_start", ""), r.get("uptime_end", "")) if u]
+        if "machine" in r:  # measured inside dpsynth.bench.machine.Where
+            m = r["machine"]
+            load = [str(m["load_average_1m"]["start"]), str(m["load_average_1m"]["end"])
+                    + f" (other processes {m['other_load']}; quiet: {str(m['quiet']).lower()})"]
         data = r["data"]
         if data.startswith("embeddings from "):
             data = "real MiniLM: " + Path(data.split(" from ", 1)[1]).stem
@@ -173,13 +178,15 @@ def main() -> None:
 
     nprobes = () if args.no_ivf else tuple(args.nprobe or [1, 2])
     reranks = () if args.no_pq else tuple(args.rerank or [16])
-    res = bench_knn(args.private, args.synthetic, args.labels, args.dim, args.topics or None,
-                    args.spread, 0, args.nlist or None, nprobes,
-                    hnsw=args.hnsw, reference=not args.no_reference, secpe=not args.no_secpe,
-                    clusters=args.clusters, threads=args.threads, progress=save,
-                    embeddings=args.embeddings, rerank=reranks, repeats=args.repeats,
-                    pq_m=tuple(args.pq_m or [0]))
+    with Where() as where:
+        res = bench_knn(args.private, args.synthetic, args.labels, args.dim,
+                        args.topics or None, args.spread, 0, args.nlist or None, nprobes,
+                        hnsw=args.hnsw, reference=not args.no_reference,
+                        secpe=not args.no_secpe, clusters=args.clusters, threads=args.threads,
+                        progress=save, embeddings=args.embeddings, rerank=reranks,
+                        repeats=args.repeats, pq_m=tuple(args.pq_m or [0]))
     load["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    res["machine"] = where.result()
     save(res)
     print(json.dumps({**load, **res}))
 

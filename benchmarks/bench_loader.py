@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from dpsynth.bench.machine import Where, describe
 
 ROOT = Path(__file__).resolve().parent
 
@@ -113,11 +114,11 @@ def main() -> None:
         size_mb = path.stat().st_size / 2**20
         print(f"wrote {args.rows:,} rows ({size_mb:,.0f} MB) in "
               f"{time.perf_counter() - start:.0f} s", flush=True)
-        load = os.getloadavg()[0]
         results = {}
-        for name, code in ARMS.items():
-            results[name] = run_arm(code, path, tmp)
-            print(name, results[name], flush=True)
+        with Where() as where:
+            for name, code in ARMS.items():
+                results[name] = run_arm(code, path, tmp)
+                print(name, results[name], flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     base = results["baseline"]["peak_anon_mb"]
@@ -131,8 +132,7 @@ def main() -> None:
     lines = [
         f"# Loading a {args.rows:,}-row private CSV: streaming loader vs whole-file pandas load",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"1-min load average at start {load:.2f}. CSV: {size_mb:,.0f} MB (text of 10-60 "
+        f"Machine: {describe(where.result())}. CSV: {size_mb:,.0f} MB (text of 10-60 "
         "words, a label, a user id). Each arm runs in its own fresh subprocess "
         "(`python benchmarks/bench_loader.py`).",
         "",
@@ -160,7 +160,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     (args.out.with_suffix(".json")).write_text(json.dumps(
-        {"rows": args.rows, "csv_mb": size_mb, "results": results, "ratio_above_imports": ratio},
+        {"rows": args.rows, "csv_mb": size_mb, "results": results, "ratio_above_imports": ratio,
+         "machine": where.result()},
         indent=2) + "\n")
     print("\n".join(lines))
 

@@ -19,17 +19,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from dpsynth.bench.machine import Where, describe
 from dpsynth.privacy import (
     DiscreteGaussianEvent,
     GaussianEvent,
     Lattice,
+    ReleasePlan,
+    Scaled,
     calibrate_gaussian_sigma,
     discrete_gaussian_mechanism,
     gaussian_mechanism,
@@ -54,7 +57,7 @@ def _cases() -> dict[str, tuple[Callable[[str], object], Callable[[str], object]
     def noise(mode: str):  # a fresh key stream per draw, as in the session
         return make_noise_source(mode, 7 if mode == "seeded" else None).spawn("bench")
 
-    def calibrate(events: Callable[[float], list]) -> Callable[[str], object]:
+    def calibrate(events: ReleasePlan) -> Callable[[str], object]:
         def run(_mode: str) -> object:
             calibration_module._CALIBRATED.clear()
             return calibrate_gaussian_sigma(1.0, 1e-5, events)
@@ -68,8 +71,8 @@ def _cases() -> dict[str, tuple[Callable[[str], object], Callable[[str], object]
             lambda m: gaussian_mechanism(centres, 2.0, noise(m)),
             lambda m: discrete_gaussian_mechanism(centres, 2.0, rounded, noise(m))),
         "calibration, Aug-PE T = 10 ('pld')": (
-            calibrate(lambda s: [GaussianEvent(s, 1.0, 11)]),
-            calibrate(lambda s: [DiscreteGaussianEvent(s, 1.0, 11, shifts=(1,))])),
+            calibrate(ReleasePlan((Scaled(GaussianEvent(1.0, 1.0, 11)),))),
+            calibrate(ReleasePlan((Scaled(DiscreteGaussianEvent(1.0, 1.0, 11, shifts=(1,))),)))),
     }
 
 
@@ -89,12 +92,10 @@ def measure(repeats: int) -> list[dict[str, object]]:
     return rows
 
 
-def render(rows: list[dict[str, object]], repeats: int, before: str, after: str) -> str:
-    from harness import machine
-
+def render(rows: list[dict[str, object]], repeats: int, where: dict[str, Any]) -> str:
     out = ["## Noise: exact discrete Gaussian vs floating-point Gaussian (issue 28)", "",
-           f"Machine: {machine()}. `uptime` before: `{before}`; after: `{after}` (shared "
-           "machine: compare the ratios, measured side by side in one run).", "",
+           f"Machine: {describe(where)} (compare the ratios, measured side by side in one "
+           "run).", "",
            f"Median of {repeats} repeats, paths alternating which runs first; a fresh key "
            "stream per draw as in the session.", "",
            "| case | noise | float Gaussian s | discrete Gaussian s | ratio |",
@@ -111,10 +112,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "noise.md")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    rows = measure(args.repeats)
-    after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    text = render(rows, args.repeats, before, after)
+    with Where() as where:
+        rows = measure(args.repeats)
+    text = render(rows, args.repeats, where.result())
     args.out.write_text(text)
     print(text)
 

@@ -22,7 +22,6 @@ import os
 import re
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
+
+from dpsynth.bench.machine import Where, describe
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -78,8 +80,6 @@ def real_embed_rate(n: int = 256) -> float | None:
 
 
 def rss_mb(pid: int) -> float:
-    import psutil
-
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
@@ -102,80 +102,84 @@ def main() -> None:
     from dpsynth.data import load_dataset
 
     m, n, d = args.private, args.synthetic, args.dim
-    load = os.getloadavg()
-    work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    data = work / "private.csv"
-    write_private(data, m, args.labels)
-    rng = np.random.default_rng(0)
-    cand = rng.standard_normal((n, d)).astype(np.float32)
-    cand /= np.linalg.norm(cand, axis=1, keepdims=True)
-    cand_labels = np.arange(n, dtype=np.int64) % args.labels
-    values = {"label": [f"l{j}" for j in range(args.labels)]}
-    embedder = HashEmbedder(d)
+    with Where() as where:
+        work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+        data = work / "private.csv"
+        write_private(data, m, args.labels)
+        rng = np.random.default_rng(0)
+        cand = rng.standard_normal((n, d)).astype(np.float32)
+        cand /= np.linalg.norm(cand, axis=1, keepdims=True)
+        cand_labels = np.arange(n, dtype=np.int64) % args.labels
+        values = {"label": [f"l{j}" for j in range(args.labels)]}
+        embedder = HashEmbedder(d)
 
-    # -- engine: local (this process) -----------------------------------------------------
-    t0 = time.perf_counter()
-    ds = load_dataset(data, "text", ["label"], None, label_values=values, on_duplicate="ignore")
-    read_local = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    emb = embedder.embed(ds.texts)
-    embed_local = time.perf_counter() - t0
-    codes, _ = ds.joint_label_codes()
-    local = LocalCompute(lambda: emb, codes, None)
-    _ = local.shard  # partition keys (hashing) outside the timed vote
-    t0 = time.perf_counter()
-    h_local = local.knn_histogram(cand, cand_labels, args.k)
-    vote_local = time.perf_counter() - t0
-    driver_rss_local = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    # the same local vote with faiss on one OpenMP thread (the shards' setting: Ray gives each
-    # one-CPU actor OMP_NUM_THREADS=1); oversubscribed OpenMP threads are slow under load
-    import faiss
-
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    t0 = time.perf_counter()
-    local.knn_histogram(cand, cand_labels, args.k)
-    vote_local_1t = time.perf_counter() - t0
-    faiss.omp_set_num_threads(threads)
-    fingerprint = ds.fingerprint()
-    emb = local = ds = None  # free the driver's copy before the shards load theirs
-
-    # -- engine: ray (shards read, embed and hold the rows) -----------------------------------
-    spec = DataSpec(path=str(data), text="text", labels=("label",), user=None, max_chars=20000,
-                    limit=None, label_values=values, domain=None, user_level=False,
-                    fingerprint=fingerprint, n_records=m)
-    t0 = time.perf_counter()
-    eng = RayCompute(spec, GivenEmbedder(embedder), work / "compute", args.shards, "local")
-    try:
-        start_s = time.perf_counter() - t0
-        pids = ray.get([a.pid.remote() for a in eng.actors])
-        shard_rss = [rss_mb(p) for p in pids]
+        # -- engine: local (this process) -----------------------------------------------------
         t0 = time.perf_counter()
-        h_ray = eng.knn_histogram(cand, cand_labels, args.k)
-        vote_ray = time.perf_counter() - t0
-        timing = dict(eng.last_timing)
-        put_s = eng.last_put_s
-        # a second vote: the steady state of later iterations (actors warm)
+        ds = load_dataset(data, "text", ["label"], None, label_values=values, on_duplicate="ignore")
+        read_local = time.perf_counter() - t0
         t0 = time.perf_counter()
-        eng.knn_histogram(cand, cand_labels, args.k)
-        vote_ray2 = time.perf_counter() - t0
-        # the driver's exact sum of the partials, timed alone
-        from dpsynth.compute import kernels
+        emb = embedder.embed(ds.texts)
+        embed_local = time.perf_counter() - t0
+        codes, _ = ds.joint_label_codes()
+        local = LocalCompute(lambda: emb, codes, None)
+        _ = local.shard  # partition keys (hashing) outside the timed vote
+        t0 = time.perf_counter()
+        h_local = local.knn_histogram(cand, cand_labels, args.k)
+        vote_local = time.perf_counter() - t0
+        driver_rss_local = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # the same local vote with faiss on one OpenMP thread (the shards' setting: Ray gives each
+        # one-CPU actor OMP_NUM_THREADS=1); oversubscribed OpenMP threads are slow under load
+        import faiss
 
-        parts = eng.map(kernels.knn_partial, eng.shared(cand), cand_labels, args.k)
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
         t0 = time.perf_counter()
-        kernels.finish(kernels.sum_partials(parts), n, kernels.knn_weights(cand_labels, args.k))
-        sum_s = time.perf_counter() - t0
-    finally:
-        eng.close()
-        shutil.rmtree(work, ignore_errors=True)  # the CSV and the shard files (GBs at 1M)
+        local.knn_histogram(cand, cand_labels, args.k)
+        vote_local_1t = time.perf_counter() - t0
+        faiss.omp_set_num_threads(threads)
+        fingerprint = ds.fingerprint()
+        emb = local = ds = None  # free the driver's copy before the shards load theirs
+
+        # -- engine: ray (shards read, embed and hold the rows) -----------------------------------
+        spec = DataSpec(path=str(data), text="text", labels=("label",), user=None, max_chars=20000,
+                        limit=None, label_values=values, domain=None, user_level=False,
+                        fingerprint=fingerprint, n_records=m)
+        t0 = time.perf_counter()
+        eng = RayCompute(spec, GivenEmbedder(embedder), work / "compute", args.shards, "local")
+        try:
+            start_s = time.perf_counter() - t0
+            pids = ray.get([a.pid.remote() for a in eng.actors])
+            shard_rss = [rss_mb(p) for p in pids]
+            t0 = time.perf_counter()
+            h_ray = eng.knn_histogram(cand, cand_labels, args.k)
+            vote_ray = time.perf_counter() - t0
+            timing = dict(eng.last_timing)
+            put_s = eng.last_put_s
+            # a second vote: the steady state of later iterations (actors warm)
+            t0 = time.perf_counter()
+            eng.knn_histogram(cand, cand_labels, args.k)
+            vote_ray2 = time.perf_counter() - t0
+            # the driver's exact sum of the partials, timed alone
+            from dpsynth.compute import kernels
+
+            parts = eng.map(kernels.knn_partial, eng.shared(cand), cand_labels, args.k)
+            t0 = time.perf_counter()
+            kernels.finish(kernels.sum_partials(parts), n, kernels.knn_weights(cand_labels, args.k))
+            sum_s = time.perf_counter() - t0
+            where.count_as_own(cluster_cpu_seconds())
+        finally:
+            reaped = reaped_cpu_seconds()
+            eng.close()
+            # cluster processes reaped by the shutdown are in os.times() now: counted once
+            where.count_as_own(reaped - reaped_cpu_seconds())
+            shutil.rmtree(work, ignore_errors=True)  # the CSV and the shard files (GBs at 1M)
     identical = h_local.tobytes() == h_ray.tobytes()
     rate = real_embed_rate()
     shard_kernel = max(timing["shard_kernel_s"])
     result = {
         "private": m, "synthetic": n, "dim": d, "shards": args.shards, "k": args.k,
         "labels": args.labels,
-        "load_before": [round(x, 2) for x in load], "load_after": list(os.getloadavg()),
+        "machine": where.result(),
         "local": {"read_s": read_local, "embed_s": embed_local, "vote_s": vote_local,
                   "vote_one_thread_s": vote_local_1t, "faiss_threads": threads,
                   "driver_peak_rss_mb": driver_rss_local},
@@ -189,13 +193,29 @@ def main() -> None:
         "bytes_out_per_shard": int(cand.nbytes + cand_labels.nbytes),
         "bytes_back_per_shard": int(n * 8),
         "real_embedder_sentences_per_s": rate,
-        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }
     print(json.dumps(result, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(markdown(result), encoding="utf-8")
     if not identical:
         raise SystemExit("the ray histogram differs from the local one")
+
+
+def reaped_cpu_seconds() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def cluster_cpu_seconds() -> float:
+    """CPU time of this process's descendants still running (the local Ray cluster)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -205,7 +225,8 @@ def markdown(r: dict[str, Any]) -> str:
         f" d = {r['dim']}, {r['labels']} labels, k = {r['k']}, {r['shards']} shards, one "
         "machine)",
         "",
-        f"Load (uptime): {r['uptime']}",
+        f"Machine: {describe(r['machine'])} (the Ray cluster's processes count as this "
+        "benchmark's own).",
         "",
         "| | engine local | engine ray |",
         "|---|---|---|",

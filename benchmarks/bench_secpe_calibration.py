@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.bench.machine import Where, describe
 from dpsynth.methods.secpe import theory
-from harness import ROOT, machine, markdown
+from harness import ROOT, markdown
 
 CASES = [  # (name, p, r, T, rates of the records holding the secret)
     ("3 records at rate 0.05, T 3", 1e-4, 1e-3, 3, np.full(3, 0.05)),
@@ -78,25 +79,29 @@ def timed(fn: Any) -> tuple[float, int, float]:
 def main() -> None:
     rows = []
     totals = [0.0, 0.0]
-    for name, p, r, T, rates in CASES:
-        s_new, n_new, t_new = timed(lambda p=p, r=r, T=T, rates=rates: theory._calibrate_one_sigma(
-            p, r, rates, T, rel_tol=TOL, discretization=FINE, lower_hint=None))
-        s_old, n_old, t_old = timed(lambda p=p, r=r, T=T, rates=rates: bisection(p, r, rates, T))
-        for sigma in (s_new, s_old):  # both meet the bound on the fine grid
-            assert theory.blowup(p, rates, sigma, T, discretization=FINE).value <= r
-        totals[0] += t_old
-        totals[1] += t_new
-        rows.append({"case": name, "sigma (mu search)": round(s_new, 6),
-                     "sigma (bisection)": round(s_old, 6), "PLDs (mu search)": n_new,
-                     "PLDs (bisection)": n_old, "seconds (mu search)": round(t_new, 2),
-                     "seconds (bisection)": round(t_old, 2),
-                     "speed-up": round(t_old / t_new, 2)})
-        print(rows[-1], flush=True)
-    rows.append({"case": "all cases", "seconds (mu search)": round(totals[1], 2),
-                 "seconds (bisection)": round(totals[0], 2),
-                 "speed-up": round(totals[0] / totals[1], 2)})
+    with Where() as where:
+        for name, p, r, T, rates in CASES:
+            s_new, n_new, t_new = timed(
+                lambda p=p, r=r, T=T, rates=rates: theory._calibrate_one_sigma(
+                    p, r, rates, T, rel_tol=TOL, discretization=FINE, lower_hint=None))
+            s_old, n_old, t_old = timed(
+                lambda p=p, r=r, T=T, rates=rates: bisection(p, r, rates, T))
+            for sigma in (s_new, s_old):  # both meet the bound on the fine grid
+                assert theory.blowup(p, rates, sigma, T, discretization=FINE).value <= r
+            totals[0] += t_old
+            totals[1] += t_new
+            rows.append({"case": name, "sigma (mu search)": round(s_new, 6),
+                         "sigma (bisection)": round(s_old, 6), "PLDs (mu search)": n_new,
+                         "PLDs (bisection)": n_old, "seconds (mu search)": round(t_new, 2),
+                         "seconds (bisection)": round(t_old, 2),
+                         "speed-up": round(t_old / t_new, 2)})
+            print(rows[-1], flush=True)
+        rows.append({"case": "all cases", "seconds (mu search)": round(totals[1], 2),
+                     "seconds (bisection)": round(totals[0], 2),
+                     "speed-up": round(totals[0] / totals[1], 2)})
     intro = (f"p, r per case, rel_tol {TOL}, coarse grid {COARSE}, fine grid {FINE}; each "
-             f"case runs both searches one after the other in one process. {machine()}.")
+             "case runs both searches one after the other in one process. Machine: "
+             f"{describe(where.result())}.")
     (ROOT / "results" / "secpe_calibration.md").write_text(
         markdown("SecPE sigma calibration: mu search vs bisection", intro, rows))
 

@@ -15,13 +15,15 @@ import json
 import os
 from pathlib import Path
 
+from dpsynth.bench.machine import Where, describe
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serving.md"
 
 
-def markdown(res: dict, cpu: str) -> str:
+def markdown(res: dict) -> str:
     one, mb = res["one_at_a_time"], res["micro_batched"]
 
     def row(name: str, r: dict) -> str:
@@ -32,10 +34,8 @@ def markdown(res: dict, cpu: str) -> str:
     return "\n".join([
         "## Serving: `dpsynth llm serve` one at a time vs micro-batching",
         "",
-        f"Machine: {cpu}, {len(os.sched_getaffinity(0))} usable cores, torch threads "
-        f"{res['torch_threads']}, 1-min load "
-        f"{res['load_avg_1m_before']} before / {res['load_avg_1m_after']} after (shared "
-        "machine: compare the ratio). `benchmarks/bench_serving.py` (or "
+        f"Machine: {describe(res['machine'])}; torch threads {res['torch_threads']}. "
+        "`benchmarks/bench_serving.py` (or "
         "`dpsynth bench serving --json`):",
         f"`{res['model']}`, {res['clients']} concurrent clients on 127.0.0.1, "
         f"{res['requests']} chat completions of up to {res['max_new_tokens']} tokens, sampled "
@@ -65,12 +65,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from dpsynth.bench.serving import bench_serving
-    from harness import cpu_model
 
-    res = bench_serving(args.model, args.clients, args.requests, args.tokens, args.max_batch)
+    with Where() as where:
+        res = bench_serving(args.model, args.clients, args.requests, args.tokens,
+                            args.max_batch)
+    res["machine"] = where.result()
     print(json.dumps(res))
     if not args.no_write:
-        RESULTS.write_text(markdown(res, cpu_model()))
+        RESULTS.write_text(markdown(res))
 
 
 if __name__ == "__main__":

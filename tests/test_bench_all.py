@@ -8,7 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 from dpsynth.bench.bounds import generation_bound, secpe_account
-from dpsynth.bench.machine import Where, parse_cpuinfo
+from dpsynth.bench.machine import (
+    CAPACITY_REFERENCE,
+    Where,
+    describe,
+    parse_cpuinfo,
+    probe_capacity,
+)
 from dpsynth.bench.report import render
 from dpsynth.cli import app
 
@@ -38,12 +44,46 @@ def test_parse_cpuinfo_amx_and_empty():
 
 
 def test_where_result_fields():
-    with Where(sample_every=0.01) as where:
+    with Where(sample_every=0.01, probe=lambda: probe_capacity(size=64, mb=1, repeats=1)) \
+            as where:
         sum(range(1000))
     res = where.result({"cpu_model": "x"})
     assert res["cpu_model"] == "x"
     assert set(res["load_average_1m"]) == {"start", "end", "max"}
     assert isinstance(res["quiet"], bool) and res["other_load"] >= 0
+    cap = res["capacity"]  # probed before and after; no reference for a CPU named "x"
+    assert len(where.probes) == 2 and cap["gemm_gflops"] > 0 and cap["copy_gbs"] > 0
+    assert cap["reference"] is None and cap["slowed"] is None
+    # probes at other sizes than the reference's are not compared with it
+    assert where.result({"cpu_model": "AMD EPYC", "cores": 2, "isa": list(AVX512)}
+                        )["capacity"]["slowed"] is None
+
+
+AVX512 = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni")
+HEALTHY = CAPACITY_REFERENCE[("AMD EPYC", 2, AVX512)]
+
+
+@pytest.mark.parametrize(("share", "slowed"), [(1.0, False), (0.25, True)])
+def test_a_host_that_delivers_a_fraction_of_its_rate_is_not_quiet(monkeypatch, share, slowed):
+    """The load average of a guest on a contended host reads low while its cores deliver a
+    fraction of their rate: the capacity probe marks such a run slowed. A CPU of the same name
+    with other instruction sets (AVX2 only, 2026-12-05 here) has no reference: reported, not
+    judged."""
+    import dpsynth.bench.machine as machine
+
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    monkeypatch.setattr(machine, "_busy_seconds", lambda: 0.0)
+    rates = {"gemm_gflops": HEALTHY["gemm_gflops"], "copy_gbs": HEALTHY["copy_gbs"] * share}
+    with Where(sample_every=0.01, probe=lambda: rates) as where:
+        pass
+    info = {"cpu_model": "AMD EPYC", "cores": 2, "isa": list(AVX512)}
+    res = where.result(info)
+    assert res["capacity"]["slowed"] is slowed and res["capacity"]["share"] == share
+    assert res["quiet"] is (not slowed)
+    assert ("slowed" in describe(res)) is slowed
+    for other in ({**info, "cores": 4}, {**info, "isa": ["avx2", "fma"]}):
+        assert "no reference" in describe(where.result(other))
+        assert where.result(other)["quiet"] is True  # not compared: the load decides
 
 
 def test_a_suite_section_is_judged_by_the_suite_start_not_by_its_own(monkeypatch):
@@ -53,13 +93,14 @@ def test_a_suite_section_is_judged_by_the_suite_start_not_by_its_own(monkeypatch
 
     monkeypatch.setattr(machine.os, "getloadavg", lambda: (1.9, 1.9, 1.9))
     monkeypatch.setattr(machine, "_busy_seconds", lambda: 0.0)  # nothing else ran
-    with Where(sample_every=0.01) as own:
+    with Where(sample_every=0.01, probe=None) as own:
         pass
-    with Where(sample_every=0.01, start_load=0.4) as in_suite:
+    with Where(sample_every=0.01, start_load=0.4, probe=None) as in_suite:
         pass
-    with Where(sample_every=0.01, start_load=1.5) as busy_suite:
+    with Where(sample_every=0.01, start_load=1.5, probe=None) as busy_suite:
         pass
-    assert own.quiet is False and in_suite.quiet is True and busy_suite.quiet is False
+    assert own.quiet({}) is False and in_suite.quiet({}) is True
+    assert busy_suite.quiet({}) is False
     assert in_suite.result({})["load_average_1m"]["start"] == 1.9  # reported as measured
 
 

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _where(m: dict[str, Any]) -> str:
-    la = m["load_average_1m"]
-    return (f"{m['cpu_model']}, {m['cores']} cores, {' '.join(m['isa'])}; load average "
-            f"{la['start']} -> {la['end']} (max {la['max']}), other processes "
-            f"{m['other_load']} cores; quiet: {str(m['quiet']).lower()}")
+from dpsynth.bench.machine import describe
 
 
 def _fmt(x: Any) -> str:
@@ -137,7 +132,7 @@ def _gemm_lines(b: dict[str, Any], r: dict[str, Any]) -> list[str]:
 def render(res: dict[str, Any], command: str) -> str:
     """The whole bounds.md."""
     lines = ["## Hot paths against this CPU's bounds (`dpsynth bench all`)", "",
-             f"Command: `{command}`", "", f"Where: {_where(res['machine'])}; "
+             f"Command: `{command}`", "", f"Where: {describe(res['machine'])}; "
              f"{res['seconds']:.0f} s in all.", ""]
     lines += summary_table(res) + [""]
     secs = res["sections"]

@@ -39,7 +39,7 @@ from .bounds import (
 )
 from .embedding import bench_embedding, demo_texts
 from .generation import bench_generation, prompts
-from .machine import Where, machine_info
+from .machine import PROBE_MB, PROBE_SIZE, Where, machine_info, probe_capacity
 from .voting import bench_knn, bench_voting
 
 SECTIONS = ("bounds", "voting", "embedding", "generation", "knn")
@@ -189,9 +189,12 @@ def bench_all(sizes: Sizes | None = None,
     chosen = set(s.sections)
     if chosen & {"voting", "generation"}:
         chosen.add("bounds")  # their accounts need this run's rates
-    with Where() as whole:
+    def probe() -> dict[str, float]:  # the reference's sizes unless the suite's are smaller
+        return probe_capacity(min(PROBE_SIZE, s.gemm_size), min(PROBE_MB, s.copy_mb))
+
+    with Where(probe=probe) as whole:
         for name in (n for n in SECTIONS if n in chosen):
-            with Where(start_load=whole.load_start) as where:
+            with Where(start_load=whole.load_start, probe=probe) as where:
                 try:
                     if name == "bounds":
                         rates = _bounds(s)

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from dpsynth.bench.bounds import measure_rates, secpe_account
-from dpsynth.bench.machine import Where
+from dpsynth.bench.machine import Where, describe
 from dpsynth.bench.report import render
 from dpsynth.bench.suite import SECTIONS, Sizes, bench_all
 
@@ -331,9 +331,11 @@ def bench_all_cmd(
         return
     for row in res["summary"]:
         typer.echo(f"{row['section']:<11} {_line(row)}")
-    typer.echo(f"machine: {res['machine']['cpu_model']}, {res['machine']['cores']} cores, "
-               f"{' '.join(res['machine']['isa'])}; quiet: {res['quiet']}; "
-               f"{res['seconds']:.0f} s")
+    typer.echo(f"machine: {describe(res['machine'])}; {res['seconds']:.0f} s")
+    if res["machine"].get("capacity") and res["machine"]["capacity"]["slowed"]:
+        typer.echo("this machine delivered under "
+                   f"{res['machine']['capacity']['share']:.0%} of its CPU's usual rate (a "
+                   "contended host): rerun before quoting these figures", err=True)
 
 
 def _line(sec: dict[str, Any]) -> str:
