@@ -45,13 +45,14 @@ QUIET_LOAD = 1.0
 #: (CPU model, cores, the :data:`ISA_FLAGS` listed): numpy float32 GEMM (GFLOP/s) and array
 #: copy (GB/s, bytes read and written), from the quiet `dpsynth bench all` runs in
 #: benchmarks/results (bench_all_quiet3.json, 2026-12-05: 190.2 on a 2048 GEMM and 28.3 on a
-#: 512 MB copy, best of 5; the 512 MB copy stands for the probe's 256 MB one, both far beyond
-#: the caches).
+#: 512 MB copy, best of 5; the 512 MB copy stands for the probe's 64 MB one, both far beyond
+#: the 32 MB of L3). The probe is small so that it adds little to a process whose peak memory
+#: a benchmark reads (128 MB at most, freed before the measurement starts).
 CAPACITY_REFERENCE: dict[tuple[str, int, tuple[str, ...]], dict[str, float]] = {
     ("AMD EPYC", 2, ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni")):
         {"gemm_gflops": 190.0, "copy_gbs": 28.0},
 }
-PROBE_SIZE, PROBE_MB = 2048, 256
+PROBE_SIZE, PROBE_MB = 2048, 64
 #: A probe under this share of its reference (either rate) marks the measurement ``slowed``.
 HEALTHY_SHARE = 0.6
 
