@@ -1,12 +1,16 @@
 """Which zero-shot prompt makes the default model write the record itself (issue 44)?
 
-Each variant asks SmolLM2 (the default engine) for the same labelled texts, public inputs only
-(the label names, the task, the writer); a text counts as on task when the production filter
-keeps it (:func:`dpsynth.evolution.prompts.clean_generation` with ``drop_off_task``) and, for
-Banking77, it reads as the customer's own message (:func:`voice.own_voice`) of at most 40
-words. No private record is read.
+Each variant asks a local model for the same labelled Banking77 texts, public inputs only (the
+label names, the task, the writer), on the same seeds. A text is *kept* when the production
+filter keeps it (:func:`dpsynth.evolution.prompts.clean_generation` with ``drop_off_task``);
+of the kept texts the script reports the share that reads as the customer's own message
+(:func:`voice.own_voice`) and, with ``--judge``, the share a classifier trained on 4000 real
+Banking77 records (logistic regression on MiniLM) gives the intent it was asked for: the
+closest objective stand-in for "a record of the task" we have. It also prints 20 random kept
+texts per variant for a reading by eye. The judge reads real records; the generations do not.
 
-    .venv/bin/python benchmarks/prompt_variants.py [--per-label 2] [--labels 40]
+    .venv/bin/python benchmarks/prompt_variants.py [--per-label 4] [--labels 77] [--judge]
+        [--variants "chat (today);chat, prefilled quote"] [--out results/prompt_variants_77.json]
 """
 
 from __future__ import annotations
@@ -14,73 +18,142 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from dpsynth.evolution import prompts as P
 from dpsynth.llm import GenerationRequest, SamplingParams, load_generator
-from harness import ROOT
+from harness import ROOT, SHARED, machine
 from voice import own_voice
 
 WRITER = "a customer of an online bank"
 TASK = "a short question you ask your online bank"
 
+#: (model, prompt builder) per variant; a builder gets the generator (its tokenizer renders a
+#: prefilled chat turn) and the intent, and returns (prompt, stop strings).
+Builder = Callable[[Any, str], tuple[Any, tuple[str, ...]]]
 
-def quoted_instruction(task: str, label_text: str, writer: str) -> str:
+
+def _label_text(label: str) -> str:
+    return f"It is about {P.readable_label(label)}."
+
+
+def chat_today(gen: Any, label: str) -> tuple[Any, tuple[str, ...]]:
+    """The production request: the writer as the system message, the zero-shot instruction."""
+    return P.render(P.zero_shot_instruction(TASK, _label_text(label)), True, WRITER), ()
+
+
+def chat_prefilled_quote(gen: Any, label: str) -> tuple[Any, tuple[str, ...]]:
+    """The production request with the assistant's turn opened by a double quote (the model
+    continues inside the quote; stop at the closing quote or the line's end)."""
+    messages, _ = chat_today(gen, label)
+    text = gen.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=True)
+    return str(text) + '"', ('"', "\n")
+
+
+def chat_quoted(gen: Any, label: str) -> tuple[Any, tuple[str, ...]]:
     """The text's exact words in quotes, as its writer would type them."""
-    return (f"Write the exact words of {task}, as {writer} would type it. {label_text} Reply "
-            "with the text only, in double quotes.")
+    return P.render(f"Write the exact words of {TASK}, as {WRITER} would type it. "
+                    f"{_label_text(label)} Reply with the text only, in double quotes.",
+                    True, ""), ()
 
 
-def opened_quote(task: str, label_text: str, writer: str) -> str:
-    """A plain-completion prompt that opens the quote the model completes (stop at the
-    closing quote)."""
-    return (f"{writer[0].upper()}{writer[1:]} wrote {task}. {label_text}\n\n"
-            'What they wrote, word for word: "')
+def plain_text_cue(gen: Any, label: str) -> tuple[Any, tuple[str, ...]]:
+    """The production instruction as a plain completion with its 'Text:' answer cue."""
+    return P.render(P.zero_shot_instruction(TASK, _label_text(label)), False, WRITER), ("\n\n",)
 
 
-def variants(label: str) -> dict[str, tuple[Any, tuple[str, ...]]]:
-    """variant name -> (prompt, stop strings)."""
-    label_text = f"It is about {P.readable_label(label)}."
-    instr = P.zero_shot_instruction(TASK, label_text)
-    return {
-        "chat (today)": (P.render(instr, True, WRITER), ()),
-        "plain + Text:": (P.render(instr, False, WRITER), ("\n\n",)),
-        "chat, quoted": (P.render(quoted_instruction(TASK, label_text, WRITER), True, ""),
-                         ()),
-        "plain, opened quote": (opened_quote(TASK, label_text, WRITER), ('"', "\n")),
-    }
+def plain_opened_quote(gen: Any, label: str) -> tuple[Any, tuple[str, ...]]:
+    """A plain completion that opens the quote the model completes."""
+    return (f"{WRITER[0].upper()}{WRITER[1:]} wrote {TASK}. {_label_text(label)}\n\n"
+            'What they wrote, word for word: "'), ('"', "\n")
+
+
+def plain_list(gen: Any, label: str) -> tuple[Any, tuple[str, ...]]:
+    """A list a base model continues: the first item of a list of the chat's messages."""
+    return ("Messages that customers of an online bank typed into the bank's support chat, "
+            f"each about {P.readable_label(label)}:\n\n1. \""), ('"', "\n")
+
+
+VARIANTS: dict[str, tuple[str, Builder]] = {
+    "chat (today)": ("smollm2", chat_today),
+    "chat, prefilled quote": ("smollm2", chat_prefilled_quote),
+    "chat, quoted": ("smollm2", chat_quoted),
+    "plain + Text:": ("smollm2", plain_text_cue),
+    "plain, opened quote": ("smollm2", plain_opened_quote),
+    "plain list": ("smollm2", plain_list),
+    "plain list, Gemma 3 base": ("gemma3", plain_list),
+}
+
+
+def generate(model: str, builder: Builder, labels: list[str], per_label: int
+             ) -> list[tuple[str, str | None]]:
+    """(intent, kept text or None) per request; seeds shared by every variant."""
+    gen = load_generator({"backend": "local", "model": model, "batch_size": 32})
+    reqs, intents = [], []
+    for i, label in enumerate(labels):
+        prompt, stop = builder(gen, label)
+        for j in range(per_label):
+            reqs.append(GenerationRequest(prompt, SamplingParams(
+                temperature=1.0, top_k=50, max_new_tokens=48, seed=1000 * i + j, stop=stop)))
+            intents.append(label)
+    outs = gen.generate(reqs, progress=False)
+    echoes = P.instruction_sentences(P.with_writer("", WRITER))
+    return [(label, P.clean_generation(o or "", 12, drop_off_task=True, writer=WRITER,
+                                       echoes=echoes))
+            for label, o in zip(intents, outs, strict=True)]
+
+
+def judge_of() -> Callable[[list[str]], np.ndarray]:
+    """A classifier of Banking77 intents trained on 4000 real records (MiniLM embeddings)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from dpsynth.embed import Embedder
+
+    emb = Embedder("minilm", cache_dir=ROOT / "runs" / "embed-cache")
+    train = pd.read_csv(SHARED / "banking77" / "train.csv").sample(4000, random_state=0)
+    clf = LogisticRegression(max_iter=2000).fit(emb.embed(list(train.text)), train.category)
+    return lambda texts: clf.predict(emb.embed(texts))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--per-label", type=int, default=2)
-    ap.add_argument("--labels", type=int, default=40)
+    ap.add_argument("--per-label", type=int, default=4)
+    ap.add_argument("--labels", type=int, default=77)
+    ap.add_argument("--variants", default=";".join(VARIANTS),
+                    help="variant names, separated by ';'")
+    ap.add_argument("--judge", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "results" / "prompt_variants_77.json"))
     args = ap.parse_args()
     names = (ROOT.parent / "examples" / "banking77-intents.txt").read_text().split()
-    labels = random.Random(0).sample(names, args.labels)
-    gen = load_generator({"backend": "local", "model": "smollm2", "batch_size": 32})
-    results: dict[str, Any] = {}
-    for name in variants(labels[0]):
-        reqs = []
-        for i, label in enumerate(labels):
-            prompt, stop = variants(label)[name]
-            for j in range(args.per_label):
-                reqs.append(GenerationRequest(prompt, SamplingParams(
-                    temperature=1.0, top_k=50, max_new_tokens=56, seed=1000 * i + j, stop=stop)))
-        outs = gen.generate(reqs, progress=False)
-        kept = [P.clean_generation(o or "", 12, drop_off_task=True, writer=WRITER,
-                                   echoes=P.instruction_sentences(P.with_writer("", WRITER)))
-                for o in outs]
-        on_task = [k for k in kept if k is not None and own_voice(k) and len(k.split()) <= 40]
-        results[name] = {"n": len(outs), "kept by the filter": sum(k is not None for k in kept),
-                         "on task": len(on_task),
-                         "examples": random.Random(1).sample(on_task, min(4, len(on_task))),
-                         "rejected": [o for o, k in zip(outs, kept, strict=True)
-                                      if k is None][:3]}
-        print(name, json.dumps({k: v for k, v in results[name].items()
-                                if k in ("n", "kept by the filter", "on task")}), flush=True)
-    out = ROOT / "results" / "prompt_variants.json"
-    out.write_text(json.dumps(results, indent=1))
+    labels = sorted(random.Random(0).sample(names, min(args.labels, len(names))))
+    judge = judge_of() if args.judge else None
+    results: dict[str, Any] = {"machine": machine(), "labels": len(labels),
+                               "per_label": args.per_label}
+    for name in args.variants.split(";"):
+        model, builder = VARIANTS[name]
+        rows = generate(model, builder, labels, args.per_label)
+        kept = [(label, t) for label, t in rows if t is not None]
+        texts = [t for _, t in kept]
+        entry: dict[str, Any] = {
+            "model": model, "n": len(rows), "kept by the filter": len(kept),
+            "own voice, of kept": round(float(np.mean([own_voice(t) for t in texts])), 3),
+            "median words, kept": float(np.median([len(t.split()) for t in texts])),
+        }
+        if judge is not None:
+            asked = np.array([label for label, _ in kept])
+            entry["judge's intent = asked, of kept"] = round(float(np.mean(judge(texts) == asked)),
+                                                            3)
+        entry["read by eye"] = random.Random(3).sample(texts, min(20, len(texts)))
+        results[name] = entry
+        print(name, json.dumps({k: v for k, v in entry.items() if k != "read by eye"}),
+              flush=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(results, fh, indent=1)
 
 
 if __name__ == "__main__":
