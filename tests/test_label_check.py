@@ -164,13 +164,18 @@ def test_a_resumed_run_keeps_the_gate_the_first_attempt_decided(tmp_path) -> Non
             (whole / "release" / file).read_text()
 
 
-@pytest.mark.parametrize(("counts", "chatter", "off_label"), [
-    ({"sent": 100, "rejected": 58, "off_label": 31}, False, False),  # the demo's mix
-    ({"sent": 100, "rejected": 70, "off_label": 10}, True, False),
-    ({"sent": 100, "rejected": 80, "off_label": 60}, False, True),
+@pytest.mark.parametrize(("counts", "warned", "first"), [
+    ({"sent": 100, "rejected": 40, "off_label": 30}, False, None),
+    ({"sent": 100, "rejected": 58, "off_label": 31}, True, "another label's text"),  # the demo
+    ({"sent": 100, "rejected": 70, "off_label": 10}, True, "refused by the filters"),
+    ({"sent": 100, "rejected": 61, "off_label": 40}, True, "another label's text"),  # Banking77
+    ({"sent": 100, "rejected": 80, "off_label": 0}, True, "refused by the filters"),
 ])
-def test_the_closing_warning_tells_chatter_from_another_labels_text(
-        tmp_path, counts: dict[str, int], chatter: bool, off_label: bool) -> None:
+def test_the_closing_warning_says_when_most_generations_were_refused_and_why(
+        tmp_path, counts: dict[str, int], warned: bool, first: str | None) -> None:
+    """Above half refused in all (the report's caveat reads the same total), one warning names
+    both parts, chatter and another label's text, each with its share, the larger first; at
+    half or less, none."""
     from dpsynth.methods.loop import FilterShares
     from dpsynth.run_folder import RunDir
 
@@ -182,5 +187,12 @@ def test_the_closing_warning_tells_chatter_from_another_labels_text(
     run.root.mkdir()
     FilterShares(Counted()).warn_if_mostly_filtered(run)  # type: ignore[arg-type]
     log = (run.root / "log.txt").read_text() if (run.root / "log.txt").exists() else ""
-    assert ("were refused by the filters" in log) == chatter
-    assert ("another label's text" in log) == off_label
+    assert ("warning:" in log) == warned
+    if not warned:
+        return
+    chatter, off = counts["rejected"] - counts["off_label"], counts["off_label"]
+    assert f"{counts['rejected']}% of this run's generations were refused" in log
+    assert (f"{chatter}% were refused by the filters" in log) == (chatter > 0)
+    assert (f"{off}% were another label's text" in log) == (off > 0)
+    parts = [p for p in ("refused by the filters", "another label's text") if p in log]
+    assert min(parts, key=log.index) == first

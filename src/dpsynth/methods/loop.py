@@ -113,25 +113,29 @@ class FilterShares:
                 "off_label_share": round((off - off0) / n, 4) if n else 0.0}
 
     def warn_if_mostly_filtered(self, run: RunDir) -> None:
-        """Warn when most generations were chatter (refused by the text filters), or most
-        were another label's text (the label check): each says what to change."""
+        """Warn when most generations were refused, as the report's caveat reads the same
+        shares: how many as chatter (the text filters) and how many as another label's text
+        (the label check), with what to change for each, the larger part first."""
         sent, rejected, off = self._now()
-        messages = []
-        if sent and (rejected - off) / sent > MOSTLY_FILTERED:
-            messages.append(
-                f"{(rejected - off) / sent:.0%} of this run's generations were refused by the "
-                "filters (assistant chatter, echoes of the prompt, placeholders, answers, "
-                "duplicates): the model writes poorly for this task. Try prompts.writer and "
-                "prompts.task in the words of the texts' writers, a larger generator, or more "
-                "synthesis.retries")
-        if sent and off / sent > MOSTLY_FILTERED:
-            messages.append(
-                f"{off / sent:.0%} of this run's generations were another label's text (the "
-                "label check refused them): describe each label in prompts.label_descriptions "
-                "in plain words, or use a larger generator")
-        for message in messages:
-            progress.warn(message)
-            run.log(f"warning: {message}")
+        if not sent or rejected / sent <= MOSTLY_FILTERED:
+            return
+        chatter, other = (rejected - off) / sent, off / sent
+        parts = sorted(
+            [(chatter, f"{chatter:.0%} were refused by the filters (assistant chatter, echoes "
+                       "of the prompt, placeholders, answers, duplicates)",
+              "for the chatter, prompts.writer and prompts.task in the words of the texts' "
+              "writers, a larger generator, or more synthesis.retries"),
+             (other, f"{other:.0%} were another label's text (the label check refused them)",
+              "for the other labels' texts, each label described in plain words in "
+              "prompts.label_descriptions, or a larger generator")],
+            key=lambda part: -part[0])
+        parts = [p for p in parts if p[0] > 0]
+        message = (f"{rejected / sent:.0%} of this run's generations were refused, so most of "
+                   "what the model wrote was not a record of the task: "
+                   + " and ".join(p[1] for p in parts) + ". What to change: "
+                   + "; ".join(p[2] for p in parts))
+        progress.warn(message)
+        run.log(f"warning: {message}")
 
 
 def _save(run: RunDir, iteration: int, pool: Pool, strategy: Starter,
