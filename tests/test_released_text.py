@@ -199,6 +199,38 @@ def test_the_release_is_the_winners_and_their_variations_spread_evenly() -> None
     assert sorted(gen.parents) == ["a0", "a0", "a0", "a1", "a1"]  # 5 more, evenly
 
 
+class _FailingVariations(_Variations):
+    """Every variation of a parent named in ``fails`` is refused (dropped), in the first
+    ``rounds`` calls only."""
+
+    def __init__(self, fails: set[str], rounds: int) -> None:
+        super().__init__()
+        self.fails, self.rounds, self.tags = fails, rounds, []
+
+    def variations(self, pool: Pool, n_each: int, tag: str) -> tuple[Pool, np.ndarray]:
+        self.tags.append(tag)
+        out, _ = super().variations(pool, n_each, tag)
+        keep = [i for i, t in enumerate(pool.texts)
+                if len(self.tags) > self.rounds or t not in self.fails]
+        return out.take(np.asarray(keep, dtype=np.int64)), np.asarray(keep)
+
+
+def test_a_variation_refused_on_every_retry_is_made_again_from_the_next_winner() -> None:
+    """The release keeps its size: the slots a refused variation left empty are filled in a
+    further round from the winners next in turn, with their own tag (their own seeds)."""
+    winners = Pool(["a0", "a1", "b0"], np.array([0, 0, 1]), np.zeros(3, np.int64))
+    gen = _FailingVariations({"a0"}, rounds=1)
+    out = release_from_winners(gen, winners, np.array([7, 2]), "release1")  # type: ignore
+    assert np.bincount(out.labels).tolist() == [7, 2]
+    assert gen.tags == ["release1", "release1/more1"]
+    assert gen.parents == ["a0", "a1", "a0", "a1", "a0", "b0",  # round 0: a0's three fail
+                           "a1", "a0", "a1"]  # round 1: the three empty slots, in turn
+    always = _FailingVariations({"a0", "a1"}, rounds=99)  # nothing of label 0 passes
+    out = release_from_winners(always, winners, np.array([7, 1]), "release1")  # type: ignore
+    assert np.bincount(out.labels).tolist() == [2, 1]  # the winners only, after 3 rounds
+    assert always.tags == ["release1", "release1/more1", "release1/more2"]
+
+
 def _run(tmp_path: Path, over: dict[str, Any], gen: Any = None, name: str = "run",
          method: str = "aug_pe") -> Path:
     cfg = pe_config(method, write_csv(tmp_path / "d.csv", private_rows(120)), **over)

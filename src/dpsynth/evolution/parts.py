@@ -59,20 +59,35 @@ def first_per_label(pool: Pool, per_label: np.ndarray) -> Pool:
     return pool.take(np.sort(np.concatenate(keep)) if keep else np.zeros(0, np.int64))
 
 
-def release_from_winners(gen: Generation, winners: Pool, quota: np.ndarray, tag: str) -> Pool:
+#: Rounds of variations :func:`release_from_winners` asks for before it releases fewer texts
+#: than the quota (each round only for the slots the rounds before left empty).
+RELEASE_ROUNDS = 3
+
+
+def release_from_winners(gen: Generation, winners: Pool, quota: np.ndarray, tag: str,
+                         rounds: int = RELEASE_ROUNDS) -> Pool:
     """The release drawn from the last vote's winners (post-processing, no budget): every
     winner, then variations of the winners of label y, spread evenly over them, until
-    ``quota[y]`` texts (fewer where variations fail)."""
-    parents: list[int] = []
-    for y, n_y in enumerate(quota):
-        idx = np.flatnonzero(winners.labels == y)
-        need = int(n_y) - len(idx)
-        if need > 0 and len(idx):
-            parents.extend(idx[np.arange(need) % len(idx)].tolist())
-    if not parents:
-        return winners
-    more, _ = gen.variations(winners.take(np.asarray(parents, dtype=np.int64)), 1, tag)
-    return winners.extend(more)
+    ``quota[y]`` texts. A variation the filters refused on every retry leaves its slot empty;
+    the next round (its own tag, so its own seeds) fills the empty slots from the winners
+    that come next in turn, up to ``rounds`` rounds (fewer texts only where all failed, or a
+    label has no winner)."""
+    release = winners
+    asked = np.zeros(len(quota), dtype=np.int64)  # variations asked for so far, per label
+    for r in range(rounds):
+        parents: list[int] = []
+        for y, n_y in enumerate(quota):
+            idx = np.flatnonzero(winners.labels == y)
+            need = int(n_y) - int(np.count_nonzero(release.labels == y))
+            if need > 0 and len(idx):
+                parents.extend(idx[(asked[y] + np.arange(need)) % len(idx)].tolist())
+                asked[y] += need
+        if not parents:
+            break
+        more, _ = gen.variations(winners.take(np.asarray(parents, dtype=np.int64)), 1,
+                                 tag if r == 0 else f"{tag}/more{r}")
+        release = release.extend(more)
+    return release
 
 
 def reference_set(pool: Pool, quota: np.ndarray, rngs: Rngs) -> Pool:
