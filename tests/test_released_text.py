@@ -231,6 +231,33 @@ def test_a_variation_refused_on_every_retry_is_made_again_from_the_next_winner()
     assert always.tags == ["release1", "release1/more1", "release1/more2"]
 
 
+class _FailingZeroShot:
+    """RANDOM_API whose label-0 texts are all refused in the first ``rounds`` calls."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds, self.asked = rounds, []
+
+    def zero_shot(self, per_label: np.ndarray, tag: str) -> Pool:
+        self.asked.append((tag, [int(n) for n in per_label]))
+        labels = [y for y, n in enumerate(per_label) for _ in range(int(n))
+                  if y != 0 or len(self.asked) > self.rounds]
+        return Pool([f"{tag} {i}" for i in range(len(labels))], np.asarray(labels, np.int64),
+                    np.zeros(len(labels), np.int64))
+
+
+def test_a_zero_shot_release_keeps_its_size_when_generations_are_refused() -> None:
+    from dpsynth.evolution.parts import zero_shot_to_quota
+
+    gen = _FailingZeroShot(rounds=1)
+    out = zero_shot_to_quota(gen, np.array([3, 2]), "init")  # type: ignore[arg-type]
+    assert np.bincount(out.labels).tolist() == [3, 2]
+    assert gen.asked == [("init", [3, 2]), ("init/more1", [3, 0])]  # only the empty slots
+    never = _FailingZeroShot(rounds=99)
+    out = zero_shot_to_quota(never, np.array([3, 2]), "init")  # type: ignore[arg-type]
+    assert np.bincount(out.labels, minlength=2).tolist() == [0, 2]
+    assert [t for t, _ in never.asked] == ["init", "init/more1", "init/more2"]
+
+
 def _run(tmp_path: Path, over: dict[str, Any], gen: Any = None, name: str = "run",
          method: str = "aug_pe") -> Path:
     cfg = pe_config(method, write_csv(tmp_path / "d.csv", private_rows(120)), **over)

@@ -90,6 +90,21 @@ def release_from_winners(gen: Generation, winners: Pool, quota: np.ndarray, tag:
     return release
 
 
+def zero_shot_to_quota(gen: Generation, quota: np.ndarray, tag: str,
+                       rounds: int = RELEASE_ROUNDS) -> Pool:
+    """RANDOM_API until ``quota[y]`` texts of each label y: the slots a generation refused on
+    every retry left empty are asked for again in a further round (its own tag and seeds),
+    up to ``rounds`` rounds. Reads no private record."""
+    pool = gen.zero_shot(quota, tag)
+    for r in range(1, rounds):
+        have = np.bincount(pool.labels, minlength=len(quota))[:len(quota)]
+        need = np.maximum(np.asarray(quota, dtype=np.int64) - have, 0)
+        if not need.any():
+            break
+        pool = pool.extend(gen.zero_shot(need, f"{tag}/more{r}"))
+    return pool
+
+
 def reference_set(pool: Pool, quota: np.ndarray, rngs: Rngs) -> Pool:
     """The epsilon-0 reference of the evaluation (release/zero_shot.jsonl): quota[y] zero-shot
     samples per label drawn at random from the initial pool (only the split came from DP)."""

@@ -8,6 +8,7 @@ import numpy as np
 from ..config import RunConfig
 from ..context import PrivateView, Releaser, Rngs
 from ..evolution.operators import Generation
+from ..evolution.parts import zero_shot_to_quota
 from ..evolution.selection import allocate
 from ..evolution.strategy import Start, StrategyState
 from ..privacy import ReleasePlan
@@ -26,7 +27,7 @@ class ZeroShotStrategy:
 
     def initial(self) -> Start:
         self.state.quota = allocate(self.samples, np.ones(self.n_labels))
-        return Start(self.gen.zero_shot(self.state.quota, "init"))
+        return Start(zero_shot_to_quota(self.gen, self.state.quota, "init"))
 
 
 class ZeroShot(PEMethod):
