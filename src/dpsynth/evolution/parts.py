@@ -13,7 +13,7 @@ from ..privacy.lattice import count_lattice
 from .lengths import Sizes, exact_label_lengths
 from .operators import Generation
 from .pool import Pool
-from .selection import allocate, select_per_label
+from .selection import allocate, select_per_label, shrunk_counts
 
 
 def noisy_label_counts(view: PrivateView, releaser: Releaser) -> np.ndarray | None:
@@ -27,15 +27,17 @@ def noisy_label_counts(view: PrivateView, releaser: Releaser) -> np.ndarray | No
                                         lattice=lattice))
 
 
-def quota_of(noisy: np.ndarray | None, total: int) -> np.ndarray:
-    """``total`` samples split over labels by released counts (None: one label class)."""
-    return np.array([total]) if noisy is None else allocate(total, noisy)
+def quota_of(noisy: np.ndarray | None, total: int, noise_var: float = 0.0) -> np.ndarray:
+    """``total`` samples split over labels by released counts (None: one label class), the
+    counts first shrunk toward their mean by their noise variance (:func:`shrunk_counts`)."""
+    return np.array([total]) if noisy is None else allocate(total,
+                                                             shrunk_counts(noisy, noise_var))
 
 
 def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray:
     """Samples per label from DP label counts (never raw frequencies; docs/methods.md §0).
     One label class: no release, the whole total."""
-    return quota_of(noisy_label_counts(view, releaser), total)
+    return quota_of(noisy_label_counts(view, releaser), total, releaser.sigma ** 2)
 
 
 def released_sizes(view: PrivateView, releaser: Releaser) -> Sizes:

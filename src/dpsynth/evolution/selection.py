@@ -23,6 +23,23 @@ def allocate(total: int, noisy_counts: np.ndarray) -> np.ndarray:
     return parts
 
 
+def shrunk_counts(noisy_counts: np.ndarray, noise_var: float) -> np.ndarray:
+    """Noisy label counts shrunk toward their mean by the positive-part James-Stein rule
+    (Efron and Morris 1973, eq. 1.5): c_y' = m + max(0, 1 - (L - 3) v / S) (c_y - m), with m
+    the mean of the L noisy counts, S = sum_y (c_y - m)^2 and v the variance of each count's
+    noise (public: the release's sigma squared, times the cells summed into a count). Where
+    the noise is as large as the spread of the counts (a small epsilon, many labels) the split
+    moves toward uniform instead of following the noise; where it is small, the counts stand.
+    Post-processing of released values (no budget). Fewer than 4 labels: unchanged."""
+    c = np.asarray(noisy_counts, dtype=np.float64)
+    if c.size < 4 or noise_var <= 0:
+        return c
+    m = float(c.mean())
+    spread = float(np.sum((c - m) ** 2))
+    factor = max(0.0, 1.0 - (c.size - 3) * noise_var / spread) if spread > 0 else 0.0
+    return m + factor * (c - m)
+
+
 def thresholded(noisy_hist: np.ndarray, theta: float) -> np.ndarray:
     """H~ <- max(H~ - theta, 0) (docs/methods.md §1, step 3c)."""
     return np.maximum(np.asarray(noisy_hist, dtype=np.float64) - theta, 0.0)

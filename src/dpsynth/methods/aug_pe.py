@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config import ConfigError, RunConfig
 from ..context import PrivateView, Releaser, Rngs
+from ..evolution.lengths import N_BINS
 from ..evolution.operators import Generation
 from ..evolution.parts import (
     first_per_label,
@@ -32,7 +33,7 @@ from ..evolution.parts import (
     select_and_vary,
 )
 from ..evolution.pool import Pool
-from ..evolution.selection import allocate, select_per_label, thresholded
+from ..evolution.selection import allocate, select_per_label, shrunk_counts, thresholded
 from ..evolution.strategy import Start, StrategyState, VoteResult
 from ..planning import VoteShape, voting_population
 from ..privacy import ReleasePlan
@@ -104,13 +105,15 @@ class AugPEStrategy:
             return np.array([syn.samples]), np.array([population]), syn.max_words, \
                 syn.min_words, None
         sizes = released_sizes(self.view, self.releaser)
-        quota = allocate(syn.samples, sizes.label_counts)
+        # a label's count sums its N_BINS noisy cells: shrunk by that noise (post-processing)
+        counts = shrunk_counts(sizes.label_counts, self.releaser.sigma ** 2 * N_BINS)
+        quota = allocate(syn.samples, counts)
         if not syn.iterations:
             vote_quota = quota
         else:
             population = voting_population(self.config, self.shape, sizes.records, n_labels,
                                            self.releaser.sigma)
-            vote_quota = allocate(population, sizes.label_counts)
+            vote_quota = allocate(population, counts)
             vote_quota = np.minimum(np.maximum(vote_quota, (quota > 0).astype(np.int64)), quota)
         mix = sizes.length_mix() if syn.max_words is None and syn.lengths == "drawn" else None
         return quota, vote_quota, syn.max_words or sizes.max_words(), \

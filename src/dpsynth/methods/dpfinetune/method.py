@@ -304,7 +304,8 @@ class DPFineTune(Method):
         and the counts refused, off-label and dropped."""
 
         s, cfg = self.settings(job.config), job.config
-        per_label = quota(s.samples, noisy, len(heads))
+        label_sigma = job.plan.notes["label_sigma"] or 0.0
+        per_label = quota(s.samples, noisy, len(heads), float(label_sigma) ** 2)
         return sample_texts(model, tok, heads, per_label.tolist(),
                             seed_for=lambda y, lo, *a: rngs.seed_for("dp_finetune/sample", y,
                                                                       lo, *a),

@@ -9,14 +9,17 @@ from typing import Any
 
 import numpy as np
 
-from ...evolution.selection import allocate
+from ...evolution.selection import allocate, shrunk_counts
 
 
-def quota(samples: int, noisy_counts: np.ndarray | None, n_labels: int) -> np.ndarray:
-    """Samples per label: the total split in proportion to the noisy counts (negatives 0, by
-    largest remainder; docs/methods.md §1 step 1), or evenly without counts."""
+def quota(samples: int, noisy_counts: np.ndarray | None, n_labels: int,
+          noise_var: float = 0.0) -> np.ndarray:
+    """Samples per label: the total split in proportion to the noisy counts shrunk toward
+    their mean by their noise variance (:func:`shrunk_counts`; negatives 0, by largest
+    remainder; docs/methods.md §1), or evenly without counts."""
 
-    weights = np.ones(n_labels) if noisy_counts is None else np.asarray(noisy_counts)
+    weights = (np.ones(n_labels) if noisy_counts is None
+               else shrunk_counts(np.asarray(noisy_counts), noise_var))
     return allocate(samples, weights)
 
 
