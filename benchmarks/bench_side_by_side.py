@@ -4,11 +4,12 @@ epsilon, beside the real records themselves as the ceiling.
 
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/bench_side_by_side.py \
         [--arms zero_shot,aug_pe,aug_pe_preference,wasp,dp_finetune,dp_finetune_topk,real] \
-        [--runs DIR] [--fresh ARM,...] [--by-eye aug_pe=7,...] [--notes FILE]
+        [--runs DIR] [--epsilon 4] [--fresh ARM,...] [--by-eye aug_pe=7,...] [--notes FILE]
 
 The job: Banking77 (read in place from ../shared/data/banking77), restricted to its 10 most
 frequent intents in the training file (ties by name), a fixed random subset of 500 of those
-training records (seed 0) as the private set; epsilon 4, delta 1e-5, N = 200 released texts.
+training records (seed 0) as the private set; epsilon 4 (``--epsilon``), delta 1e-5, N = 200
+released texts.
 Arms, each through ``dpsynth.generate`` with its own ledger file (``privacy.ledger``):
 
 * ``zero_shot``: no private record read (epsilon 0), today's defaults;
@@ -175,7 +176,8 @@ def job() -> tuple[list[str], Any, Any, set[str]]:
     return intents, private[["text", "category"]], held_out[["text", "category"]], every
 
 
-def generate_arm(arm: str, runs: Path, private: Any, intents: list[str], samples: int) -> Path:
+def generate_arm(arm: str, runs: Path, private: Any, intents: list[str], samples: int,
+                 epsilon: float = EPSILON) -> Path:
     """Run (or resume) one generating arm; returns its run folder."""
     import dpsynth
 
@@ -187,7 +189,7 @@ def generate_arm(arm: str, runs: Path, private: Any, intents: list[str], samples
         return dpsynth.generate(None, output=out, resume=True, progress=False).run_dir
     return dpsynth.generate(
         private, text="text", labels=["category"], label_values={"category": intents},
-        epsilon=EPSILON, delta=DELTA, method=METHOD[arm], output=out,
+        epsilon=epsilon, delta=DELTA, method=METHOD[arm], output=out,
         config=config_of(arm, samples, runs / f"{arm}.ledger.json"), progress=False).run_dir
 
 
@@ -300,7 +302,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         "across arms.", "",
         f"The job: Banking77, its {INTENTS} most frequent intents in the training file "
         f"({', '.join(state['intents'])}); {RECORDS} training records of those intents drawn "
-        f"at random (seed 0) as the private set; epsilon {EPSILON:g}, delta {DELTA:g}, "
+        f"at random (seed 0) as the private set; epsilon {state.get('epsilon', EPSILON):g}, "
+        f"delta {DELTA:g}, "
         f"N = {SAMPLES} released texts; SmolLM2-135M-Instruct (`wasp`: beside Gemma 3 270M), "
         "MiniLM. Scored by "
         "`dpsynth.evaluate` (logistic regression on MiniLM embeddings, the default classifier) "
@@ -365,6 +368,8 @@ def main() -> None:
     ap.add_argument("--runs", type=Path,
                     default=Path(tempfile.gettempdir()) / "dpsynth-side-by-side")
     ap.add_argument("--samples", type=int, default=SAMPLES)
+    ap.add_argument("--epsilon", type=float, default=EPSILON,
+                    help="the private arms' epsilon (zero_shot reads no record at any)")
     ap.add_argument("--fresh", default="", help="arms to start again (comma-separated)")
     ap.add_argument("--by-eye", default="",
                     help="on-task counts read by eye, e.g. 'aug_pe=7,dp_finetune=12 / 20 (2 "
@@ -384,6 +389,8 @@ def main() -> None:
     state.setdefault("command", command)  # the run's; a later call only rewrites the table
     state["last_command"] = command
     state.update(intents=intents, n_test=len(test), machine=machine())
+    if state.setdefault("epsilon", args.epsilon) != args.epsilon:
+        sys.exit(f"{runs} holds runs at epsilon {state['epsilon']:g}: use another --runs")
     state.setdefault("date", time.strftime("%Y-%m-%d"))
     if args.notes:
         state["notes"] = args.notes.read_text(encoding="utf-8").strip().splitlines()
@@ -425,7 +432,7 @@ def main() -> None:
                 print(f"[{time.strftime('%H:%M:%S')}] {arm}: generating (load {load()})",
                       flush=True)
                 try:
-                    generate_arm(arm, runs, private, intents, args.samples)
+                    generate_arm(arm, runs, private, intents, args.samples, args.epsilon)
                 finally:
                     rec["wall_s"] = rec.get("wall_s_before", 0) + round(time.time() - t0)
                     rec["wall_s_before"] = rec["wall_s"]
