@@ -28,7 +28,14 @@ from dpsynth.evolution.parts import release_from_winners
 from dpsynth.evolution.pool import Pool
 from dpsynth.methods import get_method
 from dpsynth.methods.pe import plan_pe
-from dpsynth.planning import VOTE_MARGIN, PlanInputs, RunPlan, auto_population, voting_population
+from dpsynth.planning import (
+    FEW_WINNERS,
+    VOTE_MARGIN,
+    PlanInputs,
+    RunPlan,
+    auto_population,
+    voting_population,
+)
 from dpsynth.privacy import calibrate_steps
 from fakes import FakeEmbedder, FakeGenerator
 from test_release_check import pe_config, private_rows, write_csv
@@ -130,6 +137,21 @@ def test_a_population_below_the_margin_is_warned_about(tmp_path) -> None:
     auto = _plan(_config(tmp_path, **{"synthesis.samples": 500,
                                          "synthesis.pool_multiplier": 3}), method, 2000, 3, 1.0)
     assert auto.verdict == "ok" and auto.population == 333 and auto.samples == 500
+
+
+def test_the_plan_says_when_the_release_is_drawn_from_few_winners(tmp_path) -> None:
+    """200 texts from a population of 30 (epsilon 1 on the small Banking77 job) is more than
+    FEW_WINNERS texts a winner: the plan says so, before the verdict's line; from 177 it is
+    silent."""
+    method = get_method("aug_pe")
+    cfg = _config(tmp_path, **{"synthesis.samples": 200, "synthesis.pool_multiplier": 3})
+    few = _plan(cfg, method, 500, 3, 6.46)
+    assert few.population * FEW_WINNERS < 200
+    assert f"200 texts drawn from the {few.population} winners" in few.release_note
+    assert few.lines()[-2].strip() == few.release_note  # the message stays the last line
+    many = _plan(cfg, method, 2000, 3, 1.88)
+    assert many.population == 177 and many.release_note == ""
+    assert all("winners of the last vote" not in line for line in many.lines())
 
 
 def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:
