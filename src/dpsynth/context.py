@@ -187,6 +187,12 @@ class Releaser:
         self.sigma = float(sigma)
         self.private = private
 
+    def noise_variance(self, cells: int = 1) -> float:
+        """The variance of the noise on a sum of ``cells`` values of one :meth:`gaussian`
+        release at sensitivity 1 (0 when nothing is noised): what post-processing of the
+        released values may weigh them by."""
+        return self.sigma ** 2 * cells if self.private else 0.0
+
     def gaussian(self, key: str, value: np.ndarray, sensitivity: float,
                  name: str = "gaussian", *, std: float | None = None,
                  lattice: Lattice | None = None) -> np.ndarray:

@@ -37,7 +37,7 @@ def quota_of(noisy: np.ndarray | None, total: int, noise_var: float = 0.0) -> np
 def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray:
     """Samples per label from DP label counts (never raw frequencies; docs/methods.md §0).
     One label class: no release, the whole total."""
-    return quota_of(noisy_label_counts(view, releaser), total, releaser.sigma ** 2)
+    return quota_of(noisy_label_counts(view, releaser), total, releaser.noise_variance())
 
 
 def released_sizes(view: PrivateView, releaser: Releaser) -> Sizes:

@@ -106,7 +106,7 @@ class AugPEStrategy:
                 syn.min_words, None
         sizes = released_sizes(self.view, self.releaser)
         # a label's count sums its N_BINS noisy cells: shrunk by that noise (post-processing)
-        counts = shrunk_counts(sizes.label_counts, self.releaser.sigma ** 2 * N_BINS)
+        counts = shrunk_counts(sizes.label_counts, self.releaser.noise_variance(N_BINS))
         quota = allocate(syn.samples, counts)
         if not syn.iterations:
             vote_quota = quota

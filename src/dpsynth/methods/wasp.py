@@ -191,7 +191,7 @@ class WaspStrategy:
 
     def initial(self) -> Start:
         counts = noisy_label_counts(self.view, self.releaser)
-        quota = quota_of(counts, self.syn.samples, self.releaser.sigma ** 2)
+        quota = quota_of(counts, self.syn.samples, self.releaser.noise_variance())
         sizes = round_sizes(quota, self.syn.iterations + 1)
         self.state.quota, self.state.sizes = quota, sizes
         records = 0.0 if counts is None else float(max(np.sum(counts), 0.0))
