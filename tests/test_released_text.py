@@ -152,6 +152,12 @@ def test_the_plan_says_when_the_release_is_drawn_from_few_winners(tmp_path) -> N
     many = _plan(cfg, method, 2000, 3, 1.88)
     assert many.population == 177 and many.release_note == ""
     assert all("winners of the last vote" not in line for line in many.lines())
+    wasp = get_method("wasp")  # WASP releases every round's samples, not winners' variations
+    data = write_csv(tmp_path / "w.csv", private_rows(61))
+    wcfg = parse_config(pe_config("wasp", data, **{"synthesis.samples": 200,
+                                                   "synthesis.population": None}))
+    sized = _plan(wcfg, wasp, 150, 3, 6.46)
+    assert sized.population * FEW_WINNERS < 200 and sized.release_note == ""
 
 
 def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:

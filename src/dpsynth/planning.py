@@ -81,17 +81,19 @@ class VoteShape:
     ``private``: the method reads private records through noisy votes (False: zero-shot).
     ``sizes``: it sizes its voting population from a released count, which the run releases
     before its votes when ``counted``. ``estimates_length``: it estimates the texts' length
-    from the records (Aug-PE's sizes histogram). ``mass``: the vote mass one record spreads
-    over its label's candidates; ``noise``: the std of the noise on one candidate's votes per
-    unit of the noise multiplier. ``per_member``: candidates voted on per member of the voting
-    population (Aug-PE's pool_multiplier); ``pool``: where set, the most candidates a vote is
-    on (WASP: the pool the last vote sees), told as ``whole`` when a vote is on all of it and
-    as drawn from ``drawn`` when on a sample."""
+    from the records (Aug-PE's sizes histogram). ``from_winners``: its release is drawn from
+    the last vote's winners and their variations (Aug-PE). ``mass``: the vote mass one record
+    spreads over its label's candidates; ``noise``: the std of the noise on one candidate's
+    votes per unit of the noise multiplier. ``per_member``: candidates voted on per member of
+    the voting population (Aug-PE's pool_multiplier); ``pool``: where set, the most candidates
+    a vote is on (WASP: the pool the last vote sees), told as ``whole`` when a vote is on all
+    of it and as drawn from ``drawn`` when on a sample."""
 
     private: bool = True
     sizes: bool = False
     counted: bool = True
     estimates_length: bool = False
+    from_winners: bool = False
     mass: float = 1.0
     noise: float = 1.0
     per_member: int = 1
@@ -294,7 +296,8 @@ def plan_run(config: RunConfig, shape: VoteShape, guarantee: str, records: int, 
         plan.expected_votes = records * shape.mass / candidates
         plan.verdict, plan.message = verdict(config, plan.vote_noise, plan.expected_votes,
                                              shape.mass, population, counted)
-        plan.release_note = few_winners_note(syn.samples, plan.population)
+        if shape.from_winners:
+            plan.release_note = few_winners_note(syn.samples, plan.population)
     return plan
 
 

@@ -175,6 +175,8 @@ class AugPE(PEMethod):
     sizes_votes = True
     #: and the texts' length from the same released histogram
     estimates_length = True
+    #: its release is the last vote's winners and their variations
+    releases_from_winners = True
 
     @staticmethod
     def releases_sizes(config: RunConfig, n_labels: int) -> bool:

@@ -119,6 +119,9 @@ class PEMethod(Method):
     #: the method estimates the texts' length from the records (Aug-PE's sizes histogram:
     #: ``synthesis.max_words`` when unset; :func:`dpsynth.planning.plan_length`)
     estimates_length: ClassVar[bool] = False
+    #: the release is drawn from the last vote's winners and their variations (Aug-PE), so
+    #: a small voting population makes a release of few parents (the plan says so)
+    releases_from_winners: ClassVar[bool] = False
 
     # -- validation and the privacy plan -------------------------------------------------
     def validate(self, config: RunConfig, n_records: int, n_labels: int) -> None:
@@ -179,7 +182,8 @@ class PEMethod(Method):
         return VoteShape(
             private=self.private_votes, sizes=self.sizes_votes,
             counted=self.release_plan(config, n_labels).noised > config.synthesis.iterations,
-            estimates_length=self.estimates_length, mass=math.sqrt(config.synthesis.k),
+            estimates_length=self.estimates_length,
+            from_winners=self.releases_from_winners, mass=math.sqrt(config.synthesis.k),
             per_member=config.synthesis.pool_multiplier)
 
     def trains_on_votes(self, config: RunConfig) -> bool:
