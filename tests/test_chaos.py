@@ -87,8 +87,11 @@ def test_tiny_run_completes_through_a_flaky_server(smollm, tmp_path, monkeypatch
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
     raw = yaml.safe_load((Path(__file__).parents[1] / "examples" / "tiny-aug-pe.yaml")
                          .read_text())
-    # the tiny example's sizes (12 samples, 2 iterations); shorter texts to save time
+    # the tiny example with the fewest samples it allows (one per department) and its two
+    # iterations; shorter texts to save time. One request per POST, 12 of them for the first
+    # pool alone: with the proxy's seed 11 the attempts meet 503s, 429s and a hang (the 12th)
     raw["privacy"].update(noise="seeded", seed=3)
+    raw["synthesis"].update(samples=6)
     # the server never refuses by itself (no queue timeout), so every failed attempt is an
     # injected fault or the client's own timeout; a hang lasts until the client gives up
     with running(create_app(smollm, max_batch_requests=8, queue_timeout_s=3600)) as upstream, \
@@ -108,6 +111,7 @@ def test_tiny_run_completes_through_a_flaky_server(smollm, tmp_path, monkeypatch
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "finished" and meta["attempts"] == 1  # no human, no --resume
     assert sum(proxy.faults.values()) > 0 and proxy.faults["503"] + proxy.faults["429"] > 0
+    assert proxy.faults["hang"] >= 1  # a hang was cut by the timeout and the run went on
 
     with sqlite3.connect(run / "private" / "llm-cache.sqlite") as db:
         rows = db.execute("select count(*) from generations").fetchone()[0]

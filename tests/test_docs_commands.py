@@ -121,11 +121,13 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The reader's folder: examples/, data.csv and the test splits, the customer file and
     own-data.md's run.yaml; models as fakes at the seams; a ledger and a cache of its own."""
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    demo = write_demo_corpus(tmp_path / "demo-files", n=200, test_n=80)
+    # small files: the eval's PII audit and embeddings scale with the private and test rows
+    # (what the pages show does not depend on their size)
+    demo = write_demo_corpus(tmp_path / "demo-files", n=60, test_n=30)
     shutil.copy(demo["private"], tmp_path / "data.csv")
     shutil.copy(demo["test"], tmp_path / "real_test.csv")
-    _customers(tmp_path / "messages.csv", 160)
-    _customers(tmp_path / "messages-test.csv", 60, offset=1000)
+    _customers(tmp_path / "messages.csv", 60)
+    _customers(tmp_path / "messages-test.csv", 30, offset=1000)
     cfg = _own_data_config()
     for name in ("run.yaml", "my-run.yaml"):
         (tmp_path / name).write_text(yaml.safe_dump(cfg), encoding="utf-8")

@@ -23,7 +23,8 @@ def test_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     from dpsynth.demo_corpus import write_demo_corpus
 
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
-    paths = write_demo_corpus(tmp_path / "demo", n=120, seed=3, test_n=60)
+    # the files the example names, small: the run and its evaluation embed every row of them
+    paths = write_demo_corpus(tmp_path / "demo", n=60, seed=3, test_n=30)
     pd.read_csv(paths["private"]).to_csv(tmp_path / "messages.csv", index=False)
     pd.read_csv(paths["test"]).to_csv(tmp_path / "messages-test.csv", index=False)
     monkeypatch.chdir(tmp_path)

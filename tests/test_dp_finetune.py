@@ -87,13 +87,16 @@ def test_solved_noise_multiplier_is_the_smallest_that_meets_the_target(kind: str
     q, steps = accounting.schedule(2000, 64, 3.0)
     assert (q, steps) == (0.032, 94)
     solved = {}
-    for label_sigma in (None, 20.0):
+    # 'pld' (each PLD evaluation is costly) checks the search on the plan with the label
+    # counts, the composed one; the plan without them is the same search on fewer events,
+    # checked under 'rdp' here and solved under 'pld' by the user-level plan test below
+    for label_sigma in (None, 20.0) if kind == "rdp" else (20.0,):
         sigma = accounting.solve_noise_multiplier(4.0, DELTA, q, steps, kind, label_sigma)
         assert accounting.run_epsilon(sigma, q, steps, DELTA, kind, label_sigma) <= 4.0
         assert accounting.run_epsilon(sigma - 2e-3, q, steps, DELTA, kind, label_sigma) > 4.0
         solved[label_sigma] = sigma
-    # the label counts take part of the budget: more gradient noise with them
-    assert solved[20.0] > solved[None]
+    if kind == "rdp":  # the label counts take part of the budget: more gradient noise
+        assert solved[20.0] > solved[None]
 
 
 def test_schedule_and_accountants() -> None:
@@ -398,9 +401,9 @@ def test_a_short_run_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
     """Two DP-SGD steps on SmolLM2-135M (loop per-sample gradients), a handful of records,
     then 2 samples: the release holds texts and the statement, with epsilon from the
     accountant at the target."""
-    data = _write(tmp_path / "d.csv", _rows(12))
-    raw = _config(data, batch_size=6, epochs=1, records=12, max_tokens=24, samples=2,
-                  max_new_tokens=8)
+    data = _write(tmp_path / "d.csv", _rows(6))
+    raw = _config(data, batch_size=3, epochs=1, records=6, max_tokens=16, samples=2,
+                  max_new_tokens=4)
     out = tmp_path / "run"
     from dpsynth.api import run_generation
     from dpsynth.config import parse_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +28,10 @@ models = pytest.mark.models
 
 @pytest.fixture(scope="module")
 def demo_texts() -> list[str]:
-    """A few hundred texts of the built-in (synthetic) demo corpus."""
+    """Two dozen texts of the built-in (synthetic) demo corpus (padded widths 48 to 128)."""
     from dpsynth.bench.embedding import demo_texts as texts
 
-    return texts(300, seed=3)
+    return texts(24, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +41,27 @@ def agreement_texts(demo_texts) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def torch_vectors(agreement_texts) -> np.ndarray:
+def engines(model_cache) -> Callable[[str], Embedder]:
+    """``engines(name)``: one Embedder of that engine for the module, 4 rows a pass (each
+    pass costs its full shape, so few texts need few rows to share passes). Read-only use:
+    embed / encode_uncached without a disk cache."""
+    made: dict[str, Embedder] = {}
+
+    def get(engine: str) -> Embedder:
+        if engine != "torch":
+            pytest.importorskip("onnxruntime" if engine == "onnx" else "openvino")
+        if engine not in made:
+            made[engine] = Embedder("minilm", engine=engine, model_cache=model_cache,
+                                    batch_size=4)
+        return made[engine]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def torch_vectors(engines, agreement_texts) -> np.ndarray:
     """Today's torch path on ``agreement_texts`` (the reference)."""
-    return Embedder("minilm", engine="torch").embed(agreement_texts)
+    return engines("torch").embed(agreement_texts)
 
 
 @models
@@ -85,11 +103,10 @@ def test_cache_computes_only_misses(embedder, tmp_path) -> None:
 
 @models
 @pytest.mark.parametrize("engine", ["onnx", "openvino"])
-def test_fast_engine_agrees_with_torch(engine, model_cache, torch_vectors,
-                                      agreement_texts) -> None:
-    """>= 0.999 cosine to today's torch vectors on a few hundred demo texts, row for row."""
-    pytest.importorskip("onnxruntime" if engine == "onnx" else "openvino")
-    fast = Embedder("minilm", engine=engine, model_cache=model_cache, batch_size=32)
+def test_fast_engine_agrees_with_torch(engine, engines, torch_vectors, agreement_texts) -> None:
+    """>= 0.999 cosine to today's torch vectors on two dozen demo texts and the edge cases
+    (empty, blank, past the token limit), row for row."""
+    fast = engines(engine)
     assert fast.engine_tag.startswith(engine) and fast.threads >= 1
     texts, ref = agreement_texts, torch_vectors
     got = fast.embed(texts)
@@ -103,15 +120,15 @@ def test_fast_engine_agrees_with_torch(engine, model_cache, torch_vectors,
 
 @models
 @pytest.mark.parametrize("engine", ["torch", "onnx", "openvino"])
-def test_a_texts_vector_is_its_own(engine, model_cache, demo_texts) -> None:
+def test_a_texts_vector_is_its_own(engine, engines, demo_texts) -> None:
     """A text's vector is a function of that text alone, bit for bit: embedded alone, amid the
     others in another order, or with a longer text and one text more beside it. (A batch padded
     to its longest text moved a text's vector by up to 2e-7 on every engine, so one record
-    coming in moved the others' vectors and, at a near tie, their votes.)"""
-    if engine != "torch":
-        pytest.importorskip("onnxruntime" if engine == "onnx" else "openvino")
-    emb = Embedder("minilm", engine=engine, model_cache=model_cache, batch_size=8)
-    texts = demo_texts[:40]
+    coming in moved the others' vectors and, at a near tie, their votes.) 12 texts at 4 rows a
+    pass: together, passes of 4 texts and of 1 (widths 48 to 128); alone, 1 text and 3
+    fillers a pass."""
+    emb = engines(engine)
+    texts = demo_texts[:12]
     together = emb.encode_uncached(texts)
     alone = np.stack([emb.encode_uncached([t])[0] for t in texts])
     np.testing.assert_array_equal(together, alone)
@@ -218,14 +235,14 @@ def test_bench_embedding_cli_json(model_cache, monkeypatch) -> None:
     from dpsynth.cli import app
 
     monkeypatch.setenv("DPSYNTH_MODEL_CACHE", str(model_cache))
-    res = CliRunner().invoke(app, ["bench", "embedding", "--limit", "24", "--rounds", "1",
-                                   "--json"])
+    res = CliRunner().invoke(app, ["bench", "embedding", "--limit", "4", "--batch-size", "4",
+                                   "--rounds", "1", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
     for key in ("engine", "sentences_per_second", "baseline_sentences_per_second", "speedup",
                 "min_cosine"):
         assert key in out
-    assert out["texts"] == 24 and out["min_cosine"] >= 0.999
+    assert out["texts"] == 4 and out["min_cosine"] >= 0.999
     assert out["speedup"] == pytest.approx(
         out["sentences_per_second"] / out["baseline_sentences_per_second"], rel=0.01)
 

@@ -71,17 +71,24 @@ def make_run(root: Path, private_csv: Path, synthetic: pd.DataFrame, zero_shot: 
     return run
 
 
+# private, test and synthetic (and as many zero-shot) texts of the fake run: every one is
+# embedded by the real embedder in `dpsynth eval`, so few
+N_PRIVATE, N_TEST, N_SYN = 40, 30, 20
+
+
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
     from dpsynth.demo_corpus import write_demo_corpus
 
     root = tmp_path_factory.mktemp("evalrun")
-    base = write_demo_corpus(root / "real", n=80, seed=0, test_n=60)
+    base = write_demo_corpus(root / "real", n=N_PRIVATE, seed=0, test_n=N_TEST)
     private = pd.read_csv(base["private"])
     private.loc[5, "text"] = SENTINEL
     private.to_csv(base["private"], index=False)
-    other = pd.read_csv(write_demo_corpus(root / "other", n=80, seed=1, test_n=10)["private"])
-    synthetic, zero_shot = other.iloc[:40].reset_index(drop=True), other.iloc[40:].copy()
+    other = pd.read_csv(write_demo_corpus(root / "other", n=2 * N_SYN, seed=1,
+                                          test_n=10)["private"])
+    synthetic = other.iloc[:N_SYN].reset_index(drop=True)
+    zero_shot = other.iloc[N_SYN:].copy()
     # the zero-shot reference is deliberately poor: labels shuffled
     zero_shot["department"] = np.random.default_rng(0).permutation(
         zero_shot["department"].to_numpy())
@@ -89,18 +96,20 @@ def fake(tmp_path_factory):
     return {"root": root, "run": run, "test": base["test"], "private": private}
 
 
-@pytest.fixture(scope="module")
-def evaluated(fake):
+@pytest.mark.models
+def test_eval_then_compare_and_report_of_a_run(fake, tmp_path):
+    """`dpsynth eval` on the run (real embedder, MAUVE, audits), then `compare` and `report`
+    and the report page (in Chromium at the end) of that evaluated run. One test: the eval is
+    the expensive part, and a module fixture would be paid again on every xdist worker that
+    runs one of its users."""
     from dpsynth.cli import app
 
-    res = CliRunner().invoke(app, ["eval", str(fake["run"]), "--test", str(fake["test"]),
-                                   "--json"])
+    runner = CliRunner()
+    res = runner.invoke(app, ["eval", str(fake["run"]), "--test", str(fake["test"]), "--json"])
     assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
+    evaluated = json.loads(res.stdout)
 
-
-@pytest.mark.models
-def test_eval_cli_json_and_files(fake, evaluated):
+    # -- eval: JSON and files
     ev, audit = evaluated["eval"], evaluated["audit"]
     on_disk = json.loads((fake["run"] / "eval" / "eval.json").read_text())
     assert on_disk["fidelity"] == ev["fidelity"]
@@ -108,11 +117,12 @@ def test_eval_cli_json_and_files(fake, evaluated):
     assert audit_file.is_file() and oct(audit_file.stat().st_mode)[-3:] == "600"
     assert not (fake["run"] / "eval" / "audit.json").exists()
     syn = ev["fidelity"]["synthetic"]
-    assert ev["n"] == {"synthetic": 40, "zero_shot": 40, "private": 80, "test": 60}
+    assert ev["n"] == {"synthetic": N_SYN, "zero_shot": N_SYN, "private": N_PRIVATE,
+                       "test": N_TEST}
     assert isinstance(syn["fid"], float) and syn["fid"] >= 0
     assert 0 <= syn["precision"] <= 1 and 0 <= syn["recall"] <= 1
     assert 0 < syn["mauve"] <= 1
-    assert "fid_note" in syn  # 40 samples < 384 dimensions
+    assert "fid_note" in syn  # fewer samples than 384 dimensions
     assert 0 <= syn["labels"]["department"]["tv"] <= 1
     row = ev["utility"]["logreg"]["department"]
     for name in ("synthetic", "private", "zero_shot"):
@@ -122,15 +132,29 @@ def test_eval_cli_json_and_files(fake, evaluated):
     assert row["private"]["accuracy"] > row["chance"]
     assert any("outside the release" in n for n in ev["notes"])
     assert 0 <= audit["membership_inference"]["auc"] <= 1
-    assert audit["dcr"]["n_synthetic"] == 40
-    assert audit["pii"]["n_outputs"] == 40
+    assert audit["dcr"]["n_synthetic"] == N_SYN
+    assert audit["pii"]["n_outputs"] == N_SYN
     assert set(audit["pii_columns"]) == {"patient_name", "phone", "email"}
     for blob in (json.dumps(ev), json.dumps(audit)):
         assert SENTINEL not in blob
 
+    # -- compare and report CLI
+    not_a_run = tmp_path / "not-a-run"
+    not_a_run.mkdir()
+    res = runner.invoke(app, ["compare", str(fake["run"]), str(not_a_run), "--json"])
+    assert res.exit_code == 2, res.output  # one folder is not a run: said, and exit 2
+    rows = json.loads(res.stdout)
+    assert rows[0]["method"] == "aug_pe" and rows[0]["samples"] == N_SYN
+    assert rows[0]["fid"] == ev["fidelity"]["synthetic"]["fid"]
+    assert "logreg:department" in rows[0]["accuracy"]
+    assert "not a dpsynth run folder" in rows[1]["error"]
+    res = runner.invoke(app, ["compare", str(fake["run"])])
+    assert res.exit_code == 0 and "aug_pe" in res.stdout
+    res = runner.invoke(app, ["report", str(fake["run"]), "--out", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r.html").read_text().count("data:image/png;base64,") >= 5
 
-@pytest.mark.models
-def test_report_html_has_plots_and_no_private_text(fake, evaluated, tmp_path):
+    # -- the report page: plots, no private text
     out = write_report(fake["run"], tmp_path / "report.html")
     page = out.read_text(encoding="utf-8")
     assert page.count('<img src="data:image/png;base64,') >= 5  # 4 curves + labels
@@ -172,25 +196,6 @@ def test_report_html_has_plots_and_no_private_text(fake, evaluated, tmp_path):
 
     pixels = imread(str(shot))
     assert pixels.shape[0] >= 2000 and pixels.std() > 0.05  # text and plots drawn, not blank
-
-
-@pytest.mark.models
-def test_compare_and_report_cli(fake, evaluated, tmp_path):
-    from dpsynth.cli import app
-
-    runner = CliRunner()
-    res = runner.invoke(app, ["compare", str(fake["run"]), str(tmp_path), "--json"])
-    assert res.exit_code == 2, res.output  # one folder is not a run: said, and exit 2
-    rows = json.loads(res.stdout)
-    assert rows[0]["method"] == "aug_pe" and rows[0]["samples"] == 40
-    assert rows[0]["fid"] == evaluated["eval"]["fidelity"]["synthetic"]["fid"]
-    assert "logreg:department" in rows[0]["accuracy"]
-    assert "not a dpsynth run folder" in rows[1]["error"]
-    res = runner.invoke(app, ["compare", str(fake["run"])])
-    assert res.exit_code == 0 and "aug_pe" in res.stdout
-    res = runner.invoke(app, ["report", str(fake["run"]), "--out", str(tmp_path / "r.html")])
-    assert res.exit_code == 0, res.output
-    assert (tmp_path / "r.html").read_text().count("data:image/png;base64,") >= 5
 
 
 def test_bad_run_folders_get_clear_messages(tmp_path, fake):

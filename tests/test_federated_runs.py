@@ -1,5 +1,6 @@
 """Whole federated WASP runs (fake models) whose votes are summed by a real Flower SecAgg+
-simulation on the session's real two-node Ray cluster (``wasp.federated.ray_address``)."""
+simulation on the session's real two-node Ray cluster (``wasp.federated.ray_address``); the
+release checker's many-run tests sum each round in this process (:func:`in_process_round`)."""
 
 from __future__ import annotations
 
@@ -59,8 +60,51 @@ def test_wasp_federated_three_parties_through_secagg(tmp_path, ray_cluster):
     assert len(_jsonl(run / "release" / "synthetic.jsonl")) == 12
 
 
-def test_wasp_federated_record_neighbours(tmp_path, spy, ray_cluster):  # noqa: F811
-    """Adding one record changes no exact count in what a federated run releases."""
+def in_process_round(parties, candidate_embeddings, candidate_labels, vote_fn, sigma, *,
+                     vote_bound, seed, noise_mode="seeded", min_parties=None,
+                     **plan_args: Any):  # type: ignore[no-untyped-def]
+    """A federated round without the Flower transport: the production plan
+    (``simulation.plan_quantisation``, as the release checker's PlanSpy sees it) and each
+    party's production submission (``core.party_submission``), summed in this process. Real
+    SecAgg+ gives this sum (tests/test_federated_secagg.py::
+    test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate), and whole WASP runs
+    through real Flower on the cluster are the other tests of this module."""
+    import dpsynth.federated.simulation as sim
+    from dpsynth.federated.core import (
+        FederatedResult,
+        clip_probability_bound,
+        effective_sigma,
+        party_submission,
+    )
+
+    n = len(parties)
+    plan_args.pop("ray_address", None)  # the cluster a real round would run on
+    plan = sim.plan_quantisation(vote_bound=vote_bound, sigma=sigma, num_parties=n,
+                                 **plan_args)
+    cand = np.asarray(candidate_embeddings, dtype=np.float32)
+    hist = sum(party_submission(p, cand, np.asarray(candidate_labels), vote_fn, sigma=sigma,
+                                num_parties=n, vote_bound=vote_bound,
+                                clipping_range=plan.clipping_range,
+                                quantization_range=plan.quantization_range,
+                                noise_mode=noise_mode, seed=seed, party_index=i)
+               for i, p in enumerate(parties))
+    return FederatedResult(histogram=hist, parties_present=n, num_parties=n, sigma=float(sigma),
+                           effective_sigma=effective_sigma(sigma, n, n),
+                           clipping_range=plan.clipping_range,
+                           clip_probability_bound=clip_probability_bound(plan, sigma, n,
+                                                                         int(hist.size)))
+
+
+def test_wasp_federated_record_neighbours(tmp_path, spy, monkeypatch):  # noqa: F811
+    """Adding one record changes no exact count in what a federated run releases. The
+    release check's runs (D, D', three fresh plans) sum each round in this process
+    (:func:`in_process_round`: the same parties, plan and noise shares, without Flower's
+    transport, five Flower rounds less);
+    test_wasp_federated_largest_party_neighbours_release_the_same_bytes runs neighbouring
+    data sets through real Flower SecAgg+ on the cluster."""
+    import dpsynth.federated as federated
+
+    monkeypatch.setattr(federated, "federated_noisy_histogram", in_process_round)
     rows = private_rows(61)
     extra = {"text": "patient Wexhollow asks about a skin rash since last week",
              "label": "clinical", "user": "u-new"}
@@ -68,8 +112,7 @@ def test_wasp_federated_record_neighbours(tmp_path, spy, ray_cluster):  # noqa: 
     def cfg(p: Path) -> dict[str, Any]:
         return pe_config("wasp", p, generators=[{"model": "fake-g0"}],
                          **{"wasp.top_q": 3, "wasp.demonstrations": 2,
-                            "wasp.federated.parties": 3, "synthesis.iterations": 1,
-                            "wasp.federated.ray_address": ray_cluster})
+                            "wasp.federated.parties": 3, "synthesis.iterations": 1})
 
     problems = check_neighbours(tmp_path, spy, cfg, rows, rows + [extra], run_pe, _resume_pe,
                                 allowed=PE_PUBLIC)
@@ -166,14 +209,15 @@ def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_the_fresh_plan_check_catches_a_modulus_from_party_sizes(tmp_path, monkeypatch,
-                                                                  ray_cluster):  # noqa: F811
+def test_the_fresh_plan_check_catches_a_modulus_from_party_sizes(tmp_path, monkeypatch):
     """Finding 6 restored (the SecAgg+ bound from the largest party's record count): the
-    release checker's fresh-plan runs see D and D' plan other grids and moduli."""
+    release checker's fresh-plan runs see D and D' plan other grids and moduli (the plan is
+    made before any party is contacted: the rounds are summed in this process,
+    :func:`in_process_round`)."""
     import dpsynth.federated as federated
     from test_release_check import fresh_plan_problems
 
-    real = federated.federated_noisy_histogram
+    real = in_process_round
 
     def from_sizes(parties, *args, **kwargs):  # type: ignore[no-untyped-def]
         kwargs["vote_bound"] = float(max(p.size for p in parties))
@@ -186,8 +230,7 @@ def test_the_fresh_plan_check_catches_a_modulus_from_party_sizes(tmp_path, monke
     def cfg(p: Path) -> dict[str, Any]:
         return pe_config("wasp", p, generators=[{"model": "fake-g0"}],
                          **{"wasp.top_q": 3, "wasp.demonstrations": 2,
-                            "wasp.federated.parties": 3, "synthesis.iterations": 1,
-                            "wasp.federated.ray_address": ray_cluster})
+                            "wasp.federated.parties": 3, "synthesis.iterations": 1})
 
     monkeypatch.setattr(federated, "federated_noisy_histogram", from_sizes)
     problems = fresh_plan_problems(tmp_path, cfg, rows, rows + [extra], run_pe)

@@ -80,7 +80,9 @@ def _releases(run: Path) -> dict[str, dict]:
 
 @pytest.mark.models
 def test_aug_pe_killed_after_a_release_resumes_without_redraw_or_repeat(tmp_path):
-    config = _config(tmp_path)
+    # the tiny example with the fewest samples it allows (one per department): every step
+    # still runs (label counts, two vote rounds, variations, the release)
+    config = _config(tmp_path, **{"synthesis.samples": 6})
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "dpsynth.cli", "generate", str(config), "--output", str(run),
@@ -127,7 +129,7 @@ def test_aug_pe_killed_after_a_release_resumes_without_redraw_or_repeat(tmp_path
 
     rows = [json.loads(line) for line in
             (run / "release" / "synthetic.jsonl").read_text().splitlines()]
-    assert 1 <= len(rows) <= 12 and all(r["text"] and r["labels"]["department"] for r in rows)
+    assert 1 <= len(rows) <= 6 and all(r["text"] and r["labels"]["department"] for r in rows)
     stats = [json.loads(line) for line in (run / "stats.jsonl").read_text().splitlines()]
     assert [s["iteration"] for s in stats] == [1, 2]
     assert all(s["noise_sigma"] == pytest.approx(privacy["noise_multiplier"]) for s in stats)

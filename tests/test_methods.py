@@ -104,11 +104,18 @@ def test_secpe_no_protection_asked_says_so(tmp_path):
     assert noise["noise_sigma"] == 0
 
 
+# The real-model runs below are the tiny examples with fewer samples: what they prove is the
+# method's path on the real generators, not the texts' quality. Their max_new_tokens stays the
+# examples' 40: a shorter text falls under the length band's lower edge (16 words on the demo
+# corpus, dpsynth.evolution.lengths) and is refused and generated again, which costs more.
+
+
 @pytest.mark.models
 def test_wasp_two_generators_end_to_end(tmp_path):
-    run = run_generation(_config(tmp_path, "tiny-wasp.yaml"), tmp_path / "wasp", progress=False)
+    cfg = _config(tmp_path, "tiny-wasp.yaml", **{"synthesis.samples": 12})
+    run = run_generation(cfg, tmp_path / "wasp", progress=False)
     rows = _jsonl(run / "release" / "synthetic.jsonl")
-    assert 16 <= len(rows) <= 24  # accumulated over 3 rounds (failures dropped)
+    assert 8 <= len(rows) <= 12  # accumulated over 3 rounds (failures dropped)
     assert {r["generator"] for r in rows} <= {"smollm2", "gemma3"}
     stats = _jsonl(run / "stats.jsonl")
     assert len(stats) == 2
@@ -125,8 +132,10 @@ def test_wasp_two_generators_end_to_end(tmp_path):
 
 @pytest.mark.models
 def test_secpe_random_word_secrets_end_to_end(tmp_path):
-    run = run_generation(_config(tmp_path, "tiny-secpe.yaml"), tmp_path / "secpe",
-                         progress=False)
+    # discretization: a coarser grid of the (p, r) accountant, pessimistic at any grid
+    cfg = _config(tmp_path, "tiny-secpe.yaml", **{"synthesis.samples": 6,
+                                                  "secpe.discretization": 1e-2})
+    run = run_generation(cfg, tmp_path / "secpe", progress=False)
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     sp = privacy["secret_protection"]
     assert privacy["epsilon"] is None and privacy["classical_dp"]["holds"] is False
@@ -139,7 +148,7 @@ def test_secpe_random_word_secrets_end_to_end(tmp_path):
     assert "split" not in sp  # exact counts live in private/diagnostics.jsonl only
     text = (run / "release" / "privacy.json").read_text()
     rows = _jsonl(run / "release" / "synthetic.jsonl")
-    assert 1 <= len(rows) <= 12
+    assert 1 <= len(rows) <= 6
     stats = _jsonl(run / "stats.jsonl")
     assert len(stats) == 2 and all(s["representatives"] >= 6 for s in stats)
     assert "iter1/representatives" in (run / "private" / "releases" / "releases.jsonl").read_text()
@@ -155,13 +164,14 @@ def test_secpe_secret_matching_every_record_is_refused(tmp_path):
 
 @pytest.mark.models
 def test_zero_shot_spends_nothing(tmp_path):
-    cfg = _config(tmp_path, "tiny-aug-pe.yaml", method="zero_shot", **{"privacy.epsilon": 0})
+    cfg = _config(tmp_path, "tiny-aug-pe.yaml", method="zero_shot",
+                  **{"privacy.epsilon": 0, "synthesis.samples": 6})
     run = run_generation(cfg, tmp_path / "zs", progress=False)
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     assert privacy["epsilon"] == 0 and privacy["mechanisms"] == []
     assert not (run / "private" / "releases" / "releases.jsonl").exists() or \
         (run / "private" / "releases" / "releases.jsonl").read_text().strip() == ""
-    assert len(_jsonl(run / "release" / "synthetic.jsonl")) >= 6
+    assert len(_jsonl(run / "release" / "synthetic.jsonl")) >= 3
 
 
 @pytest.mark.models

@@ -541,24 +541,31 @@ def test_a_resumed_run_trains_nothing_again(tmp_path) -> None:
 
 
 @pytest.mark.models
-def test_dpo_tunes_the_real_generator_and_the_tuned_model_generates(tmp_path) -> None:
-    """trl's DPO on SmolLM2 (two pairs, one step), merged, loaded back by the local engine."""
+def test_dpo_tunes_the_real_generator_and_the_tuned_model_generates(tmp_path,
+                                                                     smollm: Any) -> None:
+    """trl's DPO on SmolLM2 (one chat pair, one step: the cost is the real 135M model's
+    forward/backward over the pair's tokens), merged, loaded back by the local engine the
+    run would use (``engine`` as configured: auto) and generating."""
     from dpsynth.config import PreferenceConfig
-    from dpsynth.evolution.preference import PreferencePair, is_tuned, train_dpo
+    from dpsynth.evolution.preference import (
+        MARKER,
+        PreferencePair,
+        is_tuned,
+        train_dpo,
+    )
     from dpsynth.llm import GenerationRequest, SamplingParams, load_generator
 
-    base = load_generator({"backend": "local", "model": "smollm2", "engine": "transformers"})
-    prompt = P.render(P.zero_shot_instruction("a short question to your bank",
-                                              "It is about card arrival."), True, "")
-    pairs = [PreferencePair(prompt, "Where is my new card?", "How can I help you today?"),
-             PreferencePair(prompt, "My card has not arrived yet.", "Sure! Here is a text.")]
+    # the session's SmolLM2 generator (read-only: only its float weights' folder is used)
+    base = Path(smollm.model_dir)
+    prompt = P.render(P.zero_shot_instruction("a question", ""), True, "")
+    pairs = [PreferencePair(prompt, "Where is my card?", "Sure! Here is a text.")]
     out = tmp_path / "iter0-g0-test"
-    train_dpo(Path(base.model_dir), pairs, out, PreferenceConfig(enabled=True, batch_size=2),
-              seed=0)
+    train_dpo(base, pairs, out, PreferenceConfig(enabled=True, batch_size=2), seed=0)
     assert is_tuned(out) and (out / "config.json").is_file()
+    assert json.loads((out / MARKER).read_text())["pairs"] == 1
     tuned = load_generator({"backend": "local", "model": str(out)})
-    text = tuned.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=12,
-                                                                      seed=1))])[0]
+    text = tuned.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=4,
+                                                                     seed=1))])[0]
     assert isinstance(text, str) and text.strip()
 
 

@@ -45,6 +45,10 @@ DOCS = [
     "The pharmacy gave me the wrong dose of my blood pressure tablets.",
     "Itchy red patches on both elbows that flake; the cream did not help.",
 ]
+#: the records of the checks whose every record costs model passes (the LLM keywords, the
+#: private prediction, DP-SGD): few, yet with EXTRA at the front every one of them moves to
+#: another position, and another batch or chunk where a chunk holds two
+FEW = DOCS[:3]
 #: the record added at the front: another topic, another length, a name and a phone number
 EXTRA = ("Please call Maria Gonzalez at 555-201-7788 about the results of her thyroid test, "
          "she has felt tired and cold for months and lost weight.")
@@ -165,16 +169,15 @@ def assert_entries_ran(kind: str, calls: list[PassCall]) -> None:
 
 
 # ------------------------------------------------------------------------- one pass each
-def keywords_pass(smollm: Any, docs: list[str]) -> list[Any]:
+def keywords_pass(smollm: Any, vocab: Any, docs: list[str]) -> list[Any]:
     """DP-SynRAG step 1 as a shard runs it (DocumentShard.keyword_counts), default settings:
-    the LLM extractor, the generator's tokenizer vocabulary, K = 10."""
+    the LLM extractor, the generator's tokenizer vocabulary (``vocab``: public, the same for
+    every corpus, so loaded once), K = 10."""
     from dpsynth.methods.synrag.config import SynRAGConfig
-    from dpsynth.methods.synrag.keywords import load_vocabulary
     from dpsynth.methods.synrag.shard import DocumentShard, ShardFiles
 
     scfg = SynRAGConfig()
     assert scfg.keyword_extractor == "llm"  # the default this test is about
-    vocab = load_vocabulary(scfg.vocabulary, tokenizer=smollm.tokenizer)
     shard = DocumentShard.of_records(docs, np.arange(len(docs)), None, ShardFiles())
     shard.keyword_counts(vocab, scfg.keywords_per_doc, scfg.keyword_fill, "tag",
                          lambda: smollm, scfg.keyword_max_new_tokens)
@@ -271,9 +274,13 @@ def secrets_pass(docs: list[str]) -> list[Any]:
 
 # ------------------------------------------------------------------------------ the tests
 def check_keywords(request: pytest.FixtureRequest, tmp: Path) -> None:
+    from dpsynth.methods.synrag.config import SynRAGConfig
+    from dpsynth.methods.synrag.keywords import load_vocabulary
+
     calls: list[PassCall] = []
     smollm = Recording(request.getfixturevalue("smollm"), calls)
-    same_for_others(functools.partial(keywords_pass, smollm), DOCS)
+    vocab = load_vocabulary(SynRAGConfig().vocabulary, tokenizer=smollm.tokenizer)
+    same_for_others(functools.partial(keywords_pass, smollm, vocab), FEW)
     assert_entries_ran("keywords", calls)
 
 
@@ -298,10 +305,10 @@ def logits_rows(smollm: Any, rows: int | None, clipped: dict[int, np.ndarray],
 def check_logits(request: pytest.FixtureRequest, tmp: Path) -> None:
     calls: list[PassCall] = []
     smollm = Recording(request.getfixturevalue("smollm"), calls)
-    for rows in (None, 4):
+    for rows in (None, 2):  # all in one pass; two a pass (EXTRA moves the pass boundaries)
         clipped: dict[int, np.ndarray] = {}
-        same_for_others(functools.partial(logits_rows, smollm, rows, clipped), DOCS)
-        alone, added = clipped[len(DOCS)], clipped[len(DOCS) + 1]
+        same_for_others(functools.partial(logits_rows, smollm, rows, clipped), FEW)
+        alone, added = clipped[len(FEW)], clipped[len(FEW) + 1]
         assert np.abs(added).max() <= CHECK_CLIP  # each row's sup-norm is at most c
         # so the clipped sum moves by the added row alone: at most c a coordinate
         moved = added.sum(axis=0) - alone.sum(axis=0) - added[0]
@@ -316,34 +323,40 @@ def check_secrets(request: pytest.FixtureRequest, tmp: Path) -> None:
     same_for_others(secrets_pass, PII_DOCS)
 
 
-def train_pass(smollm: Any, docs: list[str]) -> list[Any]:
-    """DP-SGD's exact sum of clipped per-sample gradients (DPSGD.clipped_sum) with the
-    dp_finetune defaults (per-sample gradients of one record per pass) on a LoRA adapter of a
-    fresh copy of the real generator, after one noisy step so the adapter's B is not zero:
-    per record its own contribution (the sum over it alone), then the sum over all of them."""
+def lora_model(smollm: Any) -> Any:
+    """A fresh float32 copy of the real generator with the dp_finetune default LoRA adapter,
+    its B a public, fixed non-zero value (the adapter after some training; B = 0 would make
+    every gradient of A zero)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dpsynth.config import PromptConfig
     from dpsynth.methods.dpfinetune.config import DPFineTuneConfig
-    from dpsynth.methods.dpfinetune.prompts import label_heads
-    from dpsynth.methods.dpfinetune.train import (
-        DPSGD,
-        StepSettings,
-        attach_lora,
-        make_examples,
-    )
-    from dpsynth.privacy import SeededNoise
+    from dpsynth.methods.dpfinetune.train import attach_lora
 
     s = DPFineTuneConfig()
-    torch.manual_seed(0)  # the adapter's A is initialised at random: the same on both sides
+    torch.manual_seed(0)  # the adapter's A is initialised at random
     model = attach_lora(AutoModelForCausalLM.from_pretrained(str(smollm.model_dir),
                                                              dtype=torch.float32),
                         s.lora_rank, s.lora_alpha, s.target_modules)
-    with torch.no_grad():  # a public, fixed non-zero B (the adapter after some training)
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.full_like(p, 1e-3))
+    return model
+
+
+def train_pass(smollm: Any, model: Any, docs: list[str]) -> list[Any]:
+    """DP-SGD's exact sum of clipped per-sample gradients (DPSGD.clipped_sum) with the
+    dp_finetune defaults (per-sample gradients of one record per pass) on ``model``
+    (:func:`lora_model`; a sum leaves its weights as they are, so both corpora share it):
+    per record its own contribution (the sum over it alone), then the sum over all of them."""
+    from dpsynth.config import PromptConfig
+    from dpsynth.methods.dpfinetune.config import DPFineTuneConfig
+    from dpsynth.methods.dpfinetune.prompts import label_heads
+    from dpsynth.methods.dpfinetune.train import DPSGD, StepSettings, make_examples
+    from dpsynth.privacy import SeededNoise
+
+    s = DPFineTuneConfig()
     head = label_heads(smollm, ["About the clinic."], PromptConfig(), s.prompt)[0]
     examples = make_examples(smollm.tokenizer, [head] * len(docs), docs, s.max_tokens,
                              smollm.eos_token_id)
@@ -361,10 +374,13 @@ def train_pass(smollm: Any, docs: list[str]) -> list[Any]:
 def check_train(request: pytest.FixtureRequest, tmp: Path) -> None:
     """Each record's clipped gradient is the same whatever else is in the batch, and adding a
     record moves the exact (integer fixed-point) clipped sum by that record's own clipped
-    gradient, bit for bit: the sensitivity C that DP-SGD's accounting assumes."""
+    gradient, bit for bit: the sensitivity C that DP-SGD's accounting assumes. (Every record
+    costs two forward and backward passes on each side, the slowest pass of all: two records
+    besides EXTRA show it.)"""
     smollm = request.getfixturevalue("smollm")
-    alone = train_pass(smollm, DOCS)
-    added = train_pass(smollm, [EXTRA, *DOCS])
+    model = lora_model(smollm)
+    alone = train_pass(smollm, model, FEW[:2])
+    added = train_pass(smollm, model, [EXTRA, *FEW[:2]])
     for i, (a, b) in enumerate(zip(alone[:-1], added[1:-1], strict=True)):
         assert a.tobytes() == b.tobytes(), f"record {i}: its clipped gradient moved"
     assert (added[-1] - alone[-1]).tobytes() == added[0].tobytes()

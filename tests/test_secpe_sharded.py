@@ -214,5 +214,5 @@ def test_the_saved_plan_is_keyed_by_the_accounting_grid(tmp_path):
     cfg = pe_config("secpe", write_csv(tmp_path / "d.csv", private_rows(4)), **SECPE)
     coarse = parse_config(cfg)
     default = parse_config({**cfg, "secpe": {**cfg.get("secpe", {}), "discretization": 3e-3}})
-    assert coarse.secpe.discretization == 1e-2 and default.secpe.discretization == 3e-3
+    assert coarse.secpe.discretization == 5e-2 and default.secpe.discretization == 3e-3
     assert plan_digest(coarse, "same-data") != plan_digest(default, "same-data")
