@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -63,36 +64,29 @@ def test_wasp_federated_three_parties_through_secagg(tmp_path, ray_cluster):
 def in_process_round(parties, candidate_embeddings, candidate_labels, vote_fn, sigma, *,
                      vote_bound, seed, noise_mode="seeded", min_parties=None,
                      **plan_args: Any):  # type: ignore[no-untyped-def]
-    """A federated round without the Flower transport: the production plan
-    (``simulation.plan_quantisation``, as the release checker's PlanSpy sees it) and each
-    party's production submission (``core.party_submission``), summed in this process. Real
-    SecAgg+ gives this sum (tests/test_federated_secagg.py::
+    """A federated round with the secure sum done in this process instead of by Flower: the
+    production round's checks, plan (``simulation.plan_quantisation``, as the release
+    checker's PlanSpy sees it), each party's production submission (``core.party_submission``)
+    and result (``simulation._result``). Real SecAgg+ gives this sum
+    (tests/test_federated_secagg.py::
     test_secure_sum_is_the_noisy_sum_and_server_sees_only_the_aggregate), and whole WASP runs
     through real Flower on the cluster are the other tests of this module."""
     import dpsynth.federated.simulation as sim
-    from dpsynth.federated.core import (
-        FederatedResult,
-        clip_probability_bound,
-        effective_sigma,
-        party_submission,
-    )
+    from dpsynth.federated.core import party_submission
 
-    n = len(parties)
     plan_args.pop("ray_address", None)  # the cluster a real round would run on
+    sim._check_round(parties, noise_mode, min_parties)
+    cand, labels = sim._candidates(candidate_embeddings, candidate_labels)
+    n = len(parties)
     plan = sim.plan_quantisation(vote_bound=vote_bound, sigma=sigma, num_parties=n,
                                  **plan_args)
-    cand = np.asarray(candidate_embeddings, dtype=np.float32)
-    hist = sum(party_submission(p, cand, np.asarray(candidate_labels), vote_fn, sigma=sigma,
-                                num_parties=n, vote_bound=vote_bound,
-                                clipping_range=plan.clipping_range,
+    hist = sum(party_submission(p, cand, labels, vote_fn, sigma=sigma, num_parties=n,
+                                vote_bound=vote_bound, clipping_range=plan.clipping_range,
                                 quantization_range=plan.quantization_range,
                                 noise_mode=noise_mode, seed=seed, party_index=i)
                for i, p in enumerate(parties))
-    return FederatedResult(histogram=hist, parties_present=n, num_parties=n, sigma=float(sigma),
-                           effective_sigma=effective_sigma(sigma, n, n),
-                           clipping_range=plan.clipping_range,
-                           clip_probability_bound=clip_probability_bound(plan, sigma, n,
-                                                                         int(hist.size)))
+    sink = SimpleNamespace(released=hist, parties_present=n)
+    return sim._result(sink, plan, sigma, n)
 
 
 def test_wasp_federated_record_neighbours(tmp_path, spy, monkeypatch):  # noqa: F811
