@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from xdist_scheduler import RayModulesTogether, ray_modules
+from xdist_scheduler import RayModulesTogether, module_fixture_modules, ray_modules
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -176,6 +176,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist, every test of a module that uses the shared Ray cluster runs on one
-    worker, every other test is balanced alone, and a crashed worker does not hang the run
-    (tests/xdist_scheduler.py)."""
-    return RayModulesTogether(config, log, together=ray_modules(Path(__file__).parent))
+    worker, so does every test of a module with a module-scoped fixture, every other test is
+    balanced alone, and a crashed worker does not hang the run (tests/xdist_scheduler.py)."""
+    tests = Path(__file__).parent
+    return RayModulesTogether(config, log, together=ray_modules(tests),
+                              whole=module_fixture_modules(tests))

@@ -284,6 +284,7 @@ def tiny_kb(smollm, embedder, tmp_path_factory, monkeypatch_module) -> Path:
 
     out = tmp_path_factory.mktemp("kb") / "run"
     over = _tiny_overrides(out)
+    before = _stepper_settings(smollm)
     with pytest.raises(KeyboardInterrupt):
         build_kb(Path(__file__).parents[1] / "examples" / "tiny-synrag.yaml", out,
                  overrides=over, generator=smollm, embedder=embedder,
@@ -292,7 +293,30 @@ def tiny_kb(smollm, embedder, tmp_path_factory, monkeypatch_module) -> Path:
     store = (out / "private" / "cluster-releases" / "releases.jsonl").read_text().splitlines()
     (out / "first-cluster.json").write_text(json.dumps({"ckpt": ckpt, "lines": store}))
     build_kb(None, out, resume=True, generator=smollm, embedder=embedder)
+    (out / "generator-settings.json").write_text(json.dumps(
+        {"before": before, "after": _stepper_settings(smollm)}))
     return out
+
+
+def _stepper_settings(gen) -> list:
+    return [getattr(gen, "logits_dtype", "float32"),
+            getattr(gen, "stepper_engine", "transformers"), gen.num_threads]
+
+
+def test_a_build_gives_the_generator_back_as_it_was(tiny_kb, smollm) -> None:
+    """The build runs its private prediction on the engine it picks (OpenVINO here) and puts
+    the caller's generator back: its stepper again agrees with a full recompute."""
+    settings = json.loads((tiny_kb / "generator-settings.json").read_text())
+    assert settings["after"] == settings["before"]
+    log = (tiny_kb / "log.txt").read_text()
+    assert "private prediction on" in log
+    prompts = ["The capital of France is", "My dog likes to"]
+    rows = [smollm.encode_prompt(p) for p in prompts]
+    with smollm.open_stepper(prompts) as st:
+        tok = int(np.argmax(st.logits()[0]))
+        st.advance(tok)
+        np.testing.assert_allclose(st.logits(), smollm.next_token_logits_ids(
+            [r + [tok] for r in rows]), atol=2e-3, rtol=0)
 
 
 @pytest.fixture(scope="module")

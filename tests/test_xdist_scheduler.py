@@ -16,7 +16,8 @@ sys.path.insert(0, {str(TESTS)!r})
 from xdist_scheduler import RayModulesTogether
 
 def pytest_xdist_make_scheduler(config, log):
-    return RayModulesTogether(config, log, together={{"test_ray_like.py"}})
+    return RayModulesTogether(config, log, together={{"test_ray_like.py"}},
+                              whole={{"test_fixture_like.py"}})
 """
 
 WORKER_NOTE = """
@@ -37,6 +38,8 @@ def suite(folder: Path) -> None:
     (folder / "test_a.py").write_text(f"from noting import note\n\n{many}")
     ray_like = "".join(f"def test_{i}():\n    note('ray{i}')\n\n" for i in range(4))
     (folder / "test_ray_like.py").write_text(f"from noting import note\n\n{ray_like}")
+    whole = "".join(f"def test_{i}():\n    note('whole{i}')\n\n" for i in range(3))
+    (folder / "test_fixture_like.py").write_text(f"from noting import note\n\n{whole}")
     (folder / "test_crash.py").write_text(
         "import os\nfrom noting import note\n\n"
         "def test_crash():\n    note('crash')\n    os._exit(3)\n\n"
@@ -59,7 +62,8 @@ def ran(folder: Path) -> list[list[str]]:
 def test_a_crash_is_rerun_once_a_failure_never_and_the_run_ends(tmp_path) -> None:
     """With the suite's own options: a test whose worker crashes runs once more, and fails
     when it crashes again (not once per worker restart); a crash that does not come back
-    passes; a failing test is not rerun; the Ray-like module runs on one worker; and the run
+    passes; a failing test is not rerun; the Ray-like module and the module-fixture-like one
+    each run on one worker; and the run
     ends (xdist's scope scheduler hung after a crash)."""
     suite(tmp_path)
     (tmp_path / "test_more.py").write_text(
@@ -69,10 +73,12 @@ def test_a_crash_is_rerun_once_a_failure_never_and_the_run_ends(tmp_path) -> Non
         "    if not mark.exists():\n        mark.touch()\n        os._exit(3)\n\n"
         "def test_fails():\n    note('fails')\n    assert False\n")
     out = run(tmp_path, "--reruns", "1", "--rerun-except", ".*")
-    assert "2 failed, 14 passed, 2 rerun" in out, out[-3000:]
+    assert "2 failed, 17 passed, 2 rerun" in out, out[-3000:]
     assert "crashed while running" in out and "test_crash.py::test_crash" in out, out[-3000:]
     names = [name for name, _ in ran(tmp_path)]
     assert sorted(n for n in names if n not in ("once", "fails", "crash")) == sorted(
-        [f"a{i}" for i in range(8)] + [f"ray{i}" for i in range(4)] + ["after"])
+        [f"a{i}" for i in range(8)] + [f"ray{i}" for i in range(4)] + ["after"]
+        + [f"whole{i}" for i in range(3)])
     assert names.count("once") == names.count("crash") == 2 and names.count("fails") == 1
-    assert len({worker for name, worker in ran(tmp_path) if name.startswith("ray")}) == 1
+    for module in ("ray", "whole"):  # each grouped module on one worker
+        assert len({worker for name, worker in ran(tmp_path) if name.startswith(module)}) == 1

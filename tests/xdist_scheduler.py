@@ -1,6 +1,8 @@
 """The suite's pytest-xdist scheduler: every test of a module that uses the shared Ray cluster
-goes to one worker (one cluster per session, not one per worker); every other test is a work
-unit of its own.
+goes to one worker (one cluster per session, not one per worker); every test of a module with
+a module-scoped fixture goes to one worker (the fixture, often a whole run on the real models,
+is built once, not once per worker); every other test is a work unit of its own. xdist queues
+the units largest first (``--loadscope-reorder``, its default), so the long ones start early.
 
 It is xdist's ``LoadScopeScheduling`` with three mends for a worker that crashes (a segfault, or
 a test that kills its process), each a known xdist bug that otherwise hangs the whole run
@@ -34,16 +36,28 @@ def ray_modules(tests: Path) -> set[str]:
             if "ray_cluster" in p.read_text(encoding="utf-8")}
 
 
-class RayModulesTogether(LoadScopeScheduling):
-    """One scope for every Ray-cluster module, one per test elsewhere; survives a crash."""
+def module_fixture_modules(tests: Path) -> set[str]:
+    """The test modules that define a module-scoped fixture."""
+    return {p.name for p in tests.glob("test_*.py")
+            if 'scope="module"' in p.read_text(encoding="utf-8")}
 
-    def __init__(self, config: Any, log: Any = None, *, together: set[str]) -> None:
+
+class RayModulesTogether(LoadScopeScheduling):
+    """One scope for every Ray-cluster module (``together``), one per module for ``whole``,
+    one per test elsewhere; survives a crash."""
+
+    def __init__(self, config: Any, log: Any = None, *, together: set[str],
+                 whole: frozenset[str] | set[str] = frozenset()) -> None:
         super().__init__(config, log)
         self.together = together
+        self.whole = whole - together
 
     def _split_scope(self, nodeid: str) -> str:
-        module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-        return RAY_SCOPE if module in self.together else nodeid
+        path = nodeid.split("::", 1)[0]
+        module = path.rsplit("/", 1)[-1]
+        if module in self.together:
+            return RAY_SCOPE
+        return path if module in self.whole else nodeid
 
     def remove_node(self, node: Any) -> str | None:
         """Forget a worker that finished or crashed; requeue only the tests it left unrun,

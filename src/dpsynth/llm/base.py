@@ -312,6 +312,13 @@ class StepperEngineChoice(Protocol):
 
 
 @runtime_checkable
+class StepperSettingsKept(Protocol):
+    """Puts its stepper's settings (dtype, engine, threads) back after a block that set them."""
+
+    def stepper_settings_kept(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+@runtime_checkable
 class NamedModel(Protocol):
     """Has a model id (``smollm2``, a directory's name): the name a server serves it under."""
 

@@ -10,9 +10,10 @@ seeds follow :mod:`dpsynth.llm.batching`; DP-SynRAG's KV-cached :class:`Stepper`
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -552,6 +553,19 @@ class LocalGenerator:
         if engine == "openvino":
             ov_stepper.compiled(self, self._ov_precision())
         self.stepper_engine = engine
+
+    @contextlib.contextmanager
+    def stepper_settings_kept(self) -> Iterator[None]:
+        """Whatever the block sets on the stepper (:meth:`set_logits_dtype`,
+        :meth:`set_stepper_engine` and the threads it sets) is put back after it: a generator
+        a caller passes to a build (a notebook's) comes back running as it did."""
+        saved = (getattr(self, "logits_dtype", "float32"),
+                 getattr(self, "stepper_engine", "transformers"), self.num_threads)
+        try:
+            yield
+        finally:
+            self.logits_dtype, self.stepper_engine = saved[0], saved[1]
+            self._set_threads(saved[2])
 
     def _ov_precision(self) -> str:
         return "bf16" if getattr(self, "logits_dtype", "float32") == "bfloat16" else "f32"

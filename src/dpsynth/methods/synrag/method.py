@@ -3,6 +3,7 @@ release; the package docstring gives the order of the steps."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from ... import progress
 from ...config import ConfigError, RunConfig
 from ...diagnostics import append_diagnostic
 from ...files import SHARED_MODE, write_jsonl
-from ...llm.base import LogitsDtypeChoice, StepperEngineChoice
+from ...llm.base import LogitsDtypeChoice, StepperEngineChoice, StepperSettingsKept
 from ...on_shards import engine_of
 from ...privacy.lattice import Lattice
 from ...rag.grounding import garbled_reason
@@ -104,16 +105,25 @@ class SynRAG(Method):
                            notes={"clip": clip})
 
     def execute(self, job: Job) -> Outcome:
+        started = time.time()
+        scfg: SynRAGConfig = self.settings(job.config)
+        clip = float(job.plan.notes["clip"])
+        note = Notice(job.run, job.echo)
+        corpus, gen, emb_model = self._corpus_and_models(job)
+        kept = (gen.stepper_settings_kept() if isinstance(gen, StepperSettingsKept)
+                else contextlib.nullcontext())
+        with kept:  # a generator passed in comes back with its own stepper settings
+            self._set_stepper(gen, scfg, note)
+            return self._build(job, scfg, clip, note, started, corpus, gen, emb_model)
+
+    def _build(self, job: Job, scfg: SynRAGConfig, clip: float, note: Notice, started: float,
+               corpus: Corpus, gen: Any, emb_model: Any) -> Outcome:
+        """Steps 1-5 on the loaded documents and models (the package docstring's order)."""
         from ...rag.index import build_index
         from .filtering import self_filter
         from .keywords import load_vocabulary
 
-        started = time.time()
         cfg, run, main = job.config, job.run, job.session
-        scfg: SynRAGConfig = self.settings(cfg)
-        clip = float(job.plan.notes["clip"])
-        note = Notice(run, job.echo)
-        corpus, gen, emb_model = self._corpus_and_models(job, scfg, note)
         vocab = load_vocabulary(scfg.vocabulary, tokenizer=getattr(gen, "tokenizer", None),
                                 demo_seed=cfg.data.demo_seed)
         note(f"{self.name}: vocabulary of {len(vocab)} public terms ({vocab.source}), "
@@ -156,21 +166,23 @@ class SynRAG(Method):
         return Outcome(summary, facts={"sigma_h": sigma_h, "clip": clip},
                        message=f"{len(rows)} of {len(results)} synthetic documents kept")
 
-    def _corpus_and_models(self, job: Job, scfg: SynRAGConfig,
-                           note: Notice) -> tuple[Corpus, Any, Any]:
-        """The documents (on the Ray shards, or in this process), the generator (its logits
-        dtype set) and the embedder."""
+    def _corpus_and_models(self, job: Job) -> tuple[Corpus, Any, Any]:
+        """The documents (on the Ray shards, or in this process), the generator and the
+        embedder."""
         cfg = job.config
         engine = engine_of(job.dataset)
         corpus = (Corpus.on_shards(engine) if engine is not None and engine.engine == "ray"
                   else Corpus.in_process(cfg, job.dataset, job.run))
         gen, emb_model = load_models(cfg, job.run,
                                      job.generators[0] if job.generators else None, job.embedder)
+        return corpus, gen, emb_model
+
+    def _set_stepper(self, gen: Any, scfg: SynRAGConfig, note: Notice) -> None:
+        """The private prediction's dtype and engine (``synrag.logits_dtype``, ``.stepper``)."""
         if isinstance(gen, LogitsDtypeChoice):
             gen.set_logits_dtype(resolve_logits_dtype(scfg.logits_dtype))
         if isinstance(gen, StepperEngineChoice):
             note(f"{self.name}: private prediction on {choose_stepper(gen, scfg.stepper)}")
-        return corpus, gen, emb_model
 
     def statement(self, job: Job, outcome: Outcome) -> dict[str, Any]:
         """The zCDP accountant's (epsilon, delta) with Theorem 1's planned total."""
