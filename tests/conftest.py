@@ -43,10 +43,15 @@ _temp_root_in_memory()
 
 @pytest.fixture(autouse=True, scope="session")
 def _own_calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """`dpsynth plan`'s model timings (``$XDG_CACHE_HOME/dpsynth/calibration.json``) go to a
-    folder of the test session's, never to the user's cache."""
+    """`dpsynth plan`'s model timings and the solved noise multipliers
+    (``$XDG_CACHE_HOME/dpsynth/``) go to a folder of the test session's, shared by its xdist
+    workers and their subprocesses, never to the user's cache."""
     before = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's, above each worker's own folder
+    (root / "xdg-cache").mkdir(exist_ok=True)
+    os.environ["XDG_CACHE_HOME"] = str(root / "xdg-cache")
     yield
     if before is None:
         os.environ.pop("XDG_CACHE_HOME", None)
@@ -181,3 +186,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     tests = Path(__file__).parent
     return RayModulesTogether(config, log, together=ray_modules(tests),
                               whole=module_fixture_modules(tests))
+
+
+@pytest.fixture
+def small_probe(monkeypatch):
+    """The standalone bench commands probe the machine's capacity before and after at the
+    reference size (2048^3 GEMMs, 64 MB copies, three times each side: nearly all of these
+    tests' time at toy sizes); here at a toy size. The probe and its judgement are checked by
+    tests/test_bench_all.py's test_where_result_fields and
+    test_a_host_that_delivers_a_fraction_of_its_rate_is_not_quiet;
+    `dpsynth bench all` (test_bench_all_toy_sizes) probes through its production default."""
+    import functools
+
+    import dpsynth.cli.bench as cli_bench
+    from dpsynth.bench.machine import Where, probe_capacity
+
+    monkeypatch.setattr(cli_bench, "Where", functools.partial(
+        Where, probe=lambda: probe_capacity(size=64, mb=1, repeats=1)))

@@ -180,21 +180,6 @@ def test_bench_all_unknown_section():
     assert res.exit_code != 0
 
 
-@pytest.fixture
-def small_probe(monkeypatch):
-    """The standalone bench commands probe the machine's capacity before and after at the
-    reference size (2048^3 GEMMs, 64 MB copies, three times each side: nearly all of these
-    tests' time at toy sizes); here at a toy size. The probe and its judgement are checked by
-    test_where_result_fields and test_a_host_that_delivers_a_fraction_of_its_rate_is_not_quiet;
-    `bench all` above probes through its production default."""
-    import functools
-
-    import dpsynth.cli.bench as cli_bench
-
-    monkeypatch.setattr(cli_bench, "Where", functools.partial(
-        Where, probe=lambda: probe_capacity(size=64, mb=1, repeats=1)))
-
-
 @pytest.mark.parametrize("rate", [1.0, 0.3])
 def test_secpe_profile_folded_sums_equal(rate, small_probe):
     res = CliRunner().invoke(app, ["bench", "secpe-profile", "--private", "500", "--synthetic",

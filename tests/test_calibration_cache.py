@@ -1,8 +1,12 @@
 """calibrate_gaussian_sigma reuses an answer only for the same plan (a value, compared
 whole), and only after the accountant confirms it for that plan: a cached sigma can never miss
-the target."""
+the target. The same holds for the answers another process left on disk (SigmaCache), which
+are also refused when tol less noise would meet the target."""
 
 from __future__ import annotations
+
+import json
+import stat
 
 import pytest
 
@@ -23,12 +27,12 @@ def _plan(count: int) -> ReleasePlan:
 
 
 @pytest.fixture(autouse=True)
-def _empty_cache() -> None:
+def _empty_cache(tmp_path, monkeypatch) -> None:
     cal._CALIBRATED.clear()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
 
 
-@pytest.mark.parametrize("kind", ["rdp", "pld"])
-def test_the_same_plan_is_answered_once_with_the_same_sigma(kind: str, monkeypatch) -> None:
+def _counted(monkeypatch) -> list[float]:
     searches: list[float] = []
     search = cal._calibrate
 
@@ -37,6 +41,12 @@ def test_the_same_plan_is_answered_once_with_the_same_sigma(kind: str, monkeypat
         return search(*args, **kwargs)
 
     monkeypatch.setattr(cal, "_calibrate", counted)
+    return searches
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_the_same_plan_is_answered_once_with_the_same_sigma(kind: str, monkeypatch) -> None:
+    searches = _counted(monkeypatch)
     first = cal.calibrate_gaussian_sigma(EPS, DELTA, _plan(3), kind=kind)
     searched = len(searches)
     again = cal.calibrate_gaussian_sigma(EPS, DELTA, _plan(3), kind=kind)  # an equal value
@@ -58,3 +68,35 @@ def test_a_cached_answer_is_confirmed_before_it_is_reused() -> None:
     cal._CALIBRATED[key] = 0.01  # an answer that misses the target (a stale or bad entry)
     sigma = cal.calibrate_gaussian_sigma(EPS, DELTA, plan, kind="rdp")
     assert sigma > 0.01 and _eps(plan, sigma, "rdp") <= EPS
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_another_process_reuses_the_answer_on_disk(kind: str, monkeypatch) -> None:
+    first = cal.calibrate_gaussian_sigma(EPS, DELTA, _plan(3), kind=kind)
+    cal._CALIBRATED.clear()  # a new process: only the disk remembers
+    searches = _counted(monkeypatch)
+    again = cal.calibrate_gaussian_sigma(EPS, DELTA, _plan(3), kind=kind)
+    assert searches == [] and again == first
+    path = cal.SigmaCache().path
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    stored = json.loads(path.read_text())["sigma"]  # hashes and noise multipliers only
+    assert all(len(k) == 64 and isinstance(v, float) for k, v in stored.items())
+    other = cal.calibrate_gaussian_sigma(EPS, DELTA, _plan(4), kind=kind)
+    assert len(searches) >= 1 and _eps(_plan(4), other, kind) <= EPS  # its own search
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_an_edited_entry_on_disk_is_not_used(factor: float, monkeypatch) -> None:
+    """Too little noise would miss the target; too much would waste utility: either is
+    found by the accountant, and the search runs again."""
+    plan = _plan(3)
+    first = cal.calibrate_gaussian_sigma(EPS, DELTA, plan, kind="rdp")
+    cache = cal.SigmaCache()
+    data = json.loads(cache.path.read_text())
+    data["sigma"] = {k: v * factor for k, v in data["sigma"].items()}
+    cache.path.write_text(json.dumps(data))
+    cal._CALIBRATED.clear()
+    searches = _counted(monkeypatch)
+    again = cal.calibrate_gaussian_sigma(EPS, DELTA, plan, kind="rdp")
+    assert len(searches) == 1 and again == first
+    assert cache.get((EPS, DELTA, "rdp", 1e-4, 1e7, plan)) == first  # the entry is mended

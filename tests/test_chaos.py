@@ -29,7 +29,7 @@ from fault_proxy import FaultProxy, body_key, running
 pytestmark = [pytest.mark.chaos, pytest.mark.models]
 
 RATES = {"503": 0.12, "429": 0.08, "reset": 0.10, "hang": 0.05}
-TIMEOUT_S = 40  # the client's per-attempt timeout
+TIMEOUT_S = 20  # the client's per-attempt timeout (a hang costs one; 4 rows of 16 tokens take ~6 s)
 
 
 class ClientLog:
@@ -91,7 +91,7 @@ def test_tiny_run_completes_through_a_flaky_server(smollm, tmp_path, monkeypatch
     # iterations; shorter texts to save time. One request per POST, 12 of them for the first
     # pool alone: with the proxy's seed 11 the attempts meet 503s, 429s and a hang (the 12th)
     raw["privacy"].update(noise="seeded", seed=3)
-    raw["synthesis"].update(samples=6)
+    raw["synthesis"].update(samples=6, min_words=4, max_words=12)  # none refused as short
     # the server never refuses by itself (no queue timeout), so every failed attempt is an
     # injected fault or the client's own timeout; a hang lasts until the client gives up
     with running(create_app(smollm, max_batch_requests=8, queue_timeout_s=3600)) as upstream, \

@@ -34,7 +34,7 @@ def test_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - our own doc
     result = namespace["result"]
-    assert len(result.synthetic) == 12
+    assert len(result.synthetic) == 6
     assert list(result.synthetic.columns) == ["text", "department"]
     assert result.privacy["epsilon"] <= 4.0 + 1e-9
     assert (tmp_path / "runs" / "messages-eps4" / "eval" / "report.html").is_file()

@@ -740,7 +740,7 @@ def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
             parse_mode(bad)
 
 
-def test_bench_dp_finetune_command(tmp_path: Path) -> None:
+def test_bench_dp_finetune_command(tmp_path: Path, small_probe) -> None:
     """``dpsynth bench dp-finetune --json``: a path in its own process, with the machine it
     ran on; an unknown path is a usage error."""
     from typer.testing import CliRunner

@@ -229,7 +229,7 @@ def test_config_engine_field() -> None:
 
 
 @models
-def test_bench_embedding_cli_json(model_cache, monkeypatch) -> None:
+def test_bench_embedding_cli_json(model_cache, monkeypatch, small_probe) -> None:
     from typer.testing import CliRunner
 
     from dpsynth.cli import app

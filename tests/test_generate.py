@@ -81,8 +81,12 @@ def _releases(run: Path) -> dict[str, dict]:
 @pytest.mark.models
 def test_aug_pe_killed_after_a_release_resumes_without_redraw_or_repeat(tmp_path):
     # the tiny example with the fewest samples it allows (one per department): every step
-    # still runs (label counts, two vote rounds, variations, the release)
-    config = _config(tmp_path, **{"synthesis.samples": 6})
+    # still runs (label counts, two vote rounds, variations, the release); short texts in a
+    # declared public length band (none refused as too short, so none generated twice)
+    config = _config(tmp_path, **{"synthesis.samples": 6, "synthesis.min_words": 4,
+                                  "synthesis.max_words": 12,
+                                  "generators": [{"model": "smollm2", "max_new_tokens": 16,
+                                                  "batch_size": 16}]})
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "dpsynth.cli", "generate", str(config), "--output", str(run),

@@ -233,10 +233,12 @@ def test_aug_pe_run_through_an_openai_compatible_server(smollm, tmp_path, monkey
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.json"))
     raw = yaml.safe_load((Path(__file__).parents[1] / "examples" / "tiny-aug-pe.yaml")
                          .read_text())
-    raw["synthesis"].update(samples=6, iterations=1)
+    # short texts (a declared public length band, so none is refused as too short): the
+    # transport is under test here, not the length estimate
+    raw["synthesis"].update(samples=6, iterations=1, min_words=4, max_words=12)
     with running(create_app(smollm)) as url:
         raw["generators"] = [{"backend": "openai", "base_url": url, "model": "smollm2",
-                              "max_new_tokens": 24, "max_concurrency": 2}]
+                              "max_new_tokens": 16, "max_concurrency": 2}]
         cfg = tmp_path / "openai.yaml"
         cfg.write_text(yaml.safe_dump(raw))
         run = run_generation(cfg, tmp_path / "run", progress=False)

@@ -390,7 +390,7 @@ def test_rag_ask_cli_json(tiny_kb) -> None:
 
 
 @pytest.mark.models  # the command loads SmolLM2 itself (no fixture marks it)
-def test_bench_private_prediction_measures_the_default_at_its_own_rows() -> None:
+def test_bench_private_prediction_measures_the_default_at_its_own_rows(small_probe) -> None:
     """The command issue 24 names, on the real model: every field it reports, the speed-up
     as the ratio of the two rates, and, left unset, one pass of all the cluster's rows (a
     build's default of k), not a fixed 16. At a width of 64 document tokens (the two demo

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 
 
-def test_bench_voting_json_small():
+def test_bench_voting_json_small(small_probe):
     res = CliRunner().invoke(
         app,
         ["bench", "voting", "--private", "3000", "--synthetic", "300", "--clusters", "20",

@@ -210,7 +210,7 @@ def test_vote_index_config_and_validation():
                  np.zeros(2, int))
 
 
-def test_bench_knn_json_small():
+def test_bench_knn_json_small(small_probe):
     res = CliRunner().invoke(app, ["bench", "knn", "--private", "3000", "--synthetic", "500",
                                    "--dim", "32", "--clusters", "20", "--nprobe", "2",
                                    "--no-reference", "--json"])

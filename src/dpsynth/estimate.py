@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import textwrap
 import time
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .embed import Embedder
-from .files import atomic_write_json
+from .files import atomic_write_json, user_cache_dir
 from .llm import GenerationRequest, SamplingParams, load_generator
 from .llm.base import Completer
 from .llm.runtime import available_cores, resolve_device
@@ -149,9 +148,7 @@ def embedder_key(ecfg: EmbedderConfig) -> str:
 
 def cache_path() -> Path:
     """``$XDG_CACHE_HOME/dpsynth/calibration.json``, else ``~/.cache/dpsynth/...``."""
-    root = os.environ.get("XDG_CACHE_HOME")
-    base = Path(root).expanduser() if root else Path.home() / ".cache"
-    return base / "dpsynth" / "calibration.json"
+    return user_cache_dir() / "calibration.json"
 
 
 class RateCache:

@@ -118,6 +118,14 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def user_cache_dir() -> Path:
+    """dpsynth's cache of public facts for this user: ``$XDG_CACHE_HOME/dpsynth``, else
+    ``~/.cache/dpsynth``."""
+    root = os.environ.get("XDG_CACHE_HOME")
+    base = Path(root).expanduser() if root else Path.home() / ".cache"
+    return base / "dpsynth"
+
+
 def atomic_write_json(path: str | Path, obj: Any, mode: int | None = None) -> None:
     """Write ``obj`` as indented JSON atomically (numpy values and paths are converted)."""
     atomic_write_text(path, json.dumps(obj, indent=2, default=_jsonable) + "\n", mode)

@@ -53,9 +53,11 @@ def public_top_share(gen: Any, prompt: str, texts: list[str], names: list[str],
         pos = text.lower().find(name.lower())
         before = gen.encode(text[:pos].rstrip())
         span = gen.encode(text[:pos + len(name)])[len(before):]
-        with gen.open_stepper([prompt]) as pub:
-            for tok in before:
-                pub.advance(tok)
+        # the prompt, then the text before the name, prefilled in one pass (the stepper's row
+        # is encode_prompt(prompt) + encode(text before), the tokens advanced one by one)
+        opened = (gen.open_stepper([text[:pos].rstrip()], shared_prefix=prompt) if before
+                  else gen.open_stepper([prompt]))
+        with opened as pub:
             for tok in span:
                 total += 1
                 inside += int(tok in set(top_tokens(pub.logits()[0], top).tolist()))
@@ -181,8 +183,9 @@ def bench_private_prediction(model: str = "smollm2", docs: int = 16, tokens: int
                                                                corpus["text"], strict=True)]]
     share = disease_token_share(gen, list(with_name["text"]), list(with_name["disease"]),
                                 support.fixed)
-    top_share = public_top_share(gen, prefix + suffix, list(with_name["text"])[:12],
-                                 list(with_name["disease"])[:12], top)
+    named = min(12, docs)  # documents naming their disease: as many as the bench's, to 12
+    top_share = public_top_share(gen, prefix + suffix, list(with_name["text"])[:named],
+                                 list(with_name["disease"])[:named], top)
     best = {k: min(v, key=sum) for k, v in times.items()}
     tps = {k: tokens / sum(v) for k, v in best.items()}
     return {

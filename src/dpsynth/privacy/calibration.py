@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
 
 from dp_accounting import calibrate_dp_mechanism
 from dp_accounting.dp_event import DpEvent
@@ -14,6 +18,7 @@ from dp_accounting.mechanism_calibration import (
     NoBracketIntervalFoundError,
 )
 
+from ..files import atomic_write_json, user_cache_dir
 from .accountant import Accountant
 from .errors import PrivacyConfigError
 from .events import GaussianEvent, to_dp_event
@@ -75,7 +80,17 @@ def calibrate_gaussian_sigma(
     cached = _CALIBRATED.get(key)
     if cached is not None and eps_at(cached) <= epsilon:
         return cached
-    sigma = _calibrate(epsilon, delta, kind, tol, sigma_max, event, eps_at, plan)
+    # Another process (`plan` before `generate`, a resume, a second run of a config) solved the
+    # same plan: its answer on disk is taken only when the accountant confirms that it meets
+    # the target and that tol less noise would not (a stale or edited entry costs a search).
+    disk = SigmaCache()
+    stored = disk.get(key)
+    if stored is not None and eps_at(stored) <= epsilon and (
+            stored - tol <= _SIGMA_MIN or eps_at(stored - tol) > epsilon):
+        sigma = stored
+    else:
+        sigma = _calibrate(epsilon, delta, kind, tol, sigma_max, event, eps_at, plan)
+        disk.put(key, sigma)
     if len(_CALIBRATED) >= 256:
         _CALIBRATED.pop(next(iter(_CALIBRATED)))
     _CALIBRATED[key] = sigma
@@ -84,6 +99,57 @@ def calibrate_gaussian_sigma(
 
 #: calibrate_gaussian_sigma's answers in this process (see the comment there)
 _CALIBRATED: dict[tuple, float] = {}
+
+
+class SigmaCache:
+    """Solved noise multipliers on disk, shared by this user's processes
+    (``$XDG_CACHE_HOME/dpsynth/noise-calibration.json``): each keyed by a hash of the target,
+    the accountant, the plan and dp_accounting's version. A noise multiplier is released in
+    every privacy statement, so the file holds nothing a release does not; a file that cannot
+    be read or written only costs a search."""
+
+    VERSION = 1
+    #: entries kept (the oldest are dropped)
+    LIMIT = 1024
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else user_cache_dir() / "noise-calibration.json"
+
+    @staticmethod
+    def digest(key: tuple) -> str | None:
+        """The entry's name, or None for a key without a stable text form."""
+        text = repr((key, version("dp-accounting")))
+        return None if " at 0x" in text else hashlib.sha256(text.encode()).hexdigest()
+
+    def _read(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("version") != self.VERSION:
+            return {}
+        entries = data.get("sigma")
+        return entries if isinstance(entries, dict) else {}
+
+    def get(self, key: tuple) -> float | None:
+        name = self.digest(key)
+        value = self._read().get(name) if name else None
+        return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+    def put(self, key: tuple, sigma: float) -> None:
+        name = self.digest(key)
+        if name is None:
+            return
+        entries = self._read()
+        entries.pop(name, None)
+        entries[name] = sigma
+        while len(entries) > self.LIMIT:
+            entries.pop(next(iter(entries)))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, {"version": self.VERSION, "sigma": entries}, mode=0o600)
+        except OSError:
+            pass
 
 
 def _calibrate(epsilon: float, delta: float, kind: str, tol: float, sigma_max: float,
