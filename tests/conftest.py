@@ -14,6 +14,11 @@ from xdist_scheduler import RayModulesTogether, module_fixture_modules, ray_modu
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Two xdist workers share the cores, and a stepper runs on every core whatever the load
+# (dpsynth.llm.runtime.stepper_threads): OpenMP threads that spin while they wait for a busy
+# core made torch twice as slow here (30 SmolLM2 steps on 2 threads, two processes at once:
+# 13.5 s spinning, 6.5 s passive, 5.9 s alone). Sleeping waits change no result, only time.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("DPSYNTH_SHARED_DATA", REPO.parent / "shared" / "data"))

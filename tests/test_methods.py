@@ -104,15 +104,22 @@ def test_secpe_no_protection_asked_says_so(tmp_path):
     assert noise["noise_sigma"] == 0
 
 
-# The real-model runs below are the tiny examples with fewer samples: what they prove is the
-# method's path on the real generators, not the texts' quality. Their max_new_tokens stays the
-# examples' 40: a shorter text falls under the length band's lower edge (16 words on the demo
-# corpus, dpsynth.evolution.lengths) and is refused and generated again, which costs more.
+# The real-model runs below are the tiny examples with fewer samples and shorter texts: what
+# they prove is the method's path on the real generators, not the texts' quality. With fewer
+# tokens a text would fall under the length band's lower edge (16 words on the demo corpus,
+# dpsynth.evolution.lengths) and be refused and generated again, so the band is declared (a
+# public value, synthesis.min_words / max_words) where the method has one.
+SHORT = {"synthesis.min_words": 4, "synthesis.max_words": 12}
+
+
+def _short(*models: str) -> dict:
+    return {"generators": [{"model": m, "max_new_tokens": 16} for m in models]}
 
 
 @pytest.mark.models
 def test_wasp_two_generators_end_to_end(tmp_path):
-    cfg = _config(tmp_path, "tiny-wasp.yaml", **{"synthesis.samples": 12})
+    cfg = _config(tmp_path, "tiny-wasp.yaml", **{"synthesis.samples": 12, **SHORT,
+                                                 **_short("smollm2", "gemma3")})
     run = run_generation(cfg, tmp_path / "wasp", progress=False)
     rows = _jsonl(run / "release" / "synthetic.jsonl")
     assert 8 <= len(rows) <= 12  # accumulated over 3 rounds (failures dropped)
@@ -134,7 +141,8 @@ def test_wasp_two_generators_end_to_end(tmp_path):
 def test_secpe_random_word_secrets_end_to_end(tmp_path):
     # discretization: a coarser grid of the (p, r) accountant, pessimistic at any grid
     cfg = _config(tmp_path, "tiny-secpe.yaml", **{"synthesis.samples": 6,
-                                                  "secpe.discretization": 1e-2})
+                                                  "secpe.discretization": 1e-2, **SHORT,
+                                                  **_short("smollm2")})
     run = run_generation(cfg, tmp_path / "secpe", progress=False)
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     sp = privacy["secret_protection"]
@@ -165,7 +173,8 @@ def test_secpe_secret_matching_every_record_is_refused(tmp_path):
 @pytest.mark.models
 def test_zero_shot_spends_nothing(tmp_path):
     cfg = _config(tmp_path, "tiny-aug-pe.yaml", method="zero_shot",
-                  **{"privacy.epsilon": 0, "synthesis.samples": 6})
+                  **{"privacy.epsilon": 0, "synthesis.samples": 6, **SHORT,
+                     **_short("smollm2")})
     run = run_generation(cfg, tmp_path / "zs", progress=False)
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     assert privacy["epsilon"] == 0 and privacy["mechanisms"] == []
@@ -181,8 +190,8 @@ def test_aug_pe_lookahead_and_user_level(tmp_path):
                   **{"synthesis.lookahead": 1, "synthesis.iterations": 1,
                      "synthesis.samples": 6, "data.labels": ["urgency"],
                      "prompts.label_template": "Its urgency is {urgency}.",
-                     "data.user": "patient_id", "privacy.unit": "user",
-                     "generators": [{"model": "smollm2", "max_new_tokens": 24}]})
+                     "data.user": "patient_id", "privacy.unit": "user", **SHORT,
+                     **_short("smollm2")})
     run = run_generation(cfg, tmp_path / "look", progress=False)
     privacy = json.loads((run / "release" / "privacy.json").read_text())
     assert privacy["unit"] == "user" and privacy["epsilon"] <= 4.0 + 1e-6
