@@ -226,7 +226,7 @@ def test_topp_runs_within_candidates_and_the_rest_is_exact() -> None:
 
 @needs_ct2
 @models
-def test_bench_generation_cli_json(smollm) -> None:
+def test_bench_generation_cli_json(smollm, small_probe) -> None:
     from typer.testing import CliRunner
 
     from dpsynth.cli.bench import bench_app
