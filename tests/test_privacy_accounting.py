@@ -476,3 +476,33 @@ def test_subsampled_gaussian_rdp_is_dp_accountings_to_the_bit() -> None:
         ref.compose(dp_event.PoissonSampledDpEvent(0.032, dp_event.GaussianDpEvent(0.78)), steps)
         ref.compose(dp_event.PoissonSampledDpEvent(0.016, dp_event.GaussianDpEvent(1.1)), 3)
         assert ours.epsilon(1e-5) == ref.get_epsilon(1e-5)
+
+
+def test_an_answer_is_computed_once_per_process_for_the_same_events(monkeypatch) -> None:
+    """Accountants of the same kind, discretisation and composed events share their answers
+    (a calibration asks several fresh accountants the same question); another event count,
+    kind or query is computed for itself, and the shared answer is the one computed."""
+    import dpsynth.privacy.accountant as accountant_mod
+    from dpsynth.privacy import Accountant, GaussianEvent
+
+    monkeypatch.setattr(accountant_mod, "_ANSWERS", {})
+    calls: list[str] = []
+    computed = Accountant._epsilon
+
+    def counted(self, groups, delta):
+        calls.append(self.kind)
+        return computed(self, groups, delta)
+
+    monkeypatch.setattr(Accountant, "_epsilon", counted)
+
+    def eps(kind: str, count: int, delta: float = 1e-5) -> float:
+        acc = Accountant(kind)
+        acc.add(GaussianEvent(3.0, 1.0, count))
+        return acc.epsilon(delta)
+
+    first = eps("pld", 7)
+    assert eps("pld", 7) == first and calls == ["pld"]  # a fresh accountant, not recomputed
+    assert eps("pld", 8) > first and eps("rdp", 7) >= first and eps("pld", 7, 1e-6) > first
+    assert calls == ["pld", "pld", "rdp", "pld"]
+    monkeypatch.setattr(accountant_mod, "_ANSWERS", {})
+    assert eps("pld", 7) == first and len(calls) == 5  # the same answer, computed again
