@@ -37,7 +37,6 @@ record count is the one ``plan`` already prints, a stated one with ``--no-data``
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import textwrap
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .embed import Embedder
-from .files import atomic_write_json, user_cache_dir
+from .files import read_cache_file, user_cache_dir, write_cache_file
 from .llm import GenerationRequest, SamplingParams, load_generator
 from .llm.base import Completer
 from .llm.runtime import available_cores, resolve_device
@@ -158,15 +157,8 @@ class RateCache:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else cache_path()
 
-    def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) and data.get("version") == CACHE_VERSION else {}
-
     def get(self, kind: str, key: str) -> Rate | None:
-        entry = self._read().get(kind, {}).get(key)
+        entry = read_cache_file(self.path, CACHE_VERSION).get(kind, {}).get(key)
         try:
             return Rate(float(entry["per_s"]), float(entry["load_s"]), float(entry["seconds"]),
                         cached=True)
@@ -175,13 +167,9 @@ class RateCache:
 
     def put(self, kind: str, key: str, rate: Rate) -> None:
         """Store ``rate`` (a cache that cannot be written only costs a later calibration)."""
-        data = self._read() or {"version": CACHE_VERSION}
+        data = read_cache_file(self.path, CACHE_VERSION)
         data.setdefault(kind, {})[key] = rate.to_json()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.path, data)
-        except OSError:
-            pass
+        write_cache_file(self.path, data, CACHE_VERSION)
 
 
 # -- the calibration -----------------------------------------------------------------------

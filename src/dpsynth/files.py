@@ -126,6 +126,27 @@ def user_cache_dir() -> Path:
     return base / "dpsynth"
 
 
+def read_cache_file(path: Path, version: int) -> dict[str, Any]:
+    """A cache file of public facts (:func:`write_cache_file`): its contents, or ``{}`` when
+    it is missing, unreadable or of another ``version`` (a cache only saves recomputing)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("version") == version else {}
+
+
+def write_cache_file(path: Path, data: dict[str, Any], version: int,
+                     mode: int | None = None) -> None:
+    """Write ``data`` with its ``version`` atomically; a cache that cannot be written is
+    skipped (it only costs recomputing later)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {**data, "version": version}, mode)
+    except OSError:
+        pass
+
+
 def atomic_write_json(path: str | Path, obj: Any, mode: int | None = None) -> None:
     """Write ``obj`` as indented JSON atomically (numpy values and paths are converted)."""
     atomic_write_text(path, json.dumps(obj, indent=2, default=_jsonable) + "\n", mode)

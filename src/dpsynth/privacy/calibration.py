@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable
 from importlib.metadata import version
@@ -18,7 +17,7 @@ from dp_accounting.mechanism_calibration import (
     NoBracketIntervalFoundError,
 )
 
-from ..files import atomic_write_json, user_cache_dir
+from ..files import read_cache_file, user_cache_dir, write_cache_file
 from .accountant import Accountant
 from .errors import PrivacyConfigError
 from .events import GaussianEvent, to_dp_event
@@ -122,13 +121,7 @@ class SigmaCache:
         return None if " at 0x" in text else hashlib.sha256(text.encode()).hexdigest()
 
     def _read(self) -> dict[str, float]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("version") != self.VERSION:
-            return {}
-        entries = data.get("sigma")
+        entries = read_cache_file(self.path, self.VERSION).get("sigma")
         return entries if isinstance(entries, dict) else {}
 
     def get(self, key: tuple) -> float | None:
@@ -145,11 +138,7 @@ class SigmaCache:
         entries[name] = sigma
         while len(entries) > self.LIMIT:
             entries.pop(next(iter(entries)))
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.path, {"version": self.VERSION, "sigma": entries}, mode=0o600)
-        except OSError:
-            pass
+        write_cache_file(self.path, {"sigma": entries}, self.VERSION, mode=0o600)
 
 
 def _calibrate(epsilon: float, delta: float, kind: str, tol: float, sigma_max: float,
