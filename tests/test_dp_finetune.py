@@ -271,13 +271,16 @@ def test_a_finished_run_resumed_trains_nothing(tmp_path: Path) -> None:
         DPSGD(_tiny(), _examples(), _settings(steps=3), tmp_path, Keys(), 0).run()
 
 
-def test_the_clipped_sum_is_exact_and_rows_apart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["loop", "hooks"])
+def test_the_clipped_sum_is_exact_and_rows_apart(tmp_path: Path, mode: str) -> None:
     """One record added to a batch moves the exact (fixed-point integer) sum of clipped
-    gradients by that record's own clipped gradient, bit for bit (``loop``: one record per
-    pass), and every clipped gradient has norm <= C; hooks and ghost clipping compute the same
-    clipped sum up to float rounding."""
+    gradients by that record's own clipped gradient, bit for bit, and every clipped gradient
+    has norm <= C: on ``loop`` (one record a pass) and on ``hooks`` (fixed-shape passes of 3
+    rows: the added record shifts every other record to another row and pass); ghost clipping
+    computes the same clipped sum up to float rounding."""
     ex = _examples()
-    trainer = DPSGD(_tiny(), ex, _settings(clip=0.05), tmp_path, Keys(), 0)
+    trainer = DPSGD(_tiny(), ex, _settings(clip=0.05, clipping=mode, micro_batch=3), tmp_path,
+                    Keys(), 0)
     rows = np.arange(1, 9)
     base, _ = trainer.clipped_sum(rows)
     more, _ = trainer.clipped_sum(np.concatenate([[0], rows]))
@@ -286,13 +289,37 @@ def test_the_clipped_sum_is_exact_and_rows_apart(tmp_path: Path) -> None:
         assert bool(((m - b) == a).all())
     norm = math.sqrt(sum(float((a.double() / 2**32).pow(2).sum()) for a in alone))
     assert 0 < norm <= 0.05
-    for mode in ("hooks", "ghost"):
-        other = DPSGD(_tiny(), ex, _settings(clip=0.05, clipping=mode, micro_batch=3),
-                      tmp_path / mode, Keys(), 0)
-        sums, _ = other.clipped_sum(rows)
-        for b, s in zip(base, sums, strict=True):
-            np.testing.assert_allclose(s.double().numpy() / 2**32, b.double().numpy() / 2**32,
-                                       atol=1e-6)
+    other_mode = "ghost" if mode == "loop" else "loop"
+    other = DPSGD(_tiny(), ex, _settings(clip=0.05, clipping=other_mode, micro_batch=3),
+                  tmp_path / other_mode, Keys(), 0)
+    sums, _ = other.clipped_sum(rows)
+    for b, s in zip(base, sums, strict=True):
+        np.testing.assert_allclose(s.double().numpy() / 2**32, b.double().numpy() / 2**32,
+                                   atol=1e-6)
+
+
+def test_hooks_passes_have_a_fixed_shape_set_by_each_record_alone() -> None:
+    """The hooks path's passes: every record once, at the width its own length gives (never
+    the longest record's), ``micro_batch`` rows a pass with filler rows that carry no target;
+    loop is one record a pass."""
+    import torch
+
+    from dpsynth.methods.dpfinetune.train import fixed_shape_batch, passes
+
+    ex = [Example(tuple(range(1, n + 1)), 2) for n in (5, 17, 40, 16, 70, 3)]
+    got = passes(ex, np.arange(6), "hooks", 2)
+    assert sorted(int(i) for _, part in got for i in part) == list(range(6))
+    assert all(len(part) <= 2 for _, part in got)
+    width_of = {int(i): w for w, part in got for i in part}
+    assert width_of == {0: 16, 1: 32, 2: 48, 3: 16, 4: 96, 5: 16}
+    assert [len(part) for _, part in passes(ex, np.arange(6), "loop", 2)] == [1] * 6
+    ids, attn, target = fixed_shape_batch([ex[0]], 16, 3, pad_id=0)
+    assert tuple(ids.shape) == (3, 16) and tuple(target.shape) == (3, 15)
+    assert attn[0].tolist() == [1] * 5 + [0] * 11 and target[0].sum() == 3
+    assert attn[1:].sum(dim=1).tolist() == [1, 1] and not bool(target[1:].any())
+    assert torch.equal(ids[1:], torch.zeros((2, 16), dtype=torch.long))
+    with pytest.raises(ValueError, match="fixed shape"):
+        fixed_shape_batch([ex[1]], 16, 3, pad_id=0)
 
 
 def test_the_noise_has_the_planned_scale(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_a_texts_vector_is_its_own(engine, engines, demo_texts) -> None:
 
 
 def test_fixed_shape_passes_cover_every_text_once_at_its_own_width() -> None:
-    from dpsynth.embed.engines import fixed_shape_arrays, fixed_shape_passes, padded_width
+    from dpsynth.fixed_shape import fixed_shape_arrays, fixed_shape_passes, padded_width
 
     assert [padded_width(n, 256) for n in (1, 16, 17, 64, 65, 96, 97, 300)] == \
         [16, 16, 32, 64, 96, 96, 128, 256]

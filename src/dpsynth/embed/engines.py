@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..files import atomic_write_bytes
+from ..fixed_shape import (
+    fixed_shape_arrays,
+    fixed_shape_passes,
+    padded_width,
+)
 from ..llm.runtime import import_openvino
 
 # Public probe sentences (varied lengths, one past the 256-token limit) that a fast engine must
@@ -40,41 +44,6 @@ PROBES: tuple[str, ...] = (
              * 6),
     " ".join(f"item {i} costs {i * 3} dollars and ships in {i % 7 + 1} days." for i in range(60)),
 )
-
-
-def padded_width(tokens: int, max_len: int) -> int:
-    """The width a text of ``tokens`` tokens is padded to: rounded up to a multiple of 16 up to
-    64 tokens, of 32 beyond, at most ``max_len`` (a public rule: the shape is the text's own)."""
-    step = 16 if tokens <= 64 else 32
-    return min(max_len, max(step, -(-tokens // step) * step))
-
-
-def fixed_shape_passes(lengths: Sequence[int], rows: int,
-                       max_len: int) -> list[tuple[int, np.ndarray]]:
-    """``(width, indices)`` of each pass: the texts of each :func:`padded_width`, widest
-    first, ``rows`` at most a pass (a pass of fewer is filled to ``rows`` by fillers)."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
-    widths = np.array([padded_width(n, max_len) for n in lengths], dtype=np.int64)
-    passes = []
-    for w in sorted(set(widths.tolist()), reverse=True):
-        idx = np.flatnonzero(widths == w)
-        passes += [(int(w), idx[s : s + rows]) for s in range(0, len(idx), rows)]
-    return passes
-
-
-def fixed_shape_arrays(token_rows: Sequence[Sequence[int]], width: int, rows: int, pad_id: int,
-                       filler: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``(input_ids, attention_mask)`` of shape ``(rows, width)``: each row right-padded with
-    ``pad_id``, then ``filler`` rows (a public text) up to ``rows``."""
-    ids = np.full((rows, width), pad_id, dtype=np.int64)
-    mask = np.zeros((rows, width), dtype=np.int64)
-    for j in range(rows):
-        row = token_rows[j] if j < len(token_rows) else filler
-        n = min(len(row), width)
-        ids[j, :n] = row[:n]
-        mask[j, :n] = 1
-    return ids, mask
 
 
 class FixedShapeEngine:

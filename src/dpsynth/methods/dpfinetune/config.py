@@ -47,7 +47,8 @@ class DPFineTuneConfig(Section):
                     "file order) make the user's gradient, the mean of their per-record "
                     "gradients clipped to max_grad_norm as one; None = all of them. A public "
                     "bound on the work per user, not on the sensitivity (the clip bounds it)")
-    micro_batch: int = Field(8, ge=1, description="records per forward pass with hooks / ghost")
+    micro_batch: int = Field(8, ge=1, description="rows of a pass with hooks (fixed: filler "
+                                                   "rows fill a pass) / ghost")
     learning_rate: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
     max_grad_norm: float = Field(1.0, gt=0, description="per-sample clip C (L2); per user at "
                                                         "privacy.unit user")
@@ -61,10 +62,12 @@ class DPFineTuneConfig(Section):
                              "newline); dpsynth.methods.dpfinetune.prompts")
     clipping: Literal["loop", "hooks", "ghost"] = Field(
         "loop", description="per-sample gradients: one record per forward and backward pass "
-                            "(loop: no pass mixes records, each record's clipped gradient "
-                            "bit-identical whatever else is in the batch), or on micro-batches "
-                            "with Opacus's hooks or ghost clipping (norms only, two backward "
-                            "passes), equal to loop's up to float rounding only; "
+                            "(loop), or Opacus's hooks on passes of a fixed shape (micro_batch "
+                            "rows, each record at a width set by its own length): on both a "
+                            "record's clipped gradient is bit-identical whatever else is in "
+                            "the batch; or ghost clipping (norms only, two backward passes; "
+                            "the micro-batch's clipped gradients summed in floating point, "
+                            "equal to the others' up to rounding only). "
                             "benchmarks/results/dp_finetune.md measures them. privacy.unit "
                             "user needs loop")
     checkpoint_every: int = Field(1, ge=1, description="steps between checkpoints")

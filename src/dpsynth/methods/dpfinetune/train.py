@@ -18,10 +18,14 @@ L2, whatever their number of records; the noise and B (in users) as above. Only 
 path computes this (hooks and ghost clipping clip per record).
 
 Per-sample gradients (``clipping``): ``loop``, one record per forward and backward pass (no
-batch mixes records at all); ``hooks``, Opacus's GradSampleModule (per-sample gradients of a
-micro-batch from its hooks); ``ghost``, Opacus's fast gradient clipping (per-sample norms
-without the gradients, then a second backward pass of the clipped loss: Li et al. 2022,
-"Large language models can be strong differentially private learners", and Bu et al. 2023).
+batch mixes records at all); ``hooks``, Opacus's GradSampleModule (per-sample gradients from
+its hooks) on passes of a fixed shape (:mod:`dpsynth.fixed_shape`: ``micro_batch`` rows, each
+record padded to a width set by its own length, filler rows with no target), so a record's
+clipped gradient is bit-identical whatever records share its pass, as on ``loop``;
+``ghost``, Opacus's fast gradient clipping (per-sample norms without the gradients, then a
+second backward pass of the clipped loss: Li et al. 2022, "Large language models can be strong
+differentially private learners", and Bu et al. 2023), whose second pass sums a micro-batch's
+clipped gradients in floating point (equal to the others' sum up to rounding only).
 The models here have no batch normalisation: a record's per-sample gradient is a function of
 that record alone (layer/RMS norms and attention act within one sequence; right padding and
 the attention mask keep padded positions out).
@@ -109,6 +113,50 @@ def collate(examples: Sequence[Example], pad_id: int) -> tuple[Any, Any, Any]:
         attn[i, :len(e.ids)] = 1
         target[i, e.start - 1:len(e.ids) - 1] = True
     return ids, attn, target
+
+
+#: the width cap of a fixed-shape pass: none (a record's width follows from its own length
+#: alone, never from the longest record's)
+_NO_WIDTH_CAP = 1 << 30
+
+
+def fixed_shape_batch(examples: Sequence[Example], width: int, rows: int,
+                      pad_id: int) -> tuple[Any, Any, Any]:
+    """:func:`collate` at the fixed shape ``(rows, width)``: each example right-padded to
+    ``width``, then filler rows (one pad token attended, no target: loss and gradient 0) up to
+    ``rows``."""
+    import torch
+
+    if len(examples) > rows or any(len(e.ids) > width for e in examples):
+        raise ValueError("the examples do not fit the pass's fixed shape")
+    ids = torch.full((rows, width), int(pad_id), dtype=torch.long)
+    attn = torch.zeros((rows, width), dtype=torch.long)
+    target = torch.zeros((rows, width - 1), dtype=torch.bool)
+    attn[len(examples):, 0] = 1
+    for i, e in enumerate(examples):
+        ids[i, :len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
+        attn[i, :len(e.ids)] = 1
+        target[i, e.start - 1:len(e.ids) - 1] = True
+    return ids, attn, target
+
+
+def passes(examples: Sequence[Example], rows: np.ndarray, clipping: str,
+           micro_batch: int) -> list[tuple[int | None, np.ndarray]]:
+    """``(width, rows)`` of each forward and backward pass over ``rows`` (indices into
+    ``examples``): one record a pass on ``loop``; on ``hooks`` the fixed-shape passes of
+    :func:`dpsynth.fixed_shape.fixed_shape_passes` (width from each record's own length,
+    ``micro_batch`` rows); on ``ghost`` ``micro_batch`` records in order, padded to their
+    longest (width None)."""
+    from ...fixed_shape import fixed_shape_passes
+
+    rows = np.asarray(rows, dtype=np.int64)
+    if clipping == "loop":
+        return [(None, rows[i:i + 1]) for i in range(len(rows))]
+    if clipping == "hooks":
+        lengths = [len(examples[int(i)].ids) for i in rows]
+        return [(w, rows[idx]) for w, idx in fixed_shape_passes(lengths, micro_batch,
+                                                                _NO_WIDTH_CAP)]
+    return [(None, rows[lo:lo + micro_batch]) for lo in range(0, len(rows), micro_batch)]
 
 
 def per_sample_loss(model: Any, ids: Any, attn: Any, target: Any) -> Any:
@@ -279,11 +327,14 @@ class DPSGD:
             return self._user_sum(rows)
         sums = [torch.zeros(p.shape, dtype=torch.int64) for _, p in self.params]
         total = 0.0
-        size = 1 if self.s.clipping == "loop" else self.s.micro_batch
         engine = self._ensure_engine()
-        for lo in range(0, len(rows), size):
-            chunk = [self.examples[int(i)] for i in rows[lo:lo + size]]
-            ids, attn, target = collate(chunk, self.pad_id)
+        for width, part in passes(self.examples, rows, self.s.clipping, self.s.micro_batch):
+            chunk = [self.examples[int(i)] for i in part]
+            if width is None:
+                ids, attn, target = collate(chunk, self.pad_id)
+            else:
+                ids, attn, target = fixed_shape_batch(chunk, width, self.s.micro_batch,
+                                                      self.pad_id)
             for _, p in self.params:
                 p.grad = None
                 if hasattr(p, "grad_sample"):
@@ -296,7 +347,7 @@ class DPSGD:
             elif self.s.clipping == "hooks":
                 loss = per_sample_loss(engine, ids, attn, target)
                 loss.sum().backward()
-                clipped = self._clip([p.grad_sample for _, p in self.params])
+                clipped = self._clip([p.grad_sample[:len(chunk)] for _, p in self.params])
             else:
                 loss = per_sample_loss(engine, ids, attn, target)
                 loss.sum().backward(retain_graph=True)
@@ -311,7 +362,7 @@ class DPSGD:
                 clipped = [p.grad.unsqueeze(0) for _, p in self.params]
             for acc, c in zip(sums, clipped, strict=True):
                 acc += to_grid(c).sum(dim=0)
-            total += float(loss.detach().sum())
+            total += float(loss.detach()[:len(chunk)].sum())
         for _, p in self.params:
             p.grad = None
             if hasattr(p, "grad_sample"):
