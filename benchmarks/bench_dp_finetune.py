@@ -6,7 +6,7 @@ process, CPU and wall seconds per record of one DP-SGD step on a LoRA adapter of
 and the peak memory of each, with the machine and its load (``dpsynth.bench.machine.Where``).
 Prints JSON and writes the markdown table to ``--out``.
 
-    .venv/bin/python benchmarks/bench_dp_finetune.py [--samples 64] [--threads 2]
+    .venv/bin/python benchmarks/bench_dp_finetune.py [--samples 64] [--threads 2] [--mixed]
         [--modes loop,hooks,ghost,plain,loop-top8,hooks-top8]
         [--out benchmarks/results/dp_finetune.md]
 """
@@ -36,12 +36,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--mixed", action="store_true",
+                    help="record lengths drawn from tokens/4 to tokens (seed 0)")
     ap.add_argument("--modes", default="loop,hooks,ghost,plain,loop-top8,hooks-top8")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "dp_finetune.md")
     args = ap.parse_args()
     with Where() as where:
         res = bench_dp_finetune(args.model, args.modes.split(","), args.samples, args.threads,
-                                args.tokens, args.micro_batch)
+                                args.tokens, args.micro_batch, mixed=args.mixed)
     res["machine"] = where.result()
     print(json.dumps(res))
     print("\n".join(lines(res)), file=sys.stderr)

@@ -21,7 +21,8 @@ Arms, each through ``dpsynth.generate`` with its own ledger file (``privacy.ledg
 * ``wasp``: WASP's defaults (Q = 8, 8 demonstrations, contrastive, generator weighting) with
   both embedded generators, SmolLM2-135M-Instruct and Gemma 3 270M (the default is SmolLM2
   alone), ``synthesis.samples`` = N;
-* ``dp_finetune``: record level, ``clipping: hooks``, 1 epoch, batch size 32, the declared
+* ``dp_finetune``: record level, the default ``clipping: loop`` (``hooks`` before 2026-12-06;
+  the two differ in float rounding only), 1 epoch, batch size 32, the declared
   ``dp_finetune.records`` = 500, the default LoRA (r = 8 on q_proj / v_proj);
 * ``real``: the 500 private records themselves as the training set (the ceiling; no release).
 
@@ -107,7 +108,8 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
         # then); dp_finetune_topk samples from the 50 likeliest tokens, the default now;
         # dp_finetune_chat also trains and samples after the zero-shot request in the chat
         # template (dp_finetune.prompt: chat) instead of the plain label sentence
-        cfg["dp_finetune"] = {"records": RECORDS, "clipping": "hooks", "epochs": 1,
+        # per-sample gradients on the default path (loop) since 2026-12-06; hooks before
+        cfg["dp_finetune"] = {"records": RECORDS, "epochs": 1,
                               "batch_size": 32, "samples": samples,
                               "top_k": None if arm == "dp_finetune" else 50,
                               "prompt": "chat" if arm.startswith("dp_finetune_chat") else "plain"}

@@ -748,12 +748,24 @@ def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
     """The three per-sample gradient paths side by side at toy sizes, in this process: CPU
     and wall seconds per sample and peak memory for each, the ratios to hooks (the shape of
     the result, never the speed)."""
-    from dpsynth.bench.dp_finetune import bench_dp_finetune, lines, markdown, parse_mode
+    from dpsynth.bench.dp_finetune import (
+        bench_dp_finetune,
+        lines,
+        markdown,
+        parse_mode,
+        record_lengths,
+    )
 
     model_dir = _tiny_model_dir(tmp_path)
     res = bench_dp_finetune(str(model_dir), ("loop", "hooks", "ghost", "plain-top1"),
-                            samples=3, threads=1, tokens=12, micro_batch=2, isolate=False)
+                            samples=3, threads=1, tokens=12, micro_batch=2, isolate=False,
+                            mixed=True)
     assert list(res["paths"]) == ["loop", "hooks", "ghost", "plain-top1"]
+    assert res["lengths"] == "mixed, 8-12" and "8-12 tokens" in lines(res)[0]
+    assert record_lengths(4, 64, False) == [64] * 4
+    mixed = record_lengths(50, 64, True)
+    assert mixed == record_lengths(50, 64, True) and min(mixed) >= 16 and max(mixed) <= 64
+    assert len(set(mixed)) > 10
     for mode, r in res["paths"].items():
         assert r["cpu_per_sample"] >= 0 and r["wall_per_sample"] > 0
         assert r["peak_rss_mib"] > 0 and r["step_extra_mib"] >= 0 and r["samples"] == 3

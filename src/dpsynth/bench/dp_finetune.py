@@ -55,10 +55,22 @@ def _maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def record_lengths(samples: int, tokens: int, mixed: bool) -> list[int]:
+    """Each record's token count: ``tokens`` each, or (``mixed``) drawn uniformly from
+    ``max(8, tokens // 4)`` to ``tokens`` (seed 0), as real records vary: the fixed-shape
+    hooks path then fills part-empty passes with filler rows."""
+    import numpy as np
+
+    if not mixed:
+        return [tokens] * samples
+    rng = np.random.default_rng(0)
+    return [int(n) for n in rng.integers(max(8, tokens // 4), tokens + 1, size=samples)]
+
+
 def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int = 64,
-                 micro_batch: int = 8, rank: int = 8) -> dict[str, Any]:
-    """Time one DP-SGD step of ``samples`` random-token records with path ``mode`` in this
-    process (the adapter on a fresh copy of ``model``)."""
+                 micro_batch: int = 8, rank: int = 8, mixed: bool = False) -> dict[str, Any]:
+    """Time one DP-SGD step of ``samples`` random-token records (of :func:`record_lengths`)
+    with path ``mode`` in this process (the adapter on a fresh copy of ``model``)."""
     import numpy as np
     import torch
 
@@ -74,8 +86,8 @@ def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int 
     vocab = int(net.config.get_text_config().vocab_size)
     rng = np.random.default_rng(0)
     lo, hi = min(100, vocab // 2), min(40_000, vocab)
-    examples = [Example(tuple(int(x) for x in rng.integers(lo, hi, size=tokens)),
-                        min(8, tokens - 1)) for _ in range(samples)]
+    examples = [Example(tuple(int(x) for x in rng.integers(lo, hi, size=n)), min(8, n - 1))
+                for n in record_lengths(samples, tokens, mixed)]
     settings = StepSettings(noise_multiplier=1.0, q=1.0, steps=1, expected_batch=samples,
                             clip=1.0, learning_rate=1e-3,
                             clipping="loop" if base == "plain" else base,
@@ -143,7 +155,7 @@ def _in_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def bench_dp_finetune(model: str = "smollm2", modes: Sequence[str] = MODES, samples: int = 8,
                       threads: int = 2, tokens: int = 64, micro_batch: int = 8, rank: int = 8,
-                      isolate: bool = True) -> dict[str, Any]:
+                      isolate: bool = True, mixed: bool = False) -> dict[str, Any]:
     """Each path of ``modes`` on the same records, one after the other (each in its own
     process with ``isolate``); the module docstring says what is measured."""
     modes = list(modes)
@@ -156,11 +168,12 @@ def bench_dp_finetune(model: str = "smollm2", modes: Sequence[str] = MODES, samp
     paths: dict[str, dict[str, Any]] = {}
     for mode in modes:
         spec = {"model": model, "mode": mode, "samples": samples, "threads": threads,
-                "tokens": tokens, "micro_batch": micro_batch, "rank": rank}
+                "tokens": tokens, "micro_batch": micro_batch, "rank": rank, "mixed": mixed}
         paths[mode] = _in_child(spec) if isolate else measure_path(**spec)
     ref = paths.get(REFERENCE)
     return {
         "model": model, "samples": samples, "tokens": tokens, "threads": threads,
+        "lengths": (f"mixed, {max(8, tokens // 4)}-{tokens}" if mixed else "equal"),
         "micro_batch": micro_batch, "lora": {"rank": rank, "alpha": 2.0 * rank,
                                              "target_modules": ["q_proj", "v_proj"]},
         "isolated": isolate,
@@ -175,7 +188,7 @@ def bench_dp_finetune(model: str = "smollm2", modes: Sequence[str] = MODES, samp
 
 def lines(res: dict[str, Any]) -> list[str]:
     """The result for a person: one line per path, then the machine and its load."""
-    out = [f"DP-SGD step over {res['samples']} records of {res['tokens']} tokens, "
+    out = [f"DP-SGD step over {res['samples']} records of {_tokens(res)} tokens, "
            f"{res['model']}, LoRA r = {res['lora']['rank']}, {res['threads']} threads"]
     ratios = res.get("cpu_vs_hooks") or {}
     for mode, r in res["paths"].items():
@@ -193,6 +206,11 @@ def lines(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def _tokens(res: dict[str, Any]) -> str:
+    lengths = res.get("lengths", "equal")
+    return str(res["tokens"]) if lengths == "equal" else lengths.split(", ", 1)[1]
+
+
 def markdown(res: dict[str, Any], command: str) -> str:
     """A results table (benchmarks/results/dp_finetune.md style)."""
     m = res.get("machine") or {}
@@ -202,7 +220,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
         "",
         f"`{command}` on {m.get('cores', '?')} cores ({m.get('cpu_model', '?')}), "
         f"{time.strftime('%Y-%m-%d')}: one DP-SGD step over {res['samples']} records of "
-        f"{res['tokens']} tokens, {res['model']}, LoRA r = {res['lora']['rank']} on q_proj / "
+        f"{_tokens(res)} tokens, {res['model']}, LoRA r = {res['lora']['rank']} on q_proj / "
         f"v_proj, clip 1, AdamW. {res['memory']}. Load average {load.get('start')} at the "
         f"start, {load.get('max')} at most; quiet: {m.get('quiet')}.",
         "",

@@ -201,7 +201,9 @@ def dp_finetune(
         "loop,hooks,ghost", "--modes",
         help="Per-sample gradient paths, comma-separated: loop, hooks, ghost, plain (NOT "
              "private: a reference), each optionally -topK (adapters on the last K layers)."),
-    tokens: int = typer.Option(64, "--tokens", help="Tokens per record."),
+    tokens: int = typer.Option(64, "--tokens", help="Tokens per record (the most, --mixed)."),
+    mixed: bool = typer.Option(False, "--mixed",
+                               help="Record lengths drawn from tokens/4 to tokens (seed 0)."),
     threads: int = typer.Option(2, "--threads", help="torch threads."),
     micro_batch: int = typer.Option(8, "--micro-batch",
                                     help="Records per pass of hooks, ghost and plain."),
@@ -218,7 +220,7 @@ def dp_finetune(
         try:
             res = bench_dp_finetune(model, [m.strip() for m in modes.split(",") if m.strip()],
                                     samples, threads, tokens, micro_batch,
-                                    isolate=not in_process)
+                                    isolate=not in_process, mixed=mixed)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
     res["machine"] = where.result()

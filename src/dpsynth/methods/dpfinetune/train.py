@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from ...fixed_shape import fixed_shape_passes
+
 #: fixed-point grid of the exact sum of clipped gradients
 GRID_BITS = 32
 CHECKPOINT = "checkpoint.pt"
@@ -147,8 +149,6 @@ def passes(examples: Sequence[Example], rows: np.ndarray, clipping: str,
     :func:`dpsynth.fixed_shape.fixed_shape_passes` (width from each record's own length,
     ``micro_batch`` rows); on ``ghost`` ``micro_batch`` records in order, padded to their
     longest (width None)."""
-    from ...fixed_shape import fixed_shape_passes
-
     rows = np.asarray(rows, dtype=np.int64)
     if clipping == "loop":
         return [(None, rows[i:i + 1]) for i in range(len(rows))]

@@ -1,0 +1,216 @@
+"""InvisibleInk (Vinod et al., NeurIPS 2025: private prediction at inference time, each token
+an exponential mechanism over difference-clipped logits, top-k+ sampling) as an external
+baseline for issue 45, on bench_side_by_side.py's job.
+
+InvisibleInk is PyPI's ``invink`` (GPL-3). It runs in ITS OWN virtual environment: dpsynth
+never imports it and never installs it; this script starts that environment's Python on a
+JSON spec (the driver below is ours) and reads JSON back.
+
+    python3.11 -m venv /tmp/invink-venv
+    /tmp/invink-venv/bin/pip install torch==2.13.0 invink==0.1.0
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/bench_invisibleink.py \
+        --invink-python /tmp/invink-venv/bin/python [--per-intent 1] [--max-tokens 32]
+
+The job: Banking77's 10 most frequent intents, 500 private records (bench_side_by_side.job),
+epsilon 4, delta 1e-5, the embedded SmolLM2-135M-Instruct (the float weights dpsynth makes
+from its GGUF; the same model every dpsynth arm uses). InvisibleInk has no labels: it runs
+once per intent on that intent's records (disjoint partitions), with the public description
+of the side-by-side prompts ("Short questions that customers of an online bank ask. It is
+about <intent>.").
+
+Settings: invink's documented defaults (``batch_size`` 8: 7 private references and the public
+prompt a token; top-k 100; temperature 1), except three that would read the private data
+outside its guarantee or cannot run here:
+
+* ``num``: given, ``--per-intent`` texts per intent (invink's ``auto`` is the private record
+  count // 7);
+* ``max_toks``: given, ``--max-tokens`` (invink's ``auto`` is the mean + 2 std of the private
+  records' token counts);
+* ``dtype`` float32 on the CPU (``device_map`` -1; its default bfloat16 is emulated on a CPU
+  without bf16), ``allow_download`` False (the offline model folder).
+
+Accounting conventions, where they differ from dpsynth's (docs/which-method.md):
+
+* a text's clip norm is calibrated so that ``max_toks`` tokens meet (epsilon, delta) through
+  zCDP (rho a token = (C / ((B - 1) T))^2 / 2, composed over the tokens, converted to
+  (epsilon, delta));
+* texts are composed in parallel over disjoint batches of B - 1 records taken in file order:
+  a guarantee for replacing one record. Adding or removing one shifts every later record to
+  another batch, so under dpsynth's add/remove neighbours it is not a parallel composition;
+* ``epsilon_spent`` a text is data-dependent (the tokens generated before the end token); the
+  guarantee is the one at ``max_toks``.
+
+Writes benchmarks/results/invisibleink.md: the machine and its load, wall and CPU seconds a
+text (invink's process: ``RUSAGE_CHILDREN``), its peak memory, invink's epsilon and every text.
+With ``--evaluate`` (two or more texts per intent) also a classifier's accuracy on the test
+slice, as bench_side_by_side.py scores its arms (logistic regression on MiniLM embeddings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_side_by_side import DELTA, EPSILON, PROMPTS, job, load, machine  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "invisibleink.md"
+
+#: what runs in invink's own environment: read the spec, call invink.generate, print JSON
+DRIVER = r"""
+import json, sys, time
+import invink
+spec = json.load(sys.stdin)
+out = []
+for part in spec["parts"]:
+    t0 = time.time()
+    res = invink.generate(part["texts"], spec["model"], part["description"],
+                          epsilon=spec["epsilon"], delta=spec["delta"],
+                          batch_size=spec["batch_size"], num=part["num"],
+                          max_toks=spec["max_tokens"], dtype="float32", device_map=-1,
+                          allow_download=False, trust_remote_code=False,
+                          random_seed=spec["seed"])
+    out.append({"label": part["label"], "texts": list(res.texts), "lens": list(res.lens),
+                "epsilon_spent": list(res.epsilon_spent), "wall_s": time.time() - t0})
+print("INVINK-JSON " + json.dumps(out))
+"""
+
+
+def description(intent: str) -> str:
+    """The public description of one intent's records (the side-by-side prompts)."""
+    return ("Short questions that customers of an online bank ask. "
+            + PROMPTS["label_template"].format(category=intent.replace("_", " ")))
+
+
+def run_invink(python: str, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The driver in invink's environment; (its results, its process's cost)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    proc = subprocess.run([python, "-c", DRIVER], input=json.dumps(spec), text=True,
+                          capture_output=True, check=False)
+    wall = time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        sys.exit(f"invink's process failed (exit {proc.returncode}):\n{tail}")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("INVINK-JSON "))
+    cost = {"wall_s": wall,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "peak_rss_mib": after.ru_maxrss / 1024.0}
+    return json.loads(line[len("INVINK-JSON "):]), cost
+
+
+def evaluate(results: list[dict[str, Any]], test: Any) -> dict[str, Any]:
+    """Accuracy and macro-F1 of logistic regression on MiniLM embeddings of the texts."""
+    import numpy as np
+
+    from dpsynth.embed import Embedder
+    from dpsynth.eval.utility import logreg_scores
+
+    texts = [t for r in results for t in r["texts"]]
+    labels = [r["label"] for r in results for _ in r["texts"]]
+    emb = Embedder("minilm")
+    train_x = np.asarray(emb.embed(texts), dtype=np.float32)
+    test_x = np.asarray(emb.embed(test["text"].astype(str).tolist()), dtype=np.float32)
+    return logreg_scores(train_x, labels, test_x, test["category"].astype(str).tolist())
+
+
+def markdown(facts: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    n = sum(len(r["texts"]) for r in results)
+    tokens = sum(sum(r["lens"]) for r in results)
+    cost = facts["cost"]
+    eps = [e for r in results for e in r["epsilon_spent"]]
+    lines = [
+        "# InvisibleInk (invink) on the side-by-side job", "",
+        f"`{facts['command']}`", "",
+        f"{facts['date']}; {facts['machine']}; load before / after: {facts['load_before']} "
+        f"-> {facts['load_after']}. invink {facts['invink_version']} in its own virtual "
+        f"environment; SmolLM2-135M-Instruct float32 on the CPU.", "",
+        f"Epsilon {facts['epsilon']:g} a text (parallel over disjoint batches of "
+        f"{facts['batch_size'] - 1} records), delta {facts['delta']:g}, max_toks "
+        f"{facts['max_tokens']}, {facts['per_intent']} text(s) per intent over "
+        f"{len(results)} intents.", "",
+        "| texts | tokens | wall s / text | CPU s / text | CPU s / token | peak RSS MiB | "
+        "invink's epsilon_spent (min-max) |",
+        "|---|---|---|---|---|---|---|",
+        f"| {n} | {tokens} | {cost['wall_s'] / max(1, n):.1f} | {cost['cpu_s'] / max(1, n):.1f} "
+        f"| {cost['cpu_s'] / max(1, tokens):.2f} | {cost['peak_rss_mib']:.0f} | "
+        f"{min(eps):.2f}-{max(eps):.2f} |", "",
+        "The wall and CPU seconds include loading the model once per intent (invink.generate "
+        "loads it on every call).", ""]
+    if facts.get("scores"):
+        s = facts["scores"]
+        lines += [f"Classifier trained on the {n} texts: accuracy {s['accuracy']:.3f}, "
+                  f"macro-F1 {s['macro_f1']:.3f} on {s['n_test']} test records.", ""]
+    lines += ["## Every text", "", "| intent | tokens | text |", "|---|---|---|"]
+    for r in results:
+        for text, length in zip(r["texts"], r["lens"], strict=True):
+            flat = " ".join(text.split()).replace("|", "\\|")
+            lines.append(f"| {r['label']} | {length} | {flat} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--invink-python", default=os.environ.get("DPSYNTH_INVINK_PYTHON"),
+                    help="the Python of invink's own virtual environment")
+    ap.add_argument("--per-intent", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=8, help="invink's batch_size (B)")
+    ap.add_argument("--epsilon", type=float, default=EPSILON)
+    ap.add_argument("--intents", type=int, default=0, help="only the first K intents (0: all)")
+    ap.add_argument("--evaluate", action="store_true")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    if not args.invink_python:
+        sys.exit("give --invink-python (or $DPSYNTH_INVINK_PYTHON): invink's own environment")
+    version = subprocess.run([args.invink_python, "-c", "import importlib.metadata as m; "
+                              "print(m.version('invink'))"], capture_output=True, text=True,
+                             check=False).stdout.strip() or "?"
+
+    from dpsynth.llm.local import LocalGenerator
+
+    model_dir = str(LocalGenerator("smollm2", engine="transformers").model_dir)
+    intents, private, test, _ = job()
+    if args.intents:
+        intents = intents[:args.intents]
+        test = test[test["category"].isin(intents)]
+    parts = []
+    for intent in intents:
+        texts = private.loc[private["category"] == intent, "text"].astype(str).tolist()
+        if args.per_intent * (args.batch - 1) > len(texts):
+            sys.exit(f"{intent}: {args.per_intent} texts need {args.per_intent} x "
+                     f"{args.batch - 1} records")
+        parts.append({"label": intent, "texts": texts, "num": args.per_intent,
+                      "description": description(intent)})
+    spec = {"model": model_dir, "epsilon": args.epsilon, "delta": DELTA,
+            "batch_size": args.batch, "max_tokens": args.max_tokens, "seed": 0,
+            "parts": parts}
+    facts: dict[str, Any] = {
+        "command": "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python "
+                   "benchmarks/bench_invisibleink.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"), "machine": machine(), "load_before": load(),
+        "invink_version": version, "epsilon": args.epsilon, "delta": DELTA,
+        "batch_size": args.batch, "max_tokens": args.max_tokens,
+        "per_intent": args.per_intent}
+    results, facts["cost"] = run_invink(args.invink_python, spec)
+    facts["load_after"] = load()
+    if args.evaluate:
+        facts["scores"] = evaluate(results, test)
+    text = markdown(facts, results)
+    args.out.write_text(text, encoding="utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
