@@ -317,6 +317,13 @@ class DPSGD:
                 max_grad_norm=self.s.clip, use_ghost_clipping=True)
         return self._engine
 
+    def close(self) -> None:
+        """Take Opacus's hooks off the model (hooks / ghost), so that another trainer or a
+        plain forward pass can use it; a later :meth:`clipped_sum` puts them back."""
+        if self._engine is not None:
+            self._engine.cleanup()
+            self._engine = None
+
     def clipped_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
         """The exact fixed-point sum of the clipped per-sample gradients of ``rows`` (one int64
         tensor per parameter) and the summed loss (private: for the private log only). At
@@ -448,9 +455,7 @@ class DPSGD:
             if saved and self.on_checkpoint is not None:  # the caller's hook (tests: a kill)
                 self.on_checkpoint(f"dp_sgd-{self.step:05d}")
         self.model.eval()
-        if self._engine is not None:
-            self._engine.cleanup()
-            self._engine = None
+        self.close()
         return {"steps_run": self.step - start, "seconds": time.perf_counter() - t0,
                 "resumed_at": start if resumed else None}
 
