@@ -298,6 +298,34 @@ def test_the_clipped_sum_is_exact_and_rows_apart(tmp_path: Path, mode: str) -> N
                                    atol=1e-6)
 
 
+def test_the_loss_from_the_kept_logits_is_the_full_ones() -> None:
+    """The loop path projects only the positions that predict a record's text
+    (``logits_to_keep``): the same loss and gradient as from every position, up to float
+    rounding; a target before the kept positions is refused, never dropped."""
+    import torch
+
+    from dpsynth.methods.dpfinetune.train import (
+        collate,
+        per_sample_loss,
+        target_positions,
+        trainable,
+    )
+
+    model = _tiny()
+    params = [p for _, p in trainable(model)]
+    for e in _examples(4):
+        ids, attn, target = collate([e], 0)
+        full = per_sample_loss(model, ids, attn, target)
+        g_full = torch.cat([g.ravel() for g in torch.autograd.grad(full.sum(), params)])
+        kept = per_sample_loss(model, ids, attn, target, keep=target_positions(e))
+        g_kept = torch.cat([g.ravel() for g in torch.autograd.grad(kept.sum(), params)])
+        torch.testing.assert_close(kept, full)
+        torch.testing.assert_close(g_kept, g_full)
+        assert float(g_full.abs().max()) > 0
+    with pytest.raises(ValueError, match="before the logits kept"):
+        per_sample_loss(model, ids, attn, target, keep=target_positions(e) - 1)
+
+
 def test_hooks_passes_have_a_fixed_shape_set_by_each_record_alone() -> None:
     """The hooks path's passes: every record once, at the width its own length gives (never
     the longest record's), ``micro_batch`` rows a pass with filler rows that carry no target;

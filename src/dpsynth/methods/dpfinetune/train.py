@@ -159,16 +159,30 @@ def passes(examples: Sequence[Example], rows: np.ndarray, clipping: str,
     return [(None, rows[lo:lo + micro_batch]) for lo in range(0, len(rows), micro_batch)]
 
 
-def per_sample_loss(model: Any, ids: Any, attn: Any, target: Any) -> Any:
-    """Each record's mean next-token cross-entropy over its own target tokens ([b])."""
+def per_sample_loss(model: Any, ids: Any, attn: Any, target: Any, keep: int = 0) -> Any:
+    """Each record's mean next-token cross-entropy over its own target tokens ([b]).
+    ``keep`` > 0: the model's logits at the last ``keep`` positions only (transformers'
+    ``logits_to_keep``), for a pass whose targets all lie there (one unpadded record: its
+    text after the prompt, :func:`target_positions`); the prompt's positions then cost no
+    projection onto the vocabulary."""
     import torch
 
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1, :]
+    logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
+    first = ids.shape[1] - logits.shape[1]  # the position of the first logit kept
+    if first > 0 and bool(target[:, :first].any()):
+        raise ValueError("a target lies before the logits kept")
+    logits = logits[:, :-1, :]
     tok = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+        logits.reshape(-1, logits.shape[-1]).float(), ids[:, first + 1:].reshape(-1),
         reduction="none").view(ids.shape[0], -1)
-    mask = target.to(tok.dtype)
+    mask = target[:, first:].to(tok.dtype)
     return (tok * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+def target_positions(example: Example) -> int:
+    """The last positions of an unpadded example whose logits its loss needs: from the one
+    that predicts its first target token to its end."""
+    return len(example.ids) - example.start + 1
 
 
 def to_grid(x: Any) -> Any:
@@ -346,8 +360,9 @@ class DPSGD:
                 p.grad = None
                 if hasattr(p, "grad_sample"):
                     p.grad_sample = None
-            if self.s.clipping == "loop":
-                loss = per_sample_loss(self.model, ids, attn, target)
+            if self.s.clipping == "loop":  # one record, unpadded
+                loss = per_sample_loss(self.model, ids, attn, target,
+                                       keep=target_positions(chunk[0]))
                 loss.sum().backward()
                 grads = [p.grad.unsqueeze(0) for _, p in self.params]
                 clipped = self._clip(grads)
@@ -395,7 +410,8 @@ class DPSGD:
                 ids, attn, target = collate([self.examples[i]], self.pad_id)
                 for _, p in self.params:
                     p.grad = None
-                loss = per_sample_loss(self.model, ids, attn, target)
+                loss = per_sample_loss(self.model, ids, attn, target,
+                                       keep=target_positions(self.examples[i]))
                 loss.sum().backward()
                 for a, (_, p) in zip(acc, self.params, strict=True):
                     a += p.grad.double()
