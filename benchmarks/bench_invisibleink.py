@@ -6,10 +6,11 @@ InvisibleInk is PyPI's ``invink`` (GPL-3). It runs in ITS OWN virtual environmen
 never imports it and never installs it; this script starts that environment's Python on a
 JSON spec (the driver below is ours) and reads JSON back.
 
-    python3.11 -m venv /tmp/invink-venv
+    python3.12 -m venv /tmp/invink-venv   # invink 0.1.0 needs Python 3.12 (its f-strings)
     /tmp/invink-venv/bin/pip install torch==2.13.0 invink==0.1.0
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/bench_invisibleink.py \
-        --invink-python /tmp/invink-venv/bin/python [--per-intent 1] [--max-tokens 32]
+        --invink-python /tmp/invink-venv/bin/python [--per-intent 1] [--max-tokens 32] \
+        [--prompts invink|side_by_side] [--evaluate]
 
 The job: Banking77's 10 most frequent intents, 500 private records (bench_side_by_side.job),
 epsilon 4, delta 1e-5, the embedded SmolLM2-135M-Instruct (the float weights dpsynth makes
@@ -75,7 +76,7 @@ out = []
 for part in spec["parts"]:
     t0 = time.time()
     res = invink.generate(part["texts"], spec["model"], part["description"],
-                          epsilon=spec["epsilon"], delta=spec["delta"],
+                          **spec["prompts"], epsilon=spec["epsilon"], delta=spec["delta"],
                           batch_size=spec["batch_size"], num=part["num"],
                           max_toks=spec["max_tokens"], dtype="float32", device_map=-1,
                           allow_download=False, trust_remote_code=False,
@@ -86,10 +87,25 @@ print("INVINK-JSON " + json.dumps(out))
 """
 
 
-def description(intent: str) -> str:
-    """The public description of one intent's records (the side-by-side prompts)."""
-    return ("Short questions that customers of an online bank ask. "
-            + PROMPTS["label_template"].format(category=intent.replace("_", " ")))
+#: ``--prompts side_by_side``: dpsynth's zero-shot request of the side-by-side job (its
+#: system line, task and label sentence), with one private reference on the private side;
+#: invink fills the first {} with the description (the label sentence), the second with the
+#: reference. ``--prompts invink``: invink's own (the default).
+SIDE_BY_SIDE_PROMPTS = {
+    "system_prompt": f"You are {PROMPTS['writer']}.",
+    "pub_prompt": f"Write {PROMPTS['task']}. {{}} Reply with the text only.",
+    "prv_prompt": (f"Write {PROMPTS['task']}. {{}} Here is one such question: \"{{}}\" Write "
+                   "another one like it. Reply with the text only."),
+}
+
+
+def description(intent: str, prompts: str) -> str:
+    """The public description of one intent's records: invink's prompts get the dataset and
+    the intent, the side-by-side prompts the label sentence alone."""
+    label = PROMPTS["label_template"].format(category=intent.replace("_", " "))
+    if prompts == "side_by_side":
+        return label
+    return "Short questions that customers of an online bank ask. " + label
 
 
 def run_invink(python: str, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -139,7 +155,7 @@ def markdown(facts: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"Epsilon {facts['epsilon']:g} a text (parallel over disjoint batches of "
         f"{facts['batch_size'] - 1} records), delta {facts['delta']:g}, max_toks "
         f"{facts['max_tokens']}, {facts['per_intent']} text(s) per intent over "
-        f"{len(results)} intents.", "",
+        f"{len(results)} intents; prompts: {facts['prompts']}.", "",
         "| texts | tokens | wall s / text | CPU s / text | CPU s / token | peak RSS MiB | "
         "invink's epsilon_spent (min-max) |",
         "|---|---|---|---|---|---|---|",
@@ -169,6 +185,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="invink's batch_size (B)")
     ap.add_argument("--epsilon", type=float, default=EPSILON)
     ap.add_argument("--intents", type=int, default=0, help="only the first K intents (0: all)")
+    ap.add_argument("--prompts", choices=("invink", "side_by_side"), default="invink")
     ap.add_argument("--evaluate", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -192,9 +209,10 @@ def main() -> None:
             sys.exit(f"{intent}: {args.per_intent} texts need {args.per_intent} x "
                      f"{args.batch - 1} records")
         parts.append({"label": intent, "texts": texts, "num": args.per_intent,
-                      "description": description(intent)})
+                      "description": description(intent, args.prompts)})
     spec = {"model": model_dir, "epsilon": args.epsilon, "delta": DELTA,
             "batch_size": args.batch, "max_tokens": args.max_tokens, "seed": 0,
+            "prompts": SIDE_BY_SIDE_PROMPTS if args.prompts == "side_by_side" else {},
             "parts": parts}
     facts: dict[str, Any] = {
         "command": "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python "
@@ -202,7 +220,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"), "machine": machine(), "load_before": load(),
         "invink_version": version, "epsilon": args.epsilon, "delta": DELTA,
         "batch_size": args.batch, "max_tokens": args.max_tokens,
-        "per_intent": args.per_intent}
+        "per_intent": args.per_intent, "prompts": args.prompts}
     results, facts["cost"] = run_invink(args.invink_python, spec)
     facts["load_after"] = load()
     if args.evaluate:
