@@ -24,7 +24,9 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # It reads no pip configuration, so the local torch wheel's folder (find-links) is passed on.
 # Where uv cannot be installed, pip does everything, as before.
 if "${pip[@]}" install uv==0.13.9 >/dev/null 2>&1; then
-  links=${PIP_FIND_LINKS:-$("${pip[@]}" config get global.find-links 2>/dev/null || true)}
+  # (no -q here: it silences `pip config get`)
+  links=${PIP_FIND_LINKS:-$(.venv/bin/python -m pip --disable-pip-version-check config get \
+    global.find-links 2>/dev/null || true)}
   install=(.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python)
   for dir in $links; do install+=(--find-links "$dir"); done
   export UV_LINK_MODE=${UV_LINK_MODE:-copy}
