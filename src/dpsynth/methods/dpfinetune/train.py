@@ -167,7 +167,8 @@ def per_sample_loss(model: Any, ids: Any, attn: Any, target: Any, keep: int = 0)
     projection onto the vocabulary."""
     import torch
 
-    logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
+    kept = {"logits_to_keep": keep} if keep > 0 else {}  # asked only where it is used
+    logits = model(input_ids=ids, attention_mask=attn, **kept).logits
     first = ids.shape[1] - logits.shape[1]  # the position of the first logit kept
     if first > 0 and bool(target[:, :first].any()):
         raise ValueError("a target lies before the logits kept")
