@@ -55,16 +55,23 @@ def _maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def mixed_bounds(tokens: int) -> tuple[int, int]:
+    """The range the ``mixed`` record lengths are drawn from: ``max(8, tokens // 4)`` to
+    ``tokens``."""
+    return max(8, tokens // 4), tokens
+
+
 def record_lengths(samples: int, tokens: int, mixed: bool) -> list[int]:
     """Each record's token count: ``tokens`` each, or (``mixed``) drawn uniformly from
-    ``max(8, tokens // 4)`` to ``tokens`` (seed 0), as real records vary: the fixed-shape
-    hooks path then fills part-empty passes with filler rows."""
+    :func:`mixed_bounds` (seed 0), as real records vary: the fixed-shape hooks path then
+    fills part-empty passes with filler rows."""
     import numpy as np
 
     if not mixed:
         return [tokens] * samples
+    lo, hi = mixed_bounds(tokens)
     rng = np.random.default_rng(0)
-    return [int(n) for n in rng.integers(max(8, tokens // 4), tokens + 1, size=samples)]
+    return [int(n) for n in rng.integers(lo, hi + 1, size=samples)]
 
 
 def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int = 64,
@@ -173,7 +180,7 @@ def bench_dp_finetune(model: str = "smollm2", modes: Sequence[str] = MODES, samp
     ref = paths.get(REFERENCE)
     return {
         "model": model, "samples": samples, "tokens": tokens, "threads": threads,
-        "lengths": (f"mixed, {max(8, tokens // 4)}-{tokens}" if mixed else "equal"),
+        "lengths": ("mixed, {}-{}".format(*mixed_bounds(tokens)) if mixed else "equal"),
         "micro_batch": micro_batch, "lora": {"rank": rank, "alpha": 2.0 * rank,
                                              "target_modules": ["q_proj", "v_proj"]},
         "isolated": isolate,

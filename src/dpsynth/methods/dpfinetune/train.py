@@ -103,18 +103,10 @@ def trainable(model: Any) -> list[tuple[str, Any]]:
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> tuple[Any, Any, Any]:
-    """Right-padded ids, attention mask and the loss mask of the targets (shifted by one)."""
-    import torch
-
-    width = max(len(e.ids) for e in examples)
-    ids = torch.full((len(examples), width), int(pad_id), dtype=torch.long)
-    attn = torch.zeros((len(examples), width), dtype=torch.long)
-    target = torch.zeros((len(examples), width - 1), dtype=torch.bool)
-    for i, e in enumerate(examples):
-        ids[i, :len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
-        attn[i, :len(e.ids)] = 1
-        target[i, e.start - 1:len(e.ids) - 1] = True
-    return ids, attn, target
+    """Right-padded ids, attention mask and the loss mask of the targets (shifted by one),
+    padded to the longest example (:func:`fixed_shape_batch` with no filler row)."""
+    return fixed_shape_batch(examples, max(len(e.ids) for e in examples), len(examples),
+                             pad_id)
 
 
 #: the width cap of a fixed-shape pass: none (a record's width follows from its own length
