@@ -72,15 +72,23 @@ RECORDS = 500
 SAMPLES = 200
 EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "wasp_one", "wasp_one_every",
-        "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr", "real")
+        "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
+        "dp_finetune_full", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
           "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
-          "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune"}
+          "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune",
+          "dp_finetune_full": "dp_finetune"}
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
 DP_FINETUNE_SMALL_LR = 2e-4
+
+#: dp_finetune_full: every record in every step (q = 1: the batch's noise is divided by all
+#: 500 records, not 32), a few steps with a larger step size, adapters on the last 8 layers
+#: (fewer coordinates of noise; the backward pass stops below them)
+DP_FINETUNE_FULL = {"batch_size": RECORDS, "epochs": 4, "learning_rate": 5e-3,
+                    "lora_layers": 8}
 
 #: aug_pe_preference: DPO pairs per vote (synthesis.preference.pairs; 64 is the default)
 PREFERENCE_PAIRS = 64
@@ -112,9 +120,12 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
         cfg["dp_finetune"] = {"records": RECORDS, "epochs": 1,
                               "batch_size": 32, "samples": samples,
                               "top_k": None if arm == "dp_finetune" else 50,
-                              "prompt": "chat" if arm.startswith("dp_finetune_chat") else "plain"}
+                              "prompt": "plain" if arm in ("dp_finetune", "dp_finetune_topk")
+                              else "chat"}
         if arm == "dp_finetune_chat_lr":  # a smaller step: stay nearer the zero-shot model
             cfg["dp_finetune"]["learning_rate"] = DP_FINETUNE_SMALL_LR
+        if arm == "dp_finetune_full":
+            cfg["dp_finetune"].update(DP_FINETUNE_FULL)
     return cfg
 
 
@@ -326,10 +337,11 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"vote, on up to {PREFERENCE_PAIRS} pairs ranked by the released votes; its other "
         "settings the defaults; no budget); `wasp` WASP's defaults with two generators, "
         f"`generators: [smollm2, gemma3]`, `synthesis.samples` = {SAMPLES}; "
-        "`dp_finetune` record level, `clipping: hooks`,"
+        "`dp_finetune` record level, `clipping: loop` (hooks before 2026-12-06),"
         f" 1 epoch, batch size 32, `dp_finetune.records` = {RECORDS}, the default LoRA (r = 8, "
         "q_proj / v_proj), 64 training tokens of each record (after its prompt: the plain label "
         "sentence, or with `dp_finetune_chat` the zero-shot request in the chat template); "
+        f"`dp_finetune_full` as `dp_finetune_chat` with {DP_FINETUNE_FULL}; "
         "`real` the private records as the training set "
         "(no release: the ceiling). Each generating arm has its own ledger file. Wall time is "
         "the `dpsynth.generate` call only (models loaded inside; the evaluation apart).",

@@ -277,10 +277,12 @@ def test_the_clipped_sum_is_exact_and_rows_apart(tmp_path: Path, mode: str) -> N
     gradients by that record's own clipped gradient, bit for bit, and every clipped gradient
     has norm <= C: on ``loop`` (one record a pass) and on ``hooks`` (fixed-shape passes of 3
     rows: the added record shifts every other record to another row and pass); ghost clipping
-    computes the same clipped sum up to float rounding."""
+    computes the same clipped sum up to float rounding. Every record's text starts at 3
+    (``first_target``): hooks passes keep the logits from position 2 on (loop keeps each
+    record's own)."""
     ex = _examples()
     trainer = DPSGD(_tiny(), ex, _settings(clip=0.05, clipping=mode, micro_batch=3), tmp_path,
-                    Keys(), 0)
+                    Keys(), 0, first_target=3)
     rows = np.arange(1, 9)
     base, _ = trainer.clipped_sum(rows)
     more, _ = trainer.clipped_sum(np.concatenate([[0], rows]))
@@ -332,7 +334,7 @@ def test_hooks_passes_have_a_fixed_shape_set_by_each_record_alone() -> None:
     loop is one record a pass."""
     import torch
 
-    from dpsynth.methods.dpfinetune.train import fixed_shape_batch, passes
+    from dpsynth.methods.dpfinetune.train import fixed_shape_batch, hooks_keep, passes
 
     ex = [Example(tuple(range(1, n + 1)), 2) for n in (5, 17, 40, 16, 70, 3)]
     got = passes(ex, np.arange(6), "hooks", 2)
@@ -348,6 +350,11 @@ def test_hooks_passes_have_a_fixed_shape_set_by_each_record_alone() -> None:
     assert torch.equal(ids[1:], torch.zeros((2, 16), dtype=torch.long))
     with pytest.raises(ValueError, match="fixed shape"):
         fixed_shape_batch([ex[1]], 16, 3, pad_id=0)
+    # the logits a pass keeps: from the position before the earliest possible target on
+    assert [hooks_keep(16, t) for t in (1, 2, 3, 16)] == [0, 15, 14, 1]
+    with pytest.raises(ValueError, match="first_target"):
+        DPSGD(_tiny(), ex, _settings(clipping="hooks"), Path("/nonexistent"), Keys(), 0,
+              first_target=3)  # ex's starts are 2
 
 
 def test_the_noise_has_the_planned_scale(tmp_path: Path) -> None:
@@ -521,6 +528,7 @@ def test_a_private_schedule_stays_out_of_the_release(tmp_path: Path) -> None:
     text = "".join(f.read_text() for f in (out / "release").iterdir())
     for secret in (repr(plan["sampling_rate"]), repr(plan["noise_multiplier"])):
         assert secret not in text
+    assert "gradient noise" not in (out / "log.txt").read_text()  # it would follow from 37
 
 
 def test_a_schedule_from_the_private_count_is_research_mode_only(tmp_path: Path) -> None:
@@ -907,3 +915,18 @@ def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
     log = (out / "log.txt").read_text()
     assert "100% of the tuned model's samples were refused by the filters" in log
     assert "prompts.writer" in log
+    # a batch of 8 over 2 x (512 + 512) adapter coordinates: the steps are mostly noise
+    sigma = json.loads((out / "release" / "privacy.json").read_text())["noise_multiplier"]
+    ratio = sigma * math.sqrt(2 * 2 * (8 * 32 + 32 * 8)) / 8
+    assert ratio > 1
+    assert f"each step's gradient noise is {ratio:.1f}x the largest mean gradient" in log
+    assert "raise dp_finetune.batch_size toward dp_finetune.records" in log
+
+
+def test_the_gradient_noise_against_the_largest_mean_gradient() -> None:
+    """sigma sqrt(d) / B (the plan's warning threshold is 1): the side-by-side's default batch
+    of 32 at epsilon 8 over the default adapter, and every record a step over 8 layers."""
+    assert accounting.noise_to_signal(0.578, 32, 30 * 15_360) == pytest.approx(
+        0.578 * math.sqrt(460_800) / 32)
+    assert accounting.noise_to_signal(0.578, 32, 30 * 15_360) > 12 > 1 > \
+        accounting.noise_to_signal(1.201, 500, 8 * 15_360) > 0.8

@@ -100,7 +100,8 @@ def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int 
                             clipping="loop" if base == "plain" else base,
                             micro_batch=micro_batch, secure=False)
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-dpft-{os.getpid()}"
-    trainer = DPSGD(net, examples, settings, folder, SeededNoise(1).spawn, gen.pad_token_id)
+    trainer = DPSGD(net, examples, settings, folder, SeededNoise(1).spawn, gen.pad_token_id,
+                    first_target=min(e.start for e in examples))
     net.train()
     step = _warmed_step(base, trainer, net, examples, micro_batch, gen.pad_token_id)
     before = _maxrss_mib()

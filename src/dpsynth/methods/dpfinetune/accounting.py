@@ -31,6 +31,14 @@ from ...privacy.lattice import FIXED_POINT_GRID
 ACCOUNTANTS = ("pld", "rdp")
 
 
+def noise_to_signal(noise_multiplier: float, expected_batch: float, coordinates: int) -> float:
+    """sigma sqrt(d) / B: about the norm of one step's noise on the mean gradient,
+    N(0, (sigma C / B)^2 I_d) over the adapter's d coordinates, in units of C, the largest norm
+    the mean of the clipped gradients can have (Abadi et al. 2016, Algorithm 1). Above 1 the
+    noise outweighs anything the records can say in one step."""
+    return float(noise_multiplier) * math.sqrt(int(coordinates)) / float(expected_batch)
+
+
 def schedule(records: int, batch_size: int, epochs: float) -> tuple[float, int]:
     """(q, T): the Poisson rate q = min(1, B / n) of an expected batch of B out of n units
     (records, or users at user level), and T = ceil(epochs / q) steps (one epoch = 1 / q

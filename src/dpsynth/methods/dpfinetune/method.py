@@ -51,10 +51,16 @@ from . import accounting
 from .config import DPFineTuneConfig
 from .prompts import label_heads
 from .sample import quota, sample_texts
-from .train import DPSGD, StepSettings, attach_lora, make_examples, step_logger
+from .train import DPSGD, StepSettings, attach_lora, make_examples, step_logger, trainable
 
 #: the folder of the method's private state under private/
 FOLDER = "dp-finetune"
+
+#: the run warns above this ratio of a step's gradient noise to the largest mean clipped
+#: gradient (:func:`accounting.noise_to_signal`): at 12 (the default batch of 32 on 500
+#: records, epsilon 8) the training loss showed no trend, at 0.84 it fell every step
+#: (benchmarks/results/side_by_side_eps8_dp_finetune_full.md)
+NOISY_STEPS = 1.0
 
 
 class DPFineTune(Method):
@@ -219,8 +225,11 @@ class DPFineTune(Method):
                                  s.max_tokens, eos_ids[0])
         groups = (user_groups(dataset.users, s.max_records_per_user)
                   if self.user_level(cfg) else None)
+        self._warn_noisy_steps(job, model)  # before anything is charged
         noisy = self._releases(job, codes, len(classes))
-        seconds = self._train(job, model, examples, pad_id, groups)
+        # the earliest a record's text can start: after the shortest label prompt (public)
+        seconds = self._train(job, model, examples, pad_id, groups,
+                              first_target=min(max(1, len(h)) for h in heads))
         check = _label_check(job, [dict(zip(columns, c, strict=True)) for c in classes])
         rows, refused = self._sample(job, model, tok, heads, sentences, noisy, rngs, eos_ids,
                                      pad_id, check)
@@ -228,6 +237,31 @@ class DPFineTune(Method):
         release = [{"text": text, "labels": dict(zip(columns, classes[y], strict=True)),
                     "generator": name} for y, text in rows]
         return self._write(job, release, seconds, refused)
+
+    def _warn_noisy_steps(self, job: Job, model: Any) -> None:
+        """Warn when each step's noise outweighs the largest gradient the records can give
+        (:data:`NOISY_STEPS`), with what to change. Public values only: the solved noise
+        multiplier, the expected batch from the declared count and the adapter's size (with a
+        schedule from the private count, nothing is said)."""
+        cfg = job.config
+        declared = self.declared_units(cfg)
+        if declared is None:
+            return
+        sigma, q = float(job.plan.sigma or 0.0), float(job.plan.notes["q"])
+        coordinates = sum(int(p.numel()) for _, p in trainable(model))
+        ratio = accounting.noise_to_signal(sigma, q * declared, coordinates)
+        if ratio <= NOISY_STEPS:
+            return
+        what = "users" if self.user_level(cfg) else "records"
+        message = (f"dp_finetune: each step's gradient noise is {ratio:.1f}x the largest mean "
+                   f"gradient the {what} can give (noise multiplier {sigma:.3g} x the square "
+                   f"root of {coordinates} adapter coordinates / a batch of {q * declared:g}), "
+                   "so the model will learn little from them: raise dp_finetune.batch_size "
+                   f"toward dp_finetune.{what} (the noise is divided by it), set "
+                   "dp_finetune.lora_layers (fewer coordinates), or train on more "
+                   f"{what} (docs/which-method.md)")
+        warn(message)
+        job.run.log(f"warning: {message}")
 
     def _releases(self, job: Job, codes: np.ndarray, n_labels: int) -> np.ndarray | None:
         """Release 1, the noisy label counts (None: not released); release 2, all T steps,
@@ -249,10 +283,11 @@ class DPFineTune(Method):
         return noisy
 
     def _train(self, job: Job, model: Any, examples: list[Any], pad_id: int,
-               groups: list[np.ndarray] | None = None) -> float:
+               groups: list[np.ndarray] | None = None, first_target: int = 1) -> float:
         """The DP-SGD loop from the last checkpoint; the adapter saved in private/. Per step
         the private log gets the batch size, the loss and the accountant's epsilon; log.txt a
-        share of the steps done (never T). ``groups``: each user's records (user level)."""
+        share of the steps done (never T). ``groups``: each user's records (user level);
+        ``first_target``: the shortest label prompt's length (:class:`DPSGD`)."""
 
         cfg, run, plan = job.config, job.run, job.plan
         s, p = self.settings(cfg), cfg.privacy
@@ -282,7 +317,8 @@ class DPFineTune(Method):
                 run.log(f"dp_finetune: training {pct}% done")
 
         trainer = DPSGD(model, examples, settings, folder, job.session.noise_for, pad_id,
-                        on_step=on_step, on_checkpoint=job.hooks.on_checkpoint, groups=groups)
+                        on_step=on_step, on_checkpoint=job.hooks.on_checkpoint, groups=groups,
+                        first_target=first_target)
         facts = trainer.run(resume=True)
         if facts.get("resumed_at") is not None and cfg.privacy.noise == "secure":
             # not silent: a step after the last checkpoint was computed again, with fresh

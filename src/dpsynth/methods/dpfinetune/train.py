@@ -178,6 +178,15 @@ def target_positions(example: Example) -> int:
     return len(example.ids) - example.start + 1
 
 
+def hooks_keep(width: int, first_target: int) -> int:
+    """The logits a fixed-shape pass of ``width`` keeps: from the position that predicts the
+    earliest possible target token (``first_target``, public) to the end; 0 (all of them)
+    where that is every position. A function of the pass's width and a public value only, so
+    a record's logits are computed at the same shape whatever records share its pass."""
+    keep = width - first_target + 1
+    return keep if keep < width else 0
+
+
 def to_grid(x: Any) -> Any:
     """x truncated towards zero onto the 2^-32 grid, as int64 multiples (|x| <= C)."""
     import torch
@@ -222,13 +231,16 @@ class DPSGD:
     """The DP-SGD loop over ``examples`` on ``model`` (its trainable parameters: the adapter),
     checkpointed in ``folder``; ``noise_for(key)`` is the session's keyed noise stream.
     ``groups`` (user level only): the indices into ``examples`` of each user's records, users
-    in a fixed order (the units the coins and :meth:`clipped_sum` index)."""
+    in a fixed order (the units the coins and :meth:`clipped_sum` index). ``first_target``:
+    the earliest ``start`` any record can have, a public value (the shortest label prompt):
+    a ``hooks`` pass projects onto the vocabulary only from the position before it on
+    (:func:`hooks_keep`)."""
 
     def __init__(self, model: Any, examples: Sequence[Example], settings: StepSettings,
                  folder: Path, noise_for: Callable[[str], Any], pad_id: int,
                  on_step: Callable[[int, dict[str, Any]], None] | None = None,
                  on_checkpoint: Callable[[str], None] | None = None,
-                 groups: Sequence[Sequence[int]] | None = None) -> None:
+                 groups: Sequence[Sequence[int]] | None = None, first_target: int = 1) -> None:
         import torch
 
         if settings.unit not in ("record", "user"):
@@ -245,6 +257,9 @@ class DPSGD:
             cap = settings.max_records_per_user
             if any(not g or (cap is not None and len(g) > cap) for g in self.groups):
                 raise ValueError("every user's group needs 1 to max_records_per_user records")
+        if first_target < 1 or any(e.start < first_target for e in self.examples):
+            raise ValueError("first_target must be at most every example's start")
+        self.first_target = int(first_target)
         self.s = settings
         self.folder = Path(folder)
         self.noise_for = noise_for
@@ -360,7 +375,8 @@ class DPSGD:
                 grads = [p.grad.unsqueeze(0) for _, p in self.params]
                 clipped = self._clip(grads)
             elif self.s.clipping == "hooks":
-                loss = per_sample_loss(engine, ids, attn, target)
+                loss = per_sample_loss(engine, ids, attn, target,
+                                       keep=hooks_keep(int(ids.shape[1]), self.first_target))
                 loss.sum().backward()
                 clipped = self._clip([p.grad_sample[:len(chunk)] for _, p in self.params])
             else:
