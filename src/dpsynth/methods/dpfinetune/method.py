@@ -225,7 +225,7 @@ class DPFineTune(Method):
                                  s.max_tokens, eos_ids[0])
         groups = (user_groups(dataset.users, s.max_records_per_user)
                   if self.user_level(cfg) else None)
-        self._warn_noisy_steps(job, model)  # before anything is charged
+        self._warn_noisy_steps(job, model)  # before any noise is drawn
         noisy = self._releases(job, codes, len(classes))
         # the earliest a record's text can start: after the shortest label prompt (public)
         seconds = self._train(job, model, examples, pad_id, groups,
