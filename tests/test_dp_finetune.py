@@ -924,7 +924,7 @@ def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
 
 
 def test_the_gradient_noise_against_the_largest_mean_gradient() -> None:
-    """sigma sqrt(d) / B (the plan's warning threshold is 1): the side-by-side's default batch
+    """sigma sqrt(d) / B (the run warns above 1): the side-by-side's default batch
     of 32 at epsilon 8 over the default adapter, and every record a step over 8 layers."""
     assert accounting.noise_to_signal(0.578, 32, 30 * 15_360) == pytest.approx(
         0.578 * math.sqrt(460_800) / 32)

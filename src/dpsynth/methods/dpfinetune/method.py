@@ -51,7 +51,15 @@ from . import accounting
 from .config import DPFineTuneConfig
 from .prompts import label_heads
 from .sample import quota, sample_texts
-from .train import DPSGD, StepSettings, attach_lora, make_examples, step_logger, trainable
+from .train import (
+    DPSGD,
+    StepSettings,
+    attach_lora,
+    make_examples,
+    step_logger,
+    text_start,
+    trainable,
+)
 
 #: the folder of the method's private state under private/
 FOLDER = "dp-finetune"
@@ -229,7 +237,7 @@ class DPFineTune(Method):
         noisy = self._releases(job, codes, len(classes))
         # the earliest a record's text can start: after the shortest label prompt (public)
         seconds = self._train(job, model, examples, pad_id, groups,
-                              first_target=min(max(1, len(h)) for h in heads))
+                              first_target=min(text_start(h) for h in heads))
         check = _label_check(job, [dict(zip(columns, c, strict=True)) for c in classes])
         rows, refused = self._sample(job, model, tok, heads, sentences, noisy, rngs, eos_ids,
                                      pad_id, check)

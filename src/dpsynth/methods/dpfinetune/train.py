@@ -66,6 +66,12 @@ class Example:
     start: int
 
 
+def text_start(head: Sequence[int]) -> int:
+    """The position of a record's first text token after its label prompt ``head`` (at
+    least 1: the first token has no prediction)."""
+    return max(1, len(head))
+
+
 def make_examples(tokenizer: Any, heads: Sequence[Sequence[int]], texts: Sequence[str],
                   max_tokens: int, eos_id: int) -> list[Example]:
     """Per record its head's ids (the label's prompt, :func:`dpsynth.methods.dpfinetune.
@@ -75,7 +81,7 @@ def make_examples(tokenizer: Any, heads: Sequence[Sequence[int]], texts: Sequenc
     for head, text in zip(heads, texts, strict=True):
         body = list(tokenizer.encode(text, add_special_tokens=False))[:max_tokens]
         ids = [int(i) for i in head] + body + [int(eos_id)]
-        out.append(Example(tuple(ids), max(1, len(head))))
+        out.append(Example(tuple(ids), text_start(head)))
     return out
 
 
