@@ -15,10 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 pytest.importorskip("opacus")
 pytest.importorskip("peft")
 
+from dpsynth.cli import app  # noqa: E402
 from dpsynth.methods.dpfinetune import accounting  # noqa: E402
 from dpsynth.methods.dpfinetune.train import (  # noqa: E402
     DPSGD,
@@ -818,10 +821,6 @@ def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
 def test_bench_dp_finetune_command(tmp_path: Path, small_probe) -> None:
     """``dpsynth bench dp-finetune --json``: a path in its own process, with the machine it
     ran on; an unknown path is a usage error."""
-    from typer.testing import CliRunner
-
-    from dpsynth.cli import app
-
     model_dir = _tiny_model_dir(tmp_path)
     out = CliRunner().invoke(app, ["bench", "dp-finetune", "--model", str(model_dir),
                                    "--samples", "2", "--tokens", "12", "--threads", "1",
@@ -908,6 +907,13 @@ def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
                   max_new_tokens=4, sample_batch=2)
     raw["generators"] = [{"model": str(model_dir)}]
     raw["synthesis"] = {"min_chars": 5000, "retries": 1}
+    # `dpsynth plan` states the same ratio before any model loads, and the same warning
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    planned = CliRunner().invoke(app, ["plan", str(config), "--no-calibrate", "--json"])
+    assert planned.exit_code == 0, planned.output
+    shown = CliRunner().invoke(app, ["plan", str(config), "--no-calibrate"])
+    assert shown.exit_code == 0, shown.output
     out = _run(raw, tmp_path / "run")
     summary = json.loads((out / "release" / "summary.json").read_text())
     assert summary["samples"] == 0 and summary["dropped"] == 4 and summary["rejected"] == 8
@@ -921,6 +927,10 @@ def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
     assert ratio > 1
     assert f"each step's gradient noise is {ratio:.1f}x the largest mean gradient" in log
     assert "raise dp_finetune.batch_size toward dp_finetune.records" in log
+    assert json.loads(planned.stdout)["noise_to_signal"] == pytest.approx(ratio)
+    warning = next(line for line in log.splitlines() if "gradient noise is" in line)
+    assert f"warning: {warning.split('warning: ', 1)[1]}" in " ".join(shown.stderr.split())
+    assert f"each step's gradient noise: {ratio:.3g}x" in shown.stdout
 
 
 def test_the_gradient_noise_against_the_largest_mean_gradient() -> None:

@@ -162,3 +162,9 @@ class TuningMethod(Protocol):
     users) that set its sampling rate."""
 
     def tune_work(self, config: Any, plan: Any, units: int) -> TuneWork: ...
+
+    def plan_noisy_steps(self, config: Any, plan: Any) -> tuple[float | None, str | None]:
+        """(each step's gradient noise over the largest mean gradient, from public values;
+        the warning when it is too large); (None, None) where it would follow from the
+        private count."""
+        ...

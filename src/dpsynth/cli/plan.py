@@ -6,8 +6,8 @@ calibration of the configured models, cached in the user's cache folder; ``--no-
 uses only a cached one); DP-SynRAG's: its calibrated clip and every planned release (from the
 config alone), and the build's estimated wall time (its document count from the data, or
 ``--records``); any other method's: its privacy plan object, field by field (dp_finetune's
-with its estimated wall time). It spends no budget and writes nothing but the calibration
-cache."""
+with each step's noise-to-signal ratio and its estimated wall time). It spends no budget and
+writes nothing but the calibration cache."""
 
 from __future__ import annotations
 
@@ -259,6 +259,10 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,
     result = {"method": method.name, "target_epsilon": cfg.privacy.epsilon,
               "target_delta": cfg.privacy.delta,
               **{f.name: getattr(held, f.name) for f in fields(held)}}
+    ratio, warning = (method.plan_noisy_steps(cfg, held) if isinstance(method, TuningMethod)
+                      else (None, None))
+    if ratio is not None:
+        result["noise_to_signal"] = ratio
     with progress.session(enabled=not as_json):  # a spinner while the models are timed
         estimate = _held_estimate(cfg, method, held, units, calibrate)
     if as_json:
@@ -268,8 +272,14 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,
     typer.echo(f"{method.name}: the plan its run makes, field by field (no plan printer for "
                f"this method yet), at ({cfg.privacy.epsilon:.4g}, {cfg.privacy.delta:.2g})")
     for key, value in result.items():
-        if key not in ("method", "target_epsilon", "target_delta"):
+        if key not in ("method", "target_epsilon", "target_delta", "noise_to_signal"):
             typer.echo(f"  {key}: {value}")
+    if ratio is not None:
+        typer.echo(f"  each step's gradient noise: {ratio:.3g}x the largest mean gradient the "
+                   "batch can give (noise multiplier x sqrt(adapter coordinates) / batch; "
+                   "above 1 the model learns little)")
+    if warning is not None:
+        typer.echo(f"warning: {warning}", err=True)
     lines = (estimate.lines() if estimate is not None else
              [f"estimated wall time: not estimated (no estimate for method {method.name!r})"])
     for line in lines:

@@ -54,6 +54,7 @@ from .sample import quota, sample_texts
 from .train import (
     DPSGD,
     StepSettings,
+    adapter_coordinates,
     attach_lora,
     make_examples,
     step_logger,
@@ -248,28 +249,47 @@ class DPFineTune(Method):
 
     def _warn_noisy_steps(self, job: Job, model: Any) -> None:
         """Warn when each step's noise outweighs the largest gradient the records can give
-        (:data:`NOISY_STEPS`), with what to change. Public values only: the solved noise
-        multiplier, the expected batch from the declared count and the adapter's size (with a
-        schedule from the private count, nothing is said)."""
-        cfg = job.config
-        declared = self.declared_units(cfg)
-        if declared is None:
-            return
-        sigma, q = float(job.plan.sigma or 0.0), float(job.plan.notes["q"])
+        (:func:`noisy_steps_warning`), on stderr and in log.txt. Public values only: the
+        solved noise multiplier, the expected batch from the declared count and the loaded
+        adapter's size (with a schedule from the private count, nothing is said)."""
         coordinates = sum(int(p.numel()) for _, p in trainable(model))
+        message = self.noisy_steps(job.config, job.plan, coordinates)[1]
+        if message is not None:
+            warn(message)
+            job.run.log(f"warning: {message}")
+
+    def noisy_steps(self, config: RunConfig, plan: PrivacyPlan, coordinates: int
+                    ) -> tuple[float | None, str | None]:
+        """(each step's noise-to-signal ratio, :func:`accounting.noise_to_signal`, from the
+        plan's sigma and q, the declared count and the adapter's ``coordinates``; the warning
+        when it is above :data:`NOISY_STEPS`). (None, None) with a schedule from the private
+        count: the ratio would follow from it."""
+        declared = self.declared_units(config)
+        if declared is None:
+            return None, None
+        sigma, q = float(plan.sigma or 0.0), float(plan.notes["q"])
         ratio = accounting.noise_to_signal(sigma, q * declared, coordinates)
         if ratio <= NOISY_STEPS:
-            return
-        what = "users" if self.user_level(cfg) else "records"
-        message = (f"dp_finetune: each step's gradient noise is {ratio:.1f}x the largest mean "
-                   f"gradient the {what} can give (noise multiplier {sigma:.3g} x the square "
-                   f"root of {coordinates} adapter coordinates / a batch of {q * declared:g}), "
-                   "so the model will learn little from them: raise dp_finetune.batch_size "
-                   f"toward dp_finetune.{what} (the noise is divided by it), set "
-                   "dp_finetune.lora_layers (fewer coordinates), or train on more "
-                   f"{what} (docs/which-method.md)")
-        warn(message)
-        job.run.log(f"warning: {message}")
+            return ratio, None
+        what = "users" if self.user_level(config) else "records"
+        return ratio, (
+            f"dp_finetune: each step's gradient noise is {ratio:.1f}x the largest mean "
+            f"gradient the {what} can give (noise multiplier {sigma:.3g} x the square root of "
+            f"{coordinates} adapter coordinates / a batch of {q * declared:g}), so the model "
+            f"will learn little from them: raise dp_finetune.batch_size toward "
+            f"dp_finetune.{what} (the noise is divided by it), set dp_finetune.lora_layers "
+            f"(fewer coordinates), or train on more {what} (docs/which-method.md)")
+
+    def plan_noisy_steps(self, config: RunConfig, plan: PrivacyPlan
+                         ) -> tuple[float | None, str | None]:
+        """:meth:`noisy_steps` before any model loads (``dpsynth plan``): the adapter's size
+        counted from the generator's architecture alone (:func:`adapter_coordinates`)."""
+        if self.declared_units(config) is None:
+            return None, None
+        s = self.settings(config)
+        gen = LocalGenerator(config.generators[0].model, engine="transformers", device="cpu")
+        return self.noisy_steps(config, plan, adapter_coordinates(
+            gen.model_dir, s.lora_rank, s.lora_alpha, s.target_modules, s.lora_layers))
 
     def _releases(self, job: Job, codes: np.ndarray, n_labels: int) -> np.ndarray | None:
         """Release 1, the noisy label counts (None: not released); release 2, all T steps,

@@ -43,6 +43,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ...fixed_shape import fixed_shape_passes
+from ...llm.models import quiet_transformers
 
 #: fixed-point grid of the exact sum of clipped gradients
 GRID_BITS = 32
@@ -99,7 +101,25 @@ def attach_lora(model: Any, rank: int, alpha: float, targets: Sequence[str],
         layers = list(range(max(0, total - last_layers), total))
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
                      bias="none", layers_to_transform=layers)
-    return get_peft_model(model, cfg)
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question: not ours
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
+                                category=FutureWarning)
+        return get_peft_model(model, cfg)
+
+
+def adapter_coordinates(model_dir: Path, rank: int, alpha: float, targets: Sequence[str],
+                        last_layers: int | None = None) -> int:
+    """The trainable coordinates d of the adapter :func:`attach_lora` puts on the model in
+    ``model_dir``, counted on torch's meta device from its config.json alone (no weights
+    read): a public value, for ``dpsynth plan`` before any model loads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with quiet_transformers(), torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+    with quiet_transformers():
+        model = attach_lora(model, rank, alpha, targets, last_layers)
+    return sum(int(p.numel()) for _, p in trainable(model))
 
 
 def trainable(model: Any) -> list[tuple[str, Any]]:
