@@ -23,6 +23,7 @@ pytest.importorskip("peft")
 
 from dpsynth.cli import app  # noqa: E402
 from dpsynth.methods.dpfinetune import accounting  # noqa: E402
+from dpsynth.methods.dpfinetune.frozen import decoder_layers  # noqa: E402
 from dpsynth.methods.dpfinetune.train import (  # noqa: E402
     DPSGD,
     Example,
@@ -512,6 +513,72 @@ def test_adapters_on_the_last_layers_only() -> None:
     assert names and all(".layers.1." in n for n in names)
 
 
+def _train_counting(model: Any, tmp_path: Path, freeze: bool, steps: int = 3,
+                    **over: Any) -> tuple[DPSGD, list[Any], list[int]]:
+    """A full-batch run of ``steps`` on ``model`` (q = 1: every record every step); its
+    trainer, its adapter after it and the input lengths of every full-model forward pass."""
+
+    widths: list[int] = []
+    embedding = model.get_input_embeddings()
+    hook = embedding.register_forward_hook(lambda m, args, out: widths.append(args[0].shape[1]))
+    trainer = DPSGD(model, _examples(12), _settings(q=1.0, steps=steps, clip=0.05, **over),
+                    tmp_path, Keys(), 0, freeze_below=freeze)
+    trainer.run(resume=False)
+    hook.remove()
+    return trainer, [p.detach().clone() for _, p in trainer.params], widths
+
+
+def test_the_layers_below_the_adapter_run_once_per_record(tmp_path: Path) -> None:
+    """``lora_layers`` on the loop path: each record's state below the adapted layers is
+    computed once (the probe's full pass and one lower pass per record, whatever the step
+    count), and training from the stored states ends on the adapter of the full passes
+    bit for bit."""
+    import torch
+
+    frozen, after, widths = _train_counting(_tiny(last_layers=1), tmp_path / "a", True)
+    full, want, full_widths = _train_counting(_tiny(last_layers=1), tmp_path / "b", False)
+    assert frozen._frozen is not None and full._frozen is None
+    assert len(frozen._frozen.states) == 12  # every record's state stored once
+    assert all(torch.equal(a, b) for a, b in zip(after, want, strict=True))
+    assert len(full_widths) == 3 * 12  # the full path: a pass per record and step
+    assert len(widths) == 2 + 12  # the probe (its full pass and its lower one), then 12
+    assert sorted(widths[2:]) == sorted(len(e.ids) for e in _examples(12))
+    # an adapter on every layer leaves nothing to store; hooks keep their own passes
+    every, _, _ = _train_counting(_tiny(), tmp_path / "c", True, steps=1)
+    hooks, _, _ = _train_counting(_tiny(last_layers=1), tmp_path / "d", True, steps=1,
+                                  clipping="hooks", micro_batch=3)
+    assert every._frozen is None and hooks._frozen is None
+    # a decoder whose pass from stored states differs from its full pass (here a hook moves
+    # the states it is handed) fails the probe and keeps the full pass: the same adapter
+    odd = _tiny(last_layers=1)
+
+    def moved(_m: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("inputs_embeds") is None:
+            return None
+        return args, {**kwargs, "inputs_embeds": kwargs["inputs_embeds"] + 1e-3}
+
+    decoder_layers(odd).register_forward_pre_hook(moved, with_kwargs=True)
+    kept, same, _ = _train_counting(odd, tmp_path / "e", True)
+    assert kept._frozen is None and kept._frozen_decided
+    assert all(torch.equal(a, b) for a, b in zip(same, want, strict=True))
+
+
+def test_a_record_s_stored_state_is_its_own(tmp_path: Path) -> None:
+    """Rows apart: a record's stored state and its clipped gradient are the same whatever
+    other records the run holds and in whatever order they come."""
+    import torch
+
+    ex = _examples(12)
+    a = DPSGD(_tiny(last_layers=1), ex, _settings(clip=0.05), tmp_path / "a", Keys(), 0)
+    b = DPSGD(_tiny(last_layers=1), [ex[5], *ex[8:], ex[2]], _settings(clip=0.05),
+              tmp_path / "b", Keys(), 0)
+    one, _ = a.clipped_sum(np.array([5]))
+    other, _ = b.clipped_sum(np.array([0]))
+    assert a._frozen is not None and b._frozen is not None
+    assert torch.equal(a._frozen.states[5], b._frozen.states[0])
+    assert all(torch.equal(x, y) for x, y in zip(one, other, strict=True))
+
+
 def test_a_private_schedule_stays_out_of_the_release(tmp_path: Path) -> None:
     """Without ``records`` the sampling rate, step count and noise multiplier follow from the
     exact record count: release/ states epsilon and delta but none of them (private/plan.json
@@ -796,10 +863,14 @@ def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
     )
 
     model_dir = _tiny_model_dir(tmp_path)
-    res = bench_dp_finetune(str(model_dir), ("loop", "hooks", "ghost", "plain-top1"),
+    res = bench_dp_finetune(str(model_dir), ("loop", "hooks", "ghost", "plain-top1",
+                                             "loop-top1", "recompute-top1"),
                             samples=3, threads=1, tokens=12, micro_batch=2, isolate=False,
-                            mixed=True)
-    assert list(res["paths"]) == ["loop", "hooks", "ghost", "plain-top1"]
+                            mixed=True, steps=2)
+    assert list(res["paths"]) == ["loop", "hooks", "ghost", "plain-top1", "loop-top1",
+                                  "recompute-top1"]
+    assert [m for m, r in res["paths"].items() if r["stored_states"]] == ["loop-top1"]
+    assert res["steps"] == 2 and "2 steps" in lines(res)[0]
     assert res["lengths"] == "mixed, 8-12" and "8-12 tokens" in lines(res)[0]
     assert record_lengths(4, 64, False) == [64] * 4
     mixed = record_lengths(50, 64, True)
@@ -811,7 +882,7 @@ def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
         assert r["private"] is (mode != "plain-top1")
     assert res["paths"]["plain-top1"]["lora_layers"] == 1
     assert set(res["cpu_vs_hooks"]) <= set(res["paths"]) and res["isolated"] is False
-    assert len(lines(res)) == 5 and "| ghost |" in markdown(res, "cmd")
+    assert len(lines(res)) == 7 and "| ghost |" in markdown(res, "cmd")
     assert parse_mode("hooks-top8") == ("hooks", 8)
     for bad in ("fast", "loop-top", "loop-top0"):
         with pytest.raises(ValueError, match="per-sample gradient path"):

@@ -346,12 +346,14 @@ def lora_model(smollm: Any, last_layers: int | None = None) -> Any:
 
 
 def train_pass(smollm: Any, model: Any, docs: list[str], clipping: str | None = None,
-               micro_batch: int | None = None) -> list[Any]:
+               micro_batch: int | None = None, frozen: bool | None = None) -> list[Any]:
     """DP-SGD's exact sum of clipped per-sample gradients (DPSGD.clipped_sum) with the
     dp_finetune defaults (per-sample gradients of one record per pass; or ``clipping`` and
     ``micro_batch`` as given) on ``model``
     (:func:`lora_model`; a sum leaves its weights as they are, so both corpora share it):
-    per record its own contribution (the sum over it alone), then the sum over all of them."""
+    per record its own contribution (the sum over it alone), then the sum over all of them.
+    ``frozen``: whether the passes must have run the top layers from the stored lower-layer
+    states (None: not checked)."""
     from dpsynth.config import PromptConfig
     from dpsynth.methods.dpfinetune.config import DPFineTuneConfig
     from dpsynth.methods.dpfinetune.prompts import label_heads
@@ -371,12 +373,15 @@ def train_pass(smollm: Any, model: Any, docs: list[str], clipping: str | None = 
            for i in range(len(docs))]
     total = np.concatenate([t.numpy().ravel()
                             for t in trainer.clipped_sum(np.arange(len(docs)))[0]])
+    if frozen is not None:
+        assert (trainer._frozen is not None) is frozen
     trainer.close()
     return [*own, total]
 
 
 def check_train(request: pytest.FixtureRequest, tmp: Path, clipping: str | None = None,
-                micro_batch: int | None = None, last_layers: int | None = None) -> None:
+                micro_batch: int | None = None, last_layers: int | None = None,
+                frozen: bool | None = None) -> None:
     """Each record's clipped gradient is the same whatever else is in the batch, and adding a
     record moves the exact (integer fixed-point) clipped sum by that record's own clipped
     gradient, bit for bit: the sensitivity C that DP-SGD's accounting assumes. (Every record
@@ -384,8 +389,8 @@ def check_train(request: pytest.FixtureRequest, tmp: Path, clipping: str | None 
     besides EXTRA show it.) ``last_layers``: the adapter on the last layers only."""
     smollm = request.getfixturevalue("smollm")
     model = lora_model(smollm, last_layers)
-    alone = train_pass(smollm, model, FEW[:2], clipping, micro_batch)
-    added = train_pass(smollm, model, [EXTRA, *FEW[:2]], clipping, micro_batch)
+    alone = train_pass(smollm, model, FEW[:2], clipping, micro_batch, frozen)
+    added = train_pass(smollm, model, [EXTRA, *FEW[:2]], clipping, micro_batch, frozen)
     for i, (a, b) in enumerate(zip(alone[:-1], added[1:-1], strict=True)):
         assert a.tobytes() == b.tobytes(), f"record {i}: its clipped gradient moved"
     assert (added[-1] - alone[-1]).tobytes() == added[0].tobytes()
@@ -428,6 +433,15 @@ def test_dp_sgd_hooks_path_is_rows_apart_on_the_real_model(request: pytest.Fixtu
     the fixed shape, the backward pass stops below them (the check at full depth is the tiny
     Llama's, tests/test_dp_finetune.py)."""
     check_train(request, tmp_path, clipping="hooks", micro_batch=2, last_layers=2)
+
+
+@pytest.mark.models
+def test_dp_sgd_stored_lower_layers_are_rows_apart_on_the_real_model(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The default loop path with the adapter on the last 2 layers runs the top layers from
+    each record's stored lower-layer state (SmolLM2 passes the probe) and meets the train
+    pass's check: each clipped gradient the same bit for bit whatever else is in the batch."""
+    check_train(request, tmp_path, last_layers=2, frozen=True)
 
 
 def test_keyword_extraction_asks_the_model_one_document_a_pass() -> None:

@@ -8,6 +8,10 @@ Paths (each clips every record's gradient to C and adds the same noise; the adap
 q_proj and v_proj, the dp_finetune defaults):
 
 - ``loop``: one record per forward and backward pass (the default: no pass mixes records);
+  with ``-topK`` each record's state below the adapted layers is computed once and later
+  passes run the top K layers from it (:mod:`dpsynth.methods.dpfinetune.frozen`);
+- ``recompute``: ``loop`` with every pass from the embeddings (``freeze_below`` off: the loop
+  path before the stored states), the reference for ``loop-topK`` over several ``steps``;
 - ``hooks``: Opacus's GradSampleModule on micro-batches (per-sample gradients from hooks);
 - ``ghost``: Opacus's fast gradient clipping on micro-batches (per-sample norms, then a
   second backward pass of the clipped loss);
@@ -18,8 +22,9 @@ q_proj and v_proj, the dp_finetune defaults):
 Each path runs in its own child process (``isolate``, the default): its peak memory is that
 process's maximum resident set (``getrusage`` ``ru_maxrss``, the float32 model included), and
 ``step_extra_mib`` how far the timed step took it above the peak before the step. After a
-warm-up of two records, one step over ``samples`` records (q = 1) is timed: CPU seconds (user
-+ system of the process, all its threads) and wall seconds, per record.
+warm-up of two records, ``steps`` steps over the same ``samples`` records (q = 1: each step an
+epoch) are timed: CPU seconds (user + system of the process, all its threads) and wall
+seconds, per record and step.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any
 
 #: the paths ``dpsynth bench dp-finetune`` compares by default
 MODES = ("loop", "hooks", "ghost")
-BASES = ("loop", "hooks", "ghost", "plain")
+BASES = ("loop", "hooks", "ghost", "plain", "recompute")
 #: the path the others' CPU time is compared with (Opacus's default)
 REFERENCE = "hooks"
 
@@ -75,9 +80,11 @@ def record_lengths(samples: int, tokens: int, mixed: bool) -> list[int]:
 
 
 def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int = 64,
-                 micro_batch: int = 8, rank: int = 8, mixed: bool = False) -> dict[str, Any]:
-    """Time one DP-SGD step of ``samples`` random-token records (of :func:`record_lengths`)
-    with path ``mode`` in this process (the adapter on a fresh copy of ``model``)."""
+                 micro_batch: int = 8, rank: int = 8, mixed: bool = False,
+                 steps: int = 1) -> dict[str, Any]:
+    """Time ``steps`` DP-SGD steps over ``samples`` random-token records (of
+    :func:`record_lengths`) with path ``mode`` in this process (the adapter on a fresh copy
+    of ``model``)."""
     import numpy as np
     import torch
 
@@ -97,21 +104,25 @@ def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int 
                 for n in record_lengths(samples, tokens, mixed)]
     settings = StepSettings(noise_multiplier=1.0, q=1.0, steps=1, expected_batch=samples,
                             clip=1.0, learning_rate=1e-3,
-                            clipping="loop" if base == "plain" else base,
+                            clipping="loop" if base in ("plain", "recompute") else base,
                             micro_batch=micro_batch, secure=False)
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-dpft-{os.getpid()}"
     trainer = DPSGD(net, examples, settings, folder, SeededNoise(1).spawn, gen.pad_token_id,
-                    first_target=min(e.start for e in examples))
+                    first_target=min(e.start for e in examples),
+                    freeze_below=base != "recompute")
     net.train()
     step = _warmed_step(base, trainer, net, examples, micro_batch, gen.pad_token_id)
     before = _maxrss_mib()
     cpu0, t0 = os.times(), time.perf_counter()
-    step()
+    for _ in range(steps):
+        step()
     wall = time.perf_counter() - t0
     cpu1 = os.times()
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     peak = _maxrss_mib()
-    return {"cpu_per_sample": cpu / samples, "wall_per_sample": wall / samples,
+    done = samples * steps
+    return {"cpu_per_sample": cpu / done, "wall_per_sample": wall / done, "steps": steps,
+            "stored_states": trainer._frozen is not None,
             "peak_rss_mib": round(peak, 1), "step_extra_mib": round(max(0.0, peak - before), 1),
             "samples": samples, "private": base != "plain", "lora_layers": top,
             "load_1min_end": round(os.getloadavg()[0], 2)}
@@ -163,7 +174,8 @@ def _in_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def bench_dp_finetune(model: str = "smollm2", modes: Sequence[str] = MODES, samples: int = 8,
                       threads: int = 2, tokens: int = 64, micro_batch: int = 8, rank: int = 8,
-                      isolate: bool = True, mixed: bool = False) -> dict[str, Any]:
+                      isolate: bool = True, mixed: bool = False,
+                      steps: int = 1) -> dict[str, Any]:
     """Each path of ``modes`` on the same records, one after the other (each in its own
     process with ``isolate``); the module docstring says what is measured."""
     modes = list(modes)
@@ -171,16 +183,19 @@ def bench_dp_finetune(model: str = "smollm2", modes: Sequence[str] = MODES, samp
         raise ValueError("give one or more distinct paths")
     for mode in modes:
         parse_mode(mode)
-    if min(samples, threads, micro_batch, rank) < 1 or tokens < 8:
-        raise ValueError("samples, threads, micro_batch and rank must be >= 1, tokens >= 8")
+    if min(samples, threads, micro_batch, rank, steps) < 1 or tokens < 8:
+        raise ValueError("samples, threads, micro_batch, rank and steps must be >= 1, "
+                         "tokens >= 8")
     paths: dict[str, dict[str, Any]] = {}
     for mode in modes:
         spec = {"model": model, "mode": mode, "samples": samples, "threads": threads,
-                "tokens": tokens, "micro_batch": micro_batch, "rank": rank, "mixed": mixed}
+                "tokens": tokens, "micro_batch": micro_batch, "rank": rank, "mixed": mixed,
+                "steps": steps}
         paths[mode] = _in_child(spec) if isolate else measure_path(**spec)
     ref = paths.get(REFERENCE)
     return {
-        "model": model, "samples": samples, "tokens": tokens, "threads": threads,
+        "model": model, "samples": samples, "steps": steps, "tokens": tokens,
+        "threads": threads,
         "lengths": ("mixed, {}-{}".format(*mixed_bounds(tokens)) if mixed else "equal"),
         "micro_batch": micro_batch, "lora": {"rank": rank, "alpha": 2.0 * rank,
                                              "target_modules": ["q_proj", "v_proj"]},
@@ -196,7 +211,7 @@ def bench_dp_finetune(model: str = "smollm2", modes: Sequence[str] = MODES, samp
 
 def lines(res: dict[str, Any]) -> list[str]:
     """The result for a person: one line per path, then the machine and its load."""
-    out = [f"DP-SGD step over {res['samples']} records of {_tokens(res)} tokens, "
+    out = [f"DP-SGD {_steps(res)} over {res['samples']} records of {_tokens(res)} tokens, "
            f"{res['model']}, LoRA r = {res['lora']['rank']}, {res['threads']} threads"]
     ratios = res.get("cpu_vs_hooks") or {}
     for mode, r in res["paths"].items():
@@ -214,6 +229,11 @@ def lines(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def _steps(res: dict[str, Any]) -> str:
+    steps = int(res.get("steps", 1))
+    return "step" if steps == 1 else f"{steps} steps (per record and step)"
+
+
 def _tokens(res: dict[str, Any]) -> str:
     lengths = res.get("lengths", "equal")
     return str(res["tokens"]) if lengths == "equal" else lengths.split(", ", 1)[1]
@@ -227,7 +247,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
         "# DP-SGD on a LoRA adapter: per-sample gradient paths",
         "",
         f"`{command}` on {m.get('cores', '?')} cores ({m.get('cpu_model', '?')}), "
-        f"{time.strftime('%Y-%m-%d')}: one DP-SGD step over {res['samples']} records of "
+        f"{time.strftime('%Y-%m-%d')}: DP-SGD {_steps(res)} over {res['samples']} records of "
         f"{_tokens(res)} tokens, {res['model']}, LoRA r = {res['lora']['rank']} on q_proj / "
         f"v_proj, clip 1, AdamW. {res['memory']}. Load average {load.get('start')} at the "
         f"start, {load.get('max')} at most; quiet: {m.get('quiet')}.",
@@ -244,7 +264,9 @@ def markdown(res: dict[str, Any], command: str) -> str:
     rows += ["", "`plain` is a NOT private reference (one ordinary backward pass per "
              "micro-batch, no clipping, no noise). `CPU vs hooks`: hooks' CPU seconds over the "
              "path's (above 1: cheaper than hooks). `-topK`: adapters on the last K layers "
-             "only, another model than the rows above.", ""]
+             "only, another model than the rows above; `loop-topK` runs them from each "
+             "record's state below them, stored on its first pass, `recompute-topK` from the "
+             "embeddings every pass.", ""]
     return "\n".join(rows)
 
 

@@ -200,7 +200,10 @@ def dp_finetune(
     modes: str = typer.Option(
         "loop,hooks,ghost", "--modes",
         help="Per-sample gradient paths, comma-separated: loop, hooks, ghost, plain (NOT "
-             "private: a reference), each optionally -topK (adapters on the last K layers)."),
+             "private: a reference), recompute (loop without stored lower-layer states), "
+             "each optionally -topK (adapters on the last K layers)."),
+    steps: int = typer.Option(1, "--steps", help="Timed steps over the same records (each "
+                                                 "an epoch at q = 1)."),
     tokens: int = typer.Option(64, "--tokens", help="Tokens per record (the most, --mixed)."),
     mixed: bool = typer.Option(False, "--mixed",
                                help="Record lengths drawn from tokens/4 to tokens (seed 0)."),
@@ -220,7 +223,7 @@ def dp_finetune(
         try:
             res = bench_dp_finetune(model, [m.strip() for m in modes.split(",") if m.strip()],
                                     samples, threads, tokens, micro_batch,
-                                    isolate=not in_process, mixed=mixed)
+                                    isolate=not in_process, mixed=mixed, steps=steps)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
     res["machine"] = where.result()

@@ -53,6 +53,7 @@ import numpy as np
 
 from ...fixed_shape import fixed_shape_passes
 from ...llm.models import quiet_transformers
+from .frozen import PROBE_IDS, PROBE_START, FrozenBelow, first_adapted
 
 #: fixed-point grid of the exact sum of clipped gradients
 GRID_BITS = 32
@@ -177,16 +178,21 @@ def passes(examples: Sequence[Example], rows: np.ndarray, clipping: str,
     return [(None, rows[lo:lo + micro_batch]) for lo in range(0, len(rows), micro_batch)]
 
 
-def per_sample_loss(model: Any, ids: Any, attn: Any, target: Any, keep: int = 0) -> Any:
+def per_sample_loss(model: Any, ids: Any, attn: Any, target: Any, keep: int = 0,
+                    embeds: Any = None) -> Any:
     """Each record's mean next-token cross-entropy over its own target tokens ([b]).
     ``keep`` > 0: the model's logits at the last ``keep`` positions only (transformers'
     ``logits_to_keep``), for a pass whose targets all lie there (one unpadded record: its
     text after the prompt, :func:`target_positions`); the prompt's positions then cost no
-    projection onto the vocabulary."""
+    projection onto the vocabulary. ``embeds``: the pass starts from these states instead of
+    ``ids``' embeddings (:mod:`.frozen`: the top layers only); the targets are ``ids``'."""
     import torch
 
     kept = {"logits_to_keep": keep} if keep > 0 else {}  # asked only where it is used
-    logits = model(input_ids=ids, attention_mask=attn, **kept).logits
+    # from states: no cache (its layers would be counted from the cut decoder's config)
+    given = ({"input_ids": ids} if embeds is None
+             else {"inputs_embeds": embeds, "use_cache": False})
+    logits = model(**given, attention_mask=attn, **kept).logits
     first = ids.shape[1] - logits.shape[1]  # the position of the first logit kept
     if first > 0 and bool(target[:, :first].any()):
         raise ValueError("a target lies before the logits kept")
@@ -211,6 +217,21 @@ def hooks_keep(width: int, first_target: int) -> int:
     a record's logits are computed at the same shape whatever records share its pass."""
     keep = width - first_target + 1
     return keep if keep < width else 0
+
+
+def torch_grad(value: Any, params: Sequence[Any]) -> list[Any]:
+    """d value / d params (None for a parameter it does not reach), leaving ``.grad`` alone."""
+    import torch
+
+    return list(torch.autograd.grad(value, list(params), allow_unused=True))
+
+
+def equal(a: Any, b: Any) -> bool:
+    """Bit-for-bit equality of two tensors (or both None)."""
+    import torch
+
+    return (a is None and b is None) or (a is not None and b is not None
+                                         and torch.equal(a.detach(), b.detach()))
 
 
 def to_grid(x: Any) -> Any:
@@ -260,13 +281,16 @@ class DPSGD:
     in a fixed order (the units the coins and :meth:`clipped_sum` index). ``first_target``:
     the earliest ``start`` any record can have, a public value (the shortest label prompt):
     a ``hooks`` pass projects onto the vocabulary only from the position before it on
-    (:func:`hooks_keep`)."""
+    (:func:`hooks_keep`). ``freeze_below``: on the loop path, each record's state below the
+    adapted layers is computed once and the top layers run from it (:mod:`.frozen`), where
+    that reproduces the full pass bit for bit; False: the full pass every time."""
 
     def __init__(self, model: Any, examples: Sequence[Example], settings: StepSettings,
                  folder: Path, noise_for: Callable[[str], Any], pad_id: int,
                  on_step: Callable[[int, dict[str, Any]], None] | None = None,
                  on_checkpoint: Callable[[str], None] | None = None,
-                 groups: Sequence[Sequence[int]] | None = None, first_target: int = 1) -> None:
+                 groups: Sequence[Sequence[int]] | None = None, first_target: int = 1,
+                 freeze_below: bool = True) -> None:
         import torch
 
         if settings.unit not in ("record", "user"):
@@ -296,6 +320,9 @@ class DPSGD:
         self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=settings.learning_rate)
         self.step = 0
         self._engine: Any = None
+        self.freeze_below = freeze_below
+        self._frozen: FrozenBelow | None = None
+        self._frozen_decided = False
 
     # -- checkpoints -------------------------------------------------------------------------
     @property
@@ -395,8 +422,8 @@ class DPSGD:
                 if hasattr(p, "grad_sample"):
                     p.grad_sample = None
             if self.s.clipping == "loop":  # one record, unpadded
-                loss = per_sample_loss(self.model, ids, attn, target,
-                                       keep=target_positions(chunk[0]))
+                loss = self._record_loss(int(part[0]), ids, attn, target,
+                                         target_positions(chunk[0]))
                 loss.sum().backward()
                 grads = [p.grad.unsqueeze(0) for _, p in self.params]
                 clipped = self._clip(grads)
@@ -445,8 +472,8 @@ class DPSGD:
                 ids, attn, target = collate([self.examples[i]], self.pad_id)
                 for _, p in self.params:
                     p.grad = None
-                loss = per_sample_loss(self.model, ids, attn, target,
-                                       keep=target_positions(self.examples[i]))
+                loss = self._record_loss(i, ids, attn, target,
+                                         target_positions(self.examples[i]))
                 loss.sum().backward()
                 for a, (_, p) in zip(acc, self.params, strict=True):
                     a += p.grad.double()
@@ -458,6 +485,43 @@ class DPSGD:
         for _, p in self.params:
             p.grad = None
         return sums, total
+
+    def _frozen_below(self) -> FrozenBelow | None:
+        """The stored lower-layer states (:mod:`.frozen`) where the loop path can use them: an
+        adapter on the top layers only, and a top-only pass equal bit for bit to the full one
+        on the public probe; None otherwise (the full pass). Decided once, from public facts
+        only (the model, the adapter's placement, the probe)."""
+        if self._frozen is not None or self._frozen_decided:
+            return self._frozen
+        self._frozen_decided = True
+        first = first_adapted(self.model) if self.freeze_below else None
+        if first is None or self.s.clipping != "loop":
+            return None
+        frozen = FrozenBelow(self.model, first)
+        probe = Example(PROBE_IDS, PROBE_START)
+        ids, attn, target = collate([probe], self.pad_id)
+        keep = target_positions(probe)
+        params = [p for _, p in self.params]
+        full = per_sample_loss(self.model, ids, attn, target, keep=keep)
+        want = torch_grad(full.sum(), params)
+        top = self._top_loss(frozen, frozen.hidden(ids, attn), ids, attn, target, keep)
+        got = torch_grad(top.sum(), params)
+        if equal(full, top) and all(equal(a, b) for a, b in zip(want, got, strict=True)):
+            self._frozen = frozen
+        return self._frozen
+
+    def _top_loss(self, frozen: FrozenBelow, state: Any, ids: Any, attn: Any, target: Any,
+                  keep: int) -> Any:
+        with frozen.top_only():
+            return per_sample_loss(self.model, ids, attn, target, keep=keep, embeds=state)
+
+    def _record_loss(self, index: int, ids: Any, attn: Any, target: Any, keep: int) -> Any:
+        """One record's loss in a pass of its own: from its stored lower-layer state through
+        the top layers where :meth:`_frozen_below` allows, else the full pass."""
+        frozen = self._frozen_below()
+        if frozen is None:
+            return per_sample_loss(self.model, ids, attn, target, keep=keep)
+        return self._top_loss(frozen, frozen.state(index, ids, attn), ids, attn, target, keep)
 
     def _clip(self, grads: list[Any]) -> list[Any]:
         """g_i min(1, C / (||g_i|| + 1e-6)) for each row i of the per-sample gradients."""
