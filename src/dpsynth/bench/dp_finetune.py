@@ -122,7 +122,7 @@ def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int 
     peak = _maxrss_mib()
     done = samples * steps
     return {"cpu_per_sample": cpu / done, "wall_per_sample": wall / done, "steps": steps,
-            "stored_states": trainer._frozen is not None,
+            "stored_states": trainer.stores_states,
             "peak_rss_mib": round(peak, 1), "step_extra_mib": round(max(0.0, peak - before), 1),
             "samples": samples, "private": base != "plain", "lora_layers": top,
             "load_1min_end": round(os.getloadavg()[0], 2)}

@@ -7,8 +7,8 @@ pass stopped at layer L - k) and each later pass of that record runs the top k l
 the decoder with its lower layers taken out, fed the stored state as ``inputs_embeds``
 (transformers' decoders add no scaling or position there; the rotary positions and the causal
 mask follow from the sequence alone, each layer's attention type from the config's list, cut
-with the layers). Per record and epoch that saves the forward pass of the
-lower layers: a full-batch run of E epochs pays it once instead of E times.
+with the layers). Per record and epoch that saves the forward pass of the lower layers: a
+full-batch run of E epochs pays it once instead of E times.
 
 A record's state comes from its own pass, so the path stays rows-apart. It is used only where
 a public probe (a fixed token sequence) gives the top-only pass the full pass's loss and

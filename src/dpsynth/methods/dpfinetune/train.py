@@ -486,6 +486,12 @@ class DPSGD:
             p.grad = None
         return sums, total
 
+    @property
+    def stores_states(self) -> bool:
+        """Whether the passes run the top layers from stored lower-layer states (decided on
+        the first pass: :meth:`_frozen_below`)."""
+        return self._frozen is not None
+
     def _frozen_below(self) -> FrozenBelow | None:
         """The stored lower-layer states (:mod:`.frozen`) where the loop path can use them: an
         adapter on the top layers only, and a top-only pass equal bit for bit to the full one
