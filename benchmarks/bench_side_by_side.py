@@ -46,6 +46,7 @@ released texts per arm and the by-eye counts (``--by-eye``, read from the 20-tex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,6 +57,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +75,16 @@ SAMPLES = 200
 EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "wasp_one", "wasp_one_every",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
-        "dp_finetune_full", "real")
+        "dp_finetune_full", "dp_finetune_top2", "dp_finetune_top2_long", "dp_finetune_nonprivate",
+        "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
           "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
           "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune",
-          "dp_finetune_full": "dp_finetune"}
+          "dp_finetune_full": "dp_finetune", "dp_finetune_top2": "dp_finetune",
+          "dp_finetune_top2_long": "dp_finetune",
+          "dp_finetune_nonprivate": "dp_finetune"}
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
 DP_FINETUNE_SMALL_LR = 2e-4
@@ -89,6 +94,21 @@ DP_FINETUNE_SMALL_LR = 2e-4
 #: (fewer coordinates of noise; the backward pass stops below them)
 DP_FINETUNE_FULL = {"batch_size": RECORDS, "epochs": 4, "learning_rate": 5e-3,
                     "lora_layers": 8}
+
+#: dp_finetune_top2: every record in every step for twice the steps, adapters on the last 2
+#: layers only (a quarter of the coordinates: each step's noise ratio 0.60 at epsilon 8, where
+#: dp_finetune_full's 4 steps had 0.84), a larger step size; the loop path then runs the top 2
+#: layers from each record's stored lower-layer state after its first pass
+DP_FINETUNE_TOP2 = {"batch_size": RECORDS, "epochs": 8, "learning_rate": 1e-2,
+                    "lora_layers": 2}
+#: dp_finetune_top2_long: the same for 16 steps (each step's noise ratio 0.84 at epsilon 8)
+DP_FINETUNE_TOP2_LONG = {**DP_FINETUNE_TOP2, "epochs": 16}
+
+#: dp_finetune_nonprivate, NOT private (a reference, like ``real``): dp_finetune_chat's model,
+#: prompt and adapter trained by plain minibatch AdamW over the 500 records (no clipping, no
+#: noise; each epoch in its own seeded order): what fine-tuning can give on this job at all.
+#: Its run folder's privacy statement does not hold (a NOT-PRIVATE file beside it says so)
+NONPRIVATE = {"epochs": 2, "batch": 16, "learning_rate": 1e-3}
 
 #: aug_pe_preference: DPO pairs per vote (synthesis.preference.pairs; 64 is the default)
 PREFERENCE_PAIRS = 64
@@ -126,6 +146,10 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
             cfg["dp_finetune"]["learning_rate"] = DP_FINETUNE_SMALL_LR
         if arm == "dp_finetune_full":
             cfg["dp_finetune"].update(DP_FINETUNE_FULL)
+        if arm == "dp_finetune_top2":
+            cfg["dp_finetune"].update(DP_FINETUNE_TOP2)
+        if arm == "dp_finetune_top2_long":
+            cfg["dp_finetune"].update(DP_FINETUNE_TOP2_LONG)
     return cfg
 
 
@@ -189,9 +213,55 @@ def job() -> tuple[list[str], Any, Any, set[str]]:
     return intents, private[["text", "category"]], held_out[["text", "category"]], every
 
 
+@contextlib.contextmanager
+def nonprivate_training() -> Iterator[None]:
+    """For the length of the block, dp_finetune's DP-SGD loop replaced by ordinary minibatch
+    training (:data:`NONPRIVATE`; NOT private: the reference arm only)."""
+    import numpy as np
+    import torch
+
+    from dpsynth.methods.dpfinetune import method
+    from dpsynth.methods.dpfinetune.train import collate, per_sample_loss
+
+    def run(self: Any, resume: bool = True) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        opt = torch.optim.AdamW([p for _, p in self.params], lr=NONPRIVATE["learning_rate"])
+        self.model.train()
+        rng = np.random.default_rng(0)
+        for _ in range(NONPRIVATE["epochs"]):
+            order = rng.permutation(len(self.examples))
+            for lo in range(0, len(order), NONPRIVATE["batch"]):
+                chunk = [self.examples[int(i)] for i in order[lo:lo + NONPRIVATE["batch"]]]
+                ids, attn, target = collate(chunk, self.pad_id)
+                per_sample_loss(self.model, ids, attn, target).mean().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        self.model.eval()
+        return {"steps_run": 0, "seconds": time.perf_counter() - t0, "resumed_at": None}
+
+    original = method.DPSGD.run
+    method.DPSGD.run = run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        method.DPSGD.run = original  # type: ignore[method-assign]
+
+
 def generate_arm(arm: str, runs: Path, private: Any, intents: list[str], samples: int,
                  epsilon: float = EPSILON) -> Path:
     """Run (or resume) one generating arm; returns its run folder."""
+    if arm == "dp_finetune_nonprivate":
+        with nonprivate_training():
+            out = _generate(arm, runs, private, intents, samples, epsilon)
+        (out / "NOT-PRIVATE.txt").write_text(
+            "Trained without clipping or noise by benchmarks/bench_side_by_side.py (a "
+            "reference arm): the privacy statement in release/ does not hold.\n")
+        return out
+    return _generate(arm, runs, private, intents, samples, epsilon)
+
+
+def _generate(arm: str, runs: Path, private: Any, intents: list[str], samples: int,
+              epsilon: float) -> Path:
     import dpsynth
 
     out = runs / arm
@@ -286,8 +356,10 @@ def table(state: dict[str, Any], by_eye: dict[str, str]) -> list[str]:
         lead = ("n/a" if arm in ("real", "zero_shot") or vs.get("accuracy_points") is None
                 else f"{vs['accuracy_points']:+.1f} ({ci[0]:+.1f} to {ci[1]:+.1f})")
         n = f"{RECORDS} real" if arm == "real" else sc.get("n_synthetic", "n/a")
+        spent = ("none: NOT private" if arm == "dp_finetune_nonprivate"
+                 else "n/a" if eps is None else num(float(eps), 2))
         lines.append(
-            f"| {arm} | {'n/a' if eps is None else num(float(eps), 2)} | {n} | "
+            f"| {arm} | {spent} | {n} | "
             f"{a.get('wall_s', 'n/a')} "
             f"| {a.get('load_before', '')} -> {a.get('load_after', '')} | {num(acc)} | "
             f"{num(f1)} | {lead} | {pct(gap(acc, zs.get('accuracy'), real.get('accuracy')))} | "
@@ -342,6 +414,10 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         "q_proj / v_proj), 64 training tokens of each record (after its prompt: the plain label "
         "sentence, or with `dp_finetune_chat` the zero-shot request in the chat template); "
         f"`dp_finetune_full` as `dp_finetune_chat` with {DP_FINETUNE_FULL}; "
+        f"`dp_finetune_top2` with {DP_FINETUNE_TOP2}, `dp_finetune_top2_long` with "
+        f"{DP_FINETUNE_TOP2_LONG}; `dp_finetune_nonprivate` (NOT "
+        f"private, a reference like `real`) `dp_finetune_chat`'s model, prompt and adapter "
+        f"trained by plain minibatch AdamW, {NONPRIVATE}, no clipping and no noise; "
         "`real` the private records as the training set "
         "(no release: the ceiling). Each generating arm has its own ledger file. Wall time is "
         "the `dpsynth.generate` call only (models loaded inside; the evaluation apart).",
