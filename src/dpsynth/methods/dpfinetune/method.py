@@ -249,7 +249,7 @@ class DPFineTune(Method):
 
     def _warn_noisy_steps(self, job: Job, model: Any) -> None:
         """Warn when each step's noise outweighs the largest gradient the records can give
-        (:func:`noisy_steps_warning`), on stderr and in log.txt. Public values only: the
+        (:meth:`noisy_steps`), on stderr and in log.txt. Public values only: the
         solved noise multiplier, the expected batch from the declared count and the loaded
         adapter's size (with a schedule from the private count, nothing is said)."""
         coordinates = sum(int(p.numel()) for _, p in trainable(model))
