@@ -64,8 +64,8 @@ def first_adapted(model: Any) -> int | None:
 
 class FrozenBelow:
     """Each record's hidden state entering layer ``first`` (its index among the decoder's
-    layers), stored per record index up to :data:`CACHE_BYTES`, and the loss of the top
-    layers from it."""
+    layers), stored per record index up to :data:`CACHE_BYTES`, and the decoder cut to its
+    layers from ``first`` on (:meth:`top_only`) to run from it."""
 
     def __init__(self, model: Any, first: int) -> None:
         self.model = model

@@ -497,11 +497,13 @@ class DPSGD:
         adapter on the top layers only, and a top-only pass equal bit for bit to the full one
         on the public probe; None otherwise (the full pass). Decided once, from public facts
         only (the model, the adapter's placement, the probe)."""
-        if self._frozen is not None or self._frozen_decided:
+        if self._frozen_decided:
             return self._frozen
         self._frozen_decided = True
-        first = first_adapted(self.model) if self.freeze_below else None
-        if first is None or self.s.clipping != "loop":
+        if not self.freeze_below or self.s.clipping != "loop":
+            return None
+        first = first_adapted(self.model)
+        if first is None:
             return None
         frozen = FrozenBelow(self.model, first)
         probe = Example(PROBE_IDS, PROBE_START)
