@@ -41,7 +41,7 @@ CONFIG = REPO / "examples" / "tiny-aug-pe.yaml"
 DPSYNTH = [sys.executable, "-m", "dpsynth"]
 COUNTERS = {"llm_calls", "llm_calls_earlier_attempts", "llm_requests_sent", "attempts",
             "requested", "sent",
-            "dropped", "retried", "http_retries"}
+            "dropped", "retried", "http_retries", "rejected", "off_label"}
 
 
 def _sets(run: Path) -> list[str]:

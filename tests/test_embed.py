@@ -155,6 +155,15 @@ def test_fixed_shape_passes_cover_every_text_once_at_its_own_width() -> None:
     assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]]
     with pytest.raises(ValueError):
         fixed_shape_passes([3], 0, 256)
+    # the embedders' rule: every width a multiple of WIDTH_STEP
+    from dpsynth.embed.engines import WIDTH_STEP
+
+    assert WIDTH_STEP == 8
+    assert [padded_width(n, 256, 8) for n in (1, 8, 9, 17, 65, 250, 300)] == \
+        [8, 8, 16, 24, 72, 256, 256]
+    assert [w for w, _ in fixed_shape_passes(lengths, 9, 256, 8)] == [256, 104, 40, 24, 16, 8]
+    with pytest.raises(ValueError):
+        padded_width(3, 256, 0)
 
 
 @models

@@ -12,20 +12,25 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def padded_width(tokens: int, max_len: int) -> int:
-    """The width a text of ``tokens`` tokens is padded to: rounded up to a multiple of 16 up to
-    64 tokens, of 32 beyond, at most ``max_len`` (a public rule: the shape is the text's own)."""
-    step = 16 if tokens <= 64 else 32
+def padded_width(tokens: int, max_len: int, step: int | None = None) -> int:
+    """The width a text of ``tokens`` tokens is padded to (a public rule: the shape is the
+    text's own), at most ``max_len``: rounded up to a multiple of ``step``, or by default of 16
+    up to 64 tokens and of 32 beyond."""
+    if step is None:
+        step = 16 if tokens <= 64 else 32
+    elif step < 1:
+        raise ValueError(f"step must be >= 1, got {step}")
     return min(max_len, max(step, -(-tokens // step) * step))
 
 
-def fixed_shape_passes(lengths: Sequence[int], rows: int,
-                       max_len: int) -> list[tuple[int, np.ndarray]]:
-    """``(width, indices)`` of each pass: the texts of each :func:`padded_width`, widest
-    first, ``rows`` at most a pass (a pass of fewer is filled to ``rows`` by fillers)."""
+def fixed_shape_passes(lengths: Sequence[int], rows: int, max_len: int,
+                       step: int | None = None) -> list[tuple[int, np.ndarray]]:
+    """``(width, indices)`` of each pass: the texts of each :func:`padded_width` (``step``),
+    widest first, ``rows`` at most a pass (a pass of fewer is filled to ``rows`` by
+    fillers)."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
-    widths = np.array([padded_width(n, max_len) for n in lengths], dtype=np.int64)
+    widths = np.array([padded_width(n, max_len, step) for n in lengths], dtype=np.int64)
     passes = []
     for w in sorted(set(widths.tolist()), reverse=True):
         idx = np.flatnonzero(widths == w)

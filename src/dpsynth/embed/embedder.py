@@ -19,8 +19,9 @@ from .models import EMBEDDED, available_cores, minilm_dir
 ENGINES = ("auto", "torch", "onnx", "openvino")
 AUTO_ORDER = ("openvino", "onnx", "torch")
 MIN_AGREEMENT = 0.999
-#: Version of the cached vectors: 2 = fixed-shape passes (engines.fixed_shape_passes).
-VECTORS = "v2"
+#: Version of the cached vectors: 2 = fixed-shape passes (engines.fixed_shape_passes), 3 = their
+#: widths a multiple of 8 tokens (engines.WIDTH_STEP).
+VECTORS = "v3"
 
 
 GRAPH_ENGINES: dict[str, type[GraphEngine]] = {"onnx": OnnxEngine,

@@ -4,7 +4,8 @@ run the graph :mod:`.export` writes; a fast engine must embed the public probe s
 torch (cosine >= ``MIN_AGREEMENT``, :mod:`.embedder`) before it is used.
 
 Every engine embeds in passes of a fixed shape (:func:`fixed_shape_passes`): a text padded to a
-width set by its own token count, ``batch_size`` rows a pass, filler rows where fewer are left.
+width set by its own token count (a multiple of ``WIDTH_STEP``), ``batch_size`` rows a pass,
+filler rows where fewer are left.
 A batch padded to its longest text, of however many texts are left, picks its kernels (and
 their rounding) by the other texts: measured on MiniLM, a text's vector moved by up to 2e-7
 with its batch on every engine, so one record coming in would move the others' vectors and,
@@ -27,6 +28,10 @@ from ..fixed_shape import (
     padded_width,
 )
 from ..llm.runtime import import_openvino
+
+#: Texts are padded to a multiple of this many tokens: measured on MiniLM against 16 / 32
+#: (the DP-SGD rule), 1.13x the texts a second on OpenVINO (benchmarks/embed_shapes.py).
+WIDTH_STEP = 8
 
 # Public probe sentences (varied lengths, one past the 256-token limit) that a fast engine must
 # embed like the torch path before it is used.
@@ -68,7 +73,7 @@ class FixedShapeEngine:
 
     def _probe_dim(self) -> int:
         """The vectors' dimension, from one pass of fillers."""
-        width = padded_width(len(self._filler), self.max_len)
+        width = padded_width(len(self._filler), self.max_len, WIDTH_STEP)
         return int(self._pass(*fixed_shape_arrays([], width, self.batch_size, self._pad_id,
                                                   self._filler)).shape[1])
 
@@ -79,7 +84,8 @@ class FixedShapeEngine:
         if not texts:
             return out
         token_rows = self._token_rows(texts)
-        passes = fixed_shape_passes([len(r) for r in token_rows], self.batch_size, self.max_len)
+        passes = fixed_shape_passes([len(r) for r in token_rows], self.batch_size, self.max_len,
+                                    WIDTH_STEP)
         with bar("embedding (texts)", len(texts), progress) as advance:
             for width, idx in passes:
                 ids, mask = fixed_shape_arrays([token_rows[i] for i in idx], width,
