@@ -29,8 +29,10 @@ from ..fixed_shape import (
 )
 from ..llm.runtime import import_openvino
 
-#: Texts are padded to a multiple of this many tokens: measured on MiniLM against 16 / 32
-#: (the DP-SGD rule), 1.13x the texts a second on OpenVINO (benchmarks/embed_shapes.py).
+#: Texts are padded to a multiple of this many tokens. Against 16 up to 64 and 32 beyond (the
+#: DP-SGD rule), measured on MiniLM: 1.03x / 1.20x / 1.03x the texts a second (OpenVINO / ONNX
+#: Runtime / torch) on Banking77's short texts, 1.0-1.13x on the longer demo texts
+#: (benchmarks/results/embedding_fixed_shape.md, embedding.md).
 WIDTH_STEP = 8
 
 # Public probe sentences (varied lengths, one past the 256-token limit) that a fast engine must
