@@ -19,12 +19,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from bench_side_by_side import PROMPTS, SHARED  # the side-by-side job's data and prompts
 from dpsynth.bench.machine import Where, describe
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-PROMPTS = {"writer": "a customer of an online bank",
-           "task": "a short question you ask your online bank",
-           "label_template": "It is about {category}."}
 
 
 def training_seconds(log: Path) -> float:

@@ -45,40 +45,29 @@ from dpsynth.bench.machine import Where, describe  # noqa: E402
 from dpsynth.embed import Embedder  # noqa: E402
 from dpsynth.embed.engines import OpenVinoEngine  # noqa: E402
 from dpsynth.embed.export import export_onnx  # noqa: E402
-from dpsynth.fixed_shape import fixed_shape_arrays, padded_width  # noqa: E402
+from dpsynth.fixed_shape import (  # noqa: E402
+    fixed_shape_arrays,
+    fixed_shape_passes,
+)
 from dpsynth.llm.runtime import import_openvino  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def width8(tokens: int, max_len: int) -> int:
-    """Widths rounded up to a multiple of 8 tokens (the alternative to padded_width)."""
-    return min(max_len, max(8, -(-tokens // 8) * 8))
-
-
-def passes(lengths: list[int], rows: int, max_len: int,
-           width: Callable[[int, int], int]) -> list[tuple[int, np.ndarray]]:
-    """fixed_shape_passes with another width rule: widest first, ``rows`` a pass."""
-    widths = np.array([width(n, max_len) for n in lengths])
-    out = []
-    for w in sorted(set(widths.tolist()), reverse=True):
-        idx = np.flatnonzero(widths == w)
-        out += [(int(w), idx[s:s + rows]) for s in range(0, len(idx), rows)]
-    return out
-
-
 class Arm:
-    """One way to embed: a model call on (ids, mask) of a fixed shape, a width rule, rows."""
+    """One way to embed: a model call on (ids, mask) of a fixed shape, rows a pass and the
+    width step (None: :func:`padded_width`'s default rule, 16 up to 64 tokens and 32 beyond)."""
 
     def __init__(self, engine: OpenVinoEngine, call: Callable[[np.ndarray, np.ndarray],
-                 np.ndarray], rows: int, width: Callable[[int, int], int] = padded_width):
-        self.engine, self.call, self.rows, self.width = engine, call, rows, width
+                 np.ndarray], rows: int, step: int | None = None):
+        self.engine, self.call, self.rows, self.step = engine, call, rows, step
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         e = self.engine
         tok = e._token_rows(texts)
         out = np.empty((len(texts), e.dim), dtype=np.float32)
-        for w, idx in passes([len(r) for r in tok], self.rows, e.max_len, self.width):
+        for w, idx in fixed_shape_passes([len(r) for r in tok], self.rows, e.max_len,
+                                         self.step):
             ids, mask = fixed_shape_arrays([tok[i] for i in idx], w, self.rows, e._pad_id,
                                            e._filler)
             out[idx] = self.call(ids, mask)[:len(idx)]
@@ -121,7 +110,7 @@ def quantised(model, engine: OpenVinoEngine, calib: list[str], keep_dense_out: b
 
     tok = engine._token_rows(calib)
     items = []
-    for w, idx in passes([len(r) for r in tok], 16, engine.max_len, padded_width):
+    for w, idx in fixed_shape_passes([len(r) for r in tok], 16, engine.max_len):
         ids, mask = fixed_shape_arrays([tok[i] for i in idx], w, 16, engine._pad_id,
                                        engine._filler)
         items.append({"input_ids": ids, "attention_mask": mask})
@@ -167,11 +156,10 @@ def main() -> None:
     for rows in (8, 16, 32):
         call, costs[f"ov-rows{rows}"] = compiled_call(model, args.threads, static=False)
         arms[f"ov-rows{rows}"] = Arm(engine, call, rows)
-    for name, static, width in (("ov-rows16-w8", False, width8),
-                                ("ov-static", True, padded_width),
-                                ("ov-static-w8", True, width8)):
+    for name, static, step in (("ov-rows16-w8", False, 8), ("ov-static", True, None),
+                               ("ov-static-w8", True, 8)):
         call, costs[name] = compiled_call(model, args.threads, static)
-        arms[name] = Arm(engine, call, 16, width)
+        arms[name] = Arm(engine, call, 16, step)
     skipped = {}
     try:
         for name, keep in (("int8", False), ("int8-keep-dense-out", True)):
