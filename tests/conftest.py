@@ -104,6 +104,15 @@ def smollm():
 
 
 @pytest.fixture(scope="session")
+def ct2_smollm():
+    """The same model on the ctranslate2 int8 engine (``auto`` picks openvino where the CPU
+    has native bf16)."""
+    from dpsynth.llm import load_generator
+
+    return load_generator({"backend": "local", "model": "smollm2", "engine": "ctranslate2"})
+
+
+@pytest.fixture(scope="session")
 def ray_cluster_address() -> Iterator[str]:
     """One real local Ray cluster (a head and one more node on 127.0.0.1) for the whole
     session; yields its address. The modules that use it run on one xdist worker."""

@@ -81,7 +81,6 @@ ALLOWED: set[tuple[str, str]] = {
     ("dpsynth.bench.dp_finetune", "dpsynth.methods.dpfinetune.train"),
     ("dpsynth.bench.dp_finetune", "dpsynth.privacy"),
     ("dpsynth.bench.embedding", "dpsynth.embed"),
-    ("dpsynth.bench.generation", "dpsynth.llm.ct2"),
     ("dpsynth.bench.generation", "dpsynth.llm.local"),
     ("dpsynth.bench.generation", "dpsynth.llm.runtime"),
     ("dpsynth.bench.private_prediction", "dpsynth.demo_corpus"),

@@ -1,7 +1,9 @@
 """The local generation engine: selection, ctranslate2 conversion cache, seeds, quality, threads.
 
 Fast tests use tiny fake directories; the rest use the real offline SmolLM2 (``smollm``,
-conftest, default engine) and, for the quality guard, Gemma 3 270M.
+conftest, default engine: openvino where the CPU has native bf16, else ctranslate2;
+``ct2_smollm`` on ctranslate2) and, for the quality guard, Gemma 3 270M. The OpenVINO engine's
+own tests are in tests/test_ov_generate.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dpsynth.config import GeneratorConfig
 from dpsynth.llm import GenerationError, GenerationRequest, SamplingParams, load_generator, runtime
 from dpsynth.llm import ct2 as ct2_mod
 from dpsynth.llm import local as local_mod
+from dpsynth.llm.engine_check import compare_with_float
 
 needs_ct2 = pytest.mark.skipif(not ct2_mod.available(), reason="ctranslate2 not installed")
 CHAT = ({"role": "user", "content": "Write a short message to your clinic."},)
@@ -104,15 +107,16 @@ models = pytest.mark.models
 
 @needs_ct2
 @models
-def test_default_engine_is_ctranslate2_and_conversion_is_cached(smollm, monkeypatch) -> None:
-    assert smollm.engine == "ctranslate2" and smollm.batch_size == runtime.AUTO_BATCH[
-        "ctranslate2"]
-    assert ct2_mod.is_current(smollm.ct2_dir, smollm.model_dir)
+def test_default_engine_and_ct2_conversion_is_cached(smollm, ct2_smollm, monkeypatch) -> None:
+    want = "openvino" if local_mod.openvino_fits(smollm) else "ctranslate2"
+    assert smollm.engine == want and smollm.batch_size == runtime.AUTO_BATCH[want]
+    assert ct2_mod.is_current(ct2_smollm.ct2_dir, ct2_smollm.model_dir)
 
     def no_convert(*args, **kwargs):
         raise AssertionError("a current conversion must not be converted again")
 
     monkeypatch.setattr(ct2_mod, "convert", no_convert)
+    monkeypatch.setattr(local_mod, "openvino_fits", lambda gen: False)
     again = local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent)
     assert again.engine == "ctranslate2" and again.ct2_converted is False
     assert again._model is None  # sampling alone never loads the float32 model
@@ -126,6 +130,7 @@ def test_auto_falls_back_to_transformers_when_conversion_fails(smollm, monkeypat
 
     monkeypatch.setattr(ct2_mod, "is_current", lambda *a: False)
     monkeypatch.setattr(ct2_mod, "convert", broken)
+    monkeypatch.setattr(local_mod, "openvino_fits", lambda gen: False)
     gen = local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent, batch_size=2)
     assert gen.engine == "transformers" and gen._model is not None
     with pytest.raises(GenerationError, match="conversion to ctranslate2 failed"):
@@ -135,7 +140,8 @@ def test_auto_falls_back_to_transformers_when_conversion_fails(smollm, monkeypat
 
 @needs_ct2
 @models
-def test_per_request_seeds_are_deterministic(smollm, monkeypatch) -> None:
+def test_per_request_seeds_are_deterministic(ct2_smollm, monkeypatch) -> None:
+    smollm = ct2_smollm
     def reqs(seeds: list[int]) -> list[GenerationRequest]:
         return [
             GenerationRequest(CHAT, SamplingParams(temperature=1.0, max_new_tokens=12, seed=s))
@@ -163,7 +169,8 @@ def test_per_request_seeds_are_deterministic(smollm, monkeypatch) -> None:
     assert len(set(first)) == 3  # rows of one batch draw differently
     assert smollm.generate(reqs([4, 5, 6]), progress=False) != first
     # The thread count does not change the texts (the next batch may get other threads).
-    one = local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent, num_threads=1)
+    one = local_mod.LocalGenerator("smollm2", cache_dir=smollm.model_dir.parent, num_threads=1,
+                                   engine="ctranslate2")
     assert one.generate(reqs([1, 2, 3]), progress=False) == first
     # Unseeded requests draw fresh OS randomness, not the last batch's seed.
     free = [GenerationRequest(CHAT, SamplingParams(temperature=1.0, max_new_tokens=12))] * 3
@@ -172,15 +179,18 @@ def test_per_request_seeds_are_deterministic(smollm, monkeypatch) -> None:
 
 @needs_ct2
 @models
-def test_chat_template_reaches_the_engine(smollm, monkeypatch) -> None:
+@pytest.mark.parametrize("which", ["smollm", "ct2_smollm"])
+def test_chat_template_reaches_the_engine(which: str, request, monkeypatch) -> None:
+    smollm = request.getfixturevalue(which)
     seen: list[list[int]] = []
-    real = smollm._ct2.generate
+    engine = smollm.sampling_engine
+    real = engine.generate
 
     def spy(prompts, *args, **kwargs):
         seen.extend(list(p) for p in prompts)
         return real(prompts, *args, **kwargs)
 
-    monkeypatch.setattr(smollm._ct2, "generate", spy)
+    monkeypatch.setattr(engine, "generate", spy)
     p = SamplingParams(temperature=0.0, max_new_tokens=4)
     out = smollm.generate([GenerationRequest(CHAT, p), GenerationRequest("Hello", p)],
                           progress=False)
@@ -193,7 +203,9 @@ def test_chat_template_reaches_the_engine(smollm, monkeypatch) -> None:
 
 @needs_ct2
 @models
-def test_stop_strings_end_rows_early(smollm) -> None:
+@pytest.mark.parametrize("which", ["smollm", "ct2_smollm"])
+def test_stop_strings_end_rows_early(which: str, request) -> None:
+    smollm = request.getfixturevalue(which)
     p = SamplingParams(temperature=0.0, max_new_tokens=24, stop=("\n",))
     before = smollm.generated_tokens
     (cut,) = smollm.generate([GenerationRequest("The capital of France is", p)], progress=False)
@@ -204,15 +216,16 @@ def test_stop_strings_end_rows_early(smollm) -> None:
 @needs_ct2
 @models
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
-def test_int8_quality_guard(model: str, smollm) -> None:
-    gen = smollm if model == "smollm2" else load_generator("gemma3")
+def test_int8_quality_guard(model: str, ct2_smollm) -> None:
+    gen = ct2_smollm if model == "smollm2" else load_generator(
+        {"backend": "local", "model": "gemma3", "engine": "ctranslate2"})
     assert gen.engine == "ctranslate2"
     pairs = [
         ("Dear doctor,", " I would like to move my appointment on Tuesday to Friday morning."),
         ("The patient wrote to the clinic because", " her knee still hurts after the operation."),
         ("The capital of France is", " Paris, and the capital of Germany is Berlin."),
     ]
-    q = ct2_mod.compare_with_float(gen, pairs)
+    q = compare_with_float(gen, pairs)
     # Measured: SmolLM2 KL ~0.08, top-1 ~0.82; Gemma 3 KL ~0.03, top-1 ~0.87.
     assert q["positions"] >= 20
     assert q["mean_kl"] < 0.2 and q["top1_agreement"] >= 0.7, q
@@ -237,6 +250,6 @@ def test_bench_generation_cli_json(smollm, small_probe) -> None:
     data = json.loads(res.stdout.strip().splitlines()[-1])
     for key in ("engine", "tokens_per_second", "baseline_tokens_per_second", "speedup"):
         assert key in data
-    assert data["engine"] == "ctranslate2" and data["tokens"]["engine"] > 0
+    assert data["engine"] == smollm.engine and data["tokens"]["engine"] > 0
     assert data["speedup"] == pytest.approx(
         data["tokens_per_second"] / data["baseline_tokens_per_second"], rel=0.01)

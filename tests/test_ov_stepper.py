@@ -13,7 +13,7 @@ import pytest
 from dpsynth.config import ConfigError
 from dpsynth.llm.ov_stepper import (
     MASKED,
-    _prefill_mask,
+    prefill_mask,
     runnable_precision,
     unsupported_config,
 )
@@ -22,7 +22,7 @@ from dpsynth.methods.synrag.config import check_stepper, choose_stepper
 
 def test_prefill_mask_sees_prefix_own_tokens_causally_and_no_pad() -> None:
     valid = np.array([[False, True, True], [True, True, True]])
-    m = _prefill_mask(2, valid)
+    m = prefill_mask(2, valid)
     assert m.shape == (2, 1, 3, 5) and m.dtype == np.float32
     seen = m[:, 0] == 0.0
     assert seen[:, :, :2].all()  # every query sees the two shared keys

@@ -278,8 +278,9 @@ class GeneratorConfig(Section):
     batch_size: int | None = Field(
         None, gt=0, description="local: requests per batch; None picks it for the engine"
     )
-    engine: Literal["auto", "transformers", "ctranslate2"] = Field(
-        "auto", description="local: ctranslate2 int8 when installed (auto), or transformers"
+    engine: Literal["auto", "transformers", "ctranslate2", "openvino"] = Field(
+        "auto", description="local: auto = openvino bf16 where the CPU has native bf16 and two "
+                            "threads, else ctranslate2 int8 when installed, else transformers"
     )
     threads: int | None = Field(
         None, gt=0, description="local: CPU threads; None = the idle cores (never more)"

@@ -135,8 +135,8 @@ def _installed(*modules: str) -> str:
 
 def generator_key(gcfg: GeneratorConfig) -> str:
     """The cache key of a local generator's rate (model, engine settings, CPU)."""
-    return "|".join(map(str, (gcfg.model, gcfg.engine, _installed("ctranslate2"), gcfg.device,
-                               gcfg.batch_size, gcfg.threads, machine())))
+    return "|".join(map(str, (gcfg.model, gcfg.engine, _installed("ctranslate2", "openvino"),
+                               gcfg.device, gcfg.batch_size, gcfg.threads, machine())))
 
 
 def embedder_key(ecfg: EmbedderConfig) -> str:

@@ -2,11 +2,14 @@
 
 Baseline: :class:`~dpsynth.llm.local.LocalGenerator` on transformers float32 at batch 16 (the
 demo's setting before the engine choice). Candidate: ``LocalGenerator`` with every default
-(engine ``auto``, batch and threads picked for the machine). Both get the same chat prompts
-with the same per-request seeds; rounds alternate which one runs first so that a change in the
-shared machine's load hits both. Tokens are counted up to and including EOS. Quality: the
-candidate's next-token distribution against float32 on the same prompts
-(:func:`dpsynth.llm.ct2.compare_with_float`), plus sample outputs and refusal / empty counts.
+(engine ``auto``, batch and threads picked for the machine). Where the default is not
+ctranslate2 and ctranslate2 is installed, the ctranslate2 int8 engine (the next best) runs in
+the same rounds too (``ctranslate2_tokens_per_second``, ``speedup_vs_ctranslate2``). All get
+the same chat prompts with the same per-request seeds; rounds alternate the order so that a
+change in the shared machine's load hits every path. Tokens are counted up to and including
+EOS. Quality: the candidate's next-token distribution against float32 on the same prompts
+(:func:`dpsynth.llm.engine_check.compare_with_float`), plus sample outputs and refusal / empty
+counts.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import re
 import time
 from typing import Any
 
-from ..llm import GenerationRequest, SamplingParams
+from ..llm import GenerationRequest, SamplingParams, ct2
+from ..llm.engine_check import compare_with_float
 
 SUBJECTS = (
     "a repeat prescription",
@@ -74,14 +78,17 @@ def bench_generation(
     load_start = os.getloadavg()[0]
     base = LocalGenerator(model, engine="transformers", batch_size=baseline_batch)
     cand = LocalGenerator(model)
+    arms = [("base", base), ("cand", cand)]
+    if cand.engine != "ctranslate2" and ct2.available():
+        arms.append(("ct2", LocalGenerator(model, engine="ctranslate2")))
     reqs = prompts(n_prompts, max_new_tokens)
     warm = [GenerationRequest(r.prompt, SamplingParams(max_new_tokens=2, seed=0)) for r in reqs[:2]]
-    for g in (base, cand):
+    for _, g in arms:
         g.generate(warm, progress=False)
-    tot = {"base": [0.0, 0, 0.0], "cand": [0.0, 0, 0.0]}
+    tot = {key: [0.0, 0, 0.0] for key, _ in arms}
     outs: dict[str, list[str]] = {}
     for r in range(rounds):
-        order = (("base", base), ("cand", cand))
+        order = tuple(arms)
         for key, g in order if r % 2 == 0 else order[::-1]:
             wall, cpu, toks, out = _timed(g, reqs)
             tot[key][0] += wall
@@ -121,9 +128,13 @@ def bench_generation(
         res[f"{name}_empty"] = sum(1 for t in out if not t.strip())
         res[f"{name}_refusals"] = sum(1 for t in out if REFUSAL.search(t))
         res[f"{name}_samples"] = out[:samples]
-    if cand.engine == "ctranslate2":
-        from ..llm.ct2 import compare_with_float
-
+    if "ct2" in tot:
+        ct2_tps = tot["ct2"][1] / tot["ct2"][0]
+        res["ctranslate2_tokens_per_second"] = round(ct2_tps, 2)
+        res["ctranslate2_tokens_per_cpu_second"] = round(tot["ct2"][1] / tot["ct2"][2], 2)
+        res["speedup_vs_ctranslate2"] = round(cand_tps / ct2_tps, 3)
+        res["speedup_vs_ctranslate2_cpu"] = round(cand_cpu / (tot["ct2"][1] / tot["ct2"][2]), 3)
+    if cand.sampling_engine is not None:
         pairs = [(cand.render(r)[0], out) for r, out in zip(reqs[:8], outs["base"], strict=False)]
         res["quality"] = compare_with_float(cand, pairs)
     return res

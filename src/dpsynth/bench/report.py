@@ -83,13 +83,15 @@ def generation_lines(gen: dict[str, Any]) -> list[str]:
     """The decoding bound."""
     b, r = gen["bound"], gen["result"]
     f32 = gen.get("bound_at_float32_rate", {})
+    own = gen.get("bound_at_engine_rate") or {}
+    kv = "bf16" if r["engine"] == "openvino" else "float32"
     return [
         f"`{r['model']}`, engine {r['engine']}, batch {b['batch']}, mean context "
         f"{b['mean_context']} tokens (prompt + half the generated), engine threads "
         f"{r['threads']}.", "",
         "| per generated token | value |", "|---|---:|",
         f"| weights read per step / batch (MB) | {b['weight_mbytes']} / {b['batch']} |",
-        f"| KV cache bytes per context token (float32) | {b['kv_bytes_per_context_token']} |",
+        f"| KV cache bytes per context token ({kv}) | {b['kv_bytes_per_context_token']} |",
         f"| MB moved per token | {b['mbytes_per_token']} |",
         f"| MFLOP per token | {b['mflop_per_token']} |",
         f"| memory-bound tokens/s (at {b['rates']['bandwidth_gbs']} GB/s) | "
@@ -101,14 +103,20 @@ def generation_lines(gen: dict[str, Any]) -> list[str]:
         f"| compute bound (the faster of the two) | {b['compute_bound_tokens_per_second']} |",
         f"| compute bound with float32 kernels only | "
         f"{f32.get('compute_bound_tokens_per_second', '-')} |",
+        f"| compute bound at the engine's own arithmetic's square-GEMM rate | "
+        f"{own.get('compute_bound_tokens_per_second', '-')} |",
         f"| **bound** ({b['bound_by']}) | **{b['bound_tokens_per_second']}** |",
         f"| default engine measured | {b.get('tokens_per_second')} |",
         f"| **fraction of bound** | **{b.get('fraction_of_bound')}** "
-        f"(float32-rate bound: {f32.get('fraction_of_bound', '-')}) |",
+        f"(float32-rate bound: {f32.get('fraction_of_bound', '-')}; engine-rate bound: "
+        f"{own.get('fraction_of_bound', '-')}) |",
         *(["", f"Note: {b['note']}."] if "note" in b else []),
         *_gemm_lines(b, r),
         "", f"Against transformers float32: {r['speedup']}x "
         f"({r['tokens_per_second']} vs {r['baseline_tokens_per_second']} tokens/s).",
+        *([f"Against ctranslate2 int8: {r['speedup_vs_ctranslate2']}x "
+           f"({r['ctranslate2_tokens_per_second']} tokens/s; per CPU-second "
+           f"{r['speedup_vs_ctranslate2_cpu']}x)."] if "speedup_vs_ctranslate2" in r else []),
     ]
 
 

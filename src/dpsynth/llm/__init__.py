@@ -63,7 +63,8 @@ def load_generator(
     * ``"smollm2"`` / ``"gemma3"``: the embedded GGUF models (local backend);
     * a local HF model directory;
     * ``{"backend": "local", "model": ..., "batch_size": ..., "num_threads": ...,
-      "engine": "auto" | "transformers" | "ctranslate2", "device": "cpu" | "cuda" | "auto"}`` (see
+      "engine": "auto" | "transformers" | "ctranslate2" | "openvino", "device": "cpu" | "cuda" |
+      "auto"}`` (see
       :class:`~dpsynth.llm.local.LocalGenerator`; ``None`` values mean "pick for the machine");
     * ``{"backend": "openai", "base_url": ..., "model": ..., "api_key_env": "OPENAI_API_KEY",
       "chat": true, ...}`` (other keys: see :class:`~dpsynth.llm.openai_compat.OpenAIGenerator`);

@@ -40,18 +40,12 @@ from ..files import publish_dir
 from ..progress import step
 from .base import GenerationError, SamplingParams
 from .models import quiet_transformers
+from .sampling import TOPP_CANDIDATES
 
 log = logging.getLogger(__name__)
 
 CT2_MARKER = "dpsynth-ct2.json"
 COMPUTE_TYPE = "int8"
-#: Top-p without top-k is applied within this many most likely tokens. CTranslate2 sorts the
-#: whole vocabulary per row and step for top-p alone, which makes sampling 2.6x slower here;
-#: the nucleus is then taken over the candidates' renormalised mass. Measured on SmolLM2 chat
-#: outputs: the mass left outside the top 1024 is 0.3 % on average at temperature 0.8 (1.6 %
-#: at 1.0), so the nucleus differs only at rare flat steps. Plain temperature sampling
-#: (top_p = 1, the config default) and an explicit top_k are exact.
-TOPP_CANDIDATES = 1024
 #: A batch whose rows share at least this many leading tokens runs them once as a static prompt.
 MIN_STATIC_PREFIX = 8
 # set_random_seed is process-wide: a batch holds this lock from seeding to its last token.
@@ -249,6 +243,20 @@ class Ct2Engine:
             out.append((ids, len(ids) < params.max_new_tokens and not stopped))
         return out
 
+    def continuation_log_probs(self, head: Sequence[int], cont: Sequence[int]) -> Any:
+        """Log-probabilities ``[len(cont), V]`` (numpy float32) of the next token at each
+        position that predicts a token of ``cont`` after the prompt ``head``."""
+        import numpy as np
+
+        ids = [*head, *cont]
+        with _SEED_LOCK:
+            ct = self._load()
+        try:
+            lp = np.asarray(ct.forward_batch([ids], return_log_probs=True))[0]
+        finally:
+            del ct
+        return lp[len(head) - 1 : -1]
+
     def _generate_batch(self, tokens: list[list[str]], kw: dict[str, Any], sample: bool,
                         seed: int | None) -> Any:
         """One ``generate_batch``: greedy on the kept engine; sampled on a fresh engine seeded
@@ -270,49 +278,3 @@ class Ct2Engine:
             raise GenerationError(
                 f"ctranslate2 generate_batch failed ({type(exc).__name__})"
             ) from exc
-
-
-
-def compare_with_float(
-    gen: Any, pairs: Sequence[tuple[str, str]], max_tokens: int = 96
-) -> dict[str, float]:
-    """How far the int8 engine's next-token distribution is from the float32 model's.
-
-    ``gen`` is a :class:`~dpsynth.llm.local.LocalGenerator` on the ctranslate2 engine;
-    ``pairs`` are (prompt, continuation) texts. Over the positions that predict continuation
-    tokens: mean and max KL(float32 || int8) in nats, and top-1 agreement.
-    """
-    import numpy as np
-    import torch
-
-    engine = gen._ct2
-    if engine is None:
-        raise ValueError("compare_with_float needs a generator on the ctranslate2 engine")
-    kls: list[float] = []
-    agree: list[bool] = []
-    with _SEED_LOCK:
-        ct = engine._load()
-    try:
-        for prompt, cont in pairs:
-            head = gen.encode_prompt(prompt)
-            ids = (head + gen.encode(cont))[:max_tokens]
-            if len(ids) <= len(head):
-                continue
-            with torch.inference_mode():
-                ref = torch.log_softmax(gen.model(torch.tensor([ids])).logits[0].float(), -1)
-            ref_lp = ref.numpy()[len(head) - 1 : -1]
-            lp = np.asarray(ct.forward_batch([ids], return_log_probs=True))[0]
-            lp = lp[len(head) - 1 : -1, : ref_lp.shape[1]]
-            p = np.exp(ref_lp)
-            kls.extend((p * (ref_lp - lp)).sum(-1).tolist())
-            agree.extend((ref_lp.argmax(-1) == lp.argmax(-1)).tolist())
-    finally:
-        del ct
-    if not kls:
-        raise ValueError("compare_with_float: no continuation tokens to compare")
-    return {
-        "mean_kl": round(float(np.mean(kls)), 4),
-        "max_kl": round(float(np.max(kls)), 4),
-        "top1_agreement": round(float(np.mean(agree)), 4),
-        "positions": len(kls),
-    }

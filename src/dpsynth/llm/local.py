@@ -1,8 +1,10 @@
 """Local generation on CPU (or a GPU): :class:`LocalGenerator`, the embedded GGUF models or any
 HF model directory (:mod:`dpsynth.llm.models`).
 
-Sampling runs on CTranslate2 int8 when it is installed (:mod:`dpsynth.llm.ct2`, converted
-once from the float32 directory and cached beside it), else on transformers; threads follow
+Sampling runs on OpenVINO bf16 where the CPU multiplies bf16 natively and the model's decoder
+exports (:mod:`dpsynth.llm.ov_generate`), else on CTranslate2 int8 when it is installed
+(:mod:`dpsynth.llm.ct2`, converted once from the float32 directory and cached beside it), else
+on transformers; threads follow
 :func:`dpsynth.llm.runtime.default_threads` (never more than the idle cores); batches and their
 seeds follow :mod:`dpsynth.llm.batching`; DP-SynRAG's KV-cached :class:`Stepper` is
 :mod:`dpsynth.llm.stepper`.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from . import ct2, ov_stepper
+from . import ct2, ov_generate, ov_stepper
 from .base import (
     FALLBACK_STOPS,
     Completion,
@@ -47,6 +50,7 @@ from .runtime import (
     available_cores,
     default_threads,
     idle_threads,
+    import_openvino,
     resolve_device,
     resolve_engine,
     stepper_threads,
@@ -105,14 +109,31 @@ def bf16_supported() -> bool:
     return native_bf16(cpu_flags())
 
 
+def openvino_fits(gen: Any) -> bool:
+    """Whether ``engine: auto`` runs ``gen`` on OpenVINO: the CPU multiplies bf16 natively
+    (:func:`bf16_supported`), the decoder runs on at least two threads (OpenVINO compiles bf16
+    for two or more, :func:`~dpsynth.llm.ov_stepper.runnable_precision`) and its config
+    exports (:func:`~dpsynth.llm.ov_stepper.unsupported_config`). Read from ``config.json``:
+    nothing is loaded to decide."""
+    try:
+        import_openvino()
+    except ImportError:
+        return False
+    if not bf16_supported() or stepper_threads(gen) < 2:
+        return False
+    config = json.loads((Path(gen.model_dir) / "config.json").read_text())
+    return ov_stepper.unsupported_config(config) is None
+
+
 class LocalGenerator:
     """A local causal LM (on the CPU, or a GPU with ``device``) behind the
     :class:`~dpsynth.llm.base.Generator` protocol.
 
     ``model`` is ``"smollm2"``, ``"gemma3"`` or a local HF model directory. ``engine``:
-    ``"ctranslate2"`` (int8, about 2.5x faster here, see :mod:`dpsynth.llm.ct2`),
-    ``"transformers"`` (float32) or ``"auto"`` (ctranslate2 when installed and the model
-    converts, else transformers). Whatever the engine, prompts are rendered and tokenised by
+    ``"openvino"`` (bf16, :mod:`dpsynth.llm.ov_generate`), ``"ctranslate2"`` (int8, see
+    :mod:`dpsynth.llm.ct2`), ``"transformers"`` (float32) or ``"auto"`` (openvino where
+    :func:`openvino_fits`, else ctranslate2 when installed and the model converts, else
+    transformers). Whatever the engine, prompts are rendered and tokenised by
     the model's HF tokenizer, and next-token logits / the KV-cached :class:`Stepper`
     (DP-SynRAG, docs/methods.md §4) run on the float32 transformers model, loaded lazily.
 
@@ -155,6 +176,16 @@ class LocalGenerator:
         self.generated_tokens = 0
         self.ct2_converted = False
         self._ct2: Any = None
+        self._ov: Any = None
+        if requested == "auto" and self.device == "cpu" and openvino_fits(self):
+            engine = "openvino"
+        if engine == "openvino":
+            why = ov_stepper.unsupported(self)
+            if why:
+                raise ConfigError(f"{self.name}: engine 'openvino' cannot run it ({why}); use "
+                                  "engine 'auto' or 'ctranslate2'")
+            # bf16 where the CPU has it natively (emulated bf16 is many times slower), else f32
+            self._ov = ov_generate.OpenVinoEngine(self, "bf16" if bf16_supported() else "f32")
         if engine == "ctranslate2":
             engine = self._open_ct2(requested, root, embedded, num_threads)
         self.engine: str = engine
@@ -162,13 +193,18 @@ class LocalGenerator:
         if engine == "transformers":
             self._load_model()
 
+    @property
+    def sampling_engine(self) -> Any:
+        """The sampling engine object (openvino or ctranslate2), None on transformers."""
+        return self._ov if self._ov is not None else self._ct2
+
     # ---------------------------------------------------------------- construction
     def _place(self, engine: str, device: str) -> str:
         """Set :attr:`device`; the engine to run (a GPU runs transformers)."""
         self.device = resolve_device(device)
         if self.device != "cpu":
-            if engine == "ctranslate2":
-                raise ConfigError(f"engine 'ctranslate2' runs on the CPU in dpsynth; with "
+            if engine in ("ctranslate2", "openvino"):
+                raise ConfigError(f"engine {engine!r} runs on the CPU in dpsynth; with "
                                   f"device {device!r} use engine 'transformers' (or 'auto')")
             engine = "transformers"
         return resolve_engine(engine)
@@ -410,9 +446,11 @@ class LocalGenerator:
         """Request indices in batches (see :func:`plan_batches`).
 
         On ctranslate2 batches are sorted by prompt length: it feeds a batch's prompts at once
-        only up to the shortest one and the rest a token per decoding step.
+        only up to the shortest one and the rest a token per decoding step; on openvino too,
+        where a batch's prompts are left-padded to the longest.
         """
-        return plan_batches(requests, self.batch_size, lengths if self._ct2 else None)
+        return plan_batches(requests, self.batch_size,
+                            lengths if self._ct2 or self._ov else None)
 
     def _generate_batch(
         self,
@@ -423,6 +461,9 @@ class LocalGenerator:
         chat: Sequence[bool],
     ) -> list[Completion]:
         """One batch on the engine: texts, how they ended, token counts (EOS included)."""
+        if self._ov is not None:
+            rows = self._ov.generate(prompts, params, seeds, stops, self.decode)
+            return self._finish_rows(prompts, rows, stops, chat)
         if self._ct2 is not None:
             return self._generate_batch_ct2(prompts, params, seeds, stops, chat)
         import torch
@@ -474,6 +515,11 @@ class LocalGenerator:
         chat: Sequence[bool],
     ) -> list[Completion]:
         rows = self._ct2.generate(prompts, params, batch_seed(seeds), stops, self.decode)
+        return self._finish_rows(prompts, rows, stops, chat)
+
+    def _finish_rows(self, prompts: Sequence[Sequence[int]], rows: list[tuple[list[int], bool]],
+                     stops: Sequence[tuple[str, ...]], chat: Sequence[bool]) -> list[Completion]:
+        """:meth:`_finish` of an engine's rows: (ids without EOS, whether EOS ended it)."""
         return self._finish(prompts, [ids for ids, _ in rows],
                             [len(ids) + int(ended) for ids, ended in rows],
                             [ended for _, ended in rows], stops, chat)

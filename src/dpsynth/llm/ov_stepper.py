@@ -229,7 +229,7 @@ def compiled(gen: Any, precision: str) -> Any:
     return cache[precision]
 
 
-def _prefill_mask(keys_before: int, valid: np.ndarray) -> np.ndarray:
+def prefill_mask(keys_before: int, valid: np.ndarray) -> np.ndarray:
     """Additive mask ``[B, 1, S, keys_before + S]``: every row sees the ``keys_before``
     shared keys, then its own tokens causally, never a pad; a pad query sees itself (so no
     row of the softmax is empty)."""
@@ -260,7 +260,7 @@ class OpenVinoStepper(SharedTokenStepper):
             if any(not r for r in rows):
                 raise ValueError("open_stepper: each prompt needs at least one token")
             p = len(prefix)
-            self._infer(np.asarray([prefix], dtype=np.int64), _prefill_mask(0, np.ones((1, p),
+            self._infer(np.asarray([prefix], dtype=np.int64), prefill_mask(0, np.ones((1, p),
                         dtype=bool)), np.arange(p, dtype=np.int64)[None], np.zeros(1, np.int32))
             beams = np.zeros(b, np.int32)  # every row continues the one prefix row
         else:
@@ -270,7 +270,7 @@ class OpenVinoStepper(SharedTokenStepper):
         ids, valid = gen.pad_left(rows)
         valid = valid.numpy().astype(bool)
         pos = p + np.clip(valid.cumsum(-1) - 1, 0, None)
-        self._infer(ids.numpy(), _prefill_mask(p, valid), pos, beams)
+        self._infer(ids.numpy(), prefill_mask(p, valid), pos, beams)
         self._valid = np.concatenate([np.ones((b, p), dtype=bool), valid], axis=1)
         self._length = self._valid.shape[1]
         self._next_pos = pos[:, -1:] + 1
@@ -356,7 +356,7 @@ class OpenVinoRowsApart(SharedTokenStepper):
             prefix = self._gen.encode_prompt(shared_prefix)
             p = len(prefix)
             self._run(prefill, np.asarray([prefix], dtype=np.int64),
-                      _prefill_mask(0, np.ones((1, p), dtype=bool)),
+                      prefill_mask(0, np.ones((1, p), dtype=bool)),
                       np.arange(p, dtype=np.int64)[None], 1)
             base = {s.name: np.array(s.state.data, dtype=np.float32, copy=True)
                     for s in prefill.query_state()}
@@ -370,7 +370,7 @@ class OpenVinoRowsApart(SharedTokenStepper):
                 prefill.reset_state()
             n = len(row)
             hidden.append(self._run(prefill, np.asarray([row], dtype=np.int64),
-                                    _prefill_mask(p, np.ones((1, n), dtype=bool)),
+                                    prefill_mask(p, np.ones((1, n), dtype=bool)),
                                     p + np.arange(n, dtype=np.int64)[None], 1))
             caches.append({s.name: np.array(s.state.data, dtype=np.float32)[0, :, p:]
                            for s in prefill.query_state()})

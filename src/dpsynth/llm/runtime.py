@@ -45,14 +45,16 @@ def idle_threads() -> int:
     return min(default_threads(), available_cores())
 
 
-ENGINES = ("auto", "transformers", "ctranslate2")
+ENGINES = ("auto", "transformers", "ctranslate2", "openvino")
 #: Requests per engine batch when none is given (a constant per engine, never a function of
 #: the load: batch composition fixes the batch seeds, so it must not change run to run).
-AUTO_BATCH = {"ctranslate2": 64, "transformers": 32}
+AUTO_BATCH = {"openvino": 64, "ctranslate2": 64, "transformers": 32}
 
 
 def resolve_engine(engine: str) -> str:
-    """``auto`` -> ``ctranslate2`` when that package is installed, else ``transformers``."""
+    """``auto`` -> ``ctranslate2`` when that package is installed, else ``transformers`` (a
+    :class:`~dpsynth.llm.local.LocalGenerator` then prefers ``openvino`` where it fits: that
+    needs the model, :func:`~dpsynth.llm.local.openvino_fits`)."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine != "auto":

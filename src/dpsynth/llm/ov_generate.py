@@ -1,0 +1,152 @@
+"""OpenVINO bf16 engine for :class:`~dpsynth.llm.local.LocalGenerator` (sampling only).
+
+Where the CPU multiplies bf16 natively (AVX512-BF16 or AMX) this engine runs SmolLM2 about
+1.4x as fast as CTranslate2 int8 at the default batch of 64 (benchmarks/results/
+generation.md): CTranslate2 copies every layer's whole KV cache on every step (a third of its
+step on this model, profiled), where OpenVINO keeps the cache in place inside its fused
+attention (the decoder graph of :mod:`dpsynth.llm.ov_stepper`, exported once and shared with
+DP-SynRAG's stepper). bf16 is also closer to float32 than int8.
+
+One batch (:meth:`OpenVinoEngine.generate`):
+
+* the rows' common prefix (a chat template's system turn) is run once, with batch size 1,
+  and every row continues its state; the rest of each prompt is prefilled in one left-padded
+  pass (pads are masked);
+* each step, the output layer runs in torch on a bf16 copy of the float32 weights (float32
+  where the decoder runs f32: one thread), and :func:`~dpsynth.llm.sampling.next_tokens`
+  draws each row's token from **the row's own seeded generator** (a row's text follows its
+  request's seed and its logits, not a batch seed);
+* a row that draws an end-of-sequence token, or whose text holds one of its stop strings, is
+  dropped from the batch (OpenVINO reorders the cache by ``beam_idx``);
+* the compiled decoder runs on :func:`~dpsynth.llm.runtime.stepper_threads` (the configured
+  threads, else every core), never on the cores idle at the moment: OpenVINO's numbers follow
+  the thread count, and a seeded run must give the same texts whatever else the machine runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import ct2, ov_stepper
+from .base import GenerationError, SamplingParams
+from .runtime import stepper_threads
+from .sampling import next_tokens
+
+
+class OpenVinoEngine:
+    """Batched sampling on the OpenVINO decoder of a :class:`LocalGenerator` (see the module
+    docstring); ``precision`` as :func:`dpsynth.llm.ov_stepper.compiled` takes it."""
+
+    def __init__(self, gen: Any, precision: str = "bf16") -> None:
+        import torch
+
+        self._gen = gen
+        self._compiled = ov_stepper.compiled(gen, precision)
+        self.precision = ov_stepper.runnable_precision(precision, stepper_threads(gen))
+        self.eos_token_ids = frozenset(int(e) for e in gen.eos_token_ids)
+        model = gen.model
+        head = model.get_output_embeddings()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        self._weight = head.weight.detach().to(dtype)
+        bias = getattr(head, "bias", None)
+        self._bias = bias.detach().to(dtype) if bias is not None else None
+        self._softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    def logits(self, hidden: np.ndarray) -> Any:
+        """The output layer on last hidden states ``[B, H]``: float32 torch ``[B, V]``."""
+        import torch
+        import torch.nn.functional as F
+
+        with torch.inference_mode():
+            h = torch.from_numpy(hidden).to(self._weight.dtype)
+            out = F.linear(h, self._weight, self._bias).float()
+            if self._softcap:
+                out = torch.tanh(out / self._softcap) * self._softcap
+        return out
+
+    def open_rows(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, np.ndarray, np.ndarray,
+                                                                  np.ndarray]:
+        """Prefill ``prompts`` (token ids): (infer request, last hidden states ``[B, H]``, valid
+        keys ``[B, length]``, next positions ``[B, 1]``)."""
+        request = self._compiled.create_infer_request()
+        head = ct2.shared_prefix(prompts)
+        b = len(prompts)
+        if head >= ct2.MIN_STATIC_PREFIX:
+            prefix = np.asarray([list(prompts[0][:head])], dtype=np.int64)
+            self._run(request, prefix, ov_stepper.prefill_mask(0, np.ones((1, head), bool)),
+                      np.arange(head, dtype=np.int64)[None], np.zeros(1, np.int32))
+            beams = np.zeros(b, np.int32)  # every row continues the one prefix row
+        else:
+            head = 0
+            beams = np.arange(b, dtype=np.int32)
+        ids, valid = self._gen.pad_left([list(p[head:]) for p in prompts])
+        valid = valid.numpy().astype(bool)
+        pos = head + np.clip(valid.cumsum(-1) - 1, 0, None)
+        hidden = self._run(request, ids.numpy(), ov_stepper.prefill_mask(head, valid), pos, beams)
+        valid = np.concatenate([np.ones((b, head), dtype=bool), valid], axis=1)
+        return request, hidden, valid, pos[:, -1:] + 1
+
+    def step(self, request: Any, tokens: np.ndarray, keep: np.ndarray, valid: np.ndarray,
+             pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Feed ``tokens`` (int64 ``[K]``) to the rows ``keep`` of the request's batch (the
+        others are dropped); (their last hidden states, their valid keys)."""
+        valid = np.concatenate([valid[keep], np.ones((len(keep), 1), dtype=bool)], axis=1)
+        mask = np.where(valid, 0.0, ov_stepper.MASKED).astype(np.float32)[:, None, None, :]
+        hidden = self._run(request, tokens[:, None], mask, pos, keep.astype(np.int32))
+        return hidden, valid
+
+    def continuation_log_probs(self, head: Sequence[int], cont: Sequence[int]) -> np.ndarray:
+        """Log-probabilities ``[len(cont), V]`` of the next token at each position that
+        predicts a token of ``cont`` after the prompt ``head`` (teacher-forced steps)."""
+        import torch
+
+        request, hidden, valid, pos = self.open_rows([list(head)])
+        rows = [hidden]
+        one = np.zeros(1, dtype=np.int64)
+        for t in list(cont)[:-1]:
+            hidden, valid = self.step(request, np.asarray([t], dtype=np.int64), one, valid, pos)
+            pos = pos + 1
+            rows.append(hidden)
+        return torch.log_softmax(self.logits(np.concatenate(rows)), -1).numpy()
+
+    def _run(self, request: Any, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
+             beams: np.ndarray) -> np.ndarray:
+        try:
+            return ov_stepper.last_hidden(self._compiled, request, ids, mask, pos, beams)
+        except Exception as exc:  # the message of an engine error holds no prompt text
+            raise GenerationError(f"openvino generation failed ({type(exc).__name__})") from exc
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int | None],
+        stops: Sequence[tuple[str, ...]],
+        decode: Callable[[Sequence[int]], str],
+    ) -> list[tuple[list[int], bool]]:
+        """Generated token ids per prompt (EOS dropped) and whether the row ended by EOS
+        (:meth:`dpsynth.llm.ct2.Ct2Engine.generate`'s contract, with a seed per row)."""
+        rngs = [np.random.default_rng(None if s is None else int(s) % 2**63) for s in seeds]
+        out: list[list[int]] = [[] for _ in prompts]
+        ended = [False] * len(prompts)
+        request, hidden, valid, pos = self.open_rows(prompts)
+        alive = np.arange(len(prompts))
+        for step in range(params.max_new_tokens):
+            tokens = next_tokens(self.logits(hidden), params, [rngs[r] for r in alive])
+            keep = []
+            for j, (r, t) in enumerate(zip(alive, tokens, strict=True)):
+                if int(t) in self.eos_token_ids:
+                    ended[r] = True
+                    continue
+                out[r].append(int(t))
+                if not (stops[r] and any(s in decode(out[r]) for s in stops[r])):
+                    keep.append(j)
+            if not keep or step == params.max_new_tokens - 1:
+                break
+            kept = np.asarray(keep)
+            hidden, valid = self.step(request, tokens[kept], kept, valid, pos[kept])
+            alive, pos = alive[kept], pos[kept] + 1
+        return [(ids, end) for ids, end in zip(out, ended, strict=True)]
