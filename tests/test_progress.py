@@ -161,6 +161,7 @@ def _bare_local_generator(batch: int) -> Any:
 
     gen = LocalGenerator.__new__(LocalGenerator)
     gen.name, gen.max_context, gen.batch_size, gen._ct2 = "local:stand-in", 512, batch, None
+    gen._ov = None
     gen.render = lambda r: (str(r.prompt), (), False)
     gen.encode_prompt = lambda text: [1, 2, 3]
     gen._generate_batch = lambda prompts, *rest: [Completion("ok", "stop") for _ in prompts]

@@ -450,7 +450,7 @@ class LocalGenerator:
         where a batch's prompts are left-padded to the longest.
         """
         return plan_batches(requests, self.batch_size,
-                            lengths if self._ct2 or self._ov else None)
+                            lengths if self.sampling_engine is not None else None)
 
     def _generate_batch(
         self,
