@@ -41,8 +41,10 @@ from typing import Any
 from harness import ROOT, SHARED, embedder, machine
 
 ARMS = ("dpsynth-default", "pe", "dpsynth-transformers")
-#: dpsynth arm -> generators[0].engine (the default, auto, is ctranslate2 int8 when installed)
-ENGINES = {"dpsynth-default": "auto", "dpsynth-transformers": "transformers"}
+#: dpsynth arm -> generators[0].engine (the default, auto: OpenVINO bf16 where the CPU has
+#: native bf16, else ctranslate2 int8 when installed)
+ENGINES = {"dpsynth-default": "auto", "dpsynth-transformers": "transformers",
+           "dpsynth-ctranslate2": "ctranslate2"}
 
 
 def load() -> str:
