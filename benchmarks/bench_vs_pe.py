@@ -62,9 +62,9 @@ def smollm2_dir() -> Path:
 
 
 def minilm_dir() -> Path:
-    from dpsynth.embed import _minilm_dir
+    from dpsynth.embed import minilm_dir as embedded_minilm_dir
 
-    return _minilm_dir()
+    return embedded_minilm_dir()
 
 
 # -- the dpsynth arm (runs in its own process: ``--worker OUT``) --------------------------------
@@ -176,7 +176,7 @@ def run_arm(cmd: list[str], env: dict[str, str], log: Path) -> tuple[int, float,
 
 
 def read_jsonl(path: Path) -> Any:
-    from dpsynth.eval.rundata import LabeledTexts
+    from dpsynth.eval.release import LabeledTexts
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return LabeledTexts([str(r["text"]) for r in rows],
@@ -295,7 +295,9 @@ def main() -> None:
             engine = ENGINES[arm]
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(folder),
                    "--engine", engine, *common]
-            pe_env = env
+            # each arm's own ledger: the benchmark's shared one (harness.py) would refuse the
+            # third epsilon-4 run on yelp/dev.csv under the default cap of 10
+            pe_env = {**env, "DPSYNTH_LEDGER": str(folder / "ledger.json")}
         start_load = load()
         print(f"[{time.strftime('%H:%M:%S')}] arm {arm}: {' '.join(cmd)}", flush=True)
         code, wall, peak = run_arm(cmd, pe_env, folder / "arm.log")
@@ -314,7 +316,8 @@ def main() -> None:
 
 def evaluate(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace) -> None:
     import pandas as pd
-    from dpsynth.eval.rundata import LabeledTexts
+
+    from dpsynth.eval.release import LabeledTexts
 
     test_df = pd.read_csv(SHARED / "yelp" / "test.csv", dtype=str, keep_default_na=False)
     test = LabeledTexts(test_df["text"].tolist(),

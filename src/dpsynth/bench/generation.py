@@ -71,7 +71,7 @@ def bench_generation(
 ) -> dict[str, Any]:
     """Throughput of both paths on the same requests; see the module docstring."""
     from ..llm.local import LocalGenerator
-    from ..llm.runtime import default_threads
+    from ..llm.runtime import default_threads, stepper_threads
 
     if n_prompts < 1 or max_new_tokens < 1 or rounds < 1:
         raise ValueError("prompts, tokens and rounds must be >= 1")
@@ -80,7 +80,11 @@ def bench_generation(
     cand = LocalGenerator(model)
     arms = [("base", base), ("cand", cand)]
     if cand.engine != "ctranslate2" and ct2.available():
-        arms.append(("ct2", LocalGenerator(model, engine="ctranslate2")))
+        # on the threads the openvino candidate runs on: left to the idle cores it would take
+        # one when the bench's own load lifts the load average (a ratio across thread counts
+        # says little)
+        arms.append(("ct2", LocalGenerator(model, engine="ctranslate2",
+                                           num_threads=stepper_threads(cand))))
     reqs = prompts(n_prompts, max_new_tokens)
     warm = [GenerationRequest(r.prompt, SamplingParams(max_new_tokens=2, seed=0)) for r in reqs[:2]]
     for _, g in arms:

@@ -4,9 +4,10 @@ HF model directory (:mod:`dpsynth.llm.models`).
 Sampling runs on OpenVINO bf16 where the CPU multiplies bf16 natively and the model's decoder
 exports (:mod:`dpsynth.llm.ov_generate`), else on CTranslate2 int8 when it is installed
 (:mod:`dpsynth.llm.ct2`, converted once from the float32 directory and cached beside it), else
-on transformers; threads follow
-:func:`dpsynth.llm.runtime.default_threads` (never more than the idle cores); batches and their
-seeds follow :mod:`dpsynth.llm.batching`; DP-SynRAG's KV-cached :class:`Stepper` is
+on transformers; threads follow :func:`dpsynth.llm.runtime.default_threads` (never more than
+the idle cores; OpenVINO: :func:`~dpsynth.llm.runtime.stepper_threads`, fixed, since its numbers
+follow the thread count); batches and their seeds follow :mod:`dpsynth.llm.batching` (OpenVINO
+draws from a generator per request seed); DP-SynRAG's KV-cached :class:`Stepper` is
 :mod:`dpsynth.llm.stepper`.
 """
 
@@ -135,12 +136,14 @@ class LocalGenerator:
     :func:`openvino_fits`, else ctranslate2 when installed and the model converts, else
     transformers). Whatever the engine, prompts are rendered and tokenised by
     the model's HF tokenizer, and next-token logits / the KV-cached :class:`Stepper`
-    (DP-SynRAG, docs/methods.md §4) run on the float32 transformers model, loaded lazily.
+    (DP-SynRAG, docs/methods.md §4) run on the float32 transformers model, loaded lazily
+    (at once on openvino, whose output layer is a bf16 copy of its weights).
 
     Requests are grouped by their sampling parameters without the seed (so mixed parameters
     do not shrink batches to one), cut into batches of ``batch_size`` (default
     :data:`AUTO_BATCH` of the engine) and decoded; the prompt is stripped from the output and
-    stop strings applied. Seeds: see :func:`batch_seed`. ``load_source`` says where the float
+    stop strings applied. Seeds: see :func:`batch_seed` (openvino: each request's own, see
+    :mod:`dpsynth.llm.sampling`). ``load_source`` says where the float
     weights came from: ``"gguf"`` (de-quantised now and cached), ``"cache"`` or
     ``"directory"``; ``ct2_converted`` whether the int8 conversion was written now.
     """
