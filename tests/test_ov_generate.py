@@ -188,6 +188,18 @@ def test_batches_of_mixed_prompt_lengths_match_alone(ov_smollm) -> None:
 
 
 @models
+def test_sampling_never_loads_the_float_model_once_exported(ov_smollm) -> None:
+    fresh = local_mod.LocalGenerator("smollm2", engine="openvino",
+                                     cache_dir=ov_smollm.model_dir.parent)
+    greedy = [GenerationRequest(CHAT, SamplingParams(temperature=0.0, max_new_tokens=6))]
+    assert fresh.generate(greedy, progress=False) == ov_smollm.generate(greedy, progress=False)
+    assert fresh._model is None  # the output layer came from the safetensors file
+    stored = fresh.sampling_engine._weight
+    loaded = ov_smollm.model.get_output_embeddings().weight.detach().to(stored.dtype)
+    assert torch.equal(stored, loaded)
+
+
+@models
 def test_openvino_refuses_a_model_it_cannot_export() -> None:
     with pytest.raises(ConfigError, match="engine 'openvino' cannot run it .*sliding-window"):
         local_mod.LocalGenerator("gemma3", engine="openvino")

@@ -116,14 +116,18 @@ def openvino_fits(gen: Any) -> bool:
     for two or more, :func:`~dpsynth.llm.ov_stepper.runnable_precision`) and its config
     exports (:func:`~dpsynth.llm.ov_stepper.unsupported_config`). Read from ``config.json``:
     nothing is loaded to decide."""
+    return (bf16_supported() and stepper_threads(gen) >= 2
+            and openvino_refusal(Path(gen.model_dir)) is None)
+
+
+def openvino_refusal(model_dir: Path) -> str | None:
+    """Why the OpenVINO engine cannot run the model in ``model_dir`` (None: it can), from its
+    ``config.json`` (:func:`~dpsynth.llm.ov_stepper.unsupported_config`), loading nothing."""
     try:
         import_openvino()
     except ImportError:
-        return False
-    if not bf16_supported() or stepper_threads(gen) < 2:
-        return False
-    config = json.loads((Path(gen.model_dir) / "config.json").read_text())
-    return ov_stepper.unsupported_config(config) is None
+        return "openvino is not installed"
+    return ov_stepper.unsupported_config(json.loads((model_dir / "config.json").read_text()))
 
 
 class LocalGenerator:
@@ -183,7 +187,7 @@ class LocalGenerator:
         if requested == "auto" and self.device == "cpu" and openvino_fits(self):
             engine = "openvino"
         if engine == "openvino":
-            why = ov_stepper.unsupported(self)
+            why = openvino_refusal(Path(self.model_dir))
             if why:
                 raise ConfigError(f"{self.name}: engine 'openvino' cannot run it ({why}); use "
                                   "engine 'auto' or 'ctranslate2'")

@@ -13,9 +13,11 @@ One batch (:meth:`OpenVinoEngine.generate`):
   and every row continues its state; the rest of each prompt is prefilled in one left-padded
   pass (pads are masked);
 * each step, the output layer runs in torch on a bf16 copy of the float32 weights (float32
-  where the decoder runs f32: one thread), and :func:`~dpsynth.llm.sampling.next_tokens`
-  draws each row's token from **the row's own seeded generator** (a row's text follows its
-  request's seed and its logits, not a batch seed);
+  where the decoder runs f32: one thread; read from the safetensors, so sampling alone never
+  loads the float32 model once the decoder is exported), and
+  :func:`~dpsynth.llm.sampling.next_tokens` draws each row's token from **the row's own
+  seeded generator** (a row's text follows its request's seed and its logits, not a batch
+  seed);
 * a row that draws an end-of-sequence token, or whose text holds one of its stop strings, is
   dropped from the batch (OpenVINO reorders the cache by ``beam_idx``);
 * the compiled decoder runs on :func:`~dpsynth.llm.runtime.stepper_threads` (the configured
@@ -25,7 +27,9 @@ One batch (:meth:`OpenVinoEngine.generate`):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,31 @@ from . import ct2, ov_stepper
 from .base import GenerationError, SamplingParams
 from .runtime import stepper_threads
 from .sampling import next_tokens
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """A model directory's ``config.json``, its text config where it has one."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return dict(config.get("text_config") or config)
+
+
+def stored_output_layer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, Any]:
+    """The output layer's (weight, bias or None) as stored in the directory's safetensors,
+    float torch tensors, without loading the model: ``lm_head.weight``, else the input
+    embedding where the config ties the two; (None, None) when neither is there."""
+    from safetensors import safe_open
+
+    names = ["lm_head.weight"]
+    if config.get("tie_word_embeddings"):
+        names.append("model.embed_tokens.weight")
+    for name in names:
+        for path in sorted(model_dir.glob("*.safetensors")):
+            with safe_open(str(path), "pt") as f:
+                keys = set(f.keys())
+                if name in keys:
+                    bias = f.get_tensor("lm_head.bias") if "lm_head.bias" in keys else None
+                    return f.get_tensor(name), bias
+    return None, None
 
 
 class OpenVinoEngine:
@@ -47,13 +76,16 @@ class OpenVinoEngine:
         self._compiled = ov_stepper.compiled(gen, precision)
         self.precision = ov_stepper.runnable_precision(precision, stepper_threads(gen))
         self.eos_token_ids = frozenset(int(e) for e in gen.eos_token_ids)
-        model = gen.model
-        head = model.get_output_embeddings()
+        config = read_config(Path(gen.model_dir))
+        weight, bias = stored_output_layer(Path(gen.model_dir), config)
+        if weight is None:  # not under a name we know: the loaded model's own
+            head = gen.model.get_output_embeddings()
+            weight, bias = head.weight.detach(), getattr(head, "bias", None)
+            bias = bias.detach() if bias is not None else None
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-        self._weight = head.weight.detach().to(dtype)
-        bias = getattr(head, "bias", None)
-        self._bias = bias.detach().to(dtype) if bias is not None else None
-        self._softcap = getattr(model.config, "final_logit_softcapping", None)
+        self._weight = weight.float().to(dtype)
+        self._bias = bias.float().to(dtype) if bias is not None else None
+        self._softcap = config.get("final_logit_softcapping")
 
     def logits(self, hidden: np.ndarray) -> Any:
         """The output layer on last hidden states ``[B, H]``: float32 torch ``[B, V]``."""
