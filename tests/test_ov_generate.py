@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from dpsynth.errors import ConfigError
-from dpsynth.llm import GenerationRequest, SamplingParams, load_generator, ov_generate
+from dpsynth.llm import (
+    GenerationError,
+    GenerationRequest,
+    SamplingParams,
+    load_generator,
+    ov_generate,
+)
 from dpsynth.llm import local as local_mod
 from dpsynth.llm.engine_check import compare_with_float
 from dpsynth.llm.sampling import (
@@ -145,6 +151,23 @@ def test_openvino_is_close_to_float32(ov_smollm) -> None:
 
 
 @models
+def test_the_output_layer_does_not_follow_torchs_threads(ov_smollm) -> None:
+    # the decoder runs on fixed threads; the output layer and sampling run on torch's, which
+    # follow the idle cores: a seeded run's texts must not depend on them
+    engine = ov_smollm.sampling_engine
+    hidden = np.random.default_rng(0).normal(size=(7, engine._weight.shape[1])).astype(np.float32)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(engine.logits(hidden))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+
+
+@models
 def test_seeds_fix_each_rows_text(ov_smollm) -> None:
     first = ov_smollm.generate(reqs([1, 2, 3]), progress=False)
     assert ov_smollm.generate(reqs([1, 2, 3]), progress=False) == first
@@ -197,6 +220,21 @@ def test_sampling_never_loads_the_float_model_once_exported(ov_smollm) -> None:
     stored = fresh.sampling_engine._weight
     loaded = ov_smollm.model.get_output_embeddings().weight.detach().to(stored.dtype)
     assert torch.equal(stored, loaded)
+
+
+@models
+def test_auto_falls_back_when_openvino_cannot_open(ov_smollm, monkeypatch) -> None:
+    monkeypatch.setattr(local_mod, "openvino_fits", lambda gen: True)
+
+    def broken(*args, **kwargs):
+        raise PermissionError("read-only model directory")
+
+    monkeypatch.setattr(ov_generate.ov_stepper, "compiled", broken)
+    gen = local_mod.LocalGenerator("smollm2", cache_dir=ov_smollm.model_dir.parent)
+    assert gen.engine in ("ctranslate2", "transformers") and gen._ov is None
+    with pytest.raises(GenerationError, match="OpenVINO engine cannot open .PermissionError"):
+        local_mod.LocalGenerator("smollm2", engine="openvino",
+                                 cache_dir=ov_smollm.model_dir.parent)
 
 
 @models

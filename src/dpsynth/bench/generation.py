@@ -107,7 +107,8 @@ def bench_generation(
         "model": cand.name,
         "engine": cand.engine,
         "batch_size": cand.batch_size,
-        "threads": getattr(getattr(cand, "_ct2", None), "last_threads", 0) or cand.num_threads,
+        "threads": (stepper_threads(cand) if cand.engine == "openvino" else
+                    getattr(cand.sampling_engine, "last_threads", 0) or cand.num_threads),
         "tokens_per_second": round(cand_tps, 2),
         "baseline": f"transformers float32, batch {baseline_batch}",
         "baseline_threads": base.num_threads,

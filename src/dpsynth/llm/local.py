@@ -185,14 +185,13 @@ class LocalGenerator:
         self._ct2: Any = None
         self._ov: Any = None
         if requested == "auto" and self.device == "cpu" and openvino_fits(self):
-            engine = "openvino"
-        if engine == "openvino":
+            engine = self._open_openvino_or(engine)
+        elif engine == "openvino":
             why = openvino_refusal(Path(self.model_dir))
             if why:
                 raise ConfigError(f"{self.name}: engine 'openvino' cannot run it ({why}); use "
                                   "engine 'auto' or 'ctranslate2'")
-            # bf16 where the CPU has it natively (emulated bf16 is many times slower), else f32
-            self._ov = ov_generate.OpenVinoEngine(self, "bf16" if bf16_supported() else "f32")
+            self._open_openvino()
         if engine == "ctranslate2":
             engine = self._open_ct2(requested, root, embedded, num_threads)
         self.engine: str = engine
@@ -288,6 +287,28 @@ class LocalGenerator:
             getattr(text_config, "max_position_embeddings", None) or 2048
         )
         self.vocab_size: int = int(text_config.vocab_size)
+
+    def _open_openvino(self) -> None:
+        """Export (once) and compile the OpenVINO engine: bf16 where the CPU has it natively
+        (emulated bf16 is many times slower), else f32."""
+        try:
+            self._ov = ov_generate.OpenVinoEngine(self, "bf16" if bf16_supported() else "f32")
+        except Exception as exc:
+            raise GenerationError(f"{self.name}: the OpenVINO engine cannot open "
+                                  f"({type(exc).__name__}: {exc})") from exc
+
+    def _open_openvino_or(self, fallback: str) -> str:
+        """``engine: auto``'s OpenVINO engine, or ``fallback`` (what ``auto`` picks without it)
+        with a warning when its export or compile fails (e.g. a read-only model directory,
+        beside which the export is written)."""
+        try:
+            self._open_openvino()
+        except GenerationError as exc:
+            log.warning("%s: the OpenVINO engine cannot open (%s); using %s", self.name,
+                        type(exc.__cause__).__name__, fallback)
+            self._ov = None
+            return fallback
+        return "openvino"
 
     def _open_ct2(self, requested: str, root: Path, embedded: bool,
                   num_threads: int | None) -> str:
