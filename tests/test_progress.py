@@ -235,6 +235,24 @@ def test_private_prediction_advances_one_step_a_token_and_tops_up_an_early_end()
     assert sum(steps) == 6 and steps[-1] == 3  # the bar reaches T: 3 tokens + the 3 skipped
 
 
+def test_the_openvino_export_says_what_it_waits_for(monkeypatch, tmp_path) -> None:
+    """The first run's OpenVINO export (the default generation engine where the CPU has native
+    bf16) is a named step too; the export itself is stubbed (its real run is the models
+    tests')."""
+    from types import SimpleNamespace
+
+    from dpsynth.llm import ov_stepper
+
+    monkeypatch.setattr(ov_stepper, "_fingerprint", lambda gen: {"v": 1})
+    monkeypatch.setattr(ov_stepper, "unsupported", lambda gen: None)
+    monkeypatch.setattr(ov_stepper, "publish_dir", lambda out, build, current: None)
+    gen = SimpleNamespace(model_dir=tmp_path / "SmolLM2-135M", name="local:SmolLM2-135M")
+    console, buf = _plain_console()
+    with progress.session(console=console):
+        ov_stepper.ensure_exported(gen)
+    assert "exporting SmolLM2-135M to OpenVINO (first use only): done in" in buf.getvalue()
+
+
 def test_the_one_time_model_conversions_say_what_they_wait_for(monkeypatch, tmp_path) -> None:
     """The minutes a first run spends converting a model show as a named step, not a blank
     `0/?` (issue 46): the int8 conversion and the GGUF de-quantisation each say what they do

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,10 @@ from typing import Any
 import numpy as np
 
 from ..files import publish_dir
+from ..progress import step
 from . import ct2
 from .base import GenerationError
+from .models import quiet_transformers
 from .runtime import import_openvino, stepper_threads
 from .stepper import SharedTokenStepper, cache_keyword, output_logits
 
@@ -112,13 +115,18 @@ def ensure_exported(gen: Any) -> Path:
     reason = unsupported(gen)
     if reason:
         raise GenerationError(f"{gen.name}: no OpenVINO stepper: {reason}")
-    log.info("exporting %s to OpenVINO (first use only)", gen.name)
+    what = f"exporting {Path(gen.model_dir).name} to OpenVINO (first use only)"
+    log.info(what)
 
     def build(tmp: Path) -> None:
-        _export(gen, tmp / GRAPH)
+        # the tracer's and transformers' warnings are about tracing, not the user's run
+        with quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _export(gen, tmp / GRAPH)
         (tmp / MARKER).write_text(json.dumps(want, sort_keys=True), "utf-8")
 
-    publish_dir(out, build, lambda: _is_current(out, want))
+    with step(what):  # half a minute on a small CPU: the terminal shows what it waits for
+        publish_dir(out, build, lambda: _is_current(out, want))
     return out / GRAPH
 
 
