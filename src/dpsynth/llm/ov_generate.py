@@ -20,15 +20,17 @@ One batch (:meth:`OpenVinoEngine.generate`):
   seed);
 * a row that draws an end-of-sequence token, or whose text holds one of its stop strings, is
   dropped from the batch (OpenVINO reorders the cache by ``beam_idx``);
-* the compiled decoder runs on :func:`~dpsynth.llm.runtime.stepper_threads` (the configured
-  threads, else every core), never on the cores idle at the moment: OpenVINO's numbers follow
+* the compiled decoder, the output layer and the sampling run on
+  :func:`~dpsynth.llm.runtime.stepper_threads` (the configured threads, else every core), never
+  on the cores idle at the moment: OpenVINO's numbers follow
   the thread count, and a seeded run must give the same texts whatever else the machine runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,21 @@ from . import ct2, ov_stepper
 from .base import GenerationError, SamplingParams
 from .runtime import stepper_threads
 from .sampling import next_tokens
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch on ``n`` threads inside the block, its count before restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -74,7 +91,8 @@ class OpenVinoEngine:
 
         self._gen = gen
         self._compiled = ov_stepper.compiled(gen, precision)
-        self.precision = ov_stepper.runnable_precision(precision, stepper_threads(gen))
+        self.threads = stepper_threads(gen)
+        self.precision = ov_stepper.runnable_precision(precision, self.threads)
         self.eos_token_ids = frozenset(int(e) for e in gen.eos_token_ids)
         config = read_config(Path(gen.model_dir))
         weight, bias = stored_output_layer(Path(gen.model_dir), config)
@@ -88,11 +106,13 @@ class OpenVinoEngine:
         self._softcap = config.get("final_logit_softcapping")
 
     def logits(self, hidden: np.ndarray) -> Any:
-        """The output layer on last hidden states ``[B, H]``: float32 torch ``[B, V]``."""
+        """The output layer on last hidden states ``[B, H]``: float32 torch ``[B, V]``, on the
+        decoder's threads (torch's float32 product of 7 rows differs in the last bits between
+        one thread and two, and torch's threads follow the idle cores)."""
         import torch
         import torch.nn.functional as F
 
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_threads(self.threads):
             h = torch.from_numpy(hidden).to(self._weight.dtype)
             out = F.linear(h, self._weight, self._bias).float()
             if self._softcap:
@@ -167,7 +187,9 @@ class OpenVinoEngine:
         request, hidden, valid, pos = self.open_rows(prompts)
         alive = np.arange(len(prompts))
         for step in range(params.max_new_tokens):
-            tokens = next_tokens(self.logits(hidden), params, [rngs[r] for r in alive])
+            logits = self.logits(hidden)
+            with torch_threads(self.threads):
+                tokens = next_tokens(logits, params, [rngs[r] for r in alive])
             keep = []
             for j, (r, t) in enumerate(zip(alive, tokens, strict=True)):
                 if int(t) in self.eos_token_ids:
