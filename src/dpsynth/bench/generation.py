@@ -134,11 +134,11 @@ def bench_generation(
         res[f"{name}_refusals"] = sum(1 for t in out if REFUSAL.search(t))
         res[f"{name}_samples"] = out[:samples]
     if "ct2" in tot:
-        ct2_tps = tot["ct2"][1] / tot["ct2"][0]
+        ct2_tps, ct2_cpu = tot["ct2"][1] / tot["ct2"][0], tot["ct2"][1] / tot["ct2"][2]
         res["ctranslate2_tokens_per_second"] = round(ct2_tps, 2)
-        res["ctranslate2_tokens_per_cpu_second"] = round(tot["ct2"][1] / tot["ct2"][2], 2)
+        res["ctranslate2_tokens_per_cpu_second"] = round(ct2_cpu, 2)
         res["speedup_vs_ctranslate2"] = round(cand_tps / ct2_tps, 3)
-        res["speedup_vs_ctranslate2_cpu"] = round(cand_cpu / (tot["ct2"][1] / tot["ct2"][2]), 3)
+        res["speedup_vs_ctranslate2_cpu"] = round(cand_cpu / ct2_cpu, 3)
     if cand.sampling_engine is not None:
         pairs = [(cand.render(r)[0], out) for r, out in zip(reqs[:8], outs["base"], strict=False)]
         res["quality"] = compare_with_float(cand, pairs)

@@ -57,6 +57,15 @@ def torch_threads(n: int) -> Iterator[None]:
             torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def _engine_errors() -> Iterator[None]:
+    """An OpenVINO failure as a GenerationError (its message holds no prompt text)."""
+    try:
+        yield
+    except Exception as exc:
+        raise GenerationError(f"openvino generation failed ({type(exc).__name__})") from exc
+
+
 def read_config(model_dir: Path) -> dict[str, Any]:
     """A model directory's ``config.json``, its text config where it has one."""
     config = json.loads((model_dir / "config.json").read_text())
@@ -121,33 +130,27 @@ class OpenVinoEngine:
 
     def open_rows(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, np.ndarray, np.ndarray,
                                                                   np.ndarray]:
-        """Prefill ``prompts`` (token ids): (infer request, last hidden states ``[B, H]``, valid
-        keys ``[B, length]``, next positions ``[B, 1]``)."""
+        """Prefill ``prompts`` (token ids; their common prefix once, see
+        :func:`dpsynth.llm.ov_stepper.prefill`): (infer request, last hidden states ``[B, H]``,
+        valid keys ``[B, length]``, next positions ``[B, 1]``)."""
         request = self._compiled.create_infer_request()
         head = ct2.shared_prefix(prompts)
-        b = len(prompts)
-        if head >= ct2.MIN_STATIC_PREFIX:
-            prefix = np.asarray([list(prompts[0][:head])], dtype=np.int64)
-            self._run(request, prefix, ov_stepper.prefill_mask(0, np.ones((1, head), bool)),
-                      np.arange(head, dtype=np.int64)[None], np.zeros(1, np.int32))
-            beams = np.zeros(b, np.int32)  # every row continues the one prefix row
-        else:
-            head = 0
-            beams = np.arange(b, dtype=np.int32)
-        ids, valid = self._gen.pad_left([list(p[head:]) for p in prompts])
-        valid = valid.numpy().astype(bool)
-        pos = head + np.clip(valid.cumsum(-1) - 1, 0, None)
-        hidden = self._run(request, ids.numpy(), ov_stepper.prefill_mask(head, valid), pos, beams)
-        valid = np.concatenate([np.ones((b, head), dtype=bool), valid], axis=1)
-        return request, hidden, valid, pos[:, -1:] + 1
+        head = head if head >= ct2.MIN_STATIC_PREFIX else 0
+        with _engine_errors():
+            hidden, valid, pos = ov_stepper.prefill(
+                self._compiled, request, self._gen.pad_left, list(prompts[0][:head]),
+                [list(p[head:]) for p in prompts])
+        return request, hidden, valid, pos
 
     def step(self, request: Any, tokens: np.ndarray, keep: np.ndarray, valid: np.ndarray,
              pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Feed ``tokens`` (int64 ``[K]``) to the rows ``keep`` of the request's batch (the
         others are dropped); (their last hidden states, their valid keys)."""
         valid = np.concatenate([valid[keep], np.ones((len(keep), 1), dtype=bool)], axis=1)
-        mask = np.where(valid, 0.0, ov_stepper.MASKED).astype(np.float32)[:, None, None, :]
-        hidden = self._run(request, tokens[:, None], mask, pos, keep.astype(np.int32))
+        with _engine_errors():
+            hidden = ov_stepper.last_hidden(self._compiled, request, tokens[:, None],
+                                            ov_stepper.decode_mask(valid), pos,
+                                            keep.astype(np.int32))
         return hidden, valid
 
     def continuation_log_probs(self, head: Sequence[int], cont: Sequence[int]) -> np.ndarray:
@@ -163,13 +166,6 @@ class OpenVinoEngine:
             pos = pos + 1
             rows.append(hidden)
         return torch.log_softmax(self.logits(np.concatenate(rows)), -1).numpy()
-
-    def _run(self, request: Any, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
-             beams: np.ndarray) -> np.ndarray:
-        try:
-            return ov_stepper.last_hidden(self._compiled, request, ids, mask, pos, beams)
-        except Exception as exc:  # the message of an engine error holds no prompt text
-            raise GenerationError(f"openvino generation failed ({type(exc).__name__})") from exc
 
     def generate(
         self,

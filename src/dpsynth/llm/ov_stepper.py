@@ -248,6 +248,32 @@ def prefill_mask(keys_before: int, valid: np.ndarray) -> np.ndarray:
     return np.where(seen, 0.0, MASKED).astype(np.float32)[:, None]
 
 
+def decode_mask(valid: np.ndarray) -> np.ndarray:
+    """Additive mask ``[B, 1, 1, length]`` of a one-token step: each row sees its valid keys."""
+    return np.where(valid, 0.0, MASKED).astype(np.float32)[:, None, None, :]
+
+
+def prefill(compiled_model: Any, request: Any, pad_left: Any, prefix: Sequence[int],
+            rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Prefill ``rows`` (token ids) on ``request``, after ``prefix`` (when not empty) run once
+    with batch size 1 and continued by every row; the rows left-padded by ``pad_left`` (the
+    generator's), their pads masked. Returns (last hidden states ``[B, H]``, valid keys
+    ``[B, length]``, next positions ``[B, 1]``)."""
+    b, p = len(rows), len(prefix)
+    if p:
+        last_hidden(compiled_model, request, np.asarray([list(prefix)], dtype=np.int64),
+                    prefill_mask(0, np.ones((1, p), dtype=bool)),
+                    np.arange(p, dtype=np.int64)[None], np.zeros(1, np.int32))
+        beams = np.zeros(b, np.int32)  # every row continues the one prefix row
+    else:
+        beams = np.arange(b, dtype=np.int32)
+    ids, valid = pad_left(rows)
+    valid = valid.numpy().astype(bool)
+    pos = p + np.clip(valid.cumsum(-1) - 1, 0, None)
+    hidden = last_hidden(compiled_model, request, ids.numpy(), prefill_mask(p, valid), pos, beams)
+    return hidden, np.concatenate([np.ones((b, p), dtype=bool), valid], axis=1), pos[:, -1:] + 1
+
+
 class OpenVinoStepper(SharedTokenStepper):
     """:class:`~dpsynth.llm.stepper.Stepper`'s contract on OpenVINO (same prompts, positions
     and padding; see the module docstring)."""
@@ -261,27 +287,18 @@ class OpenVinoStepper(SharedTokenStepper):
         self._request: Any = self._compiled.create_infer_request()
         self.batch_size = len(prompts)
         self.tokens: list[int] = []
-        b = self.batch_size
         if shared_prefix:
             prefix = gen.encode_prompt(shared_prefix)
             rows = [gen.encode(p) for p in prompts]
             if any(not r for r in rows):
                 raise ValueError("open_stepper: each prompt needs at least one token")
-            p = len(prefix)
-            self._infer(np.asarray([prefix], dtype=np.int64), prefill_mask(0, np.ones((1, p),
-                        dtype=bool)), np.arange(p, dtype=np.int64)[None], np.zeros(1, np.int32))
-            beams = np.zeros(b, np.int32)  # every row continues the one prefix row
         else:
-            p = 0
+            prefix = []
             rows = [gen.encode_prompt(x) for x in prompts]
-            beams = np.arange(b, dtype=np.int32)
-        ids, valid = gen.pad_left(rows)
-        valid = valid.numpy().astype(bool)
-        pos = p + np.clip(valid.cumsum(-1) - 1, 0, None)
-        self._infer(ids.numpy(), prefill_mask(p, valid), pos, beams)
-        self._valid = np.concatenate([np.ones((b, p), dtype=bool), valid], axis=1)
+        hidden, self._valid, self._next_pos = prefill(self._compiled, self._request,
+                                                      gen.pad_left, prefix, rows)
+        self._hidden = torch_rows(hidden)
         self._length = self._valid.shape[1]
-        self._next_pos = pos[:, -1:] + 1
         self._logits = None
 
     def _infer(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray,
@@ -298,9 +315,8 @@ class OpenVinoStepper(SharedTokenStepper):
     def _step(self, token_id: int) -> None:
         b = self.batch_size
         self._valid = np.concatenate([self._valid, np.ones((b, 1), dtype=bool)], axis=1)
-        mask = np.where(self._valid, 0.0, MASKED).astype(np.float32)[:, None, None, :]
-        self._infer(np.full((b, 1), token_id, dtype=np.int64), mask, self._next_pos,
-                    np.arange(b, dtype=np.int32))
+        self._infer(np.full((b, 1), token_id, dtype=np.int64), decode_mask(self._valid),
+                    self._next_pos, np.arange(b, dtype=np.int32))
         self._next_pos = self._next_pos + 1
 
     def _free(self) -> None:
@@ -431,9 +447,8 @@ class OpenVinoRowsApart(SharedTokenStepper):
         for batch in self._batches:
             request, valid, pos, _ = batch
             valid = np.concatenate([valid, np.ones((self._rows, 1), dtype=bool)], axis=1)
-            mask = np.where(valid, 0.0, MASKED).astype(np.float32)[:, None, None, :]
             hidden = self._run(request, np.full((self._rows, 1), token_id, dtype=np.int64),
-                               mask, pos, self._rows)
+                               decode_mask(valid), pos, self._rows)
             out.append(torch_rows(hidden))
             batch[1], batch[2] = valid, pos + 1
         self._hidden = out
