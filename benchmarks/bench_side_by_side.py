@@ -76,7 +76,7 @@ EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "wasp_one", "wasp_one_every",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
         "dp_finetune_full", "dp_finetune_top2", "dp_finetune_top2_long", "dp_finetune_nonprivate",
-        "real")
+        "dp_finetune_default", "dp_finetune_layers2", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
@@ -84,7 +84,8 @@ METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "au
           "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune",
           "dp_finetune_full": "dp_finetune", "dp_finetune_top2": "dp_finetune",
           "dp_finetune_top2_long": "dp_finetune",
-          "dp_finetune_nonprivate": "dp_finetune"}
+          "dp_finetune_nonprivate": "dp_finetune", "dp_finetune_default": "dp_finetune",
+          "dp_finetune_layers2": "dp_finetune"}
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
 DP_FINETUNE_SMALL_LR = 2e-4
@@ -92,14 +93,14 @@ DP_FINETUNE_SMALL_LR = 2e-4
 #: dp_finetune_full: every record in every step (q = 1: the batch's noise is divided by all
 #: 500 records, not 32), a few steps with a larger step size, adapters on the last 8 layers
 #: (fewer coordinates of noise; the backward pass stops below them)
-DP_FINETUNE_FULL = {"batch_size": RECORDS, "epochs": 4, "learning_rate": 5e-3,
+DP_FINETUNE_FULL = {"batch_size": "all", "epochs": 4, "learning_rate": 5e-3,
                     "lora_layers": 8}
 
 #: dp_finetune_top2: every record in every step for twice the steps, adapters on the last 2
 #: layers only (a quarter of the coordinates: each step's noise ratio 0.60 at epsilon 8, where
 #: dp_finetune_full's 4 steps had 0.84), a larger step size; the loop path then runs the top 2
 #: layers from each record's stored lower-layer state after its first pass
-DP_FINETUNE_TOP2 = {"batch_size": RECORDS, "epochs": 8, "learning_rate": 1e-2,
+DP_FINETUNE_TOP2 = {"batch_size": "all", "epochs": 8, "learning_rate": 1e-2,
                     "lora_layers": 2}
 #: dp_finetune_top2_long: the same for 16 steps (each step's noise ratio 0.84 at epsilon 8)
 DP_FINETUNE_TOP2_LONG = {**DP_FINETUNE_TOP2, "epochs": 16}
@@ -131,6 +132,12 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
                             "preference": {"enabled": True, "pairs": PREFERENCE_PAIRS}}
     if arm == "wasp":  # WASP's several generators: both embedded models (default: SmolLM2 only)
         cfg["generators"] = [{"model": "smollm2"}, {"model": "gemma3"}]
+    elif arm in ("dp_finetune_default", "dp_finetune_layers2"):
+        # today's dp_finetune defaults, only the public record count and N set (layers2: the
+        # adapters on the last 2 layers as well)
+        cfg["dp_finetune"] = {"records": RECORDS, "samples": samples}
+        if arm == "dp_finetune_layers2":
+            cfg["dp_finetune"]["lora_layers"] = 2
     elif arm.startswith("dp_finetune"):
         # dp_finetune sampled its release from the whole vocabulary (top_k null, the default
         # then); dp_finetune_topk samples from the 50 likeliest tokens, the default now;
@@ -150,6 +157,8 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
             cfg["dp_finetune"].update(DP_FINETUNE_TOP2)
         if arm == "dp_finetune_top2_long":
             cfg["dp_finetune"].update(DP_FINETUNE_TOP2_LONG)
+        if cfg["dp_finetune"]["batch_size"] == "all":  # every record in every step (q = 1)
+            cfg["dp_finetune"]["batch_size"] = RECORDS
     return cfg
 
 
@@ -199,13 +208,14 @@ def machine() -> str:
 
 
 def job() -> tuple[list[str], Any, Any, set[str]]:
-    """(the 10 intents, the 500 private records, the test slice, every Banking77 text)."""
+    """(the INTENTS most frequent intents (0: all 77), RECORDS private records of them drawn at
+    random, the test slice, every Banking77 text)."""
     import pandas as pd
 
     train = pd.read_csv(SHARED / "banking77" / "train.csv")
     test = pd.read_csv(SHARED / "banking77" / "test.csv")
     counts = train["category"].value_counts()
-    intents = sorted(sorted(counts.index, key=lambda c: (-counts[c], c))[:INTENTS])
+    intents = sorted(sorted(counts.index, key=lambda c: (-counts[c], c))[:INTENTS or None])
     pool = train[train["category"].isin(intents)]
     private = pool.sample(n=RECORDS, random_state=0).reset_index(drop=True)
     held_out = test[test["category"].isin(intents)].reset_index(drop=True)
@@ -385,9 +395,12 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"average {lo:.1f} to {hi:.1f} at the arms' starts and ends (each arm's in the table), "
         "so every wall time is inflated over a quiet machine and only roughly comparable "
         "across arms.", "",
-        f"The job: Banking77, its {INTENTS} most frequent intents in the training file "
-        f"({', '.join(state['intents'])}); {RECORDS} training records of those intents drawn "
-        f"at random (seed 0) as the private set; epsilon {state.get('epsilon', EPSILON):g}, "
+        ("The job: Banking77, all its intents"
+         if not INTENTS or len(state["intents"]) <= INTENTS else
+         f"The job: Banking77, its {INTENTS} most frequent intents in the training file "
+         f"({', '.join(state['intents'])})")
+        + f"; {RECORDS} training records of those intents drawn at random (seed 0) as the "
+        f"private set; epsilon {state.get('epsilon', EPSILON):g}, "
         f"delta {DELTA:g}, "
         f"N = {SAMPLES} released texts; SmolLM2-135M-Instruct (`wasp`: beside Gemma 3 270M), "
         "MiniLM. Scored by "
@@ -453,11 +466,15 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
 
 
 def main() -> None:
+    global RECORDS, INTENTS, SAMPLES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--runs", type=Path,
                     default=Path(tempfile.gettempdir()) / "dpsynth-side-by-side")
     ap.add_argument("--samples", type=int, default=SAMPLES)
+    ap.add_argument("--records", type=int, default=RECORDS, help="private records")
+    ap.add_argument("--intents", type=int, default=INTENTS,
+                    help="the most frequent intents kept (0: all 77)")
     ap.add_argument("--epsilon", type=float, default=EPSILON,
                     help="the private arms' epsilon (zero_shot reads no record at any)")
     ap.add_argument("--fresh", default="", help="arms to start again (comma-separated)")
@@ -467,6 +484,7 @@ def main() -> None:
     ap.add_argument("--notes", type=Path, help="a markdown file: the Notes section (readings)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    RECORDS, INTENTS, SAMPLES = args.records, args.intents, args.samples
     runs = args.runs
     runs.mkdir(parents=True, exist_ok=True)
     os.chmod(runs, 0o700)
@@ -481,6 +499,10 @@ def main() -> None:
     state.update(intents=intents, n_test=len(test), machine=machine())
     if state.setdefault("epsilon", args.epsilon) != args.epsilon:
         sys.exit(f"{runs} holds runs at epsilon {state['epsilon']:g}: use another --runs")
+    job_size = {"records": RECORDS, "top_intents": INTENTS, "samples": SAMPLES}
+    if {k: state.setdefault(k, v) for k, v in job_size.items()} != job_size:
+        sys.exit(f"{runs} holds runs of another job ({ {k: state[k] for k in job_size} }): "
+                 "use another --runs")
     state.setdefault("date", time.strftime("%Y-%m-%d"))
     if args.notes:
         state["notes"] = args.notes.read_text(encoding="utf-8").strip().splitlines()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -486,6 +487,58 @@ def test_a_short_run_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
     assert len(steps) == 2
     # the caller's model was not touched (the adapter went into a fresh copy)
     assert not any("lora" in n for n, _ in smollm.model.named_parameters())
+    # the release was drawn by the sampling engine on the merged model, which is gone now
+    # (the adapter stays)
+    log = (out / "log.txt").read_text()
+    assert f"sampling the release from the tuned model on {smollm.engine}" in log
+    assert not (out / "private" / "dp-finetune" / "tuned-model").exists()
+    assert (out / "private" / "dp-finetune" / "adapter").is_dir()
+
+
+def test_the_merged_model_is_the_tuned_model(tmp_path: Path) -> None:
+    """The release's engine runs the adapter merged into the weights: its next-token logits
+    are the peft model's (up to float32 rounding), and a prompt text tokenises to the training
+    prompt's ids; the same draws give the same texts, and on ``openvino`` (f32 or bf16, as the
+    CPU has) a sample follows its own seed whatever is drawn beside it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpsynth.llm.local import LocalGenerator
+    from dpsynth.methods.dpfinetune.sample import engine_draw, tuned_generator
+    from dpsynth.methods.dpfinetune.train import attach_lora
+
+    model_dir = _tiny_model_dir(tmp_path)
+    base = LocalGenerator(model_dir, engine="transformers")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = attach_lora(model, 4, 8.0, ["q_proj", "v_proj"], None)
+    torch.manual_seed(1)
+    with torch.no_grad():  # a trained adapter: B is 0 at init, which would merge to nothing
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    ids = torch.tensor([base.encode_prompt("It is about sleep.\n")])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[0, -1]
+        before = AutoModelForCausalLM.from_pretrained(str(model_dir))(input_ids=ids).logits
+    assert (want - before[0, -1]).abs().max() > 1e-3  # the adapter moves the logits
+    tuned = tuned_generator(model, base, tmp_path / "tuned", engine="transformers",
+                            batch_size=None, threads=None, device="cpu")
+    got = torch.as_tensor(tuned.next_token_logits_ids([ids[0].tolist()])[0])
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    prompts = ["It is about sleep.\n", "It is about a rash.\n"]
+    heads = [base.encode_prompt(p) for p in prompts]
+    for engine in ("transformers", "openvino"):
+        eng = tuned_generator(model, base, tmp_path / f"tuned-{engine}", engine=engine,
+                              batch_size=None, threads=2, device="cpu")
+        draw = engine_draw(eng, prompts, heads, max_new_tokens=6, temperature=1.0,
+                           top_p=1.0, top_k=50)
+        beside = draw([(0, 3), (1, 7), (0, 11)])
+        assert draw([(0, 3), (1, 7), (0, 11)]) == beside  # the same draws, the same texts
+        if engine == "openvino":  # a sample follows its own seed (others: the batch's)
+            assert draw([(1, 7)]) == [beside[1]]
+    with pytest.raises(Exception, match="tokenises differently"):
+        engine_draw(tuned, ["It is about sleep."], [heads[0]], max_new_tokens=2,
+                    temperature=1.0, top_p=1.0, top_k=None)
 
 
 def test_label_heads_on_the_real_smollm2(smollm: Any) -> None:
@@ -908,47 +961,43 @@ def test_bench_dp_finetune_command(tmp_path: Path, small_probe) -> None:
 def test_refused_samples_are_drawn_again_with_their_own_seeds() -> None:
     """The release's samples go through the public filters: a refused text is drawn again
     with a seed of its own attempt (attempt 0 keeps the seed it had without filters), up to
-    ``retries`` more times, and left out when every try was refused; the counts say so."""
-    import torch
-
+    ``retries`` more times, and left out when every try was refused; the counts say so. Each
+    sample's text follows its own seed only (one draw per attempt over every open slot)."""
     from dpsynth.methods.dpfinetune.sample import sample_texts
 
-    class Model:  # the next token from the seeded torch stream: 0 (refused) or 1 (kept)
-        def eval(self) -> None:
-            pass
+    draws: list[list[tuple[int, int]]] = []
 
-        def generate(self, input_ids: Any, **_: Any) -> Any:
-            rows = input_ids.shape[0]
-            draws = torch.randint(0, 2, (rows, 1))
-            return torch.cat([input_ids, draws, torch.full((rows, 1), 9)], dim=1)
-
-    class Tok:
-        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-            return " ".join("bad" if i == 0 else "good" for i in ids)
+    def draw(rows: list[tuple[int, int]]) -> list[str]:  # a text from its own seed alone
+        draws.append(rows)
+        return ["bad" if random.Random(seed).random() < 0.5 else "good" for _, seed in rows]
 
     seeds: list[tuple[int, ...]] = []
 
     def seed_for(*parts: int) -> int:
         seeds.append(parts)
-        return 1000 * len(seeds)
+        return hash(parts) % 10**9
 
     def run(retries: int, clean: Any, check: Any = None
             ) -> tuple[list[tuple[int, str]], dict[str, int]]:
         seeds.clear()
-        return sample_texts(Model(), Tok(), [[5], [6]], [6, 4], seed_for=seed_for,
-                            max_new_tokens=2, temperature=1.0, top_p=1.0, batch=4,
-                            eos_ids=[9], pad_id=9, clean=clean, check=check,
+        draws.clear()
+        return sample_texts(draw, 2, [6, 4], seed_for=seed_for, clean=clean, check=check,
                             retries=retries)
 
     plain, counts = run(0, None)
     first = list(seeds)
+    assert first == [(0, i) for i in range(6)] + [(1, i) for i in range(4)]
     assert len(plain) == 10 and counts == {"refused": 0, "off_label": 0, "dropped": 0}
+    assert len(draws) == 1  # one attempt: every label's slots in one draw
+
     def refuse(text: str) -> str | None:
         return None if text == "bad" else text
 
     kept, counts = run(3, refuse)
     assert [s for s in seeds if len(s) == 2] == first  # attempt 0 as without filters
     assert all(s[2] >= 1 for s in seeds if len(s) == 3) and len(seeds) > len(first)
+    # a retry draws only the refused slots, each with its own attempt's seed
+    assert [len(d) for d in draws] == sorted((len(d) for d in draws), reverse=True)
     assert all(text == "good" for _, text in kept)
     assert counts["refused"] > 0 and len(kept) + counts["dropped"] == 10
     never, counts = run(2, lambda text: None)

@@ -427,7 +427,8 @@ FINETUNE_REASON = ("per-sample gradients are not calibrated (benchmarks/results/
 def finetune_stages(work: TuneWork, generator: str, gen_rate: Measured) -> list[Stage]:
     """A dp_finetune run's rows: loading the model in torch and the DP-SGD training, not
     estimated (:data:`FINETUNE_REASON`), and the release's sampling at the configured
-    generator's calibrated rate (the tuned model samples in torch: usually slower)."""
+    generator's calibrated rate (the tuned model, its adapter merged, samples on the
+    generator's own engine; its export or conversion is not counted)."""
     grads = math.ceil(work.steps * work.batch)
     return [
         Stage("loading models", f"{generator} in torch with a LoRA adapter", None,
@@ -436,7 +437,7 @@ def finetune_stages(work: TuneWork, generator: str, gen_rate: Measured) -> list[
               f"{work.unit}s = about {grads} per-{work.unit} gradients of up to {work.max_tokens} "
               "tokens", None, FINETUNE_REASON),
         _at_rate("release sampling", f"{work.samples} texts x up to {work.sample_tokens} tokens "
-               f"(torch; at {generator}'s calibrated rate)",
+               f"(the tuned model on {generator}'s engine, at its calibrated rate)",
                work.samples * work.sample_tokens, gen_rate),
     ]
 

@@ -87,4 +87,6 @@ class DPFineTuneConfig(Section):
                                          "PE methods' default; post-processing of the tuned "
                                          "model); null: the whole vocabulary")
     max_new_tokens: int = Field(64, ge=1, le=4096)
-    sample_batch: int = Field(16, ge=1, description="prompts per generate call")
+    sample_batch: int | None = Field(
+        None, ge=1, description="prompts per batch of the sampling engine the release is drawn "
+                                "with; None: the engine's own (64 on openvino)")

@@ -18,6 +18,7 @@ hold for add/remove one user."""
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +50,8 @@ from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 from ..loop import MOSTLY_FILTERED
 from . import accounting
 from .config import DPFineTuneConfig
-from .prompts import label_heads
-from .sample import quota, sample_texts
+from .prompts import label_prompts
+from .sample import engine_draw, quota, sample_texts, tuned_generator
 from .train import (
     DPSGD,
     StepSettings,
@@ -64,6 +65,9 @@ from .train import (
 
 #: the folder of the method's private state under private/
 FOLDER = "dp-finetune"
+#: the tuned model (the adapter merged into the weights) the release is sampled from and its
+#: engine's conversion, under FOLDER; removed once the release is written (the adapter stays)
+TUNED = "tuned-model"
 
 #: the run warns above this ratio of a step's gradient noise to the largest mean clipped
 #: gradient (:func:`accounting.noise_to_signal`): at 12 (the default batch of 32 on 500
@@ -227,7 +231,8 @@ class DPFineTune(Method):
         # the model first (no release yet: a model that cannot load spends nothing)
         model, gen = _load_model(cfg, job)
         tok, eos_ids, pad_id = gen.tokenizer, list(gen.eos_token_ids), int(gen.pad_token_id)
-        heads = label_heads(gen, sentences, cfg.prompts, s.prompt)
+        prompt_texts = label_prompts(gen, sentences, cfg.prompts, s.prompt)
+        heads = [gen.encode_prompt(text) for text in prompt_texts]
         torch.manual_seed(rngs.seed_for("dp_finetune/lora_init") % 2**63)  # public randomness
         model = attach_lora(model, s.lora_rank, s.lora_alpha, s.target_modules, s.lora_layers)
         examples = make_examples(tok, [heads[int(y)] for y in codes], dataset.texts,
@@ -240,8 +245,13 @@ class DPFineTune(Method):
         seconds = self._train(job, model, examples, pad_id, groups,
                               first_target=min(text_start(h) for h in heads))
         check = _label_check(job, [dict(zip(columns, c, strict=True)) for c in classes])
-        rows, refused = self._sample(job, model, tok, heads, sentences, noisy, rngs, eos_ids,
-                                     pad_id, check)
+        tuned = tuned_generator(model, gen, run.private / FOLDER / TUNED,
+                                engine=cfg.generators[0].engine, batch_size=s.sample_batch,
+                                threads=gen.configured_threads, device=gen.device)
+        run.log(f"dp_finetune: sampling the release from the tuned model on {tuned.engine}")
+        rows, refused = self._sample(job, tuned, prompt_texts, heads, sentences, noisy, rngs,
+                                     check)
+        shutil.rmtree(run.private / FOLDER / TUNED, ignore_errors=True)  # the adapter stays
         name = f"dp_finetune:{gen.model_id}"
         release = [{"text": text, "labels": dict(zip(columns, classes[y], strict=True)),
                     "generator": name} for y, text in rows]
@@ -358,11 +368,12 @@ class DPFineTune(Method):
         model.save_pretrained(str(folder / "adapter"))
         return float(facts["seconds"])
 
-    def _sample(self, job: Job, model: Any, tok: Any, heads: list[list[int]],
-                sentences: list[str], noisy: np.ndarray | None, rngs: Any, eos_ids: list[int],
-                pad_id: int, check: Callable[[list[int], list[str]], np.ndarray] | None
+    def _sample(self, job: Job, tuned: LocalGenerator, prompt_texts: list[str],
+                heads: list[list[int]], sentences: list[str], noisy: np.ndarray | None,
+                rngs: Any, check: Callable[[list[int], list[str]], np.ndarray] | None
                 ) -> tuple[list[tuple[int, str]], dict[str, int]]:
-        """(label, text) of the release: N_y per label from the noisy counts (or even), each
+        """(label, text) of the release, drawn by the sampling engine on the tuned model
+        (:func:`tuned_generator`): N_y per label from the noisy counts (or even), each
         text through the PE methods' public filters (:func:`_text_filter`) and label check
         (:func:`_label_check`), a refused one drawn again up to ``synthesis.retries`` times;
         and the counts refused, off-label and dropped."""
@@ -370,12 +381,12 @@ class DPFineTune(Method):
         s, cfg = self.settings(job.config), job.config
         label_sigma = job.plan.notes["label_sigma"] or 0.0
         per_label = quota(s.samples, noisy, len(heads), float(label_sigma) ** 2)
-        return sample_texts(model, tok, heads, per_label.tolist(),
-                            seed_for=lambda y, lo, *a: rngs.seed_for("dp_finetune/sample", y,
-                                                                      lo, *a),
-                            max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                            top_p=s.top_p, top_k=s.top_k, batch=s.sample_batch, eos_ids=eos_ids,
-                            pad_id=pad_id, clean=_text_filter(cfg, sentences), check=check,
+        draw = engine_draw(tuned, prompt_texts, heads, max_new_tokens=s.max_new_tokens,
+                           temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        return sample_texts(draw, len(heads), per_label.tolist(),
+                            seed_for=lambda y, i, *a: rngs.seed_for("dp_finetune/sample", y,
+                                                                     i, *a),
+                            clean=_text_filter(cfg, sentences), check=check,
                             retries=cfg.synthesis.retries)
 
     def _write(self, job: Job, release: list[dict[str, Any]], seconds: float,

@@ -24,16 +24,23 @@ from ...llm.base import GenerationRequest
 PromptFormat = Literal["chat", "plain"]
 
 
-def label_heads(gen: Any, sentences: Sequence[str], prompts: PromptConfig,
-                form: PromptFormat) -> list[list[int]]:
-    """The token ids of each label's prompt (``sentences[y]``: the label sentence of class y,
-    :func:`dpsynth.evolution.prompts.describe_labels`)."""
+def label_prompts(gen: Any, sentences: Sequence[str], prompts: PromptConfig,
+                  form: PromptFormat) -> list[str]:
+    """Each label's prompt as text (``sentences[y]``: the label sentence of class y,
+    :func:`dpsynth.evolution.prompts.describe_labels`): what a training example's text follows
+    and, as a plain completion prompt, what the release's samples are drawn after."""
     if form == "plain":
-        return [gen.encode_prompt(sentence + "\n") for sentence in sentences]
-    heads = []
+        return [sentence + "\n" for sentence in sentences]
+    texts = []
     for sentence in sentences:
         request = render(zero_shot_instruction(prompts.task, sentence), gen.supports_chat,
                          prompts.writer)
         text, _, _ = gen.render(GenerationRequest(prompt=request))
-        heads.append(gen.encode_prompt(text))
-    return heads
+        texts.append(text)
+    return texts
+
+
+def label_heads(gen: Any, sentences: Sequence[str], prompts: PromptConfig,
+                form: PromptFormat) -> list[list[int]]:
+    """The token ids of each label's prompt (:func:`label_prompts`)."""
+    return [gen.encode_prompt(text) for text in label_prompts(gen, sentences, prompts, form)]

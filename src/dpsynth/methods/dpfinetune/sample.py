@@ -4,12 +4,18 @@ DP-SGD output and the noisy counts: it reads no private record."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...errors import GenerationError
 from ...evolution.selection import allocate, shrunk_counts
+from ...llm.base import GenerationRequest, SamplingParams
+from ...llm.local import LocalGenerator
+from ...llm.models import quiet_transformers
 
 
 def quota(samples: int, noisy_counts: np.ndarray | None, n_labels: int,
@@ -23,81 +29,105 @@ def quota(samples: int, noisy_counts: np.ndarray | None, n_labels: int,
     return allocate(samples, weights)
 
 
-def sample_texts(model: Any, tokenizer: Any, heads: Sequence[Sequence[int]],
-                 per_prompt: Sequence[int],
-                 *, seed_for: Callable[..., int], max_new_tokens: int,
-                 temperature: float, top_p: float, batch: int, eos_ids: Sequence[int],
-                 pad_id: int, top_k: int | None = None,
+#: one attempt's draws: (label index, seed) per sample -> its text, same order
+Draw = Callable[[list[tuple[int, int]]], list[str]]
+
+
+def sample_texts(draw: Draw, labels: int, per_prompt: Sequence[int],
+                 *, seed_for: Callable[..., int],
                  clean: Callable[[str], str | None] | None = None,
                  check: Callable[[list[int], list[str]], np.ndarray] | None = None,
                  retries: int = 0) -> tuple[list[tuple[int, str]], dict[str, int]]:
-    """(label index, text) for ``per_prompt[y]`` samples after each label's prompt ids
-    ``heads[y]`` (:func:`dpsynth.methods.dpfinetune.prompts.label_heads`), ``batch`` at a
-    time, each batch seeded by ``seed_for(y, first index)`` (a resumed or repeated run
-    samples the same texts from the same model); and the counts of refused texts (``refused``,
-    of them ``off_label``) and of those left out (``dropped``).
+    """(label index, text) for ``per_prompt[y]`` samples of each of the ``labels`` classes,
+    every sample seeded by ``seed_for(y, i)`` (its label and slot: a resumed or repeated run
+    samples the same texts from the same model; on openvino whatever else is drawn beside it,
+    on the other engines with the same batches, as each run's are); and the
+    counts of refused texts (``refused``, of them ``off_label``) and of those left out
+    (``dropped``). One call of ``draw`` per attempt, over every label's open slots.
 
     ``clean``: the PE methods' public text filters (a text, or None for one they refuse);
     ``check(labels, texts)``: a mask of the texts the label check refuses, over every label's
     texts of one attempt at once (its gate needs many). A refused text is drawn again, up to
-    ``retries`` more times (``seed_for(y, first index, attempt)``). After the last try a slot
+    ``retries`` more times (``seed_for(y, i, attempt)``). After the last try a slot
     still empty keeps the last text only the label check refused (the check steers, as in
     the PE methods: it never empties a release), and is left out when the filters refused
     every try."""
     counts = {"refused": 0, "off_label": 0, "dropped": 0}
-    kept: list[list[str]] = [[] for _ in heads]
-    fallback: list[list[str]] = [[] for _ in heads]  # the last attempt's off-label texts
-    model.eval()
+    kept: list[list[str]] = [[] for _ in range(labels)]
+    fallback: list[list[str]] = [[] for _ in range(labels)]  # the last attempt's off-label
+    open_slots = [(y, i) for y, n in enumerate(per_prompt) for i in range(int(n))]
     for attempt in range(retries + 1 if clean is not None or check is not None else 1):
-        drawn: list[tuple[int, str]] = []
-        for y, (head, n) in enumerate(zip(heads, per_prompt, strict=True)):
-            need = int(n) - len(kept[y])
-            for lo in range(0, max(0, need), batch):
-                seed = seed_for(y, lo) if attempt == 0 else seed_for(y, lo, attempt)
-                for text in _draw(model, tokenizer, head, min(batch, need - lo), seed,
-                                  max_new_tokens, temperature, top_p, top_k, eos_ids, pad_id):
-                    cleaned = text if clean is None else clean(text)
-                    if cleaned is None:
-                        counts["refused"] += 1
-                    else:
-                        drawn.append((y, cleaned))
-        off = (check([y for y, _ in drawn], [t for _, t in drawn])
+        if not open_slots:
+            break
+        seeds = [(y, seed_for(y, i) if attempt == 0 else seed_for(y, i, attempt))
+                 for y, i in open_slots]
+        drawn: list[tuple[int, int, str]] = []
+        refused_slots: list[tuple[int, int]] = []
+        for (y, i), text in zip(open_slots, draw(seeds), strict=True):
+            cleaned = text if clean is None else clean(text)
+            if cleaned is None:
+                counts["refused"] += 1
+                refused_slots.append((y, i))
+            else:
+                drawn.append((y, i, cleaned))
+        off = (check([y for y, _, _ in drawn], [t for _, _, t in drawn])
                if check is not None and drawn else np.zeros(len(drawn), dtype=bool))
         counts["refused"] += int(off.sum())
         counts["off_label"] += int(off.sum())
-        off_label: list[list[str]] = [[] for _ in heads]
-        for (y, text), refuse in zip(drawn, off, strict=True):
-            (off_label if refuse else kept)[y].append(text)
+        off_label: list[list[str]] = [[] for _ in range(labels)]
+        for (y, i, text), refuse in zip(drawn, off, strict=True):
+            if refuse:
+                off_label[y].append(text)
+                refused_slots.append((y, i))
+            else:
+                kept[y].append(text)
         fallback = [new or old for new, old in zip(off_label, fallback, strict=True)]
+        open_slots = sorted(refused_slots)
     for y, n in enumerate(per_prompt):
         kept[y] += fallback[y][:max(0, int(n) - len(kept[y]))]
     counts["dropped"] = sum(int(n) - len(k) for n, k in zip(per_prompt, kept, strict=True))
     return [(y, text) for y, texts in enumerate(kept) for text in texts], counts
 
 
-def _draw(model: Any, tokenizer: Any, head: Sequence[int], rows: int, seed: int,
-          max_new_tokens: int, temperature: float, top_p: float, top_k: int | None,
-          eos_ids: Sequence[int], pad_id: int) -> list[str]:
-    """``rows`` texts sampled after ``head`` in one seeded generate call."""
-    import torch
+def tuned_generator(model: Any, base: Any, folder: Path, *, engine: str,
+                    batch_size: int | None, threads: int | None, device: str) -> LocalGenerator:
+    """A :class:`~dpsynth.llm.local.LocalGenerator` on the tuned model, so the release is
+    drawn by the same sampling engine as the PE methods' candidates (OpenVINO bf16 or
+    ctranslate2 int8 on a CPU; 8-15x torch's ``generate`` at the release's small per-label
+    batches). The adapter is merged into the weights (W + B A alpha / r, peft's
+    ``merge_and_unload``) and the model saved with ``base``'s tokenizer to ``folder/model``
+    (``folder`` under private/: every engine's conversion is written under it too).
+    Post-processing of the DP-SGD output: no record is read."""
+    merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    if folder.exists():  # a resumed run's half-written copy
+        shutil.rmtree(folder)
+    (folder / "model").mkdir(parents=True)
+    with quiet_transformers():
+        merged.save_pretrained(str(folder / "model"), safe_serialization=True)
+        base.tokenizer.save_pretrained(str(folder / "model"))
+    tuned = LocalGenerator(folder / "model", cache_dir=folder, engine=engine,
+                           batch_size=batch_size, num_threads=threads, device=device)
+    if tuned.eos_token_ids != base.eos_token_ids or tuned.pad_token_id != base.pad_token_id:
+        raise GenerationError(f"{base.name}: the tuned model's end or pad tokens differ from "
+                              "the generator's")
+    return tuned
 
-    ids = torch.tensor([[int(i) for i in head]] * rows, dtype=torch.long)
-    torch.manual_seed(seed % (2**63))
-    with torch.no_grad():
-        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                             do_sample=True, temperature=temperature, top_p=top_p,
-                             top_k=top_k or 0, max_new_tokens=max_new_tokens,
-                             eos_token_id=list(eos_ids), pad_token_id=pad_id)
-    return [tokenizer.decode(_until(row, eos_ids), skip_special_tokens=True).strip()
-            for row in gen[:, len(head):].tolist()]
 
+def engine_draw(tuned: Any, prompts: Sequence[str], heads: Sequence[Sequence[int]], *,
+                max_new_tokens: int, temperature: float, top_p: float,
+                top_k: int | None) -> Draw:
+    """:data:`Draw` on ``tuned``: each sample a plain completion of its label's prompt text
+    (``prompts[y]``, which the tuned model's tokenizer must turn into exactly the training
+    prompt's ids ``heads[y]``), with its own seed."""
+    for y, (text, head) in enumerate(zip(prompts, heads, strict=True)):
+        if tuned.encode_prompt(text) != list(head):
+            raise GenerationError(f"{tuned.name}: label {y}'s prompt tokenises differently "
+                                  "from the training prompt")
 
-def _until(row: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
-    """The tokens before the first end-of-text token."""
-    stop = set(int(e) for e in eos_ids)
-    out = []
-    for t in row:
-        if int(t) in stop:
-            break
-        out.append(int(t))
-    return out
+    def draw(rows: list[tuple[int, int]]) -> list[str]:
+        requests = [GenerationRequest(prompts[y], SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k or 0,
+            max_new_tokens=max_new_tokens, seed=seed % 2**63)) for y, seed in rows]
+        return [text.strip() for text in tuned.generate(requests, progress=False)]
+
+    return draw
