@@ -495,6 +495,42 @@ def test_a_short_run_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
     assert (out / "private" / "dp-finetune" / "adapter").is_dir()
 
 
+def test_training_runs_on_every_core_not_the_idle_ones_at_its_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DP-SGD runs for minutes: it trains on the configured threads, else every core, never
+    on the cores idle when the run started (a one-minute load left by the job before it once
+    held a 2000-record training to one of two cores). Here the idle-core rule says 1."""
+    import torch
+
+    from dpsynth.llm import runtime
+    from dpsynth.methods.dpfinetune import method
+
+    if runtime.available_cores() < 2:
+        pytest.skip("one core: nothing to tell apart")
+    monkeypatch.setattr(runtime, "default_threads", lambda: 1)
+    seen: list[int] = []
+    run = method.DPSGD.run
+
+    def spy(self: Any, *a: Any, **k: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return run(self, *a, **k)
+
+    monkeypatch.setattr(method.DPSGD, "run", spy)
+    model_dir = _tiny_model_dir(tmp_path)
+    data = _write(tmp_path / "d.csv", _rows(8))
+    raw = _config(data, batch_size=4, epochs=1, records=8, max_tokens=8, samples=2,
+                  max_new_tokens=2)
+    raw["generators"] = [{"model": str(model_dir), "engine": "transformers"}]
+    _run(raw, tmp_path / "run")
+    assert seen == [runtime.available_cores()]
+    assert torch.get_num_threads() == 1  # the generator's count again after the training
+    raw["generators"][0]["threads"] = 1  # configured threads are kept
+    raw["privacy"].pop("seed")  # a seed's noise is drawn once (the ledger refuses a reuse)
+    seen.clear()
+    _run(raw, tmp_path / "run1")
+    assert seen == [1]
+
+
 def test_the_merged_model_is_the_tuned_model(tmp_path: Path) -> None:
     """The release's engine runs the adapter merged into the weights: its next-token logits
     are the peft model's (up to float32 rounding), and a prompt text tokenises to the training

@@ -38,23 +38,8 @@ import numpy as np
 
 from . import ct2, ov_stepper
 from .base import GenerationError, SamplingParams
-from .runtime import stepper_threads
+from .runtime import stepper_threads, torch_threads
 from .sampling import next_tokens
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch on ``n`` threads inside the block, its count before restored after."""
-    import torch
-
-    before = torch.get_num_threads()
-    if before != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

@@ -3,8 +3,10 @@ its device (the CPU or a GPU torch sees) and its engine (CTranslate2 int8 or tra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError
@@ -110,3 +112,18 @@ def stepper_threads(gen: Any) -> int:
     else ran on the machine."""
     configured = getattr(gen, "configured_threads", None)
     return min(int(configured), available_cores()) if configured else available_cores()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch on ``n`` threads inside the block, its count before restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

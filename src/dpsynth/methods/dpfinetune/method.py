@@ -40,6 +40,7 @@ from ...files import SHARED_MODE, atomic_write_json, write_jsonl
 from ...label_domain import declared_statement, undeclared_columns
 from ...llm.local import LocalGenerator
 from ...llm.models import quiet_transformers
+from ...llm.runtime import stepper_threads, torch_threads
 from ...privacy import run_seed
 from ...privacy.lattice import count_lattice
 from ...progress import note, warn
@@ -242,8 +243,11 @@ class DPFineTune(Method):
         self._warn_noisy_steps(job, model)  # before any noise is drawn
         noisy = self._releases(job, codes, len(classes))
         # the earliest a record's text can start: after the shortest label prompt (public)
-        seconds = self._train(job, model, examples, pad_id, groups,
-                              first_target=min(text_start(h) for h in heads))
+        # on the configured threads, else every core: never the cores idle at the start of a
+        # training that runs for minutes (the one-minute load just after another job left one)
+        with torch_threads(stepper_threads(gen)):
+            seconds = self._train(job, model, examples, pad_id, groups,
+                                  first_target=min(text_start(h) for h in heads))
         check = _label_check(job, [dict(zip(columns, c, strict=True)) for c in classes])
         tuned = tuned_generator(model, gen, run.private / FOLDER / TUNED,
                                 engine=cfg.generators[0].engine, batch_size=s.sample_batch,
