@@ -386,12 +386,12 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
     chance = next((state["arms"][a]["scores"].get("chance") for a in arms
                    if state["arms"][a].get("scores", {}).get("chance") is not None), None)
     lines = [
-        "# Side by side on the same job, small (issue 45)", "",
+        f"# Side by side on the same job, {RECORDS} records (issue 45)", "",
         f"`{state['command'].strip()}`", "",
         *([f"(table and by-eye counts rewritten from the finished runs by "
            f"`{state['last_command']}`)", ""]
           if state.get("last_command", state["command"]) != state["command"] else []),
-        f"Date {state['date']}; {state['machine']}, shared with other jobs: 1-minute load "
+        f"Date {state['date']}; {state['machine']}, 1-minute load "
         f"average {lo:.1f} to {hi:.1f} at the arms' starts and ends (each arm's in the table), "
         "so every wall time is inflated over a quiet machine and only roughly comparable "
         "across arms.", "",
@@ -411,7 +411,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"test slice, at the texts each arm released (N = {SAMPLES} asked; `real`: {SAMPLES} "
         "random private records; below 384 texts FID is biased upward, so only near-equal "
         "sizes compare). One run per arm, one seed each: on 400 test records an accuracy "
-        "has a standard error of about 2 to 2.5 points, and two runs of one configuration can "
+        "has a standard error of about 2 to 2.5 points (about 0.9 on 3080), and two runs of "
+        "one configuration can "
         "differ by more (benchmarks/results/released_text.md saw 7 points on Banking77); the "
         "interval column is the evaluation's paired 95 % interval of the difference to "
         "zero-shot on the same test texts, which does not cover run-to-run variation.", "",
@@ -428,7 +429,9 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         "sentence, or with `dp_finetune_chat` the zero-shot request in the chat template); "
         f"`dp_finetune_full` as `dp_finetune_chat` with {DP_FINETUNE_FULL}; "
         f"`dp_finetune_top2` with {DP_FINETUNE_TOP2}, `dp_finetune_top2_long` with "
-        f"{DP_FINETUNE_TOP2_LONG}; `dp_finetune_nonprivate` (NOT "
+        f"{DP_FINETUNE_TOP2_LONG}; `dp_finetune_default` today's `dp_finetune` defaults "
+        f"with `records` = {RECORDS} and `samples` = {SAMPLES} only; `dp_finetune_layers2` "
+        "the same with `lora_layers: 2`; `dp_finetune_nonprivate` (NOT "
         f"private, a reference like `real`) `dp_finetune_chat`'s model, prompt and adapter "
         f"trained by plain minibatch AdamW, {NONPRIVATE}, no clipping and no noise; "
         "`real` the private records as the training set "
