@@ -461,6 +461,18 @@ def test_kill_and_resume_through_the_runner(tmp_path: Path) -> None:
                        "releases": privacy["releases"]}
     for f in (killed / "release").iterdir():
         assert "loss" not in f.read_text()
+    # stopped after its last step, before the release: the resume trains nothing, says so,
+    # and draws the same release from the same adapter
+    def stop_last(name: str) -> None:
+        if name == "dp_sgd-00005":
+            raise KeyboardInterrupt
+
+    with pytest.raises((KeyboardInterrupt, DpsynthError)):
+        _run(ledger("late"), tmp_path / "late", hooks=RunHooks(on_checkpoint=stop_last))
+    late = _run(ledger("late"), tmp_path / "late", resume=True)
+    assert (late / "release" / "synthetic.jsonl").read_text() == a
+    assert "resumed after the last step; nothing trained again" in (late / "log.txt").read_text()
+    assert len((late / "private" / "dp-finetune" / "steps.jsonl").read_text().splitlines()) == 5
 
 
 # ---------------------------------------------------------------------- the real generator

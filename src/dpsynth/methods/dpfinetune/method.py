@@ -362,7 +362,9 @@ class DPFineTune(Method):
                         on_step=on_step, on_checkpoint=job.hooks.on_checkpoint, groups=groups,
                         first_target=first_target)
         facts = trainer.run(resume=True)
-        if facts.get("resumed_at") is not None and cfg.privacy.noise == "secure":
+        if facts.get("resumed_at") is not None and facts["resumed_at"] >= steps:
+            run.log("dp_finetune: resumed after the last step; nothing trained again")
+        elif facts.get("resumed_at") is not None and cfg.privacy.noise == "secure":
             # not silent: a step after the last checkpoint was computed again, with fresh
             # coins and noise; its first draw never left the process (nothing was saved or
             # released from it) and the budget was charged once for all T steps
