@@ -72,6 +72,10 @@ OUT = ROOT / "results" / "side_by_side_small.md"
 INTENTS = 10
 RECORDS = 500
 SAMPLES = 200
+#: the private set: "banking77" (the default) or "yelp" (``--dataset``)
+DATASET = "banking77"
+#: each dataset's label columns; the table shows the first, a second table the others
+LABELS = {"banking77": ["category"], "yelp": ["label1", "label2"]}
 EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "wasp_one", "wasp_one_every",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
@@ -114,15 +118,18 @@ NONPRIVATE = {"epochs": 2, "batch": 16, "learning_rate": 1e-3}
 #: aug_pe_preference: DPO pairs per vote (synthesis.preference.pairs; 64 is the default)
 PREFERENCE_PAIRS = 64
 
-#: the prompts of bench_released_text.py's Banking77 set (the customer as the writer)
-PROMPTS = {"writer": "a customer of an online bank",
-           "task": "a short question you ask your online bank",
-           "label_template": "It is about {category}."}
+#: the prompts of bench_released_text.py's Banking77 set (the customer as the writer); Yelp's
+#: are bench_yelp.py's defaults
+PROMPTS = {"banking77": {"writer": "a customer of an online bank",
+                         "task": "a short question you ask your online bank",
+                         "label_template": "It is about {category}."},
+           "yelp": {"task": "a short Yelp review", "label_template": "{label1}. {label2}."}}
 
 
 def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
     """The ``config`` sections of one arm (on top of the shared data / privacy arguments)."""
-    cfg: dict[str, Any] = {"prompts": dict(PROMPTS), "privacy": {"ledger": str(ledger)}}
+    cfg: dict[str, Any] = {"prompts": dict(PROMPTS[DATASET]),
+                           "privacy": {"ledger": str(ledger)}}
     if arm in ("zero_shot", "aug_pe", "wasp", "wasp_one"):
         cfg["synthesis"] = {"samples": samples}
     if arm == "wasp_one_every":  # WASP before its votes were sized: a vote on every candidate
@@ -207,11 +214,24 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
-def job() -> tuple[list[str], Any, Any, set[str]]:
-    """(the INTENTS most frequent intents (0: all 77), RECORDS private records of them drawn at
-    random, the test slice, every Banking77 text)."""
+def job() -> tuple[dict[str, list[str]], Any, Any, set[str]]:
+    """(each label column's declared values, the RECORDS private records, the test slice, every
+    text of the dataset). Banking77: the INTENTS most frequent intents of its training file
+    (0: all 77), RECORDS training records of them drawn at random (seed 0), the test records
+    of those intents. Yelp: RECORDS of yelp/dev.csv's 5000 reviews drawn at random (seed 0),
+    yelp/test.csv's 5000 as the test set, the values of both files as the declared domain
+    (the dataset's public schema)."""
     import pandas as pd
 
+    if DATASET == "yelp":
+        dev = pd.read_csv(SHARED / "yelp" / "dev.csv")
+        test = pd.read_csv(SHARED / "yelp" / "test.csv")
+        cols = LABELS["yelp"]
+        domain = {c: sorted(set(dev[c].astype(str)) | set(test[c].astype(str))) for c in cols}
+        private = dev.sample(n=RECORDS, random_state=0).reset_index(drop=True)
+        every = set(dev["text"].astype(str).str.strip()) | set(test["text"].astype(str)
+                                                             .str.strip())
+        return domain, private[["text", *cols]], test[["text", *cols]], every
     train = pd.read_csv(SHARED / "banking77" / "train.csv")
     test = pd.read_csv(SHARED / "banking77" / "test.csv")
     counts = train["category"].value_counts()
@@ -220,7 +240,8 @@ def job() -> tuple[list[str], Any, Any, set[str]]:
     private = pool.sample(n=RECORDS, random_state=0).reset_index(drop=True)
     held_out = test[test["category"].isin(intents)].reset_index(drop=True)
     every = set(train["text"].astype(str).str.strip()) | set(test["text"].astype(str).str.strip())
-    return intents, private[["text", "category"]], held_out[["text", "category"]], every
+    return ({"category": intents}, private[["text", "category"]],
+            held_out[["text", "category"]], every)
 
 
 @contextlib.contextmanager
@@ -257,20 +278,20 @@ def nonprivate_training() -> Iterator[None]:
         method.DPSGD.run = original  # type: ignore[method-assign]
 
 
-def generate_arm(arm: str, runs: Path, private: Any, intents: list[str], samples: int,
+def generate_arm(arm: str, runs: Path, private: Any, domain: dict[str, list[str]], samples: int,
                  epsilon: float = EPSILON) -> Path:
     """Run (or resume) one generating arm; returns its run folder."""
     if arm == "dp_finetune_nonprivate":
         with nonprivate_training():
-            out = _generate(arm, runs, private, intents, samples, epsilon)
+            out = _generate(arm, runs, private, domain, samples, epsilon)
         (out / "NOT-PRIVATE.txt").write_text(
             "Trained without clipping or noise by benchmarks/bench_side_by_side.py (a "
             "reference arm): the privacy statement in release/ does not hold.\n")
         return out
-    return _generate(arm, runs, private, intents, samples, epsilon)
+    return _generate(arm, runs, private, domain, samples, epsilon)
 
 
-def _generate(arm: str, runs: Path, private: Any, intents: list[str], samples: int,
+def _generate(arm: str, runs: Path, private: Any, domain: dict[str, list[str]], samples: int,
               epsilon: float) -> Path:
     import dpsynth
 
@@ -281,26 +302,34 @@ def _generate(arm: str, runs: Path, private: Any, intents: list[str], samples: i
             return out
         return dpsynth.generate(None, output=out, resume=True, progress=False).run_dir
     return dpsynth.generate(
-        private, text="text", labels=["category"], label_values={"category": intents},
+        private, text="text", labels=list(domain), label_values=domain,
         epsilon=epsilon, delta=DELTA, method=METHOD[arm], output=out,
         config=config_of(arm, samples, runs / f"{arm}.ledger.json"), progress=False).run_dir
 
 
-def evaluate_arm(run_dir: Path, test: Any, zero_shot: Path, embedder: Any) -> dict[str, Any]:
-    """dpsynth.evaluate (logreg, no MAUVE, no audits) with the operator's reference put back."""
+def evaluate_arm(run_dir: Path, test: Any, zero_shot: Path, embedder: Any
+                 ) -> dict[str, dict[str, Any]]:
+    """dpsynth.evaluate (logreg, no MAUVE, no audits) with the operator's reference put back:
+    the scores per label column."""
     import dpsynth
 
-    shareable = dpsynth.evaluate(run_dir, test, labels=["category"], classifier="logreg",
+    labels = LABELS[DATASET]
+    shareable = dpsynth.evaluate(run_dir, test, labels=labels, classifier="logreg",
                                  mauve=False, audits=False, zero_shot=zero_shot, report=False,
                                  embedder=embedder, progress=False)
     ref_path = run_dir / "private" / "eval" / "reference.json"
     ref = json.loads(ref_path.read_text()) if ref_path.is_file() else {}
-    cell = shareable["utility"]["logreg"]["category"]
-    real = ((ref.get("utility") or {}).get("logreg") or {}).get("category", {}).get("private")
-    versus = shareable.get("versus_zero_shot", {}).get("logreg", {}).get("category", {})
+    return {col: _scores(shareable, ref, col, len(test)) for col in labels}
+
+
+def _scores(shareable: dict[str, Any], ref: dict[str, Any], col: str, n_test: int
+            ) -> dict[str, Any]:
+    cell = shareable["utility"]["logreg"][col]
+    real = ((ref.get("utility") or {}).get("logreg") or {}).get(col, {}).get("private")
+    versus = shareable.get("versus_zero_shot", {}).get("logreg", {}).get(col, {})
     return {"synthetic": cell["synthetic"], "zero_shot": cell.get("zero_shot"), "real": real,
             "chance": cell.get("chance"), "fid": shareable["fidelity"]["synthetic"].get("fid"),
-            "n_test": len(test), "n_synthetic": shareable["n"]["synthetic"],
+            "n_test": n_test, "n_synthetic": shareable["n"]["synthetic"],
             "n_zero_shot": shareable["n"].get("zero_shot"),
             "versus_zero_shot": {k: versus.get(k) for k in ("accuracy_points",
                                                              "interval_points")},
@@ -345,18 +374,26 @@ def gap(value: float | None, zs: float | None, real: float | None) -> float | No
     return (value - zs) / (real - zs)  # type: ignore[operator]
 
 
-def table(state: dict[str, Any], by_eye: dict[str, str]) -> list[str]:
+def column_scores(rec: dict[str, Any], column: str | None) -> dict[str, Any]:
+    """An arm's scores on ``column`` (None: the table's first column, ``scores``)."""
+    if column is None:
+        return rec.get("scores", {})
+    return (rec.get("scores_by") or {}).get(column, {})
+
+
+def table(state: dict[str, Any], by_eye: dict[str, str], column: str | None = None
+          ) -> list[str]:
     arms = [a for a in ARMS if a in state["arms"]]
-    zs = state["arms"].get("zero_shot", {}).get("scores", {}).get("synthetic") or {}
-    real = next((state["arms"][a]["scores"]["real"] for a in arms
-                 if state["arms"][a].get("scores", {}).get("real")), None) or {}
+    zs = column_scores(state["arms"].get("zero_shot", {}), column).get("synthetic") or {}
+    real = next((column_scores(state["arms"][a], column)["real"] for a in arms
+                 if column_scores(state["arms"][a], column).get("real")), None) or {}
     lines = ["| arm | epsilon spent | texts released | wall (s) | load before -> after (1 / 5 / "
              "15 min) | accuracy | macro-F1 | vs zero-shot, accuracy points (95 % interval) | "
              "gap closed (accuracy) | gap closed (macro-F1) | FID | on task by eye (of 20) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         a = state["arms"][arm]
-        sc = a.get("scores", {})
+        sc = {**column_scores(a, column), "fid": a.get("scores", {}).get("fid")}
         cell = real if arm == "real" else (sc.get("synthetic") or {})
         acc, f1 = cell.get("accuracy"), cell.get("macro_f1")
         eye = "n/a (real records)" if arm == "real" else by_eye.get(arm, "not read")
@@ -395,18 +432,26 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"average {lo:.1f} to {hi:.1f} at the arms' starts and ends (each arm's in the table), "
         "so every wall time is inflated over a quiet machine and only roughly comparable "
         "across arms.", "",
-        ("The job: Banking77, all its intents"
-         if not INTENTS or len(state["intents"]) <= INTENTS else
-         f"The job: Banking77, its {INTENTS} most frequent intents in the training file "
-         f"({', '.join(state['intents'])})")
-        + f"; {RECORDS} training records of those intents drawn at random (seed 0) as the "
-        f"private set; epsilon {state.get('epsilon', EPSILON):g}, "
+        (f"The job: Yelp, {RECORDS} of yelp/dev.csv's reviews drawn at random (seed 0) as the "
+         "private set, labelled by business category (`label1`) and stars (`label2`); "
+         if DATASET == "yelp" else
+         ("The job: Banking77, all its intents"
+          if not INTENTS or len(state["intents"]) <= INTENTS else
+          f"The job: Banking77, its {INTENTS} most frequent intents in the training file "
+          f"({', '.join(state['intents'])})")
+         + f"; {RECORDS} training records of those intents drawn at random (seed 0) as the "
+         "private set; ")
+        + f"epsilon {state.get('epsilon', EPSILON):g}, "
         f"delta {DELTA:g}, "
         f"N = {SAMPLES} released texts; SmolLM2-135M-Instruct (`wasp`: beside Gemma 3 270M), "
         "MiniLM. Scored by "
         "`dpsynth.evaluate` (logistic regression on MiniLM embeddings, the default classifier) "
-        f"on the {state['n_test']} Banking77 test records of the same intents (chance: "
-        f"{num(chance)}). `gap closed` = (arm - zero_shot) / (real - zero_shot), every arm "
+        + (f"on the {state['n_test']} reviews of yelp/test.csv, per label column (the table: "
+           f"`label1`, chance {num(chance)}; below it the other columns)."
+           if DATASET == "yelp" else
+           f"on the {state['n_test']} Banking77 test records of the same intents (chance: "
+           f"{num(chance)}).")
+        + f" `gap closed` = (arm - zero_shot) / (real - zero_shot), every arm "
         "against the zero_shot arm's release. FID as `dpsynth eval` reports it, against the "
         f"test slice, at the texts each arm released (N = {SAMPLES} asked; `real`: {SAMPLES} "
         "random private records; below 384 texts FID is biased upward, so only near-equal "
@@ -417,6 +462,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         "interval column is the evaluation's paired 95 % interval of the difference to "
         "zero-shot on the same test texts, which does not cover run-to-run variation.", "",
         *table(state, by_eye), "",
+        *[line for col in state.get("columns", [None])[1:]
+          for line in (f"On `{col}`:", "", *table(state, by_eye, col), "")],
         "Arms: `zero_shot` no private record read (epsilon 0); `aug_pe` today's defaults "
         f"(only `synthesis.samples` = {SAMPLES}); `aug_pe_preference` the same plus "
         "`synthesis.preference.enabled` (DPO of a LoRA adapter on the generator after each "
@@ -458,7 +505,7 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         lines += [f"### {arm}", ""]
         for r in rows[:10]:
             text = " ".join(str(r.get("text", "")).split())
-            label = (r.get("labels") or {}).get("category", "")
+            label = " / ".join((r.get("labels") or {}).values())
             if text.strip() in every:
                 text = "(equal to a Banking77 record: not shown)"
             lines.append(f"- `{label}`: {text.replace('|', '/')}")
@@ -469,13 +516,14 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
 
 
 def main() -> None:
-    global RECORDS, INTENTS, SAMPLES
+    global RECORDS, INTENTS, SAMPLES, DATASET
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--runs", type=Path,
                     default=Path(tempfile.gettempdir()) / "dpsynth-side-by-side")
     ap.add_argument("--samples", type=int, default=SAMPLES)
     ap.add_argument("--records", type=int, default=RECORDS, help="private records")
+    ap.add_argument("--dataset", choices=sorted(LABELS), default=DATASET)
     ap.add_argument("--intents", type=int, default=INTENTS,
                     help="the most frequent intents kept (0: all 77)")
     ap.add_argument("--epsilon", type=float, default=EPSILON,
@@ -488,21 +536,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     RECORDS, INTENTS, SAMPLES = args.records, args.intents, args.samples
+    DATASET = args.dataset
     runs = args.runs
     runs.mkdir(parents=True, exist_ok=True)
     os.chmod(runs, 0o700)
     state_path = runs / "state.json"
     state: dict[str, Any] = (json.loads(state_path.read_text()) if state_path.is_file()
                              else {"arms": {}})
-    intents, private, test, every = job()
+    domain, private, test, every = job()
+    primary = LABELS[DATASET][0]
     command = ("HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python "
                "benchmarks/bench_side_by_side.py " + shlex.join(sys.argv[1:])).strip()
     state.setdefault("command", command)  # the run's; a later call only rewrites the table
     state["last_command"] = command
-    state.update(intents=intents, n_test=len(test), machine=machine())
+    state.update(intents=domain[primary], n_test=len(test), machine=machine(),
+                 columns=LABELS[DATASET])
     if state.setdefault("epsilon", args.epsilon) != args.epsilon:
         sys.exit(f"{runs} holds runs at epsilon {state['epsilon']:g}: use another --runs")
-    job_size = {"records": RECORDS, "top_intents": INTENTS, "samples": SAMPLES}
+    job_size = {"records": RECORDS, "top_intents": INTENTS, "samples": SAMPLES,
+                "dataset": DATASET}
     if {k: state.setdefault(k, v) for k, v in job_size.items()} != job_size:
         sys.exit(f"{runs} holds runs of another job ({ {k: state[k] for k in job_size} }): "
                  "use another --runs")
@@ -532,7 +584,8 @@ def main() -> None:
             t0 = time.time()
             if not (zs_dir / "run.json").is_file():
                 sys.exit("the real arm reads the zero_shot arm's evaluation: run zero_shot first")
-            rec["scores"] = evaluate_arm(zs_dir, test, zs_dir, embedder)
+            by = evaluate_arm(zs_dir, test, zs_dir, embedder)
+            rec["scores"], rec["scores_by"] = by[primary], by
             rec["scores"]["fid"] = real_fid(private, test, embedder)
             rec["wall_s"] = "n/a (no generation)"
             rec["eval_s"] = round(time.time() - t0)
@@ -547,14 +600,15 @@ def main() -> None:
                 print(f"[{time.strftime('%H:%M:%S')}] {arm}: generating (load {load()})",
                       flush=True)
                 try:
-                    generate_arm(arm, runs, private, intents, args.samples, args.epsilon)
+                    generate_arm(arm, runs, private, domain, args.samples, args.epsilon)
                 finally:
                     rec["wall_s"] = rec.get("wall_s_before", 0) + round(time.time() - t0)
                     rec["wall_s_before"] = rec["wall_s"]
                     rec["load_after"] = load()
                     state_path.write_text(json.dumps(state, indent=1))
             t0 = time.time()
-            rec["scores"] = evaluate_arm(runs / arm, test, zs_dir, embedder)
+            by = evaluate_arm(runs / arm, test, zs_dir, embedder)
+            rec["scores"], rec["scores_by"] = by[primary], by
             rec["eval_s"] = round(time.time() - t0)
             privacy = json.loads((runs / arm / "release" / "privacy.json").read_text())
             rec["epsilon"] = privacy.get("epsilon")
@@ -570,7 +624,7 @@ def main() -> None:
             rec["samples"] = by_eye_sample(runs / arm)
             with open(runs / f"by_eye_{arm}.txt", "w", encoding="utf-8") as fh:
                 for i, r in enumerate(rec["samples"], 1):
-                    fh.write(f"{i:2d} [{(r.get('labels') or {}).get('category')}] "
+                    fh.write(f"{i:2d} [{' / '.join((r.get('labels') or {}).values())}] "
                              f"{' '.join(str(r.get('text', '')).split())}\n")
         state_path.write_text(json.dumps(state, indent=1))
         print(json.dumps({"arm": arm, **{k: v for k, v in rec.items() if k != "samples"}}),
