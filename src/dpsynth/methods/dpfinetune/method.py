@@ -51,7 +51,7 @@ from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 from ..loop import MOSTLY_FILTERED
 from . import accounting
 from .config import DPFineTuneConfig
-from .prompts import label_prompts
+from .prompts import label_heads, label_prompts
 from .sample import engine_draw, quota, sample_texts, tuned_generator
 from .train import (
     DPSGD,
@@ -233,7 +233,7 @@ class DPFineTune(Method):
         model, gen = _load_model(cfg, job)
         tok, eos_ids, pad_id = gen.tokenizer, list(gen.eos_token_ids), int(gen.pad_token_id)
         prompt_texts = label_prompts(gen, sentences, cfg.prompts, s.prompt)
-        heads = [gen.encode_prompt(text) for text in prompt_texts]
+        heads = label_heads(gen, sentences, cfg.prompts, s.prompt)
         torch.manual_seed(rngs.seed_for("dp_finetune/lora_init") % 2**63)  # public randomness
         model = attach_lora(model, s.lora_rank, s.lora_alpha, s.target_modules, s.lora_layers)
         examples = make_examples(tok, [heads[int(y)] for y in codes], dataset.texts,

@@ -98,7 +98,7 @@ def tuned_generator(model: Any, base: Any, folder: Path, *, engine: str,
     ``merge_and_unload``) and the model saved with ``base``'s tokenizer to ``folder/model``
     (``folder`` under private/: every engine's conversion is written under it too).
     Post-processing of the DP-SGD output: no record is read."""
-    merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    merged = model.merge_and_unload()  # the peft model of train.attach_lora
     if folder.exists():  # a resumed run's half-written copy
         shutil.rmtree(folder)
     (folder / "model").mkdir(parents=True)
