@@ -472,12 +472,16 @@ class _RecordingTrainer:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, list[Any], Path]] = []
+        self.threads: list[int] = []  # torch's thread count each training ran on
 
     def __call__(self, base: Any, pairs: Any, out: Path, settings: Any, seed: int) -> None:
+        import torch
+
         from dpsynth.evolution.preference import MARKER
 
         assert 0 <= seed < 2**31  # torch.manual_seed takes it
         self.calls.append((base, list(pairs), out))
+        self.threads.append(torch.get_num_threads())
         out.mkdir(parents=True)
         (out / MARKER).write_text("{}")
 
@@ -518,6 +522,26 @@ def test_the_generator_learns_from_released_votes_and_never_sees_a_record(tmp_pa
     assert {p.chosen for p in trainer.calls[1][1]} <= iter1 | candidates
     statement = json.loads((run / "release" / "privacy.json").read_text())
     assert "no private record reached the trainer" in statement["preference_training"]
+
+
+def test_preference_training_runs_on_every_core_not_the_idle_ones(tmp_path) -> None:
+    """DPO runs for minutes: on the generator's configured threads, else every core, never
+    the thread count torch was left at by a generator loaded on the idle cores (here 1)."""
+    import torch
+
+    from dpsynth.llm.runtime import available_cores
+
+    if available_cores() < 2:
+        pytest.skip("one core: nothing to tell apart")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = _RecordingTrainer()
+        _run_learning(tmp_path, trainer)
+        assert trainer.threads == [available_cores()] * 2
+        assert torch.get_num_threads() == 1  # restored after each training
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_resumed_run_trains_nothing_again(tmp_path) -> None:

@@ -20,6 +20,7 @@ from ..config import PromptConfig, RunConfig
 from ..context import stable_seed
 from ..embed.shared import SharedEmbedder
 from ..llm.cache import CachedGenerator
+from ..llm.runtime import stepper_threads, torch_threads
 from ..progress import step
 from . import prompts as P
 from .label_check import LabelCheck
@@ -188,7 +189,10 @@ class Generation:
                 base = (None if self._given_generators is not None
                         else Path(synth.generator.model_dir))
                 self.log(f"preference training of generator {g} on {len(pairs)} pairs")
-                with step(f"learning from the votes ({len(pairs)} pairs)"):
+                # on the generator's configured threads, else every core: never the cores
+                # idle when the generator was loaded (llm.runtime.stepper_threads)
+                with step(f"learning from the votes ({len(pairs)} pairs)"), \
+                        torch_threads(stepper_threads(synth.generator)):
                     self.trainer(base, pairs, out, settings,
                                  stable_seed(self.seed, "preference", tag, g))
             self.use_tuned(g, out)
