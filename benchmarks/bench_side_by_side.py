@@ -65,6 +65,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from dpsynth.bench.voting import PeakRSS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("DPSYNTH_SHARED_DATA", ROOT.parent.parent / "shared" / "data"))
 OUT = ROOT / "results" / "side_by_side_small.md"
@@ -381,16 +383,26 @@ def column_scores(rec: dict[str, Any], column: str | None) -> dict[str, Any]:
     return (rec.get("scores_by") or {}).get(column, {})
 
 
+def peak_cell(rec: dict[str, Any], arm: str) -> str:
+    """The arm's peak resident set in MB, with the process's before its generation."""
+    if arm == "real":
+        return "n/a"
+    if "peak_mb" not in rec:
+        return "not measured"
+    return f"{rec['peak_mb']} ({rec['rss_before_mb']})"
+
+
 def table(state: dict[str, Any], by_eye: dict[str, str], column: str | None = None
           ) -> list[str]:
     arms = [a for a in ARMS if a in state["arms"]]
     zs = column_scores(state["arms"].get("zero_shot", {}), column).get("synthetic") or {}
     real = next((column_scores(state["arms"][a], column)["real"] for a in arms
                  if column_scores(state["arms"][a], column).get("real")), None) or {}
-    lines = ["| arm | epsilon spent | texts released | wall (s) | load before -> after (1 / 5 / "
-             "15 min) | accuracy | macro-F1 | vs zero-shot, accuracy points (95 % interval) | "
-             "gap closed (accuracy) | gap closed (macro-F1) | FID | on task by eye (of 20) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | epsilon spent | texts released | wall (s) | peak RSS, MB (before) | load "
+             "before -> after (1 / 5 / 15 min) | accuracy | macro-F1 | vs zero-shot, accuracy "
+             "points (95 % interval) | gap closed (accuracy) | gap closed (macro-F1) | FID | on "
+             "task by eye (of 20) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         a = state["arms"][arm]
         sc = {**column_scores(a, column), "fid": a.get("scores", {}).get("fid")}
@@ -407,7 +419,8 @@ def table(state: dict[str, Any], by_eye: dict[str, str], column: str | None = No
                  else "n/a" if eps is None else num(float(eps), 2))
         lines.append(
             f"| {arm} | {spent} | {n} | "
-            f"{a.get('wall_s', 'n/a')} "
+            f"{a.get('wall_s', 'n/a')} | "
+            f"{peak_cell(a, arm)} "
             f"| {a.get('load_before', '')} -> {a.get('load_after', '')} | {num(acc)} | "
             f"{num(f1)} | {lead} | {pct(gap(acc, zs.get('accuracy'), real.get('accuracy')))} | "
             f"{pct(gap(f1, zs.get('macro_f1'), real.get('macro_f1')))} | "
@@ -483,7 +496,11 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"trained by plain minibatch AdamW, {NONPRIVATE}, no clipping and no noise; "
         "`real` the private records as the training set "
         "(no release: the ceiling). Each generating arm has its own ledger file. Wall time is "
-        "the `dpsynth.generate` call only (models loaded inside; the evaluation apart).",
+        "the `dpsynth.generate` call only (models loaded inside; the evaluation apart); peak "
+        "RSS the bench process's resident set at its highest during that call, sampled every "
+        "50 ms, beside its size before the call (the evaluation's embedder and the data, "
+        "loaded first, are in both; an arm run after others in one process may start above "
+        "its own needs, since freed memory is not always returned).",
         "",
     ]
     for arm in arms:
@@ -599,13 +616,18 @@ def main() -> None:
                 t0 = time.time()
                 print(f"[{time.strftime('%H:%M:%S')}] {arm}: generating (load {load()})",
                       flush=True)
-                try:
-                    generate_arm(arm, runs, private, domain, args.samples, args.epsilon)
-                finally:
-                    rec["wall_s"] = rec.get("wall_s_before", 0) + round(time.time() - t0)
-                    rec["wall_s_before"] = rec["wall_s"]
-                    rec["load_after"] = load()
-                    state_path.write_text(json.dumps(state, indent=1))
+                with PeakRSS(interval=0.05) as mem:
+                    try:
+                        generate_arm(arm, runs, private, domain, args.samples, args.epsilon)
+                    finally:
+                        # the process's resident set at its highest during the generation
+                        # (the bench's own evaluation embedder, loaded before, included)
+                        rec["peak_mb"] = max(rec.get("peak_mb", 0), round(mem.peak / 2**20))
+                        rec["rss_before_mb"] = round(mem.baseline / 2**20)
+                        rec["wall_s"] = rec.get("wall_s_before", 0) + round(time.time() - t0)
+                        rec["wall_s_before"] = rec["wall_s"]
+                        rec["load_after"] = load()
+                        state_path.write_text(json.dumps(state, indent=1))
             t0 = time.time()
             by = evaluate_arm(runs / arm, test, zs_dir, embedder)
             rec["scores"], rec["scores_by"] = by[primary], by
