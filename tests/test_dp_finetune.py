@@ -1100,15 +1100,32 @@ def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
     assert f"each step's gradient noise is {ratio:.1f}x the largest mean gradient" in log
     assert "raise dp_finetune.batch_size toward dp_finetune.records" in log
     assert json.loads(planned.stdout)["noise_to_signal"] == pytest.approx(ratio)
+    # 16 records in expected batches of 8, one epoch: 2 steps; the warning is on the run's
+    assert json.loads(planned.stdout)["noise_over_run"] == pytest.approx(ratio / math.sqrt(2))
+    assert f"{ratio / math.sqrt(2):.2g}x over the run's 2 steps" in log
     warning = next(line for line in log.splitlines() if "gradient noise is" in line)
     assert f"warning: {warning.split('warning: ', 1)[1]}" in " ".join(shown.stderr.split())
     assert f"each step's gradient noise: {ratio:.3g}x" in shown.stdout
 
 
 def test_the_gradient_noise_against_the_largest_mean_gradient() -> None:
-    """sigma sqrt(d) / B (the run warns above 1): the side-by-side's default batch
-    of 32 at epsilon 8 over the default adapter, and every record a step over 8 layers."""
+    """sigma sqrt(d) / B a step, / sqrt(T) over the run (the run warns above NOISY_RUN): the
+    side-by-side's default batch of 32 over the default adapter at epsilon 8 on 500 records
+    (16 steps: the loss showed no trend) and at epsilon 4 and 8 on 2000 (63 steps: it fell),
+    with each run's solved noise multiplier; every record a step over 8 layers."""
+    from dpsynth.methods.dpfinetune.method import NOISY_RUN
+
     assert accounting.noise_to_signal(0.578, 32, 30 * 15_360) == pytest.approx(
         0.578 * math.sqrt(460_800) / 32)
     assert accounting.noise_to_signal(0.578, 32, 30 * 15_360) > 12 > 1 > \
         accounting.noise_to_signal(1.201, 500, 8 * 15_360) > 0.8
+    assert accounting.noise_over_run(12.0, 16) == pytest.approx(3.0)
+    assert accounting.noise_over_run(12.0, 0) == 12.0  # no step: the step's own ratio
+
+    def over_run(records: int, epsilon: float) -> float:
+        q, steps = accounting.schedule(records, 32, 1.0)
+        sigma = accounting.solve_noise_multiplier(epsilon, 1e-5, q, steps, "pld",
+                                                  label_sigma=20.0)
+        return accounting.noise_over_run(accounting.noise_to_signal(sigma, 32, 460_800), steps)
+
+    assert over_run(500, 8.0) > NOISY_RUN > over_run(2000, 4.0) > over_run(2000, 8.0)

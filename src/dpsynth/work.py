@@ -163,8 +163,9 @@ class TuningMethod(Protocol):
 
     def tune_work(self, config: Any, plan: Any, units: int) -> TuneWork: ...
 
-    def plan_noisy_steps(self, config: Any, plan: Any) -> tuple[float | None, str | None]:
-        """(each step's gradient noise over the largest mean gradient, from public values;
-        the warning when it is too large); (None, None) where it would follow from the
-        private count."""
+    def plan_noisy_steps(self, config: Any, plan: Any
+                         ) -> tuple[dict[str, float] | None, str | None]:
+        """(the gradient noise over the largest mean gradient from public values, a step's
+        and the run's, with the run's steps; the warning when it is too large); (None, None)
+        where it would follow from the private count."""
         ...

@@ -259,10 +259,11 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,
     result = {"method": method.name, "target_epsilon": cfg.privacy.epsilon,
               "target_delta": cfg.privacy.delta,
               **{f.name: getattr(held, f.name) for f in fields(held)}}
-    ratio, warning = (method.plan_noisy_steps(cfg, held) if isinstance(method, TuningMethod)
-                      else (None, None))
-    if ratio is not None:
-        result["noise_to_signal"] = ratio
+    ratios, warning = (method.plan_noisy_steps(cfg, held) if isinstance(method, TuningMethod)
+                       else (None, None))
+    if ratios is not None:
+        result["noise_to_signal"] = ratios["noise_to_signal"]
+        result["noise_over_run"] = ratios["noise_over_run"]
     with progress.session(enabled=not as_json):  # a spinner while the models are timed
         estimate = _held_estimate(cfg, method, held, units, calibrate)
     if as_json:
@@ -272,12 +273,17 @@ def _plan_held(cfg: Any, method: Any, as_json: bool, no_data: bool,
     typer.echo(f"{method.name}: the plan its run makes, field by field (no plan printer for "
                f"this method yet), at ({cfg.privacy.epsilon:.4g}, {cfg.privacy.delta:.2g})")
     for key, value in result.items():
-        if key not in ("method", "target_epsilon", "target_delta", "noise_to_signal"):
+        if key not in ("method", "target_epsilon", "target_delta", "noise_to_signal",
+                       "noise_over_run"):
             typer.echo(f"  {key}: {value}")
-    if ratio is not None:
-        typer.echo(f"  each step's gradient noise: {ratio:.3g}x the largest mean gradient the "
-                   "batch can give (noise multiplier x sqrt(adapter coordinates) / batch; "
-                   "above 1 the model learns little)")
+    if ratios is not None:
+        typer.echo(f"  each step's gradient noise: {ratios['noise_to_signal']:.3g}x the largest "
+                   "mean gradient the batch can give (noise multiplier x sqrt(adapter "
+                   f"coordinates) / batch); {ratios['noise_over_run']:.3g}x over the run's "
+                   f"{ratios['steps']:.0f} steps (/ "
+                   f"sqrt(steps); above {ratios['warn_above']:g} the training loss may not "
+                   "move, and a falling "
+                   "loss is not a better release: compare it with a zero-shot set)")
     if warning is not None:
         typer.echo(f"warning: {warning}", err=True)
     lines = (estimate.lines() if estimate is not None else

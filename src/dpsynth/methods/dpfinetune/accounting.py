@@ -39,6 +39,15 @@ def noise_to_signal(noise_multiplier: float, expected_batch: float, coordinates:
     return float(noise_multiplier) * math.sqrt(int(coordinates)) / float(expected_batch)
 
 
+def noise_over_run(step_ratio: float, steps: int) -> float:
+    """:func:`noise_to_signal` over a run of T steps: ratio / sqrt(T). The sum of T updates
+    carries T times a steady mean gradient and sqrt(T) times one step's independent noise
+    (plain SGD; Adam's moments average the same way), so the ratio of the two falls as
+    sqrt(T): more steps at one noise multiplier are what let a run learn through noisy
+    steps."""
+    return float(step_ratio) / math.sqrt(max(1, int(steps)))
+
+
 def schedule(records: int, batch_size: int, epochs: float) -> tuple[float, int]:
     """(q, T): the Poisson rate q = min(1, B / n) of an expected batch of B out of n units
     (records, or users at user level), and T = ceil(epochs / q) steps (one epoch = 1 / q
