@@ -82,7 +82,7 @@ EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "wasp_one", "wasp_one_every",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
         "dp_finetune_full", "dp_finetune_top2", "dp_finetune_top2_long", "dp_finetune_nonprivate",
-        "dp_finetune_default", "dp_finetune_layers2", "real")
+        "dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
@@ -91,7 +91,7 @@ METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "au
           "dp_finetune_full": "dp_finetune", "dp_finetune_top2": "dp_finetune",
           "dp_finetune_top2_long": "dp_finetune",
           "dp_finetune_nonprivate": "dp_finetune", "dp_finetune_default": "dp_finetune",
-          "dp_finetune_layers2": "dp_finetune"}
+          "dp_finetune_layers2": "dp_finetune", "dp_finetune_uniform": "dp_finetune"}
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
 DP_FINETUNE_SMALL_LR = 2e-4
@@ -141,12 +141,15 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
                             "preference": {"enabled": True, "pairs": PREFERENCE_PAIRS}}
     if arm == "wasp":  # WASP's several generators: both embedded models (default: SmolLM2 only)
         cfg["generators"] = [{"model": "smollm2"}, {"model": "gemma3"}]
-    elif arm in ("dp_finetune_default", "dp_finetune_layers2"):
+    elif arm in ("dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform"):
         # today's dp_finetune defaults, only the public record count and N set (layers2: the
-        # adapters on the last 2 layers as well)
+        # adapters on the last 2 layers as well; uniform: the release split evenly over the
+        # labels, no label counts released, the whole budget to DP-SGD)
         cfg["dp_finetune"] = {"records": RECORDS, "samples": samples}
         if arm == "dp_finetune_layers2":
             cfg["dp_finetune"]["lora_layers"] = 2
+        if arm == "dp_finetune_uniform":
+            cfg["dp_finetune"]["label_split"] = "uniform"
     elif arm.startswith("dp_finetune"):
         # dp_finetune sampled its release from the whole vocabulary (top_k null, the default
         # then); dp_finetune_topk samples from the 50 likeliest tokens, the default now;
@@ -491,7 +494,9 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"`dp_finetune_top2` with {DP_FINETUNE_TOP2}, `dp_finetune_top2_long` with "
         f"{DP_FINETUNE_TOP2_LONG}; `dp_finetune_default` today's `dp_finetune` defaults "
         f"with `records` = {RECORDS} and `samples` = {SAMPLES} only; `dp_finetune_layers2` "
-        "the same with `lora_layers: 2`; `dp_finetune_nonprivate` (NOT "
+        "the same with `lora_layers: 2`, `dp_finetune_uniform` with `label_split: uniform` "
+        "(the release split evenly over the labels; no label counts released); "
+        "`dp_finetune_nonprivate` (NOT "
         f"private, a reference like `real`) `dp_finetune_chat`'s model, prompt and adapter "
         f"trained by plain minibatch AdamW, {NONPRIVATE}, no clipping and no noise; "
         "`real` the private records as the training set "
