@@ -18,7 +18,9 @@ Arms (all but ``st-shipped`` rows apart: a fixed shape per pass, fillers where f
   engine since 2026-12-06);
 * ``int8`` / ``int8-keep-dense-out``: the graph quantised to int8 by NNCF (static scales from
   300 public demo texts other than the timed ones, so a row's scale never depends on its pass;
-  skipped without ``nncf``), all products or all but the attention / FFN output projections.
+  skipped without ``nncf``), all products or all but the attention / FFN output projections;
+* ``int8-weights``: int8 weights only (NNCF ``compress_weights``, asymmetric), activations
+  quantised per group of 64 at run time by OpenVINO (its dynamic quantisation).
 
 Each arm: texts a second (the median of ``--rounds`` alternating rounds), the ratio to
 ``torch``, the cosine to the torch vectors (min and mean) and how often a text's nearest other
@@ -74,13 +76,15 @@ class Arm:
         return out
 
 
-def compiled_call(model, threads: int, static: bool) -> tuple[Callable, dict[str, float]]:
+def compiled_call(model, threads: int, static: bool, extra: dict | None = None
+                  ) -> tuple[Callable, dict[str, float]]:
     """An OpenVINO call at bf16 on ``threads`` threads: one compiled model for every shape, or
-    one per shape (``static``; compile seconds counted in the returned dict)."""
+    one per shape (``static``; compile seconds counted in the returned dict); ``extra``: more
+    compile properties."""
     ov = import_openvino()
     core = ov.Core()
     props = {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": threads,
-             "PERFORMANCE_HINT": "LATENCY"}
+             "PERFORMANCE_HINT": "LATENCY", **(extra or {})}
     cost = {"compile_seconds": 0.0, "shapes": 0}
     requests: dict[tuple[int, ...], object] = {}
 
@@ -168,6 +172,16 @@ def main() -> None:
             call, costs[name] = compiled_call(q, args.threads, static=False)
             costs[name]["quantise_seconds"] = time.perf_counter() - t
             arms[name] = Arm(engine, call, 16)
+        # int8 weights only, activations quantised per token group at run time (OpenVINO's
+        # dynamic quantisation: a row's scales are its own, so rows stay apart)
+        t = time.perf_counter()
+        import nncf
+
+        weights = nncf.compress_weights(model.clone(), mode=nncf.CompressWeightsMode.INT8_ASYM)
+        call, costs["int8-weights"] = compiled_call(
+            weights, args.threads, static=False, extra={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 64})
+        costs["int8-weights"]["quantise_seconds"] = time.perf_counter() - t
+        arms["int8-weights"] = Arm(engine, call, 16)
     except ImportError:
         skipped["int8"] = "nncf is not installed (pip install nncf==3.4.0)"
 

@@ -1110,9 +1110,10 @@ def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
 
 def test_the_gradient_noise_against_the_largest_mean_gradient() -> None:
     """sigma sqrt(d) / B a step, / sqrt(T) over the run (the run warns above NOISY_RUN): the
-    side-by-side's default batch of 32 over the default adapter at epsilon 1, 4 and 8 on 500
-    records (16 steps: the loss showed no trend) and on 2000 (63 steps: it fell), with each
-    run's solved noise multiplier; every record a step over 8 layers."""
+    side-by-side's default batch of 32 over the default adapter at epsilon 1 and 8 on 500
+    records (16 steps: the loss showed no trend; 4 lies between) and at 1, 4 and 8 on 2000
+    (63 steps: it fell), with each run's solved noise multiplier; every record a step over 8
+    layers."""
     from dpsynth.methods.dpfinetune.method import NOISY_RUN
 
     assert accounting.noise_to_signal(0.578, 32, 30 * 15_360) == pytest.approx(

@@ -42,9 +42,8 @@ def noise_to_signal(noise_multiplier: float, expected_batch: float, coordinates:
 def noise_over_run(step_ratio: float, steps: int) -> float:
     """:func:`noise_to_signal` over a run of T steps: ratio / sqrt(T). The sum of T updates
     carries T times a steady mean gradient and sqrt(T) times one step's independent noise
-    (plain SGD; Adam's moments average the same way), so the ratio of the two falls as
-    sqrt(T): more steps at one noise multiplier are what let a run learn through noisy
-    steps."""
+    (plain SGD; for Adam a heuristic), so the ratio of the two falls as sqrt(T): more steps
+    at one noise multiplier are what let a run learn through noisy steps."""
     return float(step_ratio) / math.sqrt(max(1, int(steps)))
 
 

@@ -73,8 +73,8 @@ TUNED = "tuned-model"
 #: the run warns above this ratio of the gradient noise to the largest mean clipped gradient
 #: over the run (:func:`accounting.noise_over_run`: each step's
 #: :func:`accounting.noise_to_signal` / sqrt(T)). Measured on Banking77 with the defaults
-#: (batch 32, every layer): on 500 records (16 steps) at epsilon 8, 4 and 1, 3.1, 4.2 and 8.0
-#: over the run, the training loss showed no trend (benchmarks/results/side_by_side_eps*.md);
+#: (batch 32, every layer): on 500 records (16 steps) at epsilon 8 and 1, 3.1 and 8.0 over
+#: the run, the training loss showed no trend (benchmarks/results/side_by_side_eps*.md);
 #: on 2000 records (63 steps) at epsilon 8, 4 and 1, 1.3, 1.7 and 2.7, it fell (3.17 -> 2.64,
 #: 3.15 -> 2.87, 3.12 -> 2.77; benchmarks/results/side_by_side_2000*.md). The threshold
 #: sits between the two groups: a guide from six runs, not a bound. A falling loss is not a
