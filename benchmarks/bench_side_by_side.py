@@ -14,6 +14,8 @@ Arms, each through ``dpsynth.generate`` with its own ledger file (``privacy.ledg
 
 * ``zero_shot``: no private record read (epsilon 0), today's defaults;
 * ``aug_pe``: today's defaults (``synthesis.samples`` = N only);
+* ``aug_pe_uniform``: ``aug_pe`` with ``synthesis.label_split: uniform`` (the release and the
+  votes split evenly over the labels; the label x length histogram is still released);
 * ``aug_pe_preference``: ``aug_pe`` plus the opt-in lever that learns from the released votes
   (``synthesis.preference.enabled``: DPO of a LoRA adapter on the generator after each vote,
   its default settings, up to 64 pairs a vote; post-processing, no budget; issue 44: one
@@ -79,12 +81,14 @@ DATASET = "banking77"
 #: each dataset's label columns; the table shows the first, a second table the others
 LABELS = {"banking77": ["category"], "yelp": ["label1", "label2"]}
 EPSILON, DELTA = 4.0, 1e-5
-ARMS = ("zero_shot", "aug_pe", "aug_pe_preference", "wasp", "wasp_one", "wasp_one_every",
+ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference", "wasp", "wasp_one",
+        "wasp_one_every",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
         "dp_finetune_full", "dp_finetune_top2", "dp_finetune_top2_long", "dp_finetune_nonprivate",
         "dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform", "real")
 #: the method each generating arm runs
-METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_preference": "aug_pe",
+METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_uniform": "aug_pe",
+          "aug_pe_preference": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
           "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
           "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune",
@@ -134,6 +138,8 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
                            "privacy": {"ledger": str(ledger)}}
     if arm in ("zero_shot", "aug_pe", "wasp", "wasp_one"):
         cfg["synthesis"] = {"samples": samples}
+    if arm == "aug_pe_uniform":  # the release and the votes split evenly over the labels
+        cfg["synthesis"] = {"samples": samples, "label_split": "uniform"}
     if arm == "wasp_one_every":  # WASP before its votes were sized: a vote on every candidate
         cfg["synthesis"] = {"samples": samples, "population": samples}
     if arm == "aug_pe_preference":
@@ -481,7 +487,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         *[line for col in state.get("columns", [None])[1:]
           for line in (f"On `{col}`:", "", *table(state, by_eye, col), "")],
         "Arms: `zero_shot` no private record read (epsilon 0); `aug_pe` today's defaults "
-        f"(only `synthesis.samples` = {SAMPLES}); `aug_pe_preference` the same plus "
+        f"(only `synthesis.samples` = {SAMPLES}); `aug_pe_uniform` the same with "
+        "`synthesis.label_split: uniform`; `aug_pe_preference` the same plus "
         "`synthesis.preference.enabled` (DPO of a LoRA adapter on the generator after each "
         f"vote, on up to {PREFERENCE_PAIRS} pairs ranked by the released votes; its other "
         "settings the defaults; no budget); `wasp` WASP's defaults with two generators, "

@@ -220,6 +220,27 @@ def test_quota_is_the_allocation_of_the_released_label_counts(tmp_path: Path) ->
         assert got == quota.tolist(), name
 
 
+@pytest.mark.parametrize("method", ["aug_pe", "wasp"])
+def test_a_uniform_label_split_releases_every_label_alike(tmp_path: Path, method: str) -> None:
+    """synthesis.label_split uniform: 3 texts a label although the records hold no
+    scheduling row (the noisy counts would give it about none); the counts are still
+    released (Aug-PE and WASP size their votes from them)."""
+    cfg = _config(tmp_path, method)
+    cfg["synthesis"]["label_split"] = "uniform"
+    run = _run(cfg, tmp_path / "run")
+    assert _keys(run) == KEYS[method]
+    for name in ("synthetic.jsonl", "zero_shot.jsonl"):
+        rows = _jsonl(run / "release" / name)
+        got = [sum(r["labels"]["label"] == c for r in rows)
+               for c in ("billing", "clinical", "scheduling")]
+        # WASP's zero-shot set is its first round's share of the release
+        assert got == ([3, 3, 3] if name == "synthetic.jsonl" or method == "aug_pe"
+                       else [got[0]] * 3), name
+    counted = _run(_config(tmp_path, method, "counted.json"), tmp_path / "counted")
+    rows = _jsonl(counted / "release" / "synthetic.jsonl")
+    assert sum(r["labels"]["label"] == "scheduling" for r in rows) < 3  # the default differs
+
+
 # ----------------------------------------------------------------------------- strategy parts
 
 

@@ -468,6 +468,13 @@ class SynthesisConfig(Section):
                              "length bin, so the texts' lengths follow the records'; "
                              "'longest' caps every text at max_words")
     iterations: int = Field(2, ge=0, description="T: private voting rounds")
+    label_split: Literal["noisy_counts", "uniform"] = Field(
+        "noisy_counts", description="Aug-PE and WASP: the release and the votes split over the "
+                                    "label classes by the DP label counts (James-Stein-shrunk "
+                                    "by their noise), or evenly (the counts are still released "
+                                    "where the run sizes its votes or lengths from them). "
+                                    "uniform suits labels about balanced, or a balanced test "
+                                    "set (docs/which-method.md)")
     pool_multiplier: int = Field(3, ge=1, description="L: candidates per kept sample")
     k: int = Field(1, ge=1, description="nearest candidates each record votes for")
     threshold: float = Field(0.0, ge=0, description="theta, in units of the noise sigma")

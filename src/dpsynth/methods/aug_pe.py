@@ -106,7 +106,8 @@ class AugPEStrategy:
                 syn.min_words, None
         sizes = released_sizes(self.view, self.releaser)
         # a label's count sums its N_BINS noisy cells: shrunk by that noise (post-processing)
-        counts = shrunk_counts(sizes.label_counts, self.releaser.noise_variance(N_BINS))
+        counts = shrunk_counts(sizes.label_counts, self.releaser.noise_variance(N_BINS)) \
+            if syn.label_split == "noisy_counts" else np.ones(n_labels)
         quota = allocate(syn.samples, counts)
         if not syn.iterations:
             vote_quota = quota
