@@ -111,6 +111,8 @@ class SecPEStrategy:
         view.log(f"secret protection: {plan.summary()} (secret split counts in "
                  "private/diagnostics.jsonl)")
         counts = np.bincount(self.public_labels(), minlength=view.n_labels)
+        if self.syn.label_split == "uniform":
+            counts = np.ones(view.n_labels)
         quota = allocate(self.syn.samples, counts.astype(np.float64))  # public: free
         self.state.quota = quota
         pool = self.gen.zero_shot(quota * self.syn.pool_multiplier, "init")
