@@ -105,7 +105,7 @@ def main() -> None:
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
             loads.append(os.getloadavg())
             print(json.dumps(rows[-1]), flush=True)
-    base = {r["mode"]: r for r in rows if r["mode"] == "default"}["default"]
+    base = next(r for r in rows if r["mode"] == "default")
     same = len({r["texts_sha"] for r in rows}) == 1
     seen = ", ".join("/".join(f"{x:.2f}" for x in ld) for ld in loads)
     lines = ["# Sampling memory: SmolLM2 on the default engine", "",

@@ -469,11 +469,11 @@ class SynthesisConfig(Section):
                              "'longest' caps every text at max_words")
     iterations: int = Field(2, ge=0, description="T: private voting rounds")
     label_split: Literal["noisy_counts", "uniform"] = Field(
-        "noisy_counts", description="Aug-PE and WASP: the release and the votes split over the "
-                                    "label classes by the DP label counts (James-Stein-shrunk "
-                                    "by their noise; SecPE: by its public records' counts), or "
-                                    "evenly (the counts are still released where the run sizes "
-                                    "its votes or lengths from them). "
+        "noisy_counts", description="Aug-PE, WASP and SecPE: the release and the votes split "
+                                    "over the label classes by the DP label counts (James-"
+                                    "Stein-shrunk by their noise; SecPE: its public records' "
+                                    "counts), or evenly (the counts are still released where "
+                                    "the run sizes its votes or lengths from them). "
                                     "uniform suits labels about balanced, or a balanced test "
                                     "set (docs/which-method.md)")
     pool_multiplier: int = Field(3, ge=1, description="L: candidates per kept sample")

@@ -13,7 +13,7 @@ from ..privacy.lattice import count_lattice
 from .lengths import Sizes, exact_label_lengths
 from .operators import Generation
 from .pool import Pool
-from .selection import allocate, select_per_label, shrunk_counts
+from .selection import allocate, select_per_label, split_weights
 
 
 def noisy_label_counts(view: PrivateView, releaser: Releaser) -> np.ndarray | None:
@@ -27,11 +27,13 @@ def noisy_label_counts(view: PrivateView, releaser: Releaser) -> np.ndarray | No
                                         lattice=lattice))
 
 
-def quota_of(noisy: np.ndarray | None, total: int, noise_var: float = 0.0) -> np.ndarray:
+def quota_of(noisy: np.ndarray | None, total: int, noise_var: float = 0.0,
+             split: str = "noisy_counts") -> np.ndarray:
     """``total`` samples split over labels by released counts (None: one label class), the
-    counts first shrunk toward their mean by their noise variance (:func:`shrunk_counts`)."""
-    return np.array([total]) if noisy is None else allocate(total,
-                                                             shrunk_counts(noisy, noise_var))
+    counts first shrunk toward their mean by their noise variance, or evenly
+    (:func:`split_weights`)."""
+    return np.array([total]) if noisy is None else allocate(
+        total, split_weights(noisy, noise_var, split))
 
 
 def noisy_quota(view: PrivateView, releaser: Releaser, total: int) -> np.ndarray:

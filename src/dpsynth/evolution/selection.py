@@ -40,6 +40,16 @@ def shrunk_counts(noisy_counts: np.ndarray, noise_var: float) -> np.ndarray:
     return m + factor * (c - m)
 
 
+def split_weights(noisy_counts: np.ndarray, noise_var: float, split: str) -> np.ndarray:
+    """The weights a release is split over labels by (``synthesis.label_split``): the counts
+    shrunk by their noise (:func:`shrunk_counts`; "noisy_counts") or one each ("uniform")."""
+    if split == "uniform":
+        return np.ones(np.asarray(noisy_counts).shape, dtype=np.float64)
+    if split != "noisy_counts":
+        raise ValueError(f"unknown label split {split!r} (use 'noisy_counts' or 'uniform')")
+    return shrunk_counts(noisy_counts, noise_var)
+
+
 def thresholded(noisy_hist: np.ndarray, theta: float) -> np.ndarray:
     """H~ <- max(H~ - theta, 0) (docs/methods.md §1, step 3c)."""
     return np.maximum(np.asarray(noisy_hist, dtype=np.float64) - theta, 0.0)

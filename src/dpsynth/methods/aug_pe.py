@@ -33,7 +33,7 @@ from ..evolution.parts import (
     select_and_vary,
 )
 from ..evolution.pool import Pool
-from ..evolution.selection import allocate, select_per_label, shrunk_counts, thresholded
+from ..evolution.selection import allocate, select_per_label, split_weights, thresholded
 from ..evolution.strategy import Start, StrategyState, VoteResult
 from ..planning import VoteShape, voting_population
 from ..privacy import ReleasePlan
@@ -106,8 +106,8 @@ class AugPEStrategy:
                 syn.min_words, None
         sizes = released_sizes(self.view, self.releaser)
         # a label's count sums its N_BINS noisy cells: shrunk by that noise (post-processing)
-        counts = shrunk_counts(sizes.label_counts, self.releaser.noise_variance(N_BINS)) \
-            if syn.label_split == "noisy_counts" else np.ones(n_labels)
+        counts = split_weights(sizes.label_counts, self.releaser.noise_variance(N_BINS),
+                               syn.label_split)
         quota = allocate(syn.samples, counts)
         if not syn.iterations:
             vote_quota = quota

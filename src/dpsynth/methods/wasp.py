@@ -191,9 +191,8 @@ class WaspStrategy:
 
     def initial(self) -> Start:
         counts = noisy_label_counts(self.view, self.releaser)
-        quota = quota_of(counts if self.syn.label_split == "noisy_counts" or counts is None
-                         else np.ones_like(counts), self.syn.samples,
-                         self.releaser.noise_variance())
+        quota = quota_of(counts, self.syn.samples, self.releaser.noise_variance(),
+                         self.syn.label_split)
         sizes = round_sizes(quota, self.syn.iterations + 1)
         self.state.quota, self.state.sizes = quota, sizes
         records = 0.0 if counts is None else float(max(np.sum(counts), 0.0))

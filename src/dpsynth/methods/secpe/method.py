@@ -37,7 +37,7 @@ from ...diagnostics import append_diagnostic
 from ...evolution.operators import Generation
 from ...evolution.parts import reference_set, select_and_vary
 from ...evolution.pool import Pool
-from ...evolution.selection import allocate, thresholded
+from ...evolution.selection import allocate, split_weights, thresholded
 from ...evolution.strategy import Start, StrategyState, VoteResult
 from ...planning import VoteShape
 from ...privacy import ReleasePlan
@@ -110,10 +110,9 @@ class SecPEStrategy:
                                      **plan.noise_report()})
         view.log(f"secret protection: {plan.summary()} (secret split counts in "
                  "private/diagnostics.jsonl)")
-        counts = np.bincount(self.public_labels(), minlength=view.n_labels)
-        if self.syn.label_split == "uniform":
-            counts = np.ones(view.n_labels)
-        quota = allocate(self.syn.samples, counts.astype(np.float64))  # public: free
+        counts = np.bincount(self.public_labels(), minlength=view.n_labels).astype(np.float64)
+        # public: free (no noise, so nothing to shrink)
+        quota = allocate(self.syn.samples, split_weights(counts, 0.0, self.syn.label_split))
         self.state.quota = quota
         pool = self.gen.zero_shot(quota * self.syn.pool_multiplier, "init")
         return Start(pool, reference_set(pool, quota, self.rngs))
