@@ -96,6 +96,37 @@ def test_candidates_match_the_slow_reference(params: SamplingParams) -> None:
         np.testing.assert_allclose(probs / probs.sum(), ref_probs / ref_probs.sum(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampling_in_the_callers_buffer_draws_the_same(temperature: float) -> None:
+    # the engine lets the sampling scale its reused logits buffer in place (no [B, V] copy a
+    # step); the candidates and tokens must be those of the copying path, and without
+    # ``scratch`` the caller's logits are never touched
+    logits = torch.from_numpy(np.random.default_rng(2).normal(size=(4, 3000)).astype(np.float32))
+    kept = logits.clone()
+    p = SamplingParams(temperature=temperature, top_k=50)
+    want = next_tokens(logits, p, [np.random.default_rng(s) for s in range(4)])
+    assert torch.equal(logits, kept)
+    got = next_tokens(logits, p, [np.random.default_rng(s) for s in range(4)], scratch=True)
+    assert got.tolist() == want.tolist()
+    for (ids, probs), (ref_ids, ref_probs) in zip(
+            candidates(kept.clone(), p, scratch=True), candidates(kept, p), strict=True):
+        assert ids.tolist() == ref_ids.tolist() and np.array_equal(probs, ref_probs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_reused_logit_buffers_hold_the_output_layers_numbers(dtype, bias: bool) -> None:
+    rng = np.random.default_rng(4)
+    weight = torch.from_numpy(rng.normal(size=(500, 64)).astype(np.float32)).to(dtype)
+    b = torch.from_numpy(rng.normal(size=500).astype(np.float32)).to(dtype) if bias else None
+    buffers = ov_generate.LogitBuffers(9, weight)
+    for rows in (9, 5, 1):  # the batch shrinks as rows end: the first rows are reused
+        h = torch.from_numpy(rng.normal(size=(rows, 64)).astype(np.float32)).to(dtype)
+        got = buffers.product(h, weight, b)
+        assert got.dtype == torch.float32 and got.shape == (rows, 500)
+        assert torch.equal(got, torch.nn.functional.linear(h, weight, b).float())
+
+
 def test_greedy_takes_the_first_largest() -> None:
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 0.0, 0.0, 5.0]])
     got = next_tokens(logits, SamplingParams(temperature=0.0), [])
@@ -171,6 +202,15 @@ def test_the_output_layer_does_not_follow_torchs_threads(precision: str, ov_smol
 
 
 @models
+def test_the_engines_buffered_logits_are_its_plain_logits(ov_smollm) -> None:
+    engine = ov_smollm.sampling_engine
+    hidden = np.random.default_rng(5).normal(size=(6, engine._weight.shape[1])).astype(np.float32)
+    buffers = ov_generate.LogitBuffers(6, engine._weight)
+    assert torch.equal(engine.logits(hidden, into=buffers), engine.logits(hidden))
+    assert torch.equal(engine.logits(hidden[:2], into=buffers), engine.logits(hidden[:2]))
+
+
+@models
 def test_seeds_fix_each_rows_text(ov_smollm) -> None:
     first = ov_smollm.generate(reqs([1, 2, 3]), progress=False)
     assert ov_smollm.generate(reqs([1, 2, 3]), progress=False) == first
@@ -211,6 +251,36 @@ def test_batches_of_mixed_prompt_lengths_match_alone(ov_smollm) -> None:
     chats = [rows[1], ov_smollm.encode_prompt(ov_smollm.render(GenerationRequest(
         ({"role": "user", "content": "Say hello to the nurse."},), greedy))[0])]
     assert run(chats) == [run([r])[0] for r in chats]  # rows continuing a shared prefix
+
+
+def test_ended_rows_leave_the_batch_together() -> None:
+    share = ov_generate.DROP_ENDED_AT
+    assert not ov_generate.ended_rows_dropped(np.ones(8, dtype=bool))
+    few = np.ones(8, dtype=bool)
+    few[: int(np.ceil(share * 8)) - 1] = False
+    assert not ov_generate.ended_rows_dropped(few)  # below the share: they stay
+    few[int(np.ceil(share * 8)) - 1] = False
+    assert ov_generate.ended_rows_dropped(few)
+    assert ov_generate.ended_rows_dropped(np.zeros(1, dtype=bool))
+
+
+@models
+def test_rows_that_ended_but_stay_in_the_batch_change_no_other_row(ov_smollm) -> None:
+    # f32 decodes each row as alone (above); one row of five stops early and, below
+    # DROP_ENDED_AT of the batch, is carried along: the others' texts must not change
+    engine = ov_generate.OpenVinoEngine(ov_smollm, "f32")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    texts = ["The capital of France is", "Once upon a time, in a small village by the sea,",
+             "My favourite fruit is", "The train to London leaves at", "Dear neighbour, I"]
+    rows = [ov_smollm.encode_prompt(t) for t in texts]
+    first = engine.generate(rows[:1], greedy, [None], [()], ov_smollm.decode)[0][0]
+    stops = [(ov_smollm.decode(first[:2]),)] + [()] * 4  # row 0 stops after two tokens
+    assert 1 / len(rows) < ov_generate.DROP_ENDED_AT
+    together = engine.generate(rows, greedy, [None] * 5, stops, ov_smollm.decode)
+    alone = [engine.generate([r], greedy, [None], [st], ov_smollm.decode)[0]
+             for r, st in zip(rows, stops, strict=True)]
+    assert together == alone
+    assert len(together[0][0]) <= 2 and all(len(ids) == 10 for ids, _ in together[1:])
 
 
 @models

@@ -19,7 +19,8 @@ One batch (:meth:`OpenVinoEngine.generate`):
   seeded generator** (a row's text follows its request's seed and its logits, not a batch
   seed);
 * a row that draws an end-of-sequence token, or whose text holds one of its stop strings, is
-  dropped from the batch (OpenVINO reorders the cache by ``beam_idx``);
+  done; ended rows leave the batch together once they are :data:`DROP_ENDED_AT` of it
+  (OpenVINO reorders the cache by ``beam_idx``);
 * the compiled decoder, the output layer and the sampling run on
   :func:`~dpsynth.llm.runtime.stepper_threads` (the configured threads, else every core), never
   on the cores idle at the moment: OpenVINO's numbers follow
@@ -76,6 +77,53 @@ def stored_output_layer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, A
     return None, None
 
 
+#: Rows that ended stay in the batch (fed their last token, their draws ignored) until they
+#: are at least this share of it. Dropping rows makes OpenVINO gather every layer's KV cache
+#: into new buffers (60 on SmolLM2, up to 8 MB each at 64 rows); dropping at every ended row
+#: left glibc's heap holding the freed ones: measured over 64 Yelp-length texts, the resident
+#: set grew 1.24 GB dropping at once, 0.80 GB at a quarter, at the same tokens/s
+#: (benchmarks/results/generation_memory.md).
+DROP_ENDED_AT = 0.25
+
+
+def ended_rows_dropped(live: np.ndarray) -> bool:
+    """Whether this step drops the batch's ended rows (``live`` False): when they are at
+    least :data:`DROP_ENDED_AT` of the batch."""
+    dead = int(live.size - live.sum())
+    return dead > 0 and dead >= DROP_ENDED_AT * live.size
+
+
+class LogitBuffers:
+    """The output layer's ``[rows, V]`` product and its float32 copy, allocated once per batch
+    and reused by every decode step (rows that end shrink the batch: a step uses the first
+    rows).
+
+    Allocating them afresh each step (12.6 MB and 6.3 MB at 64 rows of SmolLM2's 49152 logits,
+    plus the temperature's copy) left glibc's heap holding freed blocks between the decoder's
+    growing KV-cache buffers: the resident set grew about 2 GB over a batch of 256-token texts
+    (benchmarks/results/generation_memory.md)."""
+
+    def __init__(self, rows: int, weight: Any) -> None:
+        import torch
+
+        self._raw = torch.empty((rows, weight.shape[0]), dtype=weight.dtype)
+        self._f32 = self._raw if weight.dtype == torch.float32 else torch.empty(
+            (rows, weight.shape[0]), dtype=torch.float32)
+
+    def product(self, h: Any, weight: Any, bias: Any) -> Any:
+        """``F.linear(h, weight, bias).float()`` written into the buffers' first rows."""
+        import torch
+
+        raw, f32 = self._raw[: h.shape[0]], self._f32[: h.shape[0]]
+        if bias is None:
+            torch.mm(h, weight.t(), out=raw)
+        else:
+            torch.addmm(bias, h, weight.t(), out=raw)
+        if f32 is not raw:
+            f32.copy_(raw)
+        return f32
+
+
 class OpenVinoEngine:
     """Batched sampling on the OpenVINO decoder of a :class:`LocalGenerator` (see the module
     docstring); ``precision`` as :func:`dpsynth.llm.ov_stepper.compiled` takes it."""
@@ -99,16 +147,23 @@ class OpenVinoEngine:
         self._bias = bias.float().to(dtype) if bias is not None else None
         self._softcap = config.get("final_logit_softcapping")
 
-    def logits(self, hidden: np.ndarray) -> Any:
+    def logits(self, hidden: np.ndarray, into: LogitBuffers | None = None) -> Any:
         """The output layer on last hidden states ``[B, H]``: float32 torch ``[B, V]``, on the
         decoder's threads (torch's float32 product of 7 rows differs in the last bits between
-        one thread and two, and torch's threads follow the idle cores)."""
+        one thread and two, and torch's threads follow the idle cores).
+
+        With ``into``, the product is written into its first ``B`` rows and a view of them is
+        returned (valid until the next call with the same buffers), the same numbers as
+        without: a decode step then allocates no ``[B, V]`` array (see :class:`LogitBuffers`)."""
         import torch
         import torch.nn.functional as F
 
         with torch.inference_mode(), torch_threads(self.threads):
             h = torch.from_numpy(hidden).to(self._weight.dtype)
-            out = F.linear(h, self._weight, self._bias).float()
+            if into is None:
+                out = F.linear(h, self._weight, self._bias).float()
+            else:
+                out = into.product(h, self._weight, self._bias)
             if self._softcap:
                 out = torch.tanh(out / self._softcap) * self._softcap
         return out
@@ -163,25 +218,30 @@ class OpenVinoEngine:
         """Generated token ids per prompt (EOS dropped) and whether the row ended by EOS
         (:meth:`dpsynth.llm.ct2.Ct2Engine.generate`'s contract, with a seed per row)."""
         rngs = [np.random.default_rng(None if s is None else int(s) % 2**63) for s in seeds]
+        spare = np.random.default_rng(0)  # draws for ended rows still in the batch (ignored)
         out: list[list[int]] = [[] for _ in prompts]
         ended = [False] * len(prompts)
         request, hidden, valid, pos = self.open_rows(prompts)
-        alive = np.arange(len(prompts))
+        batch = np.arange(len(prompts))  # the prompt of each row of the request's batch
+        live = np.ones(len(prompts), dtype=bool)
+        buffers = LogitBuffers(len(prompts), self._weight)
         for step in range(params.max_new_tokens):
-            logits = self.logits(hidden)
+            logits = self.logits(hidden, into=buffers)
             with torch_threads(self.threads):
-                tokens = next_tokens(logits, params, [rngs[r] for r in alive])
-            keep = []
-            for j, (r, t) in enumerate(zip(alive, tokens, strict=True)):
+                tokens = next_tokens(logits, params, [rngs[r] if live[j] else spare
+                                                      for j, r in enumerate(batch)], scratch=True)
+            for j, (r, t) in enumerate(zip(batch, tokens, strict=True)):
+                if not live[j]:
+                    continue
                 if int(t) in self.eos_token_ids:
-                    ended[r] = True
+                    ended[r], live[j] = True, False
                     continue
                 out[r].append(int(t))
-                if not (stops[r] and any(s in decode(out[r]) for s in stops[r])):
-                    keep.append(j)
-            if not keep or step == params.max_new_tokens - 1:
+                if stops[r] and any(s in decode(out[r]) for s in stops[r]):
+                    live[j] = False
+            if not live.any() or step == params.max_new_tokens - 1:
                 break
-            kept = np.asarray(keep)
+            kept = np.flatnonzero(live) if ended_rows_dropped(live) else np.arange(len(batch))
             hidden, valid = self.step(request, tokens[kept], kept, valid, pos[kept])
-            alive, pos = alive[kept], pos[kept] + 1
+            batch, live, pos = batch[kept], live[kept], pos[kept] + 1
         return [(ids, end) for ids, end in zip(out, ended, strict=True)]

@@ -53,12 +53,26 @@ def draw(probs: np.ndarray, u: float) -> int:
     return min(int(np.searchsorted(cum, u * cum[-1], side="right")), len(probs) - 1)
 
 
-def candidates(logits: Any, params: SamplingParams) -> list[tuple[np.ndarray, np.ndarray]]:
+def scaled(logits: Any, temperature: float, scratch: bool = False) -> Any:
+    """``logits / temperature`` as float32 (the same numbers whichever way): in place when
+    ``scratch`` (the caller's buffer, overwritten), the logits themselves at temperature 1
+    (division by 1 is exact), else a new tensor."""
+    z = logits.float()
+    if temperature == 1:
+        return z
+    if scratch and z is logits:
+        return z.div_(temperature)
+    return z / temperature
+
+
+def candidates(logits: Any, params: SamplingParams,
+               scratch: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per row of ``logits`` (torch ``[B, V]``): the candidate token ids, most likely first, and
-    their probabilities (float64, not renormalised), following the module docstring."""
+    their probabilities (float64, not renormalised), following the module docstring.
+    ``scratch``: the logits may be overwritten (see :func:`scaled`)."""
     import torch
 
-    z = logits.float() / params.temperature
+    z = scaled(logits, params.temperature, scratch)
     vocab = z.shape[-1]
     if params.top_k:
         v, ix = torch.topk(z, min(params.top_k, vocab), dim=-1)
@@ -91,14 +105,17 @@ def _cut(probs: np.ndarray, ids: np.ndarray, top_p: float) -> list[tuple[np.ndar
     return out
 
 
-def next_tokens(logits: Any, params: SamplingParams, rngs: list[np.random.Generator]) -> np.ndarray:
+def next_tokens(logits: Any, params: SamplingParams, rngs: list[np.random.Generator],
+                scratch: bool = False) -> np.ndarray:
     """The next token of every row (int64 ``[B]``): greedy at temperature 0, else one uniform
-    from each row's generator in ``rngs`` through :func:`candidates` and :func:`draw`."""
+    from each row's generator in ``rngs`` through :func:`candidates` and :func:`draw`
+    (``scratch``: the logits may be overwritten)."""
     import torch
 
     if params.temperature <= 0:
         return torch.argmax(logits.float(), dim=-1).numpy().astype(np.int64)
     out = np.empty(len(rngs), dtype=np.int64)
-    for r, ((ids, probs), rng) in enumerate(zip(candidates(logits, params), rngs, strict=True)):
+    rows = candidates(logits, params, scratch)
+    for r, ((ids, probs), rng) in enumerate(zip(rows, rngs, strict=True)):
         out[r] = int(ids[draw(probs, float(rng.random()))])
     return out
