@@ -5,18 +5,17 @@ The side by side at 2000 records saw the bench process peak at 11.0 GB on an Aug
 (texts up to 256 words) and 7.6 GB on WASP. Each mode runs in a fresh process (the resident
 set is per process) on the same seeded requests, and must write the same texts:
 
-* ``default``: the engine as shipped (one logits buffer a batch, ended rows dropped together
-  once they are ``DROP_ENDED_AT`` of the batch);
+* ``default``: the engine as shipped (one ``[B, V]`` logits buffer a batch,
+  ``ov_generate.LogitBuffers``);
 * ``old``: the engine before 2026-12-06 (a fresh ``[B, V]`` product, float copy and
-  temperature copy each step; every ended row dropped at once, each drop a KV-cache gather);
-* ``drop0``: the shipped engine but ended rows dropped at once;
+  temperature copy each decode step);
 * ``mmap<N>``: glibc's ``M_MMAP_THRESHOLD`` fixed at N bytes before loading (allocations of N
   bytes and more are mapped apart and returned when freed; the default threshold grows to
   32 MB after the first large free, so the per-step logits buffers land in the heap);
 * ``trim<K>``: ``malloc_trim(0)`` every K decode steps (freed heap pages handed back).
 
 Usage: .venv/bin/python benchmarks/gen_memory.py [--texts 128] [--max-new 256]
-       [--modes old,default,drop0,mmap65536] [--out FILE]
+       [--modes old,default,mmap65536] [--out FILE]
 (one mode inside a process: ``--one MODE``, which the parent calls).
 """
 
@@ -49,8 +48,6 @@ def one(mode: str, texts: int, max_new: int) -> dict:
     from dpsynth.llm.base import GenerationRequest, SamplingParams
     from dpsynth.llm.local import LocalGenerator
 
-    if mode in ("old", "drop0"):
-        ov_generate.DROP_ENDED_AT = 1e-9
     if mode == "old":
         import torch.nn.functional as F
 
@@ -101,7 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--texts", type=int, default=128)
     ap.add_argument("--max-new", type=int, default=256)
-    ap.add_argument("--modes", default="old,default,drop0,mmap65536")
+    ap.add_argument("--modes", default="old,default,mmap65536")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--one")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -125,9 +122,7 @@ def main() -> None:
              f"top_k 50, the default batch; each mode a fresh process; `benchmarks/gen_memory.py"
              f" --texts {args.texts} --max-new {args.max_new}`. Load average (1 / 5 / 15 min) "
              f"before and after each mode: {seen}."
-             " The texts' hash: modes that keep the batch's rows alike (the mmap and trim modes"
-             " with `default`; `drop0` with `old`) must write the same texts; in bf16 a batch's"
-             " rounding follows which rows share it, so the drop policy changes them.", "",
+             " Every mode must write the same texts (the hash column).", "",
              "| mode | engine | peak above the loaded model (MB) | tokens/s | vs default | texts |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['engine']} | {r['extra_peak_mb']} | {r['tokens_s']} | "

@@ -253,36 +253,6 @@ def test_batches_of_mixed_prompt_lengths_match_alone(ov_smollm) -> None:
     assert run(chats) == [run([r])[0] for r in chats]  # rows continuing a shared prefix
 
 
-def test_ended_rows_leave_the_batch_together() -> None:
-    share = ov_generate.DROP_ENDED_AT
-    assert not ov_generate.ended_rows_dropped(np.ones(8, dtype=bool))
-    few = np.ones(8, dtype=bool)
-    few[: int(np.ceil(share * 8)) - 1] = False
-    assert not ov_generate.ended_rows_dropped(few)  # below the share: they stay
-    few[int(np.ceil(share * 8)) - 1] = False
-    assert ov_generate.ended_rows_dropped(few)
-    assert ov_generate.ended_rows_dropped(np.zeros(1, dtype=bool))
-
-
-@models
-def test_rows_that_ended_but_stay_in_the_batch_change_no_other_row(ov_smollm) -> None:
-    # f32 decodes each row as alone (above); one row of five stops early and, below
-    # DROP_ENDED_AT of the batch, is carried along: the others' texts must not change
-    engine = ov_generate.OpenVinoEngine(ov_smollm, "f32")
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
-    texts = ["The capital of France is", "Once upon a time, in a small village by the sea,",
-             "My favourite fruit is", "The train to London leaves at", "Dear neighbour, I"]
-    rows = [ov_smollm.encode_prompt(t) for t in texts]
-    first = engine.generate(rows[:1], greedy, [None], [()], ov_smollm.decode)[0][0]
-    stops = [(ov_smollm.decode(first[:2]),)] + [()] * 4  # row 0 stops after two tokens
-    assert 1 / len(rows) < ov_generate.DROP_ENDED_AT
-    together = engine.generate(rows, greedy, [None] * 5, stops, ov_smollm.decode)
-    alone = [engine.generate([r], greedy, [None], [st], ov_smollm.decode)[0]
-             for r, st in zip(rows, stops, strict=True)]
-    assert together == alone
-    assert len(together[0][0]) <= 2 and all(len(ids) == 10 for ids, _ in together[1:])
-
-
 @models
 def test_sampling_never_loads_the_float_model_once_exported(ov_smollm) -> None:
     fresh = local_mod.LocalGenerator("smollm2", engine="openvino",

@@ -19,8 +19,7 @@ One batch (:meth:`OpenVinoEngine.generate`):
   seeded generator** (a row's text follows its request's seed and its logits, not a batch
   seed);
 * a row that draws an end-of-sequence token, or whose text holds one of its stop strings, is
-  done; ended rows leave the batch together once they are :data:`DROP_ENDED_AT` of it
-  (OpenVINO reorders the cache by ``beam_idx``);
+  dropped from the batch (OpenVINO reorders the cache by ``beam_idx``);
 * the compiled decoder, the output layer and the sampling run on
   :func:`~dpsynth.llm.runtime.stepper_threads` (the configured threads, else every core), never
   on the cores idle at the moment: OpenVINO's numbers follow
@@ -77,31 +76,16 @@ def stored_output_layer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, A
     return None, None
 
 
-#: Rows that ended stay in the batch (fed their last token, their draws ignored) until they
-#: are at least this share of it. Dropping rows makes OpenVINO gather every layer's KV cache
-#: into new buffers (60 on SmolLM2, up to 8 MB each at 64 rows); dropping at every ended row
-#: left glibc's heap holding the freed ones: measured over 64 Yelp-length texts, the resident
-#: set grew 1.24 GB dropping at once, 0.80 GB at a quarter, at the same tokens/s
-#: (benchmarks/results/generation_memory.md).
-DROP_ENDED_AT = 0.25
-
-
-def ended_rows_dropped(live: np.ndarray) -> bool:
-    """Whether this step drops the batch's ended rows (``live`` False): when they are at
-    least :data:`DROP_ENDED_AT` of the batch."""
-    dead = int(live.size - live.sum())
-    return dead > 0 and dead >= DROP_ENDED_AT * live.size
-
-
 class LogitBuffers:
     """The output layer's ``[rows, V]`` product and its float32 copy, allocated once per batch
     and reused by every decode step (rows that end shrink the batch: a step uses the first
     rows).
 
     Allocating them afresh each step (12.6 MB and 6.3 MB at 64 rows of SmolLM2's 49152 logits,
-    plus the temperature's copy) left glibc's heap holding freed blocks between the decoder's
-    growing KV-cache buffers: the resident set grew about 2 GB over a batch of 256-token texts
-    (benchmarks/results/generation_memory.md)."""
+    plus the temperature's copy) left glibc's heap holding freed blocks among the KV-cache
+    buffers OpenVINO reallocates when rows leave the batch: over 128 Yelp-length texts the
+    resident set grew 2.15 GB that way and 1.1-1.3 GB with these buffers, the same texts at
+    the same speed (benchmarks/results/generation_memory.md)."""
 
     def __init__(self, rows: int, weight: Any) -> None:
         import torch
@@ -218,30 +202,26 @@ class OpenVinoEngine:
         """Generated token ids per prompt (EOS dropped) and whether the row ended by EOS
         (:meth:`dpsynth.llm.ct2.Ct2Engine.generate`'s contract, with a seed per row)."""
         rngs = [np.random.default_rng(None if s is None else int(s) % 2**63) for s in seeds]
-        spare = np.random.default_rng(0)  # draws for ended rows still in the batch (ignored)
         out: list[list[int]] = [[] for _ in prompts]
         ended = [False] * len(prompts)
         request, hidden, valid, pos = self.open_rows(prompts)
-        batch = np.arange(len(prompts))  # the prompt of each row of the request's batch
-        live = np.ones(len(prompts), dtype=bool)
+        alive = np.arange(len(prompts))
         buffers = LogitBuffers(len(prompts), self._weight)
         for step in range(params.max_new_tokens):
             logits = self.logits(hidden, into=buffers)
             with torch_threads(self.threads):
-                tokens = next_tokens(logits, params, [rngs[r] if live[j] else spare
-                                                      for j, r in enumerate(batch)], scratch=True)
-            for j, (r, t) in enumerate(zip(batch, tokens, strict=True)):
-                if not live[j]:
-                    continue
+                tokens = next_tokens(logits, params, [rngs[r] for r in alive], scratch=True)
+            keep = []
+            for j, (r, t) in enumerate(zip(alive, tokens, strict=True)):
                 if int(t) in self.eos_token_ids:
-                    ended[r], live[j] = True, False
+                    ended[r] = True
                     continue
                 out[r].append(int(t))
-                if stops[r] and any(s in decode(out[r]) for s in stops[r]):
-                    live[j] = False
-            if not live.any() or step == params.max_new_tokens - 1:
+                if not (stops[r] and any(s in decode(out[r]) for s in stops[r])):
+                    keep.append(j)
+            if not keep or step == params.max_new_tokens - 1:
                 break
-            kept = np.flatnonzero(live) if ended_rows_dropped(live) else np.arange(len(batch))
+            kept = np.asarray(keep)
             hidden, valid = self.step(request, tokens[kept], kept, valid, pos[kept])
-            batch, live, pos = batch[kept], live[kept], pos[kept] + 1
+            alive, pos = alive[kept], pos[kept] + 1
         return [(ids, end) for ids, end in zip(out, ended, strict=True)]
