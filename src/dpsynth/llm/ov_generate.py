@@ -84,8 +84,8 @@ class LogitBuffers:
     Allocating them afresh each step (12.6 MB and 6.3 MB at 64 rows of SmolLM2's 49152 logits,
     plus the temperature's copy) left glibc's heap holding freed blocks among the KV-cache
     buffers OpenVINO reallocates when rows leave the batch: over 128 Yelp-length texts the
-    resident set grew 2.15 GB that way and 1.1-1.3 GB with these buffers, the same texts at
-    the same speed (benchmarks/results/generation_memory.md)."""
+    resident set grew about 2.0 GB that way and 1.2-1.5 GB with these buffers, the same texts
+    at 1.04-1.10x the speed (benchmarks/results/generation_memory.md)."""
 
     def __init__(self, rows: int, weight: Any) -> None:
         import torch
