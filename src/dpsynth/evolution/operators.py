@@ -359,4 +359,6 @@ class Generation:
                     labels.append(y)
                     sources.append(g)
                     tags.append(f"{tag}/{y}/{g}/{j}")
-        return self._run_jobs(instructions, labels, sources, tags)[0]
+        words = (drawn_lengths(self.length_mix, len(instructions), self.rng(f"lengths/{tag}"))
+                 if self.length_mix else None)  # each request's own length, as zero_shot's
+        return self._run_jobs(instructions, labels, sources, tags, words=words)[0]
