@@ -1069,6 +1069,25 @@ def test_refused_samples_are_drawn_again_with_their_own_seeds() -> None:
     assert calls[0] == [0] * 6 + [1] * 4 and calls[1] == [1] * 4
 
 
+def test_the_release_filter_trims_a_sample_cut_mid_sentence(tmp_path: Path) -> None:
+    """The tuned model learned records cut at ``max_tokens`` and then ended, so its samples
+    stop mid-sentence too: the release's filter (the one ``_sample`` passes to
+    ``sample_texts``) trims each back to its last full sentence when that keeps at least
+    half of it, and still refuses what the PE filters refuse."""
+    from dpsynth.config import RunConfig
+    from dpsynth.methods.dpfinetune.method import _text_filter
+
+    cfg = RunConfig.model_validate(_config(_write(tmp_path / "d.csv", _rows(4))))
+    clean = _text_filter(cfg, ["About billing."])
+    cut = "The staff were kind and the bill came fast. We will come back for the"
+    assert clean(cut) == "The staff were kind and the bill came fast."
+    early = "Kind. The staff were kind and the bill came fast and we will come back for the"
+    assert clean(early) == early  # trimming would drop most of it
+    whole = "The staff were kind and the bill came fast."
+    assert clean(whole) == whole
+    assert clean("Sure! Here is a message about billing: [Insert name]") is None
+
+
 def test_a_release_of_refused_samples_says_so(tmp_path: Path) -> None:
     """When the text filters refuse most of the tuned model's samples (here all of them: no
     sample reaches ``synthesis.min_chars``), the run leaves them out, counts them in

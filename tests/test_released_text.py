@@ -421,6 +421,8 @@ def test_prefixes_are_stripped_and_cut_off_texts_trimmed() -> None:
     assert P.trim_cut_off("Short and cut", 16) == "Short and cut"  # not at the cap
     whole = "My card came and it does not work at all in any shop I have tried today."
     assert P.trim_cut_off(whole, 16) == whole
+    assert P.trim_to_sentence("Short and sound. And cut") == "Short and sound."  # any length
+    assert P.trim_to_sentence(early) == early and P.trim_to_sentence(whole) == whole
 
 
 def test_the_filtered_share_is_in_the_stats_and_mostly_filtered_runs_warn(

@@ -296,10 +296,18 @@ _SENTENCE_END = re.compile(r"[.!?…][\"')\]]*(?=\s|$)")
 
 def trim_cut_off(text: str, max_words: int) -> str:
     """A text of at least 0.8 x ``max_words`` words that stops mid-sentence (the token cap
-    cut it) back to its last full sentence, when that keeps at least half of it; any other
-    text as it is."""
+    cut it) back to its last full sentence (:func:`trim_to_sentence`); any other text as it
+    is."""
+    if len(text.rstrip().split()) < 0.8 * max_words:
+        return text
+    return trim_to_sentence(text)
+
+
+def trim_to_sentence(text: str) -> str:
+    """A text that stops mid-sentence back to its last full sentence, when that keeps at
+    least half of it; any other text as it is."""
     stripped = text.rstrip()
-    if len(stripped.split()) < 0.8 * max_words or _SENTENCE_END.search(stripped[-3:]):
+    if _SENTENCE_END.search(stripped[-3:]):
         return text
     ends = [m.end() for m in _SENTENCE_END.finditer(stripped)]
     if ends and ends[-1] >= len(stripped) / 2:
