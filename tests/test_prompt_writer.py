@@ -75,25 +75,6 @@ def test_every_prompt_of_a_run_opens_with_the_writer(tmp_path: Path, method: str
     assert all(opened) if writer else not any(opened)
 
 
-@pytest.mark.parametrize("words", [4, None])
-def test_wasps_demonstrations_are_shown_up_to_their_word_cap(tmp_path: Path,
-                                                              words: int | None) -> None:
-    """The contrastive prompts of a WASP run show each demonstration up to
-    ``wasp.demonstration_words`` words (whole with null): the texts' own lengths follow the
-    records', and whole long texts made prompts of thousands of tokens."""
-    from dpsynth.api import run_generation
-
-    cfg = pe_config("wasp", write_csv(tmp_path / "d.csv", private_rows(40)),
-                    **{"wasp": {"demonstrations": 4, "demonstration_words": words}})
-    gens = [FakeGenerator(g["model"], seed=i) for i, g in enumerate(cfg["generators"])]
-    run_generation(parse_config(cfg), tmp_path / "run", progress=False, generators=gens,
-                   embedder=FakeEmbedder())
-    demos = [line[2:] for g in gens for p in g.prompts if "Not like these" in p
-             for line in p.splitlines() if line.startswith("- ")]
-    longest = max(len(d.split()) for d in demos)
-    assert demos and (longest <= 4 if words else longest > 4)
-
-
 @pytest.mark.parametrize("method", ["aug_pe", "wasp"])
 def test_every_chat_prompt_of_a_run_has_the_writer_as_system(tmp_path: Path,
                                                              method: str) -> None:

@@ -259,7 +259,7 @@ class _Gen:
         return out, np.repeat(np.arange(len(pool)), n_each)
 
     def contrastive(self, per_label: np.ndarray, weights: np.ndarray, good: dict,
-                    bad: dict, n_demos: int, tag: str, demo_words: int | None = None) -> Pool:
+                    bad: dict, n_demos: int, tag: str) -> Pool:
         self.calls.append(("contrastive", (per_label.tolist(), weights.tolist(), good, bad,
                                            tag)))
         return Pool()

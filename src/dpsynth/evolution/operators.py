@@ -333,16 +333,11 @@ class Generation:
 
     def contrastive(self, per_label: np.ndarray, weights: np.ndarray,
                     good: dict[int, list[str]], bad: dict[int, list[str]], n_demos: int,
-                    tag: str, demo_words: int | None = None) -> Pool:
+                    tag: str) -> Pool:
         """WASP step 5: per label, new samples from prompts with random subsets of n_demos/2
-        good and n_demos/2 bad demonstrations; generators share the work by their weights.
-        ``demo_words``: each demonstration shown up to that many words
-        (:func:`~dpsynth.evolution.prompts.shown_words`; None: whole)."""
+        good and n_demos/2 bad demonstrations; generators share the work by their weights."""
         half = max(1, n_demos // 2)
         rng = self.rng(tag)
-        if demo_words is not None:
-            good = {y: [P.shown_words(t, demo_words) for t in ts] for y, ts in good.items()}
-            bad = {y: [P.shown_words(t, demo_words) for t in ts] for y, ts in bad.items()}
         instructions, labels, sources, tags = [], [], [], []
         task = self.config.prompts.task
         for y, n_y in enumerate(per_label):

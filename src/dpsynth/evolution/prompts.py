@@ -104,14 +104,6 @@ def contrastive_instruction(task: str, label_text: str, good: Sequence[str],
     )
 
 
-def shown_words(text: str, words: int) -> str:
-    """A demonstration as a prompt shows it: its first ``words`` words, cut back to its last
-    full sentence where that keeps at least half of them (:func:`trim_to_sentence`); a
-    shorter text whole."""
-    parts = text.split()
-    return text if len(parts) <= words else trim_to_sentence(" ".join(parts[:words]))
-
-
 def writer_sentence(writer: str) -> str:
     """'You are {writer}.' for the public ``prompts.writer`` ('' when it is empty)."""
     writer = writer.strip().rstrip(".")

@@ -83,14 +83,6 @@ class WaspConfig(Section):
 
     top_q: int = Field(8, ge=1)
     demonstrations: int = Field(8, ge=2)
-    demonstration_words: int | None = Field(
-        48, ge=4,
-        description="each demonstration in a contrastive prompt shown up to this many words "
-                    "(cut back to a sentence end where that keeps half); null: whole. The "
-                    "texts' own length is drawn from the records' as before: whole Yelp "
-                    "reviews as demonstrations made prompts of about 2800 tokens and a round "
-                    "several times slower (docs/methods.md §2)",
-    )
     contrastive: bool = True
     weighting: bool = True
     weight_temperature: float = Field(1.0, gt=0)
@@ -338,8 +330,7 @@ class WaspStrategy:
                for y, idx in top_indices(vote.histograms["far"], voted.labels, per).items()}
         sizes = state.sizes[t + 1]
         if wasp.contrastive:
-            new = self.gen.contrastive(sizes, state.weights, good, bad, per, f"round{t + 1}",
-                                       wasp.demonstration_words)
+            new = self.gen.contrastive(sizes, state.weights, good, bad, per, f"round{t + 1}")
         else:
             new = self.gen.zero_shot(sizes, f"round{t + 1}", state.weights)
         return pool.extend(new)
