@@ -268,10 +268,6 @@ class _Gen:
         self.calls.append(("zero_shot", (per_label.tolist(), tag)))
         return Pool()
 
-    def write_up_to(self, words: int | None, at_least: int | None = None,
-                    mix: list[float] | None = None) -> None:
-        self.band = (words, at_least, mix)  # the length band, set apart from the calls
-
 
 def _pool() -> Pool:
     return Pool([f"t{i}" for i in range(8)], np.array([0, 0, 0, 0, 1, 1, 1, 1]),
@@ -305,8 +301,7 @@ def test_wasp_next_weights_and_demonstrations_come_from_near_and_far() -> None:
     gen = _Gen()
     strategy = WaspStrategy(cfg, SimpleNamespace(), SimpleNamespace(sigma=1.0), gen, Rngs(0))
     strategy.state = WaspState(quota=np.array([4, 4]), sizes=np.array([[2, 2], [2, 2]]),
-                               weights=np.array([0.5, 0.5]), max_words=32, min_words=8,
-                               length_mix=[0.5, 0.5])
+                               weights=np.array([0.5, 0.5]))
     pool = _pool()
     near = np.array([3.0, 0.0, 1.0, 2.0, -1.0, 4.0, 0.5, 0.0])
     far = np.array([0.0, 6.0, 0.0, 1.0, 2.0, 0.0, 0.0, 3.0])
@@ -321,7 +316,6 @@ def test_wasp_next_weights_and_demonstrations_come_from_near_and_far() -> None:
     assert good == {y: [pool.texts[i] for i in idx] for y, idx in top_near.items()}
     assert bad == {y: [pool.texts[i] for i in idx] for y, idx in top_far.items()}
     assert good[0] == ["t0", "t3"] and bad[0] == ["t1", "t3"]
-    assert gen.band == (32, 8, [0.5, 0.5])  # the state's length band (a resumed run's too)
 
 
 # ----------------------------------------------------------------------------- the registry

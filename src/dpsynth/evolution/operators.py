@@ -359,6 +359,4 @@ class Generation:
                     labels.append(y)
                     sources.append(g)
                     tags.append(f"{tag}/{y}/{g}/{j}")
-        words = (drawn_lengths(self.length_mix, len(instructions), self.rng(f"lengths/{tag}"))
-                 if self.length_mix else None)  # each request's own length, as zero_shot's
-        return self._run_jobs(instructions, labels, sources, tags, words=words)[0]
+        return self._run_jobs(instructions, labels, sources, tags)[0]

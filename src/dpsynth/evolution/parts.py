@@ -57,17 +57,6 @@ def released_sizes(view: PrivateView, releaser: Releaser) -> Sizes:
     return Sizes.of(noisy.reshape(exact.shape))
 
 
-def length_band(syn: SynthesisConfig, sizes: Sizes
-                ) -> tuple[int | None, int | None, list[float] | None]:
-    """(max_words, min_words, length_mix) the generators write in (docs/methods.md §1, "The
-    texts' length"): the declared ``synthesis.max_words`` / ``min_words`` where set, else the
-    released histogram's band; the length mix only with an estimated length and
-    ``synthesis.lengths: drawn``. Post-processing of ``sizes`` and public settings."""
-    mix = sizes.length_mix() if syn.max_words is None and syn.lengths == "drawn" else None
-    return (syn.max_words or sizes.max_words(),
-            syn.min_words or (None if syn.max_words else sizes.min_words()), mix)
-
-
 def first_per_label(pool: Pool, per_label: np.ndarray) -> Pool:
     """The first ``per_label[y]`` candidates of each label y, in pool order."""
     keep = [np.flatnonzero(pool.labels == y)[: int(n)] for y, n in enumerate(per_label)]

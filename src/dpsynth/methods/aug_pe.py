@@ -26,7 +26,6 @@ from ..evolution.lengths import N_BINS
 from ..evolution.operators import Generation
 from ..evolution.parts import (
     first_per_label,
-    length_band,
     lookahead_embeddings,
     reference_set,
     release_from_winners,
@@ -41,7 +40,7 @@ from ..privacy import ReleasePlan
 from ..privacy.lattice import Lattice
 from ..voting import vote_index_from
 from .base import Job, Outcome, PrivacyPlan
-from .pe import PEMethod, releases_sizes, vote_release_plan
+from .pe import PEMethod, vote_release_plan
 
 
 def knn_lattice(cand_labels: np.ndarray, k: int, unit: str) -> Lattice:
@@ -99,7 +98,7 @@ class AugPEStrategy:
         population or length), else from the public settings. The length mix only with an
         estimated length and ``synthesis.lengths: drawn``."""
         syn, n_labels = self.syn, self.view.n_labels
-        if not releases_sizes(self.config, n_labels):
+        if not AugPE.releases_sizes(self.config, n_labels):
             # one label class, a declared length and (with votes) a declared population
             population = voting_population(self.config, self.shape, 0.0, n_labels,
                                            self.releaser.sigma) if syn.iterations else syn.samples
@@ -117,7 +116,9 @@ class AugPEStrategy:
                                            self.releaser.sigma)
             vote_quota = allocate(population, counts)
             vote_quota = np.minimum(np.maximum(vote_quota, (quota > 0).astype(np.int64)), quota)
-        return (quota, vote_quota, *length_band(syn, sizes))
+        mix = sizes.length_mix() if syn.max_words is None and syn.lengths == "drawn" else None
+        return quota, vote_quota, syn.max_words or sizes.max_words(), \
+            syn.min_words or (None if syn.max_words else sizes.min_words()), mix
 
     def initial(self) -> Start:
         quota, vote_quota, words, least, mix = self._sizes()
@@ -178,11 +179,19 @@ class AugPE(PEMethod):
     #: its release is the last vote's winners and their variations
     releases_from_winners = True
 
+    @staticmethod
+    def releases_sizes(config: RunConfig, n_labels: int) -> bool:
+        """Whether the run releases the (label x length) histogram: with several label
+        classes (the label counts), or to size the votes or the texts automatically."""
+        syn = config.synthesis
+        return n_labels > 1 or syn.max_words is None or (
+            syn.population is None and syn.iterations > 0)
+
     def release_plan(self, config: RunConfig, n_labels: int) -> ReleasePlan:
         """The sizes histogram (:meth:`releases_sizes`) and the T votes; k = 1 at record
         level: one record adds 1 to one candidate's count (shift profile (1,))."""
         shifts = (1,) if config.synthesis.k == 1 and config.privacy.unit == "record" else ()
-        return vote_release_plan(config, int(releases_sizes(config, n_labels)),
+        return vote_release_plan(config, int(self.releases_sizes(config, n_labels)),
                                  config.synthesis.iterations, shifts)
 
     def strategy(self, config: RunConfig, view: PrivateView, releaser: Releaser,

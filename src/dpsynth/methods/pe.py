@@ -42,15 +42,6 @@ def calibrate_sigma(config: RunConfig, releases: ReleasePlan, delta_used: float 
         releases, kind=config.privacy.accountant))
 
 
-def releases_sizes(config: RunConfig, n_labels: int) -> bool:
-    """Whether a run that estimates its texts' length (Aug-PE, WASP) releases the (label x
-    length) histogram (docs/methods.md §1, "Sizes from the data"): with several label classes
-    (in place of the label counts), or to size the votes or the texts automatically."""
-    syn = config.synthesis
-    return n_labels > 1 or syn.max_words is None or (
-        syn.population is None and syn.iterations > 0)
-
-
 def vote_release_plan(config: RunConfig, label_releases: int, rounds: int,
                       vote_shifts: tuple[int, ...] = ()) -> ReleasePlan:
     """The releases of a PE run at the multiplier still to be chosen (docs/methods.md §0):

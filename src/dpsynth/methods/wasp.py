@@ -28,9 +28,8 @@ from pydantic import Field, field_validator
 
 from ..config import ConfigError, RunConfig, Section, ray_address_form
 from ..context import PrivateView, Releaser, Rngs
-from ..evolution.lengths import N_BINS
 from ..evolution.operators import Generation
-from ..evolution.parts import length_band, quota_of, reference_set, released_sizes
+from ..evolution.parts import noisy_label_counts, quota_of, reference_set
 from ..evolution.pool import Pool
 from ..evolution.selection import allocate, top_indices
 from ..evolution.strategy import Start, StrategyState, VoteResult
@@ -42,7 +41,7 @@ from ..privacy.planned import secagg_rounds_event
 from ..voting import topq_sensitivity, topq_vote, vote_index_from
 from ..work import Stage, Work, wasp_stages, wasp_voted, wasp_work
 from .base import Job, Outcome, PrivacyPlan
-from .pe import PEMethod, releases_sizes, vote_release_plan
+from .pe import PEMethod, vote_release_plan
 
 
 class FederatedConfig(Section):
@@ -164,17 +163,12 @@ def party_split(texts: Sequence[str], label_codes: np.ndarray, fed: FederatedCon
 class WaspState(StrategyState):
     """WASP's state between rounds: the quota, the per-round sizes [rounds, labels], the
     current generator weights and their history, and the candidates each vote is on per
-    label (``vote_quota``; None: every candidate of the pool), and the length band the
-    generators write in (``max_words``, ``min_words``, ``length_mix``: as Aug-PE's,
-    post-processing of the released (label x length) histogram or public settings)."""
+    label (``vote_quota``; None: every candidate of the pool)."""
 
     sizes: np.ndarray | None = None
     weights: np.ndarray | None = None
     history: list[list[float]] = field(default_factory=list)
     vote_quota: np.ndarray | None = None
-    max_words: int | None = None
-    min_words: int | None = None
-    length_mix: list[float] | None = None
 
 
 class WaspStrategy:
@@ -196,22 +190,12 @@ class WaspStrategy:
         self.state = WaspState(weights=np.full(n, 1.0 / n))
 
     def initial(self) -> Start:
-        syn, state = self.syn, self.state
-        if releases_sizes(self.config, self.view.n_labels):
-            # the (label x length) histogram in place of the label counts (docs/methods.md
-            # §1, "Sizes from the data"): the split, the record count and the length band
-            released = released_sizes(self.view, self.releaser)
-            counts, records = released.label_counts, released.records
-            variance = self.releaser.noise_variance(N_BINS)  # a label's count sums its bins
-            band = length_band(syn, released)
-        else:  # one label class, a declared length and population: nothing released
-            counts, records, variance = None, 0.0, 0.0
-            band = (syn.max_words, syn.min_words, None)
-        quota = quota_of(counts, syn.samples, variance, syn.label_split)
-        sizes = round_sizes(quota, syn.iterations + 1)
-        state.quota, state.sizes = quota, sizes
-        state.max_words, state.min_words, state.length_mix = band
-        self.gen.write_up_to(*band)
+        counts = noisy_label_counts(self.view, self.releaser)
+        quota = quota_of(counts, self.syn.samples, self.releaser.noise_variance(),
+                         self.syn.label_split)
+        sizes = round_sizes(quota, self.syn.iterations + 1)
+        self.state.quota, self.state.sizes = quota, sizes
+        records = 0.0 if counts is None else float(max(np.sum(counts), 0.0))
         shape = self.shape or Wasp().votes(self.config, self.view.n_labels)
         population = voting_population(self.config, shape, records, self.view.n_labels,
                                        self.releaser.sigma)
@@ -315,7 +299,6 @@ class WaspStrategy:
     def next(self, t: int, pool: Pool, vote: VoteResult, last: bool) -> Pool:
         wasp, state = self.wasp, self.state
         assert state.sizes is not None and state.weights is not None
-        self.gen.write_up_to(state.max_words, state.min_words, state.length_mix)  # a resume
         on = vote.histograms.get("voted")  # the candidates the vote was on (None: all)
         voted = pool if on is None or len(on) == len(pool) else pool.take(on)
         if wasp.weighting:
@@ -341,8 +324,6 @@ class Wasp(PEMethod):
     #: the candidates each vote is on are sized from the released label counts (planning):
     #: a sample of the pool, the release stays every round's samples
     sizes_votes = True
-    #: and the texts' length from the same released (label x length) histogram
-    estimates_length = True
     private_passes = ("embed",)
     section = "wasp"
     config_model = WaspConfig
@@ -402,10 +383,9 @@ class Wasp(PEMethod):
         range C, which the KLS accounting does not model, summed over the rounds
         (:func:`dpsynth.federated.core.round_clip_delta`)."""
         fed = self.settings(config).federated
-        if not fed.parties:  # the sizes histogram (or nothing) and the T votes
-            return vote_release_plan(config, int(releases_sizes(config, n_labels)),
-                                     config.synthesis.iterations)
-        plan = vote_release_plan(config, int(releases_sizes(config, n_labels)), 0)
+        if not fed.parties:
+            return super().release_plan(config, n_labels)
+        plan = vote_release_plan(config, int(n_labels > 1), 0)
         rounds = config.synthesis.iterations
         if not rounds:
             return plan
