@@ -23,6 +23,7 @@ pytest.importorskip("opacus")
 pytest.importorskip("peft")
 
 from dpsynth.cli import app  # noqa: E402
+from dpsynth.evolution.prompts import cut_share  # noqa: E402
 from dpsynth.methods.dpfinetune import accounting  # noqa: E402
 from dpsynth.methods.dpfinetune.frozen import decoder_layers  # noqa: E402
 from dpsynth.methods.dpfinetune.train import (  # noqa: E402
@@ -31,6 +32,7 @@ from dpsynth.methods.dpfinetune.train import (  # noqa: E402
     StepSettings,
     attach_lora,
 )
+from dpsynth.methods.loop import MOSTLY_CUT  # noqa: E402
 
 #: (q, sigma, T) of the cross-checks: a long small-q run, a short one, a large q
 CASES = [(0.01, 1.0, 1000), (0.064, 0.9, 16), (0.2, 2.0, 50)]
@@ -450,6 +452,11 @@ def test_kill_and_resume_through_the_runner(tmp_path: Path) -> None:
     a = (whole / "release" / "synthetic.jsonl").read_text()
     b = (killed / "release" / "synthetic.jsonl").read_text()
     assert a == b and len(a.splitlines()) == 4
+    # the tiny model's 8-token samples stop mid-sentence: the run says so, with what to change
+    texts = [json.loads(x)["text"] for x in a.splitlines()]
+    warned = "stop mid-sentence" in (whole / "log.txt").read_text()
+    assert cut_share(texts) > MOSTLY_CUT and warned
+    assert "dp_finetune.max_tokens" in (whole / "log.txt").read_text()
     steps = [json.loads(x) for x in (killed / "private" / "dp-finetune" / "steps.jsonl")
              .read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]  # 5 = ceil(1 / (8 / 40))

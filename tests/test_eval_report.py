@@ -584,6 +584,17 @@ def test_sample_table_shows_every_label(tmp_path):
     assert "sample 2 of A" not in samples  # two per label
 
 
+def test_a_release_cut_mid_sentence_is_said(tmp_path):
+    run = _evaluated_run(tmp_path, SEEDED)
+    rows = [{"text": f"Sample {i} ends here." if i % 2 else f"Sample {i} runs on and",
+             "labels": {"department": "A"}} for i in range(10)]
+    _write_jsonl(run / "release" / "synthetic.jsonl", rows)
+    page = _visible(write_report(run).read_text(encoding="utf-8"))
+    assert "50 % of the released texts stop mid-sentence" in page
+    _write_jsonl(run / "release" / "synthetic.jsonl", rows[1::2] + rows[:1])
+    assert "cut-caveat" not in write_report(run).read_text(encoding="utf-8")  # 1 in 6
+
+
 def test_most_generations_filtered_is_said(tmp_path):
     run = _evaluated_run(tmp_path, SEEDED)
     stats = [{"iteration": t, "kept": 6, "candidates": 18, "generated": 60,

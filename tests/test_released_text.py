@@ -338,6 +338,47 @@ def test_wasp_votes_on_its_population_and_releases_every_round(tmp_path) -> None
     assert [s["voted"] for s in _jsonl(every / "stats.jsonl")] == pools
 
 
+def _cut_at(words: int) -> Any:
+    """A generator's output cut mid-sentence: its first ``words`` words end a sentence, the
+    rest runs on without one (what a token cap leaves)."""
+    def cut(text: str) -> str:
+        w = text.rstrip(".").split()
+        return " ".join(w[:words]) + ". " + " ".join(w[words:])
+    return cut
+
+
+@pytest.mark.parametrize("method", ["wasp", "secpe"])
+def test_texts_cut_by_the_token_cap_are_trimmed_without_a_length_estimate(
+        tmp_path, method: str) -> None:
+    """WASP and SecPE write up to the generators' token cap with no length estimate: a text
+    that reached the words the cap holds (64 tokens: 37 words) and stops mid-sentence is
+    released back to its last full sentence; a shorter one as it is."""
+    over = {"generators": [{"model": "fake-g0", "max_new_tokens": 64}],
+            "synthesis.iterations": 1}
+    if method == "secpe":
+        over.update({"secpe.secrets": [{"kind": "regex", "pattern": r"ACCT-\d{4}"}],
+                     "secpe.clusters": 4, "secpe.clip": 0.5, "secpe.discretization": 1e-2})
+    long_run = _run(tmp_path, over, FakeGenerator("fake-g0", words=40, transform=_cut_at(30)),
+                    name="long", method=method)
+    texts = [r["text"] for r in _jsonl(long_run / "release" / "synthetic.jsonl")]
+    assert texts and all(t.endswith(".") and len(t.split()) == 30 for t in texts)
+    short_run = _run(tmp_path, over, FakeGenerator("fake-g0", words=20, transform=_cut_at(15)),
+                     name="short", method=method)
+    texts = [r["text"] for r in _jsonl(short_run / "release" / "synthetic.jsonl")]
+    assert texts and all(len(t.split()) == 20 and not t.endswith(".") for t in texts)
+    # every released text of the short run stops mid-sentence: the run says so, with what
+    # to change; the trimmed run's texts end theirs and it says nothing
+    assert "stop mid-sentence" in (short_run / "log.txt").read_text()
+    assert "max_new_tokens" in (short_run / "log.txt").read_text()
+    assert "stop mid-sentence" not in (long_run / "log.txt").read_text()
+
+
+def test_the_share_of_texts_cut_mid_sentence() -> None:
+    assert P.cut_share([]) == 0.0
+    assert P.cut_share(["Ends here.", "Asks why?", "Quoted \"end.\"", "Runs on and"]) == 0.25
+    assert P.ends_a_sentence("Wow!  ") and not P.ends_a_sentence("Mr")
+
+
 def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:
     seen: list[int] = []
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import require
+from ..evolution.prompts import MOSTLY_CUT, cut_share
 from ..files import SHARED_MODE, atomic_write_text
 from ..statement import format_delta, format_epsilon, guarantee_sentence
 from .common import EvalInputError, fmt_metric, fmt_number, is_unavailable
@@ -160,6 +161,18 @@ def filtered_caveat(stats: Sequence[dict[str, Any]]) -> str | None:
             f"iteration {int(x)}'s generations ({len(worst)} of {len(xs)} iterations above "
             f"{100 * MOSTLY_FILTERED:.0f} %). The models write few records of the task; the "
             "release is drawn from what was left.")
+
+
+def cut_caveat(texts: Sequence[str]) -> str | None:
+    """A caveat when more than :data:`~dpsynth.evolution.prompts.MOSTLY_CUT` of the released
+    texts stop mid-sentence (release/synthetic.jsonl is public; the run warns alike)."""
+    share = cut_share(texts)
+    if share <= MOSTLY_CUT:
+        return None
+    return (f"{100 * share:.0f} % of the released texts stop mid-sentence: the generators' "
+            "token cap cut them with no full sentence to trim back to. A larger cap on new "
+            "tokens (for DP fine-tuning, also on the tokens it trains on of each record) "
+            "lets them end.")
 
 
 def plot_fid(stats: Sequence[dict[str, Any]]) -> str | None:
@@ -821,6 +834,7 @@ def render_report(release: RunRelease, n_samples: int = 2, *, operator: bool = F
               if not _time_like(k) and k != "method")]),
         "curves": [c for c in curves if c],
         "filtered_caveat": filtered_caveat(release.stats),
+        "cut_caveat": cut_caveat(release.synthetic.texts),
         "label_plots": [p for p in _label_plots(release, ev) if p],
         "evaluated": bool(ev),
         **sample_table(release, n_samples),

@@ -123,3 +123,9 @@ def tokens_for(words: int) -> int:
     """max_new_tokens for texts of up to ``words`` words (:data:`TOKENS_PER_WORD`, plus 8
     for punctuation and an end token), at most 1024."""
     return min(1024, int(math.ceil(words * TOKENS_PER_WORD)) + 8)
+
+
+def words_within(tokens: int) -> int:
+    """The most words :func:`tokens_for` gives ``tokens`` for (its inverse, at least 1): the
+    length a text stopped by a cap of ``tokens`` new tokens has reached."""
+    return max(1, int((tokens - 8) / TOKENS_PER_WORD))

@@ -303,11 +303,27 @@ def trim_cut_off(text: str, max_words: int) -> str:
     return trim_to_sentence(text)
 
 
+def ends_a_sentence(text: str) -> bool:
+    """True when ``text`` ends on a full stop, question or exclamation mark or an ellipsis
+    (a closing quote or bracket after it allowed)."""
+    return bool(_SENTENCE_END.search(text.rstrip()[-3:]))
+
+
+#: the share of released texts stopping mid-sentence above which a run warns and its report
+#: says so
+MOSTLY_CUT = 0.3
+
+
+def cut_share(texts: Sequence[str]) -> float:
+    """The share of ``texts`` that stop mid-sentence (0 for none)."""
+    return sum(not ends_a_sentence(t) for t in texts) / len(texts) if texts else 0.0
+
+
 def trim_to_sentence(text: str) -> str:
     """A text that stops mid-sentence back to its last full sentence, when that keeps at
     least half of it; any other text as it is."""
     stripped = text.rstrip()
-    if _SENTENCE_END.search(stripped[-3:]):
+    if ends_a_sentence(stripped):
         return text
     ends = [m.end() for m in _SENTENCE_END.finditer(stripped)]
     if ends and ends[-1] >= len(stripped) / 2:

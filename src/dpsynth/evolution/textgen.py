@@ -16,7 +16,7 @@ import numpy as np
 from ..config import GeneratorConfig, SynthesisConfig
 from ..context import stable_seed
 from ..llm.base import Generator
-from .lengths import tokens_for
+from .lengths import tokens_for, words_within
 from .prompts import clean_generation, instruction_sentences, render, trim_cut_off, with_writer
 
 
@@ -148,13 +148,15 @@ class Synthesizer:
     def _cleaned(self, raw: str, instruction: str, words: int | None = None) -> str | None:
         """One generation through the public filters (:func:`clean_generation`), trimmed to
         its last full sentence when the token cap cut it (at its own ``words``, else
-        ``max_words``)."""
+        ``max_words``, else the words its token cap holds: WASP's and SecPE's texts, which
+        run to the cap with no length estimate)."""
         echoes = (instruction_sentences(with_writer(instruction, self.writer))
                   if self.synthesis.strip_echoes else ())
         text = clean_generation(raw, self.synthesis.min_chars, echoes=echoes,
                                 drop_off_task=self.synthesis.drop_off_task, writer=self.writer)
-        longest = words or self.max_words
-        if text is not None and longest is not None:
+        longest = words or self.max_words or words_within(self.config.max_new_tokens
+                                                          or self.length_tokens)
+        if text is not None:
             text = trim_cut_off(text, longest)
         return text
 

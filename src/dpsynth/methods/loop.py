@@ -10,6 +10,7 @@ strategy calls down into the shared parts, so no call climbs back up.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .. import progress
@@ -17,6 +18,7 @@ from ..context import Rngs
 from ..evolution.operators import Generation
 from ..evolution.parts import trim_to_quota
 from ..evolution.pool import Pool
+from ..evolution.prompts import MOSTLY_CUT, cut_share
 from ..evolution.strategy import Starter, Strategy
 from ..files import SHARED_MODE, write_jsonl
 from ..run_folder import RunDir
@@ -79,6 +81,8 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
     final = pool if quota is None else trim_to_quota(pool, quota, rngs)
     progress.stage("release")
     generated.warn_if_mostly_filtered(run)
+    warn_if_mostly_cut(run, final.texts, "a larger generators[].max_new_tokens, or "
+                       "synthesis.max_words set to the texts' length in words")
     write_jsonl(run.release / "synthetic.jsonl", gen.rows(final), mode=SHARED_MODE)
     run.log(f"release: {len(final)} synthetic samples in {run.release / 'synthetic.jsonl'}")
     progress.stage("")
@@ -87,6 +91,20 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
 
 #: the share of generations the filters refused above which a run warns
 MOSTLY_FILTERED = 0.5
+
+
+def warn_if_mostly_cut(run: RunDir, texts: Sequence[str], change: str) -> None:
+    """Warn when more than :data:`MOSTLY_CUT` of the released ``texts`` stop mid-sentence
+    (a token cap cut them with no full sentence in their second half to trim back to,
+    :func:`~dpsynth.evolution.prompts.trim_to_sentence`), with ``change``: what to change.
+    Synthetic texts only."""
+    share = cut_share(texts)
+    if share <= MOSTLY_CUT:
+        return
+    message = (f"{share:.0%} of the released texts stop mid-sentence: the token cap cut "
+               f"them with no full sentence to trim back to. What to change: {change}")
+    progress.warn(message)
+    run.log(f"warning: {message}")
 
 
 class FilterShares:

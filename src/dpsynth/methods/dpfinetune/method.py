@@ -49,7 +49,7 @@ from ...run_folder import RunDir
 from ...voting import user_label_counts
 from ...work import TuneWork
 from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
-from ..loop import MOSTLY_FILTERED
+from ..loop import MOSTLY_FILTERED, warn_if_mostly_cut
 from . import accounting
 from .config import DPFineTuneConfig
 from .prompts import label_heads, label_prompts
@@ -419,6 +419,10 @@ class DPFineTune(Method):
         run.log(f"release: {len(release)} synthetic samples in "
                 f"{run.release / 'synthetic.jsonl'} ({refused['refused']} drawn again after "
                 f"the text filters refused them, {refused['dropped']} left out)")
+        warn_if_mostly_cut(run, [r["text"] for r in release],
+                           "a larger dp_finetune.max_tokens (training keeps a record's first "
+                           "max_tokens tokens, so the tuned model stops where they stopped) and "
+                           "dp_finetune.max_new_tokens")
         drawn = len(release) + refused["refused"]
         if drawn and refused["refused"] / drawn > MOSTLY_FILTERED:
             chat = "" if self.settings(job.config).prompt == "chat" else \
