@@ -248,6 +248,20 @@ def instruction_sentences(instruction: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", first) if len(s.strip()) >= 8]
 
 
+#: a token that reads as a word: letters after any leading punctuation or emoji, not a hashtag
+#: or a handle
+_WORD_TOKEN = re.compile(r"^[^#@\w]*[^\W\d_]")
+
+
+def mostly_symbols(text: str) -> bool:
+    """Fewer than half of the text's whitespace-separated tokens are words: runs of emoji,
+    hashtags, numbers or codes ("💤🎨#SalesBeverage🎌 #Sauce #Sauce #Bars"), not a record.
+    Measured: none of 20 003 real Yelp and Banking77 records matches; 9 of WASP's 498 released
+    texts of a Yelp run at epsilon 8 and up to 4 of 500 zero-shot texts did."""
+    tokens = text.split()
+    return sum(bool(_WORD_TOKEN.match(t)) for t in tokens) < len(tokens) / 2
+
+
 #: a generation that opens as a list item ("- ", "* ", "1. "), and the start of its next item:
 #: WASP's contrastive prompt lists its demonstrations so, and a model continuing it writes
 #: several texts in one answer (18 of 195 released texts of a Banking77 run)
@@ -261,8 +275,9 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
     """Strip chat artefacts (preambles, quotes, markdown) and any of the ``echoes`` (sentences
     of the instruction the model repeated, e.g. the label sentence) from a generation; None
     when the result is empty, a refusal, shorter than `min_chars`, or (``drop_off_task``)
-    commentary on the prompt, a text in the assistant's voice or, when the public ``writer``
-    is set, a text about the writer (:func:`about_the_writer`) rather than a sample."""
+    commentary on the prompt, a text in the assistant's voice, a run of symbols
+    (:func:`mostly_symbols`) or, when the public ``writer`` is set, a text about the writer
+    (:func:`about_the_writer`) rather than a sample."""
     text = raw.replace("\r", "").strip()
     for echo in echoes:
         text = re.sub(re.escape(echo), " ", text, flags=re.IGNORECASE)
@@ -286,7 +301,7 @@ def clean_generation(raw: str, min_chars: int, max_chars: int = 2000,
         if (_OFF_TASK.search(text) or _ASSISTANT_VOICE.search(text)
                 or _PLACEHOLDER.search(text) or _ANSWER.search(text)
                 or (third_person is not None and third_person.search(text))
-                or echoes_writer(text, writer)):
+                or echoes_writer(text, writer) or mostly_symbols(text)):
             return None
     return text[:max_chars]
 
