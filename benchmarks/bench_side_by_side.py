@@ -82,7 +82,7 @@ DATASET = "banking77"
 LABELS = {"banking77": ["category"], "yelp": ["label1", "label2"]}
 EPSILON, DELTA = 4.0, 1e-5
 ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference", "wasp", "wasp_one",
-        "wasp_one_every",
+        "wasp_one_every", "wasp_one_uniform",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
         "dp_finetune_full", "dp_finetune_top2", "dp_finetune_top2_long", "dp_finetune_nonprivate",
         "dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform", "real")
@@ -90,6 +90,7 @@ ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference", "wasp", "w
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_uniform": "aug_pe",
           "aug_pe_preference": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
+          "wasp_one_uniform": "wasp",
           "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
           "dp_finetune_chat": "dp_finetune", "dp_finetune_chat_lr": "dp_finetune",
           "dp_finetune_full": "dp_finetune", "dp_finetune_top2": "dp_finetune",
@@ -138,7 +139,7 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
                            "privacy": {"ledger": str(ledger)}}
     if arm in ("zero_shot", "aug_pe", "wasp", "wasp_one"):
         cfg["synthesis"] = {"samples": samples}
-    if arm == "aug_pe_uniform":  # the release and the votes split evenly over the labels
+    if arm in ("aug_pe_uniform", "wasp_one_uniform"):  # split evenly over the labels
         cfg["synthesis"] = {"samples": samples, "label_split": "uniform"}
     if arm == "wasp_one_every":  # WASP before its votes were sized: a vote on every candidate
         cfg["synthesis"] = {"samples": samples, "population": samples}
@@ -492,7 +493,9 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         "`synthesis.preference.enabled` (DPO of a LoRA adapter on the generator after each "
         f"vote, on up to {PREFERENCE_PAIRS} pairs ranked by the released votes; its other "
         "settings the defaults; no budget); `wasp` WASP's defaults with two generators, "
-        f"`generators: [smollm2, gemma3]`, `synthesis.samples` = {SAMPLES}; "
+        f"`generators: [smollm2, gemma3]`, `synthesis.samples` = {SAMPLES}; `wasp_one` "
+        "WASP's defaults (SmolLM2 alone); `wasp_one_uniform` the same with "
+        "`synthesis.label_split: uniform`; "
         "`dp_finetune` record level, `clipping: loop` (hooks before 2026-12-06),"
         f" 1 epoch, batch size 32, `dp_finetune.records` = {RECORDS}, the default LoRA (r = 8, "
         "q_proj / v_proj), 64 training tokens of each record (after its prompt: the plain label "
