@@ -80,13 +80,19 @@ def evolve(strategy: Starter, gen: Generation, run: RunDir, rngs: Rngs,
     quota = strategy.state.quota
     final = pool if quota is None else trim_to_quota(pool, quota, rngs)
     progress.stage("release")
+    _release(run, gen, final, generated)
+    progress.stage("")
+    return final
+
+
+def _release(run: RunDir, gen: Generation, final: Pool, generated: FilterShares) -> None:
+    """release/synthetic.jsonl, after the warnings on what the filters refused and on texts
+    that stop mid-sentence."""
     generated.warn_if_mostly_filtered(run)
     warn_if_mostly_cut(run, final.texts, "a larger generators[].max_new_tokens, or "
                        "synthesis.max_words set to the texts' length in words")
     write_jsonl(run.release / "synthetic.jsonl", gen.rows(final), mode=SHARED_MODE)
     run.log(f"release: {len(final)} synthetic samples in {run.release / 'synthetic.jsonl'}")
-    progress.stage("")
-    return final
 
 
 #: the share of generations the filters refused above which a run warns
