@@ -418,6 +418,9 @@ def test_the_texts_length_comes_from_the_released_histogram(tmp_path) -> None:
     '<a href="/b-bank/account/details">My balance</a> is wrong after the transfer.',
     "\U0001f4a4\U0001f3a8#SalesBeverage \U0001f38c #Premiendo #Sauce #Sauce #Bars #TheoCubano",
     "2019/3/18 6:30am_001.21 571 x1,282,988 + 63.41 11,283,020 + card",
+    "I'm trying to clarify my previous answer. Let's change it. Please send my spare card.",
+    "The response you sent was too long. I will keep it in the specified format for my card.",
+    "Your review has been reworded to be a short and sweet review of the bistro.",
 ])
 def test_chatter_echoes_placeholders_and_answers_are_refused(text: str) -> None:
     assert P.clean_generation(text, 12, drop_off_task=True,
@@ -429,6 +432,8 @@ def test_chatter_echoes_placeholders_and_answers_are_refused(text: str) -> None:
     "Why was I charged a fee for my transfer?",
     "Great tacos, friendly staff. The answer is always yes when they ask about salsa.",
     "I received $20 but I entered $100",
+    "My last transfer was declined and the previous one too. Why does this keep happening?",
+    "The owner replied to my review within a day and fixed the order. Great service!",
     "Loved the crew on flight 22 @united #happy #travel \U0001f389",
 ])
 def test_records_of_the_task_are_kept(text: str) -> None:

@@ -163,13 +163,28 @@ _REFUSAL = re.compile(
 )
 
 
+#: Talk about an earlier turn of a conversation instead of a record ("I'm trying to clarify my
+#: previous answer", "The response you sent must have been too long. I will keep the response
+#: in the specified format", "Your review has been reworded"): 1-3 % of WASP's released texts
+#: in the 2000-record side-by-side runs (Banking77 and Yelp), none of 23 083 real Banking77 and
+#: Yelp records.
+_META = (
+    r"\b(?:my|the|your) (?:previous|above|original|earlier|last) (?:answer|response|reply|"
+    r"formatting|version|text|message)\b|\b(?:above|previous) (?:answer|response|reply)\b|"
+    r"\bspecified format\b|\bno new answer\b|"
+    r"\b(?:your|this|the) (?:review|message|text|question) (?:has been|was|is) (?:reworded|"
+    r"rewritten|edited|updated|revised|rephrased)\b|"
+    r"\b(?:respond|reply) to your (?:message|request|review|question)\b|"
+    r"\b(?:a|the) more (?:specific|accurate|detailed) (?:and \w+ )?answer\b|"
+    r"\b(?:shared|share) (?:this|your) (?:great |wonderful )?review with me\b"
+)
 #: A generation that talks about the prompt (its examples, the rephrasing asked for) instead of
 #: being a sample: SmolLM2-135M answers WASP's contrastive prompt so about a fifth of the time
 #: by this pattern (benchmarks/results/wasp_offtask.md).
 _OFF_TASK = re.compile(
     r"\b(?:good|bad) (?:examples?|ones)\b|\bexamples? (?:above|below|provided|given)\b|"
     r"\b(?:the|these|those|your|my) examples\b|\brephras\w*|"
-    r"\b(?:new|original|given|following|above) (?:text|example|sentence)\b",
+    r"\b(?:new|original|given|following|above) (?:text|example|sentence)\b|" + _META,
     re.IGNORECASE,
 )
 
