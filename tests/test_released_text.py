@@ -373,6 +373,16 @@ def test_texts_cut_by_the_token_cap_are_trimmed_without_a_length_estimate(
     assert "stop mid-sentence" not in (long_run / "log.txt").read_text()
 
 
+def test_a_generator_cap_below_the_length_still_trims(tmp_path) -> None:
+    """A generator config's max_new_tokens caps every request whatever the length the run
+    writes up to (here 24 tokens: 10 words, under a declared 50): a text that reached it and
+    stops mid-sentence is trimmed at the cap's words, not at the longer length's."""
+    run = _run(tmp_path, {"synthesis.max_words": 50, "synthesis.iterations": 1},
+               FakeGenerator("fake-g0", words=20, transform=_cut_at(15)))
+    texts = [r["text"] for r in _jsonl(run / "release" / "synthetic.jsonl")]
+    assert texts and all(t.endswith(".") and len(t.split()) == 15 for t in texts)
+
+
 def test_the_share_of_texts_cut_mid_sentence() -> None:
     assert P.cut_share([]) == 0.0
     assert P.cut_share(["Ends here.", "Asks why?", "Quoted \"end.\"", "Runs on and"]) == 0.25
