@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -28,13 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_side_by_side as bench  # noqa: E402
-from dpsynth.evolution.prompts import trim_to_sentence  # noqa: E402
-
-ENDS = re.compile(r"[.!?…][\"')\]]*\s*$")
-
-
-def ends_a_sentence(texts: list[str]) -> float:
-    return sum(bool(ENDS.search(t)) for t in texts) / max(len(texts), 1)
+from dpsynth.evolution.prompts import cut_share, trim_to_sentence  # noqa: E402
 
 
 def main() -> None:
@@ -65,8 +58,8 @@ def main() -> None:
     for col in before:
         print(json.dumps({
             "arm": args.arm, "runs": str(args.runs), "column": col,
-            "ends_a_sentence": [round(ends_a_sentence(before_texts), 3),
-                                round(ends_a_sentence(after_texts), 3)],
+            "ends_a_sentence": [round(1 - cut_share(before_texts), 3),
+                                round(1 - cut_share(after_texts), 3)],
             "trimmed": sum(a != b for a, b in zip(before_texts, after_texts, strict=True)),
             "words_median": [sorted(len(t.split()) for t in x)[len(x) // 2]
                              for x in (before_texts, after_texts)],
