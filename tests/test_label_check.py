@@ -170,6 +170,8 @@ def test_a_resumed_run_keeps_the_gate_the_first_attempt_decided(tmp_path) -> Non
     ({"sent": 100, "rejected": 70, "off_label": 10}, True, "refused by the filters"),
     ({"sent": 100, "rejected": 61, "off_label": 40}, True, "another label's text"),  # Banking77
     ({"sent": 100, "rejected": 80, "off_label": 0}, True, "refused by the filters"),
+    # short texts are their own part, not chatter
+    ({"sent": 100, "rejected": 70, "off_label": 10, "short": 45}, True, "shorter than the"),
 ])
 def test_the_closing_warning_says_when_most_generations_were_refused_and_why(
         tmp_path, counts: dict[str, int], warned: bool, first: str | None) -> None:
@@ -190,9 +192,12 @@ def test_the_closing_warning_says_when_most_generations_were_refused_and_why(
     assert ("warning:" in log) == warned
     if not warned:
         return
-    chatter, off = counts["rejected"] - counts["off_label"], counts["off_label"]
+    off, short = counts["off_label"], counts.get("short", 0)
+    chatter = counts["rejected"] - off - short
     assert f"{counts['rejected']}% of this run's generations were refused" in log
     assert (f"{chatter}% were refused by the filters" in log) == (chatter > 0)
     assert (f"{off}% were another label's text" in log) == (off > 0)
-    parts = [p for p in ("refused by the filters", "another label's text") if p in log]
+    assert (f"{short}% were shorter than the length band" in log) == (short > 0)
+    parts = [p for p in ("refused by the filters", "another label's text", "shorter than the")
+             if p in log]
     assert min(parts, key=log.index) == first

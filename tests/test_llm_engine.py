@@ -99,6 +99,9 @@ def test_ct2_batches_are_sorted_by_prompt_length() -> None:
     reqs = [GenerationRequest(f"r{i}", p) for i in range(5)]
     assert plan_batches(reqs, 2) == [[0, 1], [2, 3], [4]]
     assert plan_batches(reqs, 2, lengths=[9, 1, 5, 1, 3]) == [[1, 3], [4, 2], [0]]
+    # a repeated prompt's requests sit together (OpenVINO prefills it once a batch)
+    same = [GenerationRequest(t, p) for t in ("a", "b", "a", "c", "b", "a")]
+    assert plan_batches(same, 3, lengths=[1] * 6) == [[0, 2, 5], [1, 4, 3]]
 
 
 # ------------------------------------------------------------------ real SmolLM2

@@ -253,6 +253,39 @@ def test_batches_of_mixed_prompt_lengths_match_alone(ov_smollm) -> None:
     assert run(chats) == [run([r])[0] for r in chats]  # rows continuing a shared prefix
 
 
+def test_distinct_rows_and_the_row_each_continues() -> None:
+    unique, index = ov_generate.distinct_rows([[1, 2], [3], [1, 2], [1, 2], [3, 4]])
+    assert unique == [[1, 2], [3], [3, 4]] and index.tolist() == [0, 1, 0, 0, 2]
+
+
+@models
+def test_repeated_prompts_are_prefilled_once_and_decode_as_alone(ov_smollm, monkeypatch) -> None:
+    # a zero-shot batch repeats its label prompts: each distinct prompt is prefilled once and
+    # its rows continue that state row (f32, so each row greedy-decodes exactly as alone); a
+    # row continuing the wrong state row would write another prompt's text
+    engine = ov_generate.OpenVinoEngine(ov_smollm, "f32")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    rows = [ov_smollm.encode_prompt(t) for t in
+            ["The capital of France is", "Once upon a time, in a small village, there",
+             "My favourite food is"]]
+    prefilled: list[int] = []
+    prefill = ov_generate.ov_stepper.prefill
+
+    def counting(*args):
+        prefilled.append(len(args[-1]))
+        return prefill(*args)
+
+    monkeypatch.setattr(ov_generate.ov_stepper, "prefill", counting)
+    run = lambda batch: engine.generate(batch, greedy, [None] * len(batch),  # noqa: E731
+                                        [()] * len(batch), ov_smollm.decode)
+    alone = [run([r])[0] for r in rows]
+    prefilled.clear()
+    batch = [rows[0], rows[1], rows[0], rows[2], rows[1], rows[0]]
+    assert run(batch) == [alone[i] for i in (0, 1, 0, 2, 1, 0)]
+    assert prefilled == [3]
+    assert len({tuple(ids) for ids, _ in alone}) == 3
+
+
 @models
 def test_sampling_never_loads_the_float_model_once_exported(ov_smollm) -> None:
     fresh = local_mod.LocalGenerator("smollm2", engine="openvino",

@@ -510,7 +510,8 @@ def test_the_short_end_of_the_length_band_comes_from_the_released_lengths() -> N
 @pytest.mark.parametrize(("words", "over", "refused"), [
     (3, {"privacy.epsilon": 8.0}, True),  # records run 8-15 words: the DP short end >= 4
     (12, {"privacy.epsilon": 8.0}, False),
-    (12, {"synthesis.min_words": 20, "synthesis.max_words": 40}, True),  # declared
+    (12, {"synthesis.min_words": 20, "synthesis.max_words": 40,  # declared, within the cap
+          "generators": [{"model": "fake-g0", "max_new_tokens": 64}]}, True),
     (3, {"synthesis.max_words": 40}, False),  # a declared length and no short end
 ])
 def test_texts_below_the_length_band_are_refused_and_regenerated(
@@ -524,6 +525,26 @@ def test_texts_below_the_length_band_are_refused_and_regenerated(
     # the band steers, it never empties the release: after the last retry a short text stays
     released = _jsonl(run / "release" / "synthetic.jsonl")
     assert len(released) == 6 and all(len(r["text"].split()) == words for r in released)
+
+
+@pytest.mark.parametrize(("cap", "refused"), [(16, False), (64, True)])
+def test_a_short_end_the_token_cap_cannot_reach_refuses_nothing(
+        tmp_path, cap: int, refused: bool) -> None:
+    """A band's short end of 20 words under a generator config's cap of 16 tokens (it holds 5
+    words) would refuse every attempt and send each request retries + 1 times for nothing;
+    under 64 tokens (37 words) a 3-word text is short: refused, counted as short in the stats
+    and named as such in the run's warning."""
+    over = {"synthesis.retries": 1, "synthesis.samples": 6, "synthesis.label_check": False,
+            "synthesis.min_words": 20, "synthesis.max_words": 40,
+            "generators": [{"model": "fake-g0", "max_new_tokens": cap}]}
+    run = _run(tmp_path, over, FakeGenerator("fake-g0", words=3))
+    stats = _jsonl(run / "stats.jsonl")[0]
+    summary = json.loads((run / "release" / "summary.json").read_text())
+    assert stats["filtered_share_initial"] == (1.0 if refused else 0.0)
+    assert summary["retried"] == (summary["requested"] if refused else 0)
+    assert summary["short"] == (summary["sent"] if refused else 0)
+    assert ("were shorter than the length band" in (run / "log.txt").read_text()) == refused
+    assert len(_jsonl(run / "release" / "synthetic.jsonl")) == 6
 
 
 # ------------------------------------------------------------------ learning from the votes

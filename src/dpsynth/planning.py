@@ -281,6 +281,8 @@ def plan_run(config: RunConfig, shape: VoteShape, guarantee: str, records: int, 
                           "the run's noisy length estimate are regenerated" if
                           config.synthesis.max_words is None else
                           "no short end: declare synthesis.min_words to set one")
+        if "regenerated" in plan.short_end:
+            plan.short_end += " where a request's token cap can reach that length"
     if not sigma or not shape.private or guarantee not in ("dp", "secret-protection"):
         plan.verdict = "none"
         plan.message = ("no private votes: nothing is noised" if not shape.private else

@@ -149,7 +149,7 @@ class Generation:
     def counts(self) -> dict[str, int]:
         """LLM request counts of this attempt, for summary.json."""
         total: dict[str, int] = {"requested": 0, "sent": 0, "dropped": 0, "retried": 0,
-                                 "rejected": 0, "off_label": 0}
+                                 "rejected": 0, "off_label": 0, "short": 0}
         if "synthesizers" not in self.__dict__:
             return total
         for synth in self.synthesizers:

@@ -31,6 +31,8 @@ class GenerationCounts:
     rejected: int = 0
     #: of those, refused by the label check (another label's text)
     off_label: int = 0
+    #: of those, shorter than the length band's short end (:meth:`Synthesizer._short`)
+    short: int = 0
 
     def add(self, other: GenerationCounts) -> None:
         self.requested += other.requested
@@ -39,6 +41,7 @@ class GenerationCounts:
         self.retried += other.retried
         self.rejected += other.rejected
         self.off_label += other.off_label
+        self.short += other.short
 
 
 @dataclass
@@ -103,7 +106,9 @@ class Synthesizer:
             failed = []
             for i in pending:
                 text = cleaned[i]
-                held = text is not None and (i in off or self._short(text))
+                short = text is not None and self._short(text, self._cap(i, words))
+                self.counts.short += int(short and i not in off)
+                held = text is not None and (i in off or short)
                 if held and (accept is None or accept(i, text)):
                     fallback[i] = text  # type: ignore[assignment]
                 if held or text is None or (accept is not None and not accept(i, text)):
@@ -125,11 +130,6 @@ class Synthesizer:
         ``max_new_tokens`` wins)."""
         from ..llm import GenerationRequest, SamplingParams
 
-        def cap(i: int) -> int:
-            own = words[i] if words is not None else None
-            return self.config.max_new_tokens or (tokens_for(own) if own else
-                                                  self.length_tokens)
-
         return [
             GenerationRequest(
                 prompt=render(instructions[i], self.chat, self.writer),
@@ -137,13 +137,19 @@ class Synthesizer:
                     temperature=self.config.temperature,
                     top_p=self.config.top_p,
                     top_k=self.config.sampling_top_k,
-                    max_new_tokens=cap(i),
+                    max_new_tokens=self._cap(i, words),
                     seed=stable_seed(self.seed, self.name, tags[i], attempt),
                     stop=() if self.chat else ("\n\n",),
                 ),
             )
             for i in pending
         ]
+
+    def _cap(self, i: int, words: Sequence[int | None] | None) -> int:
+        """Request ``i``'s token cap: a generator config's ``max_new_tokens``, else its own
+        length's tokens (``words``), else the texts' length's."""
+        own = words[i] if words is not None else None
+        return self.config.max_new_tokens or (tokens_for(own) if own else self.length_tokens)
 
     def _cleaned(self, raw: str, instruction: str, words: int | None = None) -> str | None:
         """One generation through the public filters (:func:`clean_generation`), trimmed to
@@ -167,9 +173,15 @@ class Synthesizer:
             longest = min(longest, words_within(self.config.max_new_tokens))
         return longest
 
-    def _short(self, text: str) -> bool:
-        """Below the length band (regenerated; kept when every attempt was short)."""
-        return self.min_words is not None and len(text.split()) < self.min_words
+    def _short(self, text: str, cap: int) -> bool:
+        """Below the length band (regenerated; kept when every attempt was short), where the
+        request's token ``cap`` can reach the band's short end: a cap that holds fewer words
+        (a generator config's ``max_new_tokens`` under the records' length, a drawn length
+        below the band) would refuse every attempt, and regenerate each request for nothing
+        (the 16-token benchmark job against pe sent each of its requests three times)."""
+        if self.min_words is None or words_within(cap) < self.min_words:
+            return False
+        return len(text.split()) < self.min_words
 
     def _off_label(self, cleaned: Mapping[int, str | None],
                    check: Callable[[list[int], list[str]], np.ndarray] | None) -> set[int]:

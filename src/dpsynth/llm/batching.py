@@ -31,14 +31,19 @@ def plan_batches(
 
     Groups keep the order of their first request, and inside a group the original order, so
     interleaved parameters (A, B, A, B, ...) give full batches rather than batches of one.
-    With ``lengths`` (prompt tokens) a group is ordered by (length, index) first, so that a
-    batch holds prompts of similar length -- still a function of the request list alone.
+    With ``lengths`` (prompt tokens) a group is ordered by (length, first index of the same
+    prompt, index) first, so that a batch holds prompts of similar length and a repeated
+    prompt's requests sit together (the OpenVINO engine prefills each distinct prompt of a
+    batch once) -- still a function of the request list alone.
     """
     groups: dict[SamplingParams, list[int]] = {}
+    same: dict[str, int] = {}  # a prompt -> the index of its first request
     for i, r in enumerate(requests):
         groups.setdefault(r.params.without_seed(), []).append(i)
+        same.setdefault(repr(r.prompt), i)
     if lengths is not None:
-        groups = {k: sorted(v, key=lambda i: (lengths[i], i)) for k, v in groups.items()}
+        groups = {k: sorted(v, key=lambda i: (lengths[i], same[repr(requests[i].prompt)], i))
+                  for k, v in groups.items()}
     return [
         idx[s : s + batch_size] for idx in groups.values() for s in range(0, len(idx), batch_size)
     ]

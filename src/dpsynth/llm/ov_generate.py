@@ -10,8 +10,10 @@ DP-SynRAG's stepper). bf16 is also closer to float32 than int8.
 One batch (:meth:`OpenVinoEngine.generate`):
 
 * the rows' common prefix (a chat template's system turn) is run once, with batch size 1,
-  and every row continues its state; the rest of each prompt is prefilled in one left-padded
-  pass (pads are masked);
+  and every row continues its state; the rest of each distinct prompt is prefilled in one
+  left-padded pass (pads are masked), and rows that repeat a prompt (a zero-shot batch holds
+  a few label prompts, each row with its own seed) continue its state row: prefill is most
+  of the generation time at short caps (the model's GEMMs are compute-bound here);
 * each step, the output layer runs in torch on a bf16 copy of the float32 weights (float32
   where the decoder runs f32: one thread; read from the safetensors, so sampling alone never
   loads the float32 model once the decoder is exported), and
@@ -108,6 +110,16 @@ class LogitBuffers:
         return f32
 
 
+def distinct_rows(rows: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]], np.ndarray]:
+    """(each distinct row once, in first-seen order; the index of each row's among them)."""
+    first: dict[tuple[int, ...], int] = {}
+    index = np.asarray([first.setdefault(tuple(r), len(first)) for r in rows], dtype=np.int64)
+    unique: list[Sequence[int]] = [None] * len(first)  # type: ignore[list-item]
+    for key, j in first.items():
+        unique[j] = list(key)
+    return unique, index
+
+
 class OpenVinoEngine:
     """Batched sampling on the OpenVINO decoder of a :class:`LocalGenerator` (see the module
     docstring); ``precision`` as :func:`dpsynth.llm.ov_stepper.compiled` takes it."""
@@ -153,28 +165,35 @@ class OpenVinoEngine:
         return out
 
     def open_rows(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, np.ndarray, np.ndarray,
-                                                                  np.ndarray]:
+                                                                  np.ndarray, np.ndarray]:
         """Prefill ``prompts`` (token ids; their common prefix once, see
-        :func:`dpsynth.llm.ov_stepper.prefill`): (infer request, last hidden states ``[B, H]``,
-        valid keys ``[B, length]``, next positions ``[B, 1]``)."""
+        :func:`dpsynth.llm.ov_stepper.prefill`, and each distinct prompt once: a zero-shot
+        batch repeats a few label prompts, each row with its own seed): (infer request, last
+        hidden states ``[B, H]``, valid keys ``[B, length]``, next positions ``[B, 1]``, the
+        request's state row each row continues ``[B]``, for the first :meth:`step`)."""
         request = self._compiled.create_infer_request()
-        head = ct2.shared_prefix(prompts)
+        unique, state_rows = distinct_rows(prompts)
+        head = ct2.shared_prefix(unique)
         head = head if head >= ct2.MIN_STATIC_PREFIX else 0
         with _engine_errors():
             hidden, valid, pos = ov_stepper.prefill(
-                self._compiled, request, self._gen.pad_left, list(prompts[0][:head]),
-                [list(p[head:]) for p in prompts])
-        return request, hidden, valid, pos
+                self._compiled, request, self._gen.pad_left, list(unique[0][:head]),
+                [list(p[head:]) for p in unique])
+        return request, hidden[state_rows], valid[state_rows], pos[state_rows], state_rows
 
     def step(self, request: Any, tokens: np.ndarray, keep: np.ndarray, valid: np.ndarray,
-             pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+             pos: np.ndarray, state_rows: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
         """Feed ``tokens`` (int64 ``[K]``) to the rows ``keep`` of the request's batch (the
-        others are dropped); (their last hidden states, their valid keys)."""
+        others are dropped); (their last hidden states, their valid keys). ``state_rows``:
+        the request's state row of each row of the batch (after :meth:`open_rows`; else the
+        rows are the state's)."""
         valid = np.concatenate([valid[keep], np.ones((len(keep), 1), dtype=bool)], axis=1)
+        beams = keep if state_rows is None else state_rows[keep]
         with _engine_errors():
             hidden = ov_stepper.last_hidden(self._compiled, request, tokens[:, None],
                                             ov_stepper.decode_mask(valid), pos,
-                                            keep.astype(np.int32))
+                                            beams.astype(np.int32))
         return hidden, valid
 
     def continuation_log_probs(self, head: Sequence[int], cont: Sequence[int]) -> np.ndarray:
@@ -182,7 +201,7 @@ class OpenVinoEngine:
         predicts a token of ``cont`` after the prompt ``head`` (teacher-forced steps)."""
         import torch
 
-        request, hidden, valid, pos = self.open_rows([list(head)])
+        request, hidden, valid, pos, _ = self.open_rows([list(head)])
         rows = [hidden]
         one = np.zeros(1, dtype=np.int64)
         for t in list(cont)[:-1]:
@@ -204,7 +223,8 @@ class OpenVinoEngine:
         rngs = [np.random.default_rng(None if s is None else int(s) % 2**63) for s in seeds]
         out: list[list[int]] = [[] for _ in prompts]
         ended = [False] * len(prompts)
-        request, hidden, valid, pos = self.open_rows(prompts)
+        request, hidden, valid, pos, state_rows = self.open_rows(prompts)
+        first: np.ndarray | None = state_rows  # the first step gathers the prefilled rows
         alive = np.arange(len(prompts))
         buffers = LogitBuffers(len(prompts), self._weight)
         for step in range(params.max_new_tokens):
@@ -222,6 +242,6 @@ class OpenVinoEngine:
             if not keep or step == params.max_new_tokens - 1:
                 break
             kept = np.asarray(keep)
-            hidden, valid = self.step(request, tokens[kept], kept, valid, pos[kept])
-            alive, pos = alive[kept], pos[kept] + 1
+            hidden, valid = self.step(request, tokens[kept], kept, valid, pos[kept], first)
+            alive, pos, first = alive[kept], pos[kept] + 1, None
         return [(ids, end) for ids, end in zip(out, ended, strict=True)]

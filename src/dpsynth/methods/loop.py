@@ -122,28 +122,32 @@ class FilterShares:
         self.gen = gen
         self.last = self._now()
 
-    def _now(self) -> tuple[int, int, int]:
+    def _now(self) -> tuple[int, int, int, int]:
         counts = self.gen.counts()
-        return counts.get("sent", 0), counts.get("rejected", 0), counts.get("off_label", 0)
+        return (counts.get("sent", 0), counts.get("rejected", 0), counts.get("off_label", 0),
+                counts.get("short", 0))
 
     def since_last(self) -> dict[str, Any]:
-        """{"generated", "filtered_share", "off_label_share"} since the previous call (or the
-        start); the off-label share is part of the filtered one."""
-        (sent, rejected, off), (sent0, rejected0, off0) = self._now(), self.last
-        self.last = (sent, rejected, off)
-        n = sent - sent0
-        return {"generated": n,
-                "filtered_share": round((rejected - rejected0) / n, 4) if n else 0.0,
-                "off_label_share": round((off - off0) / n, 4) if n else 0.0}
+        """{"generated", "filtered_share", "off_label_share", "short_share"} since the previous
+        call (or the start); the off-label and short shares are parts of the filtered one."""
+        now, before = self._now(), self.last
+        self.last = now
+        n = now[0] - before[0]
+
+        def share(k: int) -> float:
+            return round((now[k] - before[k]) / n, 4) if n else 0.0
+
+        return {"generated": n, "filtered_share": share(1), "off_label_share": share(2),
+                "short_share": share(3)}
 
     def warn_if_mostly_filtered(self, run: RunDir) -> None:
         """Warn when most generations were refused, as the report's caveat reads the same
         shares: how many as chatter (the text filters) and how many as another label's text
         (the label check), with what to change for each, the larger part first."""
-        sent, rejected, off = self._now()
+        sent, rejected, off, short = self._now()
         if not sent or rejected / sent <= MOSTLY_FILTERED:
             return
-        chatter, other = (rejected - off) / sent, off / sent
+        chatter, other, brief = (rejected - off - short) / sent, off / sent, short / sent
         parts = sorted(
             [(chatter, f"{chatter:.0%} were refused by the filters (assistant chatter, echoes "
                        "of the prompt, placeholders, answers, duplicates)",
@@ -151,7 +155,10 @@ class FilterShares:
               "writers, a larger generator, or more synthesis.retries"),
              (other, f"{other:.0%} were another label's text (the label check refused them)",
               "for the other labels' texts, each label described in plain words in "
-              "prompts.label_descriptions, or a larger generator")],
+              "prompts.label_descriptions, or a larger generator"),
+             (brief, f"{brief:.0%} were shorter than the length band's short end",
+              "for the short texts, a lower synthesis.min_words, or a generator that writes "
+              "at the records' length")],
             key=lambda part: -part[0])
         parts = [p for p in parts if p[0] > 0]
         message = (f"{rejected / sent:.0%} of this run's generations were refused, so most of "
