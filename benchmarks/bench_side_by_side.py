@@ -122,6 +122,11 @@ DP_FINETUNE_TOP2_LONG = {**DP_FINETUNE_TOP2, "epochs": 16}
 #: Its run folder's privacy statement does not hold (a NOT-PRIVATE file beside it says so)
 NONPRIVATE = {"epochs": 2, "batch": 16, "learning_rate": 1e-3}
 
+#: what "on task" means when a text is read by eye, and the set's name, per data set
+ON_TASK = {"banking77": "a plausible customer banking query of the labelled intent",
+           "yelp": "a plausible Yelp review of the labelled business category and stars"}
+DATASET_NAME = {"banking77": "Banking77", "yelp": "Yelp"}
+
 #: aug_pe_preference: DPO pairs per vote (synthesis.preference.pairs; 64 is the default)
 PREFERENCE_PAIRS = 64
 
@@ -528,8 +533,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
             lines += [f"`{arm}` evaluation notes: {'; '.join(ev_notes)}.", ""]
     lines += ["## Released texts", "",
               "10 random released texts per arm (seed 0; the first 10 of the 20 read by eye). "
-              "\"On task\" by eye: a plausible customer banking query of the labelled intent. "
-              "A text equal to any Banking77 record is not shown.", ""]
+              f"\"On task\" by eye: {ON_TASK[DATASET]}. "
+              f"A text equal to any {DATASET_NAME[DATASET]} record is not shown.", ""]
     for arm in arms:
         if arm == "real":
             continue
@@ -539,7 +544,7 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
             text = " ".join(str(r.get("text", "")).split())
             label = " / ".join((r.get("labels") or {}).values())
             if text.strip() in every:
-                text = "(equal to a Banking77 record: not shown)"
+                text = f"(equal to a {DATASET_NAME[DATASET]} record: not shown)"
             lines.append(f"- `{label}`: {text.replace('|', '/')}")
         lines.append("")
     if state.get("notes"):
