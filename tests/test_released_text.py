@@ -541,6 +541,7 @@ def test_a_short_end_the_token_cap_cannot_reach_refuses_nothing(
     stats = _jsonl(run / "stats.jsonl")[0]
     summary = json.loads((run / "release" / "summary.json").read_text())
     assert stats["filtered_share_initial"] == (1.0 if refused else 0.0)
+    assert stats["short_share_initial"] == stats["filtered_share_initial"]
     assert summary["retried"] == (summary["requested"] if refused else 0)
     assert summary["short"] == (summary["sent"] if refused else 0)
     assert ("were shorter than the length band" in (run / "log.txt").read_text()) == refused
