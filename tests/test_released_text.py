@@ -34,6 +34,7 @@ from dpsynth.planning import (
     PlanInputs,
     RunPlan,
     auto_population,
+    generator_caps,
     voting_population,
 )
 from dpsynth.privacy import calibrate_steps
@@ -546,6 +547,22 @@ def test_a_short_end_the_token_cap_cannot_reach_refuses_nothing(
     assert summary["short"] == (summary["sent"] if refused else 0)
     assert ("were shorter than the length band" in (run / "log.txt").read_text()) == refused
     assert len(_jsonl(run / "release" / "synthetic.jsonl")) == 6
+
+
+def test_the_plan_says_when_a_generators_cap_cuts_the_texts_shorter(tmp_path) -> None:
+    """The plan shows the length the run writes: a generator whose own max_new_tokens holds
+    fewer words than the texts' length is named with the words its cap holds."""
+    def config(*caps: int | None) -> Any:
+        cfg = pe_config("aug_pe", write_csv(tmp_path / "d.csv", private_rows(20)))
+        cfg["generators"] = [{"model": f"fake-g{i}", "max_new_tokens": c}
+                             for i, c in enumerate(caps)]
+        return parse_config(cfg)
+
+    note = generator_caps(config(16, None, 200), 64)
+    assert "fake-g0 at 16 tokens (about 5 words)" in note and "fake-g1" not in note
+    assert "fake-g2" not in note  # 200 tokens hold 128 words: not shorter
+    assert generator_caps(config(None), 64) == ""
+    assert generator_caps(config(16), None) == ""  # the length is not known before the run
 
 
 # ------------------------------------------------------------------ learning from the votes

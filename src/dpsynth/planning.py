@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .evolution.lengths import tokens_for
+from .evolution.lengths import tokens_for, words_within
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -141,6 +141,7 @@ class RunPlan:
     max_words: int | None = None  # the texts' length, where known before the run
     length_source: str = ""  # where the length comes from
     short_end: str = ""  # the short end of the length band, in words
+    cap_note: str = ""  # generators whose own max_new_tokens cuts the texts shorter
     vote_noise: float | None = None  # std of the noise on one candidate's votes
     expected_votes: float | None = None  # per candidate, on average
     verdict: str = "ok"  # ok | noisy | random | none
@@ -174,6 +175,8 @@ class RunPlan:
                      f"{tokens_for(self.max_words)}), " if self.max_words else "texts' length ")
             out.append(f"  {words}{self.length_source}")
             out.append(f"  {self.short_end}")
+        if self.cap_note:
+            out.append(f"  {self.cap_note}")
         if self.vote_noise is not None and self.expected_votes is not None:
             out.append(f"  votes per candidate: {self.expected_votes:.3g} expected, noise "
                        f"sigma {self.vote_noise:.3g}")
@@ -259,6 +262,22 @@ def plan_length(config: RunConfig, shape: VoteShape, exact_words: int | None
     return None, "from the records: estimated by the run, released with the label counts"
 
 
+def generator_caps(config: RunConfig, words: int | None) -> str:
+    """What the plan says of generators whose own ``max_new_tokens`` holds fewer words than
+    the texts' length (``words``; None: not known before the run, nothing said): their texts
+    stop there whatever the length, trimmed back to a full sentence ("" when none)."""
+    if words is None:
+        return ""
+    capped = [(g.short_name, g.max_new_tokens) for g in config.generators
+              if g.max_new_tokens and words_within(g.max_new_tokens) < words]
+    if not capped:
+        return ""
+    each = ", ".join(f"{name} at {cap} tokens (about {words_within(cap)} words)"
+                     for name, cap in capped)
+    return (f"generators' own max_new_tokens cut the texts shorter: {each}; raise or unset it "
+            "to write at the records' length")
+
+
 def plan_run(config: RunConfig, shape: VoteShape, guarantee: str, records: int, labels: int,
              sigma: float | None, exact_words: int | None = None,
              releases: Sequence[Any] = ()) -> RunPlan:
@@ -283,6 +302,7 @@ def plan_run(config: RunConfig, shape: VoteShape, guarantee: str, records: int, 
                           "no short end: declare synthesis.min_words to set one")
         if "regenerated" in plan.short_end:
             plan.short_end += " where a request's token cap can reach that length"
+        plan.cap_note = generator_caps(config, plan.max_words)
     if not sigma or not shape.private or guarantee not in ("dp", "secret-protection"):
         plan.verdict = "none"
         plan.message = ("no private votes: nothing is noised" if not shape.private else
