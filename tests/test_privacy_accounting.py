@@ -106,6 +106,35 @@ def test_subsampled_gaussian_pld_vs_rdp() -> None:
     assert e_rdp <= ref.get_epsilon(1e-5) + 1e-9
 
 
+def test_an_rdp_order_that_rounds_below_zero_counts_as_zero(caplog) -> None:
+    """At a noise multiplier of 1e7 (a calibration's first check) a subsampled Gaussian's RDP
+    sums round below 0 at most orders. A divergence is never negative: those orders count as
+    0 and go through the conversion like any other (dp_accounting's conversion would warn
+    once per order, 46 lines in a run's log, and read each such order's epsilon as 0)."""
+    import logging
+
+    from dpsynth.privacy.accountant import RDP_ORDERS, _rdp_curve, _rdp_vector
+
+    ev = GaussianEvent(1e7, 1.0, count=63, sampling_rate=0.016)
+    orders = np.asarray(RDP_ORDERS)
+    raw = _rdp_vector({("gaussian", 1e7, 0.016): 63}, orders)
+    assert (raw < 0).any()  # the rounding this guards against, still there
+    curve = _rdp_curve({("gaussian", 1e7, 0.016): 63}, orders)
+    assert (curve >= 0).all() and (curve >= raw).all()
+    assert np.array_equal(curve[raw >= 1e-15], raw[raw >= 1e-15])
+    with caplog.at_level(logging.WARNING):
+        for kind in ("rdp", "pld"):
+            acc = Accountant(kind)
+            acc.add(ev)
+            # (0, delta) and no less: the bound of a curve of zeros at the largest orders
+            assert acc.epsilon(1e-5) == pytest.approx(0.0, abs=1e-9)
+            assert 0.0 <= acc.delta(0.0) <= 1e-5
+    assert not [r for r in caplog.records if "Negative Renyi" in r.getMessage()]
+    # the same conversion as dp_accounting's on the clipped curve
+    assert Accountant._rdp_epsilon({("gaussian", 1e7, 0.016): 63}, 1e-5) == \
+        rdp_lib.compute_epsilon(orders, curve, 1e-5)[0]
+
+
 @pytest.mark.parametrize("kind", ["zcdp", "gdp"])
 def test_subsampled_gaussian_refused_by_closed_forms(kind: str) -> None:
     acc = Accountant(kind)

@@ -340,6 +340,22 @@ def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
     return total
 
 
+def _rdp_curve(groups: Groups, orders: np.ndarray) -> np.ndarray:
+    """:func:`_rdp_vector` as the conversions take it: a Renyi divergence is never negative,
+    so an order whose sum rounds below 0 (a subsampled Gaussian at a noise multiplier of
+    1e7, as a calibration's first check asks: -2e-14) counts as 0. dp_accounting's
+    conversion would log a warning per such order and read that order's epsilon as 0
+    outright, where 0 goes through the same bound as every other order. A positive value
+    under :data:`_RDP_FLOOR` is raised to it (more divergence: conservative): dp_accounting's
+    delta bound takes ``log1p(-exp(-r))``, a math domain error where ``exp(-r)`` rounds to 1."""
+    curve = np.maximum(_rdp_vector(groups, orders), 0.0)
+    return np.where((curve > 0) & (curve < _RDP_FLOOR), _RDP_FLOOR, curve)
+
+
+#: the least positive RDP value the conversions see (exp(-r) < 1 in float64 from ~1.1e-16)
+_RDP_FLOOR = 1e-15
+
+
 def dgauss_rho(sigma: float, shifts: tuple[int, ...]) -> float:
     """zCDP rho of the discrete Gaussian with lattice std ``sigma`` and shift profile
     ``shifts``: sum s^2 / (2 sigma^2) (CKS 2020, Theorem 14)."""
@@ -549,12 +565,12 @@ class Accountant(PrivacyAccountant):
     @staticmethod
     def _rdp_epsilon(groups: Groups, delta: float) -> float:
         orders = np.asarray(RDP_ORDERS)
-        return float(rdp_lib.compute_epsilon(orders, _rdp_vector(groups, orders), delta)[0])
+        return float(rdp_lib.compute_epsilon(orders, _rdp_curve(groups, orders), delta)[0])
 
     @staticmethod
     def _rdp_delta(groups: Groups, epsilon: float) -> float:
         orders = np.asarray(RDP_ORDERS)
-        return float(rdp_lib.compute_delta(orders, _rdp_vector(groups, orders), epsilon)[0])
+        return float(rdp_lib.compute_delta(orders, _rdp_curve(groups, orders), epsilon)[0])
 
     def _epsilon(self, groups: Groups, delta: float) -> float:
         if not groups:
