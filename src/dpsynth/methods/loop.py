@@ -142,8 +142,9 @@ class FilterShares:
 
     def warn_if_mostly_filtered(self, run: RunDir) -> None:
         """Warn when most generations were refused, as the report's caveat reads the same
-        shares: how many as chatter (the text filters) and how many as another label's text
-        (the label check), with what to change for each, the larger part first."""
+        shares: how many as chatter (the text filters), as another label's text (the label
+        check) and as shorter than the length band, with what to change for each, the larger
+        part first."""
         sent, rejected, off, short = self._now()
         if not sent or rejected / sent <= MOSTLY_FILTERED:
             return
