@@ -295,13 +295,12 @@ def plan_run(config: RunConfig, shape: VoteShape, guarantee: str, records: int, 
     plan.max_words, plan.length_source = plan_length(config, shape, exact_words)
     if plan.length_source:
         least = config.synthesis.min_words
+        reach = " where a request's token cap can reach that length"
         plan.short_end = (f"texts under {least} words are regenerated (synthesis.min_words)"
-                          if least else "texts shorter than the 10th percentile's length bin of "
-                          "the run's noisy length estimate are regenerated" if
-                          config.synthesis.max_words is None else
+                          + reach if least else "texts shorter than the 10th percentile's "
+                          "length bin of the run's noisy length estimate are regenerated" + reach
+                          if config.synthesis.max_words is None else
                           "no short end: declare synthesis.min_words to set one")
-        if "regenerated" in plan.short_end:
-            plan.short_end += " where a request's token cap can reach that length"
         plan.cap_note = generator_caps(config, plan.max_words)
     if not sigma or not shape.private or guarantee not in ("dp", "secret-protection"):
         plan.verdict = "none"

@@ -37,12 +37,12 @@ def plan_batches(
     batch once) -- still a function of the request list alone.
     """
     groups: dict[SamplingParams, list[int]] = {}
-    same: dict[str, int] = {}  # a prompt -> the index of its first request
+    seen: dict[str, int] = {}  # a prompt -> the index of its first request
+    first = [seen.setdefault(repr(r.prompt), i) for i, r in enumerate(requests)]
     for i, r in enumerate(requests):
         groups.setdefault(r.params.without_seed(), []).append(i)
-        same.setdefault(repr(r.prompt), i)
     if lengths is not None:
-        groups = {k: sorted(v, key=lambda i: (lengths[i], same[repr(requests[i].prompt)], i))
+        groups = {k: sorted(v, key=lambda i: (lengths[i], first[i], i))
                   for k, v in groups.items()}
     return [
         idx[s : s + batch_size] for idx in groups.values() for s in range(0, len(idx), batch_size)

@@ -112,12 +112,9 @@ class LogitBuffers:
 
 def distinct_rows(rows: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]], np.ndarray]:
     """(each distinct row once, in first-seen order; the index of each row's among them)."""
-    first: dict[tuple[int, ...], int] = {}
+    first: dict[tuple[int, ...], int] = {}  # insertion order: first-seen order
     index = np.asarray([first.setdefault(tuple(r), len(first)) for r in rows], dtype=np.int64)
-    unique: list[Sequence[int]] = [None] * len(first)  # type: ignore[list-item]
-    for key, j in first.items():
-        unique[j] = list(key)
-    return unique, index
+    return [list(key) for key in first], index
 
 
 class OpenVinoEngine:
