@@ -19,7 +19,8 @@ Arms, each through ``dpsynth.generate`` with its own ledger file (``privacy.ledg
 * ``aug_pe_preference``: ``aug_pe`` plus the opt-in lever that learns from the released votes
   (``synthesis.preference.enabled``: DPO of a LoRA adapter on the generator after each vote,
   its default settings, up to 64 pairs a vote; post-processing, no budget; issue 44: one
-  lever alone);
+  lever alone); ``aug_pe_preference_uniform`` the same with ``label_split: uniform`` (the
+  lever on top of Banking77's best Aug-PE arm);
 * ``wasp``: WASP's defaults (Q = 8, 8 demonstrations, contrastive, generator weighting) with
   both embedded generators, SmolLM2-135M-Instruct and Gemma 3 270M (the default is SmolLM2
   alone), ``synthesis.samples`` = N;
@@ -81,14 +82,15 @@ DATASET = "banking77"
 #: each dataset's label columns; the table shows the first, a second table the others
 LABELS = {"banking77": ["category"], "yelp": ["label1", "label2"]}
 EPSILON, DELTA = 4.0, 1e-5
-ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference", "wasp", "wasp_one",
+ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference",
+        "aug_pe_preference_uniform", "wasp", "wasp_one",
         "wasp_one_every", "wasp_one_uniform",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
         "dp_finetune_full", "dp_finetune_top2", "dp_finetune_top2_long", "dp_finetune_nonprivate",
         "dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_uniform": "aug_pe",
-          "aug_pe_preference": "aug_pe",
+          "aug_pe_preference": "aug_pe", "aug_pe_preference_uniform": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
           "wasp_one_uniform": "wasp",
           "dp_finetune": "dp_finetune", "dp_finetune_topk": "dp_finetune",
@@ -148,9 +150,11 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
         cfg["synthesis"] = {"samples": samples, "label_split": "uniform"}
     if arm == "wasp_one_every":  # WASP before its votes were sized: a vote on every candidate
         cfg["synthesis"] = {"samples": samples, "population": samples}
-    if arm == "aug_pe_preference":
+    if arm in ("aug_pe_preference", "aug_pe_preference_uniform"):
         cfg["synthesis"] = {"samples": samples,
                             "preference": {"enabled": True, "pairs": PREFERENCE_PAIRS}}
+        if arm == "aug_pe_preference_uniform":
+            cfg["synthesis"]["label_split"] = "uniform"
     if arm == "wasp":  # WASP's several generators: both embedded models (default: SmolLM2 only)
         cfg["generators"] = [{"model": "smollm2"}, {"model": "gemma3"}]
     elif arm in ("dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform"):
@@ -201,7 +205,7 @@ def run_facts(arm: str, run_dir: Path) -> str | None:
         names = "smollm2, gemma3" if arm == "wasp" else "smollm2"
         return (f"generators {names}; votes on {voted} candidates; "
                 f"{weights or 'no weights in stats.jsonl'}")
-    if arm == "aug_pe_preference":
+    if arm in ("aug_pe_preference", "aug_pe_preference_uniform"):
         # a training starts at its log line and ends when its model's marker is written
         starts = [line for line in (run_dir / "log.txt").read_text(
             encoding="utf-8").splitlines() if "preference training" in line]
@@ -497,7 +501,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         "`synthesis.label_split: uniform`; `aug_pe_preference` the same plus "
         "`synthesis.preference.enabled` (DPO of a LoRA adapter on the generator after each "
         f"vote, on up to {PREFERENCE_PAIRS} pairs ranked by the released votes; its other "
-        "settings the defaults; no budget); `wasp` WASP's defaults with two generators, "
+        "settings the defaults; no budget); `aug_pe_preference_uniform` that with "
+        "`synthesis.label_split: uniform`; `wasp` WASP's defaults with two generators, "
         f"`generators: [smollm2, gemma3]`, `synthesis.samples` = {SAMPLES}; `wasp_one` "
         "WASP's defaults (SmolLM2 alone); `wasp_one_uniform` the same with "
         "`synthesis.label_split: uniform`; "
