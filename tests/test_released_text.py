@@ -665,6 +665,19 @@ def test_a_resumed_run_trains_nothing_again(tmp_path) -> None:
         (done / "release" / "synthetic.jsonl").read_bytes()
 
 
+def test_preference_training_autocasts_bf16_only_where_the_cpu_multiplies_it_natively(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """precision 'auto' follows the CPU's native bf16 (emulated bf16 is slower than float32);
+    'float32' and 'bf16' are what they say whatever the CPU."""
+    from dpsynth.evolution.preference import autocast_bf16
+    from dpsynth.llm import local
+
+    for native in (True, False):
+        monkeypatch.setattr(local, "bf16_supported", lambda native=native: native)
+        assert autocast_bf16("auto") is native
+        assert autocast_bf16("float32") is False and autocast_bf16("bf16") is True
+
+
 @pytest.mark.models
 def test_dpo_tunes_the_real_generator_and_the_tuned_model_generates(tmp_path,
                                                                      smollm: Any) -> None:
@@ -675,6 +688,7 @@ def test_dpo_tunes_the_real_generator_and_the_tuned_model_generates(tmp_path,
     from dpsynth.evolution.preference import (
         MARKER,
         PreferencePair,
+        autocast_bf16,
         is_tuned,
         train_dpo,
     )
@@ -687,7 +701,8 @@ def test_dpo_tunes_the_real_generator_and_the_tuned_model_generates(tmp_path,
     out = tmp_path / "iter0-g0-test"
     train_dpo(base, pairs, out, PreferenceConfig(enabled=True, batch_size=2), seed=0)
     assert is_tuned(out) and (out / "config.json").is_file()
-    assert json.loads((out / MARKER).read_text())["pairs"] == 1
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["pairs"] == 1 and marker["bf16"] == autocast_bf16("auto")
     tuned = load_generator({"backend": "local", "model": str(out)})
     text = tuned.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=4,
                                                                      seed=1))])[0]

@@ -440,6 +440,10 @@ class PreferenceConfig(Section):
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(8, ge=1)
     max_length: int = Field(256, ge=16, description="prompt + answer tokens per pair")
+    precision: Literal["auto", "float32", "bf16"] = Field(
+        "auto", description="the trainer's arithmetic: float32 weights, with 'bf16' under "
+                            "bf16 autocast; 'auto': bf16 where the CPU multiplies bf16 natively "
+                            "(AVX512-BF16, AMX), float32 elsewhere (post-processing either way)")
 
 
 class SynthesisConfig(Section):

@@ -78,10 +78,21 @@ def is_tuned(folder: Path) -> bool:
     return (folder / MARKER).is_file()
 
 
+def autocast_bf16(precision: str) -> bool:
+    """Whether preference training runs under bf16 autocast: ``precision`` 'bf16', or
+    'auto' on a CPU with native bf16 products (:func:`dpsynth.llm.local.bf16_supported`)."""
+    if precision == "auto":
+        from ..llm.local import bf16_supported
+
+        return bf16_supported()
+    return precision == "bf16"
+
+
 def train_dpo(base: Path | None, pairs: Sequence[PreferencePair], out: Path,
               settings: PreferenceConfig, seed: int) -> None:
     """DPO (Rafailov et al. 2023) of a rank-``settings.rank`` LoRA adapter on the float
-    weights in ``base``, merged and saved to ``out`` (with :data:`MARKER` last)."""
+    weights in ``base`` (under bf16 autocast where :func:`autocast_bf16`), merged and saved to
+    ``out`` (with :data:`MARKER` last)."""
     if base is None:
         raise ValueError("preference training needs a local generator's weights")
     import torch
@@ -104,7 +115,8 @@ def train_dpo(base: Path | None, pairs: Sequence[PreferencePair], out: Path,
         settings.batch_size, len(pairs)), num_train_epochs=settings.epochs,
         learning_rate=settings.learning_rate, beta=settings.beta, seed=seed,
         report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
-        max_length=settings.max_length, disable_tqdm=True)
+        max_length=settings.max_length, disable_tqdm=True,
+        bf16=autocast_bf16(settings.precision))
     lora = LoraConfig(r=settings.rank, lora_alpha=2 * settings.rank, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                       task_type="CAUSAL_LM")
@@ -119,7 +131,8 @@ def train_dpo(base: Path | None, pairs: Sequence[PreferencePair], out: Path,
     (work / "model").rename(out)
     shutil.rmtree(work, ignore_errors=True)
     (out / MARKER).write_text(json.dumps({"pairs": len(pairs), "rank": settings.rank,
-                                          "beta": settings.beta, "seed": seed}))
+                                          "beta": settings.beta, "seed": seed,
+                                          "bf16": args.bf16}))
 
 
 def _dpo_row(pair: PreferencePair) -> dict[str, Any]:
