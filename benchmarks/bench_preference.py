@@ -2,12 +2,12 @@
 
 The production trainer (:func:`dpsynth.evolution.preference.train_dpo`, trl's DPO over a
 peft LoRA adapter on SmolLM2-135M) runs on the same pairs with ``precision: float32`` and
-``precision: bf16`` in alternating rounds, each in this process; per precision: seconds per
-pair (median over rounds) and what the training did to the pairs, the mean log-probability
-margin chosen minus rejected under the tuned model less the same margin under the base model
-(float32 scoring; DPO raises it). The pairs are public: zero-shot prompts of the demo corpus's
-departments answered by demo texts (chosen) and by assistant chatter (rejected), the shape of
-the pairs a vote ranks.
+``precision: bf16`` in alternating rounds (the order flipped each round), each in this process;
+per precision: seconds per pair (median over rounds) and what the training did to the pairs,
+the mean log-probability margin chosen minus rejected under the tuned model less the same
+margin under the base model (float32 scoring; DPO raises it). The pairs are public: zero-shot
+prompts of the demo corpus's departments answered by demo texts (chosen) and by assistant
+chatter (rejected), the shape of the pairs a vote ranks.
 
 Usage: HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/bench_preference.py
        [--pairs 64] [--rounds 2] [--out benchmarks/results/preference_bf16.json]
@@ -80,8 +80,8 @@ def main() -> None:
     seconds: dict[str, list[float]] = {"float32": [], "bf16": []}
     moved: dict[str, list[float]] = {"float32": [], "bf16": []}
     with tempfile.TemporaryDirectory() as tmp, Where() as where:
-        for r in range(args.rounds):
-            for precision in seconds:
+        for r in range(args.rounds):  # each round in the other order: no side always first
+            for precision in (list(seconds) if r % 2 == 0 else list(seconds)[::-1]):
                 out = Path(tmp) / f"{precision}-{r}"
                 start = time.perf_counter()
                 train_dpo(base, pairs, out, PreferenceConfig(enabled=True, precision=precision),
