@@ -669,11 +669,11 @@ def test_preference_training_autocasts_bf16_only_where_the_cpu_multiplies_it_nat
         monkeypatch: pytest.MonkeyPatch) -> None:
     """precision 'auto' follows the CPU's native bf16 (emulated bf16 is slower than float32);
     'float32' and 'bf16' are what they say whatever the CPU."""
+    from dpsynth.evolution import preference
     from dpsynth.evolution.preference import autocast_bf16
-    from dpsynth.llm import local
 
     for native in (True, False):
-        monkeypatch.setattr(local, "bf16_supported", lambda native=native: native)
+        monkeypatch.setattr(preference, "bf16_supported", lambda native=native: native)
         assert autocast_bf16("auto") is native
         assert autocast_bf16("float32") is False and autocast_bf16("bf16") is True
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..config import PreferenceConfig
+from ..llm.local import bf16_supported
 from .pool import Pool
 
 #: written last into a finished tuned-model folder: a folder without it is retrained
@@ -82,8 +83,6 @@ def autocast_bf16(precision: str) -> bool:
     """Whether preference training runs under bf16 autocast: ``precision`` 'bf16', or
     'auto' on a CPU with native bf16 products (:func:`dpsynth.llm.local.bf16_supported`)."""
     if precision == "auto":
-        from ..llm.local import bf16_supported
-
         return bf16_supported()
     return precision == "bf16"
 
