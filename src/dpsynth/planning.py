@@ -296,11 +296,14 @@ def plan_run(config: RunConfig, shape: VoteShape, guarantee: str, records: int, 
     if plan.length_source:
         least = config.synthesis.min_words
         reach = " where a request's token cap can reach that length"
-        plan.short_end = (f"texts under {least} words are regenerated (synthesis.min_words)"
-                          + reach if least else "texts shorter than the 10th percentile's "
-                          "length bin of the run's noisy length estimate are regenerated" + reach
-                          if config.synthesis.max_words is None else
-                          "no short end: declare synthesis.min_words to set one")
+        if least:
+            plan.short_end = (f"texts under {least} words are regenerated "
+                              f"(synthesis.min_words){reach}")
+        elif config.synthesis.max_words is None:
+            plan.short_end = ("texts shorter than the 10th percentile's length bin of the run's "
+                              f"noisy length estimate are regenerated{reach}")
+        else:
+            plan.short_end = "no short end: declare synthesis.min_words to set one"
         plan.cap_note = generator_caps(config, plan.max_words)
     if not sigma or not shape.private or guarantee not in ("dp", "secret-protection"):
         plan.verdict = "none"

@@ -340,6 +340,10 @@ def _rdp_vector(groups: Groups, orders: np.ndarray) -> np.ndarray:
     return total
 
 
+#: the least positive RDP value the conversions see (exp(-r) < 1 in float64 from ~1.1e-16)
+_RDP_FLOOR = 1e-15
+
+
 def _rdp_curve(groups: Groups, orders: np.ndarray) -> np.ndarray:
     """:func:`_rdp_vector` as the conversions take it: a Renyi divergence is never negative,
     so an order whose sum rounds below 0 (a subsampled Gaussian at a noise multiplier of
@@ -350,10 +354,6 @@ def _rdp_curve(groups: Groups, orders: np.ndarray) -> np.ndarray:
     delta bound takes ``log1p(-exp(-r))``, a math domain error where ``exp(-r)`` rounds to 1."""
     curve = np.maximum(_rdp_vector(groups, orders), 0.0)
     return np.where((curve > 0) & (curve < _RDP_FLOOR), _RDP_FLOOR, curve)
-
-
-#: the least positive RDP value the conversions see (exp(-r) < 1 in float64 from ~1.1e-16)
-_RDP_FLOOR = 1e-15
 
 
 def dgauss_rho(sigma: float, shifts: tuple[int, ...]) -> float:
