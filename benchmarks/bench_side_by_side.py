@@ -87,7 +87,8 @@ ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference",
         "wasp_one_every", "wasp_one_uniform",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
         "dp_finetune_full", "dp_finetune_top2", "dp_finetune_top2_long", "dp_finetune_nonprivate",
-        "dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform", "real")
+        "dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform",
+        "dp_finetune_uniform_half", "aug_pe_on_tuned", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_uniform": "aug_pe",
           "aug_pe_preference": "aug_pe", "aug_pe_preference_uniform": "aug_pe",
@@ -98,7 +99,16 @@ METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_uniform": "aug_p
           "dp_finetune_full": "dp_finetune", "dp_finetune_top2": "dp_finetune",
           "dp_finetune_top2_long": "dp_finetune",
           "dp_finetune_nonprivate": "dp_finetune", "dp_finetune_default": "dp_finetune",
-          "dp_finetune_layers2": "dp_finetune", "dp_finetune_uniform": "dp_finetune"}
+          "dp_finetune_layers2": "dp_finetune", "dp_finetune_uniform": "dp_finetune",
+          "dp_finetune_uniform_half": "dp_finetune", "aug_pe_on_tuned": "aug_pe"}
+
+#: aug_pe_on_tuned, a two-stage arm on one ledger: dp_finetune_uniform at half the epsilon
+#: (its own arm, dp_finetune_uniform_half: its release is scored too), then Aug-PE with the
+#: uniform split at the other half, generating from that DP-tuned model (the adapter merged
+#: into SmolLM2: post-processing of the DP-SGD output). Both runs charge the one ledger
+#: (HYBRID_LEDGER), which composes them: the pair's release is (epsilon, 2 delta)-DP at most.
+HYBRID_STAGES = ("dp_finetune_uniform_half", "aug_pe_on_tuned")
+HYBRID_LEDGER = "aug_pe_on_tuned.ledger.json"
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
 DP_FINETUNE_SMALL_LR = 2e-4
@@ -146,7 +156,7 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
                            "privacy": {"ledger": str(ledger)}}
     if arm in ("zero_shot", "aug_pe", "wasp", "wasp_one"):
         cfg["synthesis"] = {"samples": samples}
-    if arm in ("aug_pe_uniform", "wasp_one_uniform"):  # split evenly over the labels
+    if arm in ("aug_pe_uniform", "wasp_one_uniform", "aug_pe_on_tuned"):  # evenly by label
         cfg["synthesis"] = {"samples": samples, "label_split": "uniform"}
     if arm == "wasp_one_every":  # WASP before its votes were sized: a vote on every candidate
         cfg["synthesis"] = {"samples": samples, "population": samples}
@@ -157,14 +167,15 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
             cfg["synthesis"]["label_split"] = "uniform"
     if arm == "wasp":  # WASP's several generators: both embedded models (default: SmolLM2 only)
         cfg["generators"] = [{"model": "smollm2"}, {"model": "gemma3"}]
-    elif arm in ("dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform"):
+    elif arm in ("dp_finetune_default", "dp_finetune_layers2", "dp_finetune_uniform",
+                 "dp_finetune_uniform_half"):
         # today's dp_finetune defaults, only the public record count and N set (layers2: the
         # adapters on the last 2 layers as well; uniform: the release split evenly over the
         # labels, no label counts released, the whole budget to DP-SGD)
         cfg["dp_finetune"] = {"records": RECORDS, "samples": samples}
         if arm == "dp_finetune_layers2":
             cfg["dp_finetune"]["lora_layers"] = 2
-        if arm == "dp_finetune_uniform":
+        if arm in ("dp_finetune_uniform", "dp_finetune_uniform_half"):
             cfg["dp_finetune"]["label_split"] = "uniform"
     elif arm.startswith("dp_finetune"):
         # dp_finetune sampled its release from the whole vocabulary (top_k null, the default
@@ -309,11 +320,40 @@ def generate_arm(arm: str, runs: Path, private: Any, domain: dict[str, list[str]
             "Trained without clipping or noise by benchmarks/bench_side_by_side.py (a "
             "reference arm): the privacy statement in release/ does not hold.\n")
         return out
+    if arm in HYBRID_STAGES:  # half the epsilon each, one ledger (HYBRID_STAGES)
+        tuned = _generate(HYBRID_STAGES[0], runs, private, domain, samples, epsilon / 2)
+        if arm == HYBRID_STAGES[0]:
+            return tuned
+        return _generate(arm, runs, private, domain, samples, epsilon / 2,
+                         generator=merged_adapter(tuned, runs / "aug_pe_on_tuned.model"))
     return _generate(arm, runs, private, domain, samples, epsilon)
 
 
+def merged_adapter(run_dir: Path, out: Path) -> Path:
+    """The DP-tuned model of a finished dp_finetune run: its LoRA adapter (private/dp-finetune/
+    adapter, a DP output) merged into the base generator's float32 weights, saved with the
+    base tokenizer to ``out`` (once)."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from dpsynth.llm.local import LocalGenerator
+
+    base = LocalGenerator("smollm2", engine="transformers")
+    model = AutoModelForCausalLM.from_pretrained(str(base.model_dir), dtype=torch.float32)
+    tuned = PeftModel.from_pretrained(model, str(run_dir / "private" / "dp-finetune" / "adapter"))
+    tmp = out.with_suffix(".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tuned.merge_and_unload().save_pretrained(str(tmp), safe_serialization=True)
+    base.tokenizer.save_pretrained(str(tmp))
+    tmp.rename(out)
+    return out
+
+
 def _generate(arm: str, runs: Path, private: Any, domain: dict[str, list[str]], samples: int,
-              epsilon: float) -> Path:
+              epsilon: float, generator: Path | None = None) -> Path:
     import dpsynth
 
     out = runs / arm
@@ -322,10 +362,14 @@ def _generate(arm: str, runs: Path, private: Any, domain: dict[str, list[str]], 
         if json.loads(meta.read_text()).get("status") == "finished":
             return out
         return dpsynth.generate(None, output=out, resume=True, progress=False).run_dir
+    ledger = runs / (HYBRID_LEDGER if arm in HYBRID_STAGES else f"{arm}.ledger.json")
+    config = config_of(arm, samples, ledger)
+    if generator is not None:  # a local model directory instead of the embedded SmolLM2
+        config["generators"] = [{"model": str(generator)}]
     return dpsynth.generate(
         private, text="text", labels=list(domain), label_values=domain,
         epsilon=epsilon, delta=DELTA, method=METHOD[arm], output=out,
-        config=config_of(arm, samples, runs / f"{arm}.ledger.json"), progress=False).run_dir
+        config=config, progress=False).run_dir
 
 
 def evaluate_arm(run_dir: Path, test: Any, zero_shot: Path, embedder: Any
@@ -516,11 +560,16 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
         f"with `records` = {RECORDS} and `samples` = {SAMPLES} only; `dp_finetune_layers2` "
         "the same with `lora_layers: 2`, `dp_finetune_uniform` with `label_split: uniform` "
         "(the release split evenly over the labels; no label counts released); "
+        "`dp_finetune_uniform_half` that at half the epsilon, and `aug_pe_on_tuned` "
+        "`aug_pe_uniform` at the other half generating from its DP-tuned model (the adapter "
+        "merged into SmolLM2), both charged to one ledger: the pair's texts are (epsilon, "
+        "2 delta)-DP by basic composition, the table shows each run's half; "
         "`dp_finetune_nonprivate` (NOT "
         f"private, a reference like `real`) `dp_finetune_chat`'s model, prompt and adapter "
         f"trained by plain minibatch AdamW, {NONPRIVATE}, no clipping and no noise; "
         "`real` the private records as the training set "
-        "(no release: the ceiling). Each generating arm has its own ledger file. Wall time is "
+        "(no release: the ceiling). Each generating arm has its own ledger file (but the two "
+        "above). Wall time is "
         "the `dpsynth.generate` call only (models loaded inside; the evaluation apart); peak "
         "RSS the bench process's resident set at its highest during that call, sampled every "
         "50 ms, beside its size before the call (the evaluation's embedder and the data, "
