@@ -65,9 +65,11 @@ def test_noise_that_swamps_the_votes_is_said_plainly(tmp_path: Path) -> None:
     warning = " ".join(res.stderr.split())
     assert warning.startswith("warning: at epsilon 0.01 the noise on each candidate's votes")
     assert "the selection will be random; raise privacy.epsilon" in warning
+    assert "or run method dp_finetune" in warning  # the measured alternative, named
     assert "votes per candidate: 3.39 expected" in res.stdout
     fine = _plan(cfg, "--no-data", "--records", 100000)
     assert fine["verdict"] == "ok" and "stand out" in fine["message"]
+    assert "dp_finetune" not in fine["message"]
     wasp = _plan(cfg, "--no-data", "--records", 61, "--set", "method=wasp")
     assert wasp["vote_noise"] > wasp["noise_multiplier"]  # Top-Q's joint sensitivity
     res = CliRunner().invoke(app, ["plan", str(cfg), "--no-data"])
