@@ -657,8 +657,11 @@ def main() -> None:
         shutil.rmtree(runs / arm, ignore_errors=True)
         # a new, empty ledger on purpose: the ledger with its key, backup and lock (a ledger
         # missing beside its key stops every run, as it should for a lost one)
+        ledger = HYBRID_LEDGER if arm in HYBRID_STAGES else f"{arm}.ledger.json"
         for suffix in ("", ".key", ".bak", ".lock"):
-            (runs / f"{arm}.ledger.json{suffix}").unlink(missing_ok=True)
+            (runs / f"{ledger}{suffix}").unlink(missing_ok=True)
+        if arm == HYBRID_STAGES[0]:  # a fresh tuned model: the merged copy of the old one goes
+            shutil.rmtree(runs / "aug_pe_on_tuned.model", ignore_errors=True)
         state["arms"].pop(arm, None)
 
     from dpsynth.embed import Embedder
