@@ -653,12 +653,17 @@ def main() -> None:
     if args.notes:
         state["notes"] = args.notes.read_text(encoding="utf-8").strip().splitlines()
     fresh = {a for a in args.fresh.split(",") if a}
+    if HYBRID_STAGES[0] in fresh:  # Aug-PE on the tuned model goes with the model it ran on
+        fresh.add(HYBRID_STAGES[1])
     for arm in fresh:
         shutil.rmtree(runs / arm, ignore_errors=True)
         # a new, empty ledger on purpose: the ledger with its key, backup and lock (a ledger
         # missing beside its key stops every run, as it should for a lost one)
-        ledger = HYBRID_LEDGER if arm in HYBRID_STAGES else f"{arm}.ledger.json"
-        for suffix in ("", ".key", ".bak", ".lock"):
+        # the hybrid stages' one ledger only with the first stage (a second stage run again
+        # on the same model is charged again beside it)
+        ledger = (None if arm == HYBRID_STAGES[1] else
+                  HYBRID_LEDGER if arm == HYBRID_STAGES[0] else f"{arm}.ledger.json")
+        for suffix in ("", ".key", ".bak", ".lock") if ledger else ():
             (runs / f"{ledger}{suffix}").unlink(missing_ok=True)
         if arm == HYBRID_STAGES[0]:  # a fresh tuned model: the merged copy of the old one goes
             shutil.rmtree(runs / "aug_pe_on_tuned.model", ignore_errors=True)
