@@ -665,8 +665,9 @@ def main() -> None:
                   HYBRID_LEDGER if arm == HYBRID_STAGES[0] else f"{arm}.ledger.json")
         for suffix in ("", ".key", ".bak", ".lock") if ledger else ():
             (runs / f"{ledger}{suffix}").unlink(missing_ok=True)
-        if arm == HYBRID_STAGES[0]:  # a fresh tuned model: the merged copy of the old one goes
-            shutil.rmtree(runs / "aug_pe_on_tuned.model", ignore_errors=True)
+        if arm == HYBRID_STAGES[0]:  # a fresh tuned model: the merged copy of the old one
+            for old in runs.glob("aug_pe_on_tuned.model*"):  # goes, and its engines' copies
+                shutil.rmtree(old, ignore_errors=True)
         state["arms"].pop(arm, None)
 
     from dpsynth.embed import Embedder
