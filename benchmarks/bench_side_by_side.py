@@ -109,6 +109,9 @@ METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_uniform": "aug_p
 #: (HYBRID_LEDGER), which composes them: the pair's release is (epsilon, 2 delta)-DP at most.
 HYBRID_STAGES = ("dp_finetune_uniform_half", "aug_pe_on_tuned")
 HYBRID_LEDGER = "aug_pe_on_tuned.ledger.json"
+#: where the merged DP-tuned model is written, beside the run folders (its engines' converted
+#: copies get this name with a suffix)
+HYBRID_MODEL = "aug_pe_on_tuned.model"
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
 DP_FINETUNE_SMALL_LR = 2e-4
@@ -325,29 +328,27 @@ def generate_arm(arm: str, runs: Path, private: Any, domain: dict[str, list[str]
         if arm == HYBRID_STAGES[0]:
             return tuned
         return _generate(arm, runs, private, domain, samples, epsilon / 2,
-                         generator=merged_adapter(tuned, runs / "aug_pe_on_tuned.model"))
+                         generator=merged_adapter(tuned, runs / HYBRID_MODEL))
     return _generate(arm, runs, private, domain, samples, epsilon)
 
 
 def merged_adapter(run_dir: Path, out: Path) -> Path:
     """The DP-tuned model of a finished dp_finetune run: its LoRA adapter (private/dp-finetune/
-    adapter, a DP output) merged into the base generator's float32 weights, saved with the
-    base tokenizer to ``out`` (once)."""
+    adapter, a DP output) merged into the base generator's float32 weights and saved with its
+    tokenizer to ``out`` by the method's own :func:`save_merged` (once)."""
     if (out / "config.json").is_file():
         return out
-    import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from dpsynth.llm.local import LocalGenerator
+    from dpsynth.methods.dpfinetune.sample import save_merged
 
     base = LocalGenerator("smollm2", engine="transformers")
-    model = AutoModelForCausalLM.from_pretrained(str(base.model_dir), dtype=torch.float32)
-    tuned = PeftModel.from_pretrained(model, str(run_dir / "private" / "dp-finetune" / "adapter"))
+    tuned = PeftModel.from_pretrained(base.model,
+                                      str(run_dir / "private" / "dp-finetune" / "adapter"))
     tmp = out.with_suffix(".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tuned.merge_and_unload().save_pretrained(str(tmp), safe_serialization=True)
-    base.tokenizer.save_pretrained(str(tmp))
+    save_merged(tuned, base.tokenizer, tmp)
     tmp.rename(out)
     return out
 
@@ -666,7 +667,7 @@ def main() -> None:
         for suffix in ("", ".key", ".bak", ".lock") if ledger else ():
             (runs / f"{ledger}{suffix}").unlink(missing_ok=True)
         if arm == HYBRID_STAGES[0]:  # a fresh tuned model: the merged copy of the old one
-            for old in runs.glob("aug_pe_on_tuned.model*"):  # goes, and its engines' copies
+            for old in runs.glob(f"{HYBRID_MODEL}*"):  # goes, and its engines' copies
                 shutil.rmtree(old, ignore_errors=True)
         state["arms"].pop(arm, None)
 

@@ -89,22 +89,29 @@ def sample_texts(draw: Draw, labels: int, per_prompt: Sequence[int],
     return [(y, text) for y, texts in enumerate(kept) for text in texts], counts
 
 
+def save_merged(model: Any, tokenizer: Any, out: Path) -> None:
+    """The peft ``model`` with its LoRA adapter merged into the weights (W + B A alpha / r,
+    peft's ``merge_and_unload``), saved with ``tokenizer`` as a local HF model directory
+    ``out`` (created)."""
+    merged = model.merge_and_unload()  # the peft model of train.attach_lora
+    out.mkdir(parents=True)
+    with quiet_transformers():
+        merged.save_pretrained(str(out), safe_serialization=True)
+        tokenizer.save_pretrained(str(out))
+
+
 def tuned_generator(model: Any, base: Any, folder: Path, *, engine: str,
                     batch_size: int | None, threads: int | None, device: str) -> LocalGenerator:
     """A :class:`~dpsynth.llm.local.LocalGenerator` on the tuned model, so the release is
     drawn by the same sampling engine as the PE methods' candidates (OpenVINO bf16 or
     ctranslate2 int8 on a CPU; 8-15x torch's ``generate`` at the release's small per-label
-    batches). The adapter is merged into the weights (W + B A alpha / r, peft's
-    ``merge_and_unload``) and the model saved with ``base``'s tokenizer to ``folder/model``
+    batches). The adapter is merged into the weights and the model saved with ``base``'s
+    tokenizer to ``folder/model`` (:func:`save_merged`)
     (``folder`` under private/: every engine's conversion is written under it too).
     Post-processing of the DP-SGD output: no record is read."""
-    merged = model.merge_and_unload()  # the peft model of train.attach_lora
     if folder.exists():  # a resumed run's half-written copy
         shutil.rmtree(folder)
-    (folder / "model").mkdir(parents=True)
-    with quiet_transformers():
-        merged.save_pretrained(str(folder / "model"), safe_serialization=True)
-        base.tokenizer.save_pretrained(str(folder / "model"))
+    save_merged(model, base.tokenizer, folder / "model")
     tuned = LocalGenerator(folder / "model", cache_dir=folder, engine=engine,
                            batch_size=batch_size, num_threads=threads, device=device)
     if tuned.eos_token_ids != base.eos_token_ids or tuned.pad_token_id != base.pad_token_id:
