@@ -16,6 +16,8 @@ Arms, each through ``dpsynth.generate`` with its own ledger file (``privacy.ledg
 * ``aug_pe``: today's defaults (``synthesis.samples`` = N only);
 * ``aug_pe_uniform``: ``aug_pe`` with ``synthesis.label_split: uniform`` (the release and the
   votes split evenly over the labels; the label x length histogram is still released);
+* ``aug_pe_uniform_t1`` / ``aug_pe_uniform_t3``: ``aug_pe_uniform`` with 1 / 3 voting rounds
+  (``synthesis.iterations``; the default is 2);
 * ``aug_pe_preference``: ``aug_pe`` plus the opt-in lever that learns from the released votes
   (``synthesis.preference.enabled``: DPO of a LoRA adapter on the generator after each vote,
   its default settings, up to 64 pairs a vote; post-processing, no budget; issue 44: one
@@ -82,7 +84,8 @@ DATASET = "banking77"
 #: each dataset's label columns; the table shows the first, a second table the others
 LABELS = {"banking77": ["category"], "yelp": ["label1", "label2"]}
 EPSILON, DELTA = 4.0, 1e-5
-ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference",
+ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_uniform_t1", "aug_pe_uniform_t3",
+        "aug_pe_preference",
         "aug_pe_preference_uniform", "wasp", "wasp_one",
         "wasp_one_every", "wasp_one_uniform",
         "dp_finetune", "dp_finetune_topk", "dp_finetune_chat", "dp_finetune_chat_lr",
@@ -91,6 +94,7 @@ ARMS = ("zero_shot", "aug_pe", "aug_pe_uniform", "aug_pe_preference",
         "dp_finetune_uniform_half", "aug_pe_on_tuned", "real")
 #: the method each generating arm runs
 METHOD = {"zero_shot": "zero_shot", "aug_pe": "aug_pe", "aug_pe_uniform": "aug_pe",
+          "aug_pe_uniform_t1": "aug_pe", "aug_pe_uniform_t3": "aug_pe",
           "aug_pe_preference": "aug_pe", "aug_pe_preference_uniform": "aug_pe",
           "wasp": "wasp", "wasp_one": "wasp", "wasp_one_every": "wasp",
           "wasp_one_uniform": "wasp",
@@ -112,6 +116,9 @@ HYBRID_LEDGER = "aug_pe_on_tuned.ledger.json"
 #: where the merged DP-tuned model is written, beside the run folders (its engines' converted
 #: copies get this name with a suffix)
 HYBRID_MODEL = "aug_pe_on_tuned.model"
+
+#: aug_pe_uniform_tT: aug_pe_uniform with T voting rounds (synthesis.iterations; the default 2)
+ITERATIONS = {"aug_pe_uniform_t1": 1, "aug_pe_uniform_t3": 3}
 
 #: dp_finetune_chat_lr: AdamW's learning rate (the default is 1e-3)
 DP_FINETUNE_SMALL_LR = 2e-4
@@ -159,8 +166,11 @@ def config_of(arm: str, samples: int, ledger: Path) -> dict[str, Any]:
                            "privacy": {"ledger": str(ledger)}}
     if arm in ("zero_shot", "aug_pe", "wasp", "wasp_one"):
         cfg["synthesis"] = {"samples": samples}
-    if arm in ("aug_pe_uniform", "wasp_one_uniform", "aug_pe_on_tuned"):  # evenly by label
+    if arm in ("aug_pe_uniform", "wasp_one_uniform", "aug_pe_on_tuned",
+               *ITERATIONS):  # evenly by label
         cfg["synthesis"] = {"samples": samples, "label_split": "uniform"}
+        if arm in ITERATIONS:
+            cfg["synthesis"]["iterations"] = ITERATIONS[arm]
     if arm == "wasp_one_every":  # WASP before its votes were sized: a vote on every candidate
         cfg["synthesis"] = {"samples": samples, "population": samples}
     if arm in ("aug_pe_preference", "aug_pe_preference_uniform"):
@@ -543,7 +553,8 @@ def write_markdown(state: dict[str, Any], by_eye: dict[str, str], every: set[str
           for line in (f"On `{col}`:", "", *table(state, by_eye, col), "")],
         "Arms: `zero_shot` no private record read (epsilon 0); `aug_pe` today's defaults "
         f"(only `synthesis.samples` = {SAMPLES}); `aug_pe_uniform` the same with "
-        "`synthesis.label_split: uniform`; `aug_pe_preference` the same plus "
+        "`synthesis.label_split: uniform`; `aug_pe_uniform_t1` / `_t3` that with "
+        "`synthesis.iterations` 1 / 3 (the default 2); `aug_pe_preference` `aug_pe` plus "
         "`synthesis.preference.enabled` (DPO of a LoRA adapter on the generator after each "
         f"vote, on up to {PREFERENCE_PAIRS} pairs ranked by the released votes; its other "
         "settings the defaults; no budget); `aug_pe_preference_uniform` that with "
