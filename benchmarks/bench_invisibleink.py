@@ -10,9 +10,11 @@ JSON spec (the driver below is ours) and reads JSON back.
     /tmp/invink-venv/bin/pip install torch==2.13.0 invink==0.1.0
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/bench_invisibleink.py \
         --invink-python /tmp/invink-venv/bin/python [--per-intent 1] [--max-tokens 32] \
-        [--prompts invink|side_by_side] [--evaluate]
+        [--prompts invink|side_by_side] [--evaluate [--compare-runs DIR]] \
+        [--job-intents 0 --job-records 2000]
 
-The job: Banking77's 10 most frequent intents, 500 private records (bench_side_by_side.job),
+The job: Banking77's 10 most frequent intents, 500 private records (bench_side_by_side.job;
+``--job-intents 0 --job-records 2000``: all 77 intents, 2000 records, the issue-45 job),
 epsilon 4, delta 1e-5, the embedded SmolLM2-135M-Instruct (the float weights dpsynth makes
 from its GGUF; the same model every dpsynth arm uses). InvisibleInk has no labels: it runs
 once per intent on that intent's records (disjoint partitions), with the public description
@@ -24,7 +26,10 @@ prompt a token; top-k 100; temperature 1), except three that would read the priv
 outside its guarantee or cannot run here:
 
 * ``num``: given, ``--per-intent`` texts per intent (invink's ``auto`` is the private record
-  count // 7);
+  count // 7). ``--per-intent auto`` runs invink's ``auto`` for comparison: every record used
+  once (255 texts on the 2000-record job, against the N = 500 of dpsynth's arms), but the
+  number of texts per intent then discloses each intent's record count to within 7, outside
+  the guarantee (dpsynth's arms release noisy counts or none);
 * ``max_toks``: given, ``--max-tokens`` (invink's ``auto`` is the mean + 2 std of the private
   records' token counts);
 * ``dtype`` float32 on the CPU (``device_map`` -1; its default bfloat16 is emulated on a CPU
@@ -43,8 +48,12 @@ Accounting conventions, where they differ from dpsynth's (docs/which-method.md):
 
 Writes benchmarks/results/invisibleink.md: the machine and its load, wall and CPU seconds a
 text (invink's process: ``RUSAGE_CHILDREN``), its peak memory, invink's epsilon and every text.
-With ``--evaluate`` (two or more texts per intent) also a classifier's accuracy on the test
-slice, as bench_side_by_side.py scores its arms (logistic regression on MiniLM embeddings).
+With ``--evaluate`` also a classifier's accuracy on the test slice, as bench_side_by_side.py
+scores its arms (logistic regression on MiniLM embeddings); with ``--compare-runs DIR`` (a
+bench_side_by_side.py ``--runs`` folder of the same job) also that folder's arms' releases cut
+to invink's number of texts per intent and scored the same way (``--draws`` random cuts), so
+the classifiers compare at equal training sizes. The texts and facts go to OUT with a
+``.json`` suffix too; ``--from-json`` rescores them without running invink again.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import subprocess
 import sys
@@ -63,8 +73,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_side_by_side import DELTA, EPSILON, PROMPTS, job, load, machine  # noqa: E402
+import bench_side_by_side as side_by_side  # noqa: E402
+from bench_side_by_side import DELTA, EPSILON, PROMPTS, load, machine  # noqa: E402
+from dpsynth.llm.local import LocalGenerator  # noqa: E402
 
+#: the side-by-side job's Banking77 prompts (the only dataset this baseline runs on)
+BANKING = PROMPTS["banking77"]
 OUT = Path(__file__).resolve().parent / "results" / "invisibleink.md"
 
 #: what runs in invink's own environment: read the spec, call invink.generate, print JSON
@@ -92,9 +106,9 @@ print("INVINK-JSON " + json.dumps(out))
 #: invink fills the first {} with the description (the label sentence), the second with the
 #: reference. ``--prompts invink``: invink's own (the default).
 SIDE_BY_SIDE_PROMPTS = {
-    "system_prompt": f"You are {PROMPTS['writer']}.",
-    "pub_prompt": f"Write {PROMPTS['task']}. {{}} Reply with the text only.",
-    "prv_prompt": (f"Write {PROMPTS['task']}. {{}} Here is one such question: \"{{}}\" Write "
+    "system_prompt": f"You are {BANKING['writer']}.",
+    "pub_prompt": f"Write {BANKING['task']}. {{}} Reply with the text only.",
+    "prv_prompt": (f"Write {BANKING['task']}. {{}} Here is one such question: \"{{}}\" Write "
                    "another one like it. Reply with the text only."),
 }
 
@@ -102,7 +116,7 @@ SIDE_BY_SIDE_PROMPTS = {
 def description(intent: str, prompts: str) -> str:
     """The public description of one intent's records: invink's prompts get the dataset and
     the intent, the side-by-side prompts the label sentence alone."""
-    label = PROMPTS["label_template"].format(category=intent.replace("_", " "))
+    label = BANKING["label_template"].format(category=intent.replace("_", " "))
     if prompts == "side_by_side":
         return label
     return "Short questions that customers of an online bank ask. " + label
@@ -126,19 +140,71 @@ def run_invink(python: str, spec: dict[str, Any]) -> tuple[list[dict[str, Any]],
     return json.loads(line[len("INVINK-JSON "):]), cost
 
 
-def evaluate(results: list[dict[str, Any]], test: Any) -> dict[str, Any]:
-    """Accuracy and macro-F1 of logistic regression on MiniLM embeddings of the texts."""
+def _embedded(texts: list[str]) -> Any:
     import numpy as np
 
     from dpsynth.embed import Embedder
+
+    return np.asarray(Embedder("minilm").embed(texts), dtype=np.float32)
+
+
+def _fid(x: Any, test_x: Any) -> float:
+    """FID of a set of embeddings to the test texts' (below 384 texts the covariance is rank
+    deficient and FID biased upward: compare it only at equal sizes, as :func:`compare` does)."""
+    from dpsynth.eval.fidelity import frechet_distance, gaussian_stats
+
+    return frechet_distance(*gaussian_stats(x), *gaussian_stats(test_x))
+
+
+def evaluate(results: list[dict[str, Any]], test: Any) -> dict[str, Any]:
+    """Accuracy and macro-F1 of logistic regression on MiniLM embeddings of the texts, and
+    their FID to the test texts."""
     from dpsynth.eval.utility import logreg_scores
 
     texts = [t for r in results for t in r["texts"]]
     labels = [r["label"] for r in results for _ in r["texts"]]
-    emb = Embedder("minilm")
-    train_x = np.asarray(emb.embed(texts), dtype=np.float32)
-    test_x = np.asarray(emb.embed(test["text"].astype(str).tolist()), dtype=np.float32)
-    return logreg_scores(train_x, labels, test_x, test["category"].astype(str).tolist())
+    train_x, test_x = _embedded(texts), _embedded(test["text"].astype(str).tolist())
+    scores = logreg_scores(train_x, labels, test_x, test["category"].astype(str).tolist())
+    return {**scores, "fid_test": _fid(train_x, test_x)}
+
+
+def compare(results: list[dict[str, Any]], test: Any, runs: Path, arms: list[str],
+            draws: int) -> dict[str, dict[str, float]]:
+    """Each side-by-side arm's release (``runs/ARM/release/synthetic.jsonl``) cut to invink's
+    number of texts per intent, ``draws`` random cuts (seeds 0..draws-1), each scored as
+    :func:`evaluate` scores invink's: the classifier at equal training sizes. Mean and standard
+    deviation of accuracy and macro-F1 per arm."""
+    import numpy as np
+
+    from dpsynth.eval.utility import logreg_scores
+
+    want = {r["label"]: len(r["texts"]) for r in results}
+    test_x = _embedded(test["text"].astype(str).tolist())
+    test_y = test["category"].astype(str).tolist()
+    out = {}
+    for arm in arms:
+        rows = [json.loads(line) for line in
+                (runs / arm / "release" / "synthetic.jsonl").read_text().splitlines()]
+        by_label: dict[str, list[str]] = {}
+        for row in rows:
+            by_label.setdefault(row["labels"]["category"], []).append(row["text"])
+        every = [t for ts in by_label.values() for t in ts]
+        vec = dict(zip(every, _embedded(every), strict=True))
+        sizes = {lab: min(n, len(by_label.get(lab, []))) for lab, n in want.items()}
+        acc, f1, fids = [], [], []
+        for seed in range(draws):
+            rng = random.Random(seed)
+            picked = [(t, lab) for lab, n in sizes.items()
+                      for t in rng.sample(by_label.get(lab, []), n)]
+            train_x = np.stack([vec[t] for t, _ in picked])
+            sc = logreg_scores(train_x, [lab for _, lab in picked], test_x, test_y)
+            acc.append(sc["accuracy"])
+            f1.append(sc["macro_f1"])
+            fids.append(_fid(train_x, test_x))
+        out[arm] = {"accuracy": float(np.mean(acc)), "accuracy_sd": float(np.std(acc)),
+                    "macro_f1": float(np.mean(f1)), "macro_f1_sd": float(np.std(f1)),
+                    "fid_test": float(np.mean(fids)), "texts": sum(sizes.values())}
+    return out
 
 
 def markdown(facts: dict[str, Any], results: list[dict[str, Any]]) -> str:
@@ -149,6 +215,8 @@ def markdown(facts: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines = [
         "# InvisibleInk (invink) on the side-by-side job", "",
         f"`{facts['command']}`", "",
+        *([f"Scored again from its JSON (invink not rerun): `{facts['rescored']}`", ""]
+          if facts.get("rescored") else []),
         f"{facts['date']}; {facts['machine']}; load before / after: {facts['load_before']} "
         f"-> {facts['load_after']}. invink {facts['invink_version']} in its own virtual "
         f"environment; SmolLM2-135M-Instruct float32 on the CPU.", "",
@@ -167,7 +235,21 @@ def markdown(facts: dict[str, Any], results: list[dict[str, Any]]) -> str:
     if facts.get("scores"):
         s = facts["scores"]
         lines += [f"Classifier trained on the {n} texts: accuracy {s['accuracy']:.3f}, "
-                  f"macro-F1 {s['macro_f1']:.3f} on {s['n_test']} test records.", ""]
+                  f"macro-F1 {s['macro_f1']:.3f} on {s['n_test']} test records"
+                  + (f"; FID to the test texts {s['fid_test']:.3f}" if "fid_test" in s else "")
+                  + ".", ""]
+    if facts.get("compare"):
+        lines += [f"The side-by-side arms of `{facts['compare_runs']}` at invink's training size: "
+                  "each arm's release cut to invink's number of texts per intent, "
+                  f"{facts['draws']} random cuts, the same classifier and test records "
+                  "(mean, standard deviation):", "",
+                  "| arm | texts | accuracy | macro-F1 | FID to the test texts (equal sizes) |",
+                  "|---|---|---|---|---|",
+                  f"| InvisibleInk | {n} | {facts['scores']['accuracy']:.3f} | "
+                  f"{facts['scores']['macro_f1']:.3f} | {facts['scores']['fid_test']:.3f} |",
+                  *[f"| `{arm}` | {c['texts']} | {c['accuracy']:.3f} ({c['accuracy_sd']:.3f}) | "
+                    f"{c['macro_f1']:.3f} ({c['macro_f1_sd']:.3f}) | {c['fid_test']:.3f} |"
+                    for arm, c in facts["compare"].items()], ""]
     lines += ["## Every text", "", "| intent | tokens | text |", "|---|---|---|"]
     for r in results:
         for text, length in zip(r["texts"], r["lens"], strict=True):
@@ -176,44 +258,87 @@ def markdown(facts: dict[str, Any], results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def parts_of(args: argparse.Namespace, private: Any, intents: list[str]) -> list[dict[str, Any]]:
+    """invink's calls: one an intent, on that intent's records (disjoint partitions)."""
+    parts = []
+    for intent in intents:
+        texts = private.loc[private["category"] == intent, "text"].astype(str).tolist()
+        num = (len(texts) // (args.batch - 1) if args.per_intent == "auto"
+               else int(args.per_intent))
+        if num * (args.batch - 1) > len(texts):
+            sys.exit(f"{intent}: {num} texts need {num} x {args.batch - 1} records")
+        parts.append({"label": intent, "texts": texts, "num": num,
+                      "description": description(intent, args.prompts)})
+    return parts
+
+
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--invink-python", default=os.environ.get("DPSYNTH_INVINK_PYTHON"),
                     help="the Python of invink's own virtual environment")
-    ap.add_argument("--per-intent", type=int, default=1)
+    ap.add_argument("--per-intent", default="1",
+                    help="texts per intent, or 'auto': invink's default, records // (B - 1)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=8, help="invink's batch_size (B)")
     ap.add_argument("--epsilon", type=float, default=EPSILON)
     ap.add_argument("--intents", type=int, default=0, help="only the first K intents (0: all)")
+    ap.add_argument("--job-intents", type=int, default=side_by_side.INTENTS,
+                    help="the side-by-side job's intents (its --intents; 0: all 77)")
+    ap.add_argument("--job-records", type=int, default=side_by_side.RECORDS,
+                    help="the side-by-side job's private records (its --records)")
     ap.add_argument("--prompts", choices=("invink", "side_by_side"), default="invink")
     ap.add_argument("--evaluate", action="store_true")
+    ap.add_argument("--compare-runs", type=Path,
+                    help="a bench_side_by_side.py --runs folder of the same job: score its "
+                         "arms' releases cut to invink's texts per intent (with --evaluate)")
+    ap.add_argument("--compare-arms", default="zero_shot,aug_pe_uniform")
+    ap.add_argument("--draws", type=int, default=20)
+    ap.add_argument("--from-json", type=Path,
+                    help="an earlier run's OUT.json: rescore and rewrite, invink not run")
     ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments()
+    side_by_side.INTENTS, side_by_side.RECORDS = args.job_intents, args.job_records
+    domain, private, test, _ = side_by_side.job()
+    intents = domain["category"]
+    if args.intents:
+        intents = intents[:args.intents]
+        test = test[test["category"].isin(intents)]
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        facts, results = saved["facts"], saved["results"]
+        facts["rescored"] = ("HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python "
+                             "benchmarks/bench_invisibleink.py " + " ".join(sys.argv[1:]))
+    else:
+        facts, results = run(args, private, intents)
+    if args.evaluate:
+        facts["scores"] = evaluate(results, test)
+        if args.compare_runs:
+            facts["compare_runs"], facts["draws"] = str(args.compare_runs), args.draws
+            facts["compare"] = compare(results, test, args.compare_runs,
+                                       args.compare_arms.split(","), args.draws)
+    args.out.with_suffix(".json").write_text(json.dumps({"facts": facts, "results": results}))
+    text = markdown(facts, results)
+    args.out.write_text(text, encoding="utf-8")
+    print(text)
+
+
+def run(args: argparse.Namespace, private: Any,
+        intents: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """invink in its own environment on the job; (the run's facts, its results)."""
     if not args.invink_python:
         sys.exit("give --invink-python (or $DPSYNTH_INVINK_PYTHON): invink's own environment")
     version = subprocess.run([args.invink_python, "-c", "import importlib.metadata as m; "
                               "print(m.version('invink'))"], capture_output=True, text=True,
                              check=False).stdout.strip() or "?"
-
-    from dpsynth.llm.local import LocalGenerator
-
     model_dir = str(LocalGenerator("smollm2", engine="transformers").model_dir)
-    intents, private, test, _ = job()
-    if args.intents:
-        intents = intents[:args.intents]
-        test = test[test["category"].isin(intents)]
-    parts = []
-    for intent in intents:
-        texts = private.loc[private["category"] == intent, "text"].astype(str).tolist()
-        if args.per_intent * (args.batch - 1) > len(texts):
-            sys.exit(f"{intent}: {args.per_intent} texts need {args.per_intent} x "
-                     f"{args.batch - 1} records")
-        parts.append({"label": intent, "texts": texts, "num": args.per_intent,
-                      "description": description(intent, args.prompts)})
     spec = {"model": model_dir, "epsilon": args.epsilon, "delta": DELTA,
             "batch_size": args.batch, "max_tokens": args.max_tokens, "seed": 0,
             "prompts": SIDE_BY_SIDE_PROMPTS if args.prompts == "side_by_side" else {},
-            "parts": parts}
+            "parts": parts_of(args, private, intents)}
     facts: dict[str, Any] = {
         "command": "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python "
                    "benchmarks/bench_invisibleink.py " + " ".join(sys.argv[1:]),
@@ -223,11 +348,7 @@ def main() -> None:
         "per_intent": args.per_intent, "prompts": args.prompts}
     results, facts["cost"] = run_invink(args.invink_python, spec)
     facts["load_after"] = load()
-    if args.evaluate:
-        facts["scores"] = evaluate(results, test)
-    text = markdown(facts, results)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    return facts, results
 
 
 if __name__ == "__main__":
