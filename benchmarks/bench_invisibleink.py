@@ -172,8 +172,9 @@ def compare(results: list[dict[str, Any]], test: Any, runs: Path, arms: list[str
             draws: int) -> dict[str, dict[str, float]]:
     """Each side-by-side arm's release (``runs/ARM/release/synthetic.jsonl``) cut to invink's
     number of texts per intent, ``draws`` random cuts (seeds 0..draws-1), each scored as
-    :func:`evaluate` scores invink's: the classifier at equal training sizes. Mean and standard
-    deviation of accuracy and macro-F1 per arm."""
+    :func:`evaluate` scores invink's: the classifier and FID at equal training sizes (an intent
+    with fewer texts than invink's gives all it has). Mean and standard deviation of accuracy
+    and macro-F1, and the mean FID, per arm."""
     import numpy as np
 
     from dpsynth.eval.utility import logreg_scores
