@@ -59,6 +59,7 @@ the classifiers compare at equal training sizes. The texts and facts go to OUT w
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -67,7 +68,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -140,35 +141,68 @@ def run_invink(python: str, spec: dict[str, Any]) -> tuple[list[dict[str, Any]],
     return json.loads(line[len("INVINK-JSON "):]), cost
 
 
+@functools.cache
+def _embedder() -> Any:
+    from dpsynth.embed import Embedder
+
+    return Embedder("minilm")
+
+
 def _embedded(texts: list[str]) -> Any:
     import numpy as np
 
-    from dpsynth.embed import Embedder
-
-    return np.asarray(Embedder("minilm").embed(texts), dtype=np.float32)
+    return np.asarray(_embedder().embed(texts), dtype=np.float32)
 
 
-def _fid(x: Any, test_x: Any) -> float:
+class EmbeddedTest(NamedTuple):
+    """The test texts, embedded once: their vectors, labels and Gaussian statistics (FID)."""
+
+    x: Any
+    y: list[str]
+    stats: tuple[Any, Any]
+
+
+def embed_test(test: Any) -> EmbeddedTest:
+    from dpsynth.eval.fidelity import gaussian_stats
+
+    x = _embedded(test["text"].astype(str).tolist())
+    return EmbeddedTest(x, test["category"].astype(str).tolist(), gaussian_stats(x))
+
+
+def _fid(x: Any, test: EmbeddedTest) -> float:
     """FID of a set of embeddings to the test texts' (below 384 texts the covariance is rank
-    deficient and FID biased upward: compare it only at equal sizes, as :func:`compare` does)."""
+    deficient and FID biased upward: compare it only at equal sizes, as :func:`compare` does;
+    hence the distance itself rather than ``dpsynth.eval.fidelity.fid``, which refuses them)."""
     from dpsynth.eval.fidelity import frechet_distance, gaussian_stats
 
-    return frechet_distance(*gaussian_stats(x), *gaussian_stats(test_x))
+    return frechet_distance(*gaussian_stats(x), *test.stats)
 
 
-def evaluate(results: list[dict[str, Any]], test: Any) -> dict[str, Any]:
+def evaluate(results: list[dict[str, Any]], test: EmbeddedTest) -> dict[str, Any]:
     """Accuracy and macro-F1 of logistic regression on MiniLM embeddings of the texts, and
     their FID to the test texts."""
     from dpsynth.eval.utility import logreg_scores
 
     texts = [t for r in results for t in r["texts"]]
     labels = [r["label"] for r in results for _ in r["texts"]]
-    train_x, test_x = _embedded(texts), _embedded(test["text"].astype(str).tolist())
-    scores = logreg_scores(train_x, labels, test_x, test["category"].astype(str).tolist())
-    return {**scores, "fid_test": _fid(train_x, test_x)}
+    train_x = _embedded(texts)
+    scores = logreg_scores(train_x, labels, test.x, test.y)
+    return {**scores, "fid_test": _fid(train_x, test)}
 
 
-def compare(results: list[dict[str, Any]], test: Any, runs: Path, arms: list[str],
+def _release_by_label(runs: Path, arm: str) -> dict[str, list[str]]:
+    """One side-by-side arm's released texts by intent."""
+    path = runs / arm / "release" / "synthetic.jsonl"
+    if not path.is_file():
+        sys.exit(f"--compare-runs: {path} not found (is {arm} a finished arm of that folder?)")
+    by_label: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        by_label.setdefault(row["labels"]["category"], []).append(row["text"])
+    return by_label
+
+
+def compare(results: list[dict[str, Any]], test: EmbeddedTest, runs: Path, arms: list[str],
             draws: int) -> dict[str, dict[str, float]]:
     """Each side-by-side arm's release (``runs/ARM/release/synthetic.jsonl``) cut to invink's
     number of texts per intent, ``draws`` random cuts (seeds 0..draws-1), each scored as
@@ -180,15 +214,9 @@ def compare(results: list[dict[str, Any]], test: Any, runs: Path, arms: list[str
     from dpsynth.eval.utility import logreg_scores
 
     want = {r["label"]: len(r["texts"]) for r in results}
-    test_x = _embedded(test["text"].astype(str).tolist())
-    test_y = test["category"].astype(str).tolist()
     out = {}
     for arm in arms:
-        rows = [json.loads(line) for line in
-                (runs / arm / "release" / "synthetic.jsonl").read_text().splitlines()]
-        by_label: dict[str, list[str]] = {}
-        for row in rows:
-            by_label.setdefault(row["labels"]["category"], []).append(row["text"])
+        by_label = _release_by_label(runs, arm)
         every = [t for ts in by_label.values() for t in ts]
         vec = dict(zip(every, _embedded(every), strict=True))
         sizes = {lab: min(n, len(by_label.get(lab, []))) for lab, n in want.items()}
@@ -198,10 +226,10 @@ def compare(results: list[dict[str, Any]], test: Any, runs: Path, arms: list[str
             picked = [(t, lab) for lab, n in sizes.items()
                       for t in rng.sample(by_label.get(lab, []), n)]
             train_x = np.stack([vec[t] for t, _ in picked])
-            sc = logreg_scores(train_x, [lab for _, lab in picked], test_x, test_y)
+            sc = logreg_scores(train_x, [lab for _, lab in picked], test.x, test.y)
             acc.append(sc["accuracy"])
             f1.append(sc["macro_f1"])
-            fids.append(_fid(train_x, test_x))
+            fids.append(_fid(train_x, test))
         out[arm] = {"accuracy": float(np.mean(acc)), "accuracy_sd": float(np.std(acc)),
                     "macro_f1": float(np.mean(f1)), "macro_f1_sd": float(np.std(f1)),
                     "fid_test": float(np.mean(fids)), "texts": sum(sizes.values())}
@@ -264,8 +292,7 @@ def parts_of(args: argparse.Namespace, private: Any, intents: list[str]) -> list
     parts = []
     for intent in intents:
         texts = private.loc[private["category"] == intent, "text"].astype(str).tolist()
-        num = (len(texts) // (args.batch - 1) if args.per_intent == "auto"
-               else int(args.per_intent))
+        num = len(texts) // (args.batch - 1) if args.per_intent == "auto" else args.per_intent
         if num * (args.batch - 1) > len(texts):
             sys.exit(f"{intent}: {num} texts need {num} x {args.batch - 1} records")
         parts.append({"label": intent, "texts": texts, "num": num,
@@ -273,11 +300,18 @@ def parts_of(args: argparse.Namespace, private: Any, intents: list[str]) -> list
     return parts
 
 
+def per_intent(value: str) -> int | str:
+    """``--per-intent``: a positive count, or ``auto``."""
+    if value == "auto" or (value.isdigit() and int(value) > 0):
+        return value if value == "auto" else int(value)
+    raise argparse.ArgumentTypeError(f"{value!r}: a positive whole number or 'auto'")
+
+
 def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--invink-python", default=os.environ.get("DPSYNTH_INVINK_PYTHON"),
                     help="the Python of invink's own virtual environment")
-    ap.add_argument("--per-intent", default="1",
+    ap.add_argument("--per-intent", default=1, type=per_intent,
                     help="texts per intent, or 'auto': invink's default, records // (B - 1)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=8, help="invink's batch_size (B)")
@@ -316,10 +350,11 @@ def main() -> None:
     else:
         facts, results = run(args, private, intents)
     if args.evaluate:
-        facts["scores"] = evaluate(results, test)
+        embedded_test = embed_test(test)
+        facts["scores"] = evaluate(results, embedded_test)
         if args.compare_runs:
             facts["compare_runs"], facts["draws"] = str(args.compare_runs), args.draws
-            facts["compare"] = compare(results, test, args.compare_runs,
+            facts["compare"] = compare(results, embedded_test, args.compare_runs,
                                        args.compare_arms.split(","), args.draws)
     args.out.with_suffix(".json").write_text(json.dumps({"facts": facts, "results": results}))
     text = markdown(facts, results)
