@@ -482,6 +482,42 @@ def test_kill_and_resume_through_the_runner(tmp_path: Path) -> None:
     assert len((late / "private" / "dp-finetune" / "steps.jsonl").read_text().splitlines()) == 5
 
 
+def test_the_empirical_audits_cover_a_dp_finetune_run(tmp_path: Path) -> None:
+    """The canary audit plants its secret and runs dp_finetune through the generation API the
+    CLI passes it; the DCR, membership-inference and PII audits open the run it made and
+    report numbers only (no private text)."""
+    from dpsynth.api import run_generation
+    from dpsynth.eval.canary import run_canary_audit
+    from dpsynth.eval.suite import audit_run
+    from fakes import FakeEmbedder
+
+    model_dir = _tiny_model_dir(tmp_path)
+    data = _write(tmp_path / "d.csv", _rows(40))
+    raw = _config(data, batch_size=8, epochs=1, records=40, max_tokens=24, samples=4,
+                  max_new_tokens=8, sample_batch=2)
+    raw["generators"] = [{"model": str(model_dir)}]
+    raw["privacy"]["ledger"] = str(tmp_path / "ledger.json")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    canary = "the vault code of Quillon Mabberwick is 55-19-73"
+    report = run_canary_audit(cfg, tmp_path / "audit", generate=run_generation, canary=canary,
+                              copies=3, progress=False)
+    assert report["method"] == "dp_finetune" and report["private_records"] == 40
+    assert report["synthetic"]["outputs"] == 4 and report["synthetic"]["exact"] == 0
+    run = Path(report["run_dir"])
+    planted = (tmp_path / "audit" / "private").glob("canary_data*")
+    assert canary in next(planted).read_text()
+    holdout = _write(tmp_path / "holdout.csv", [
+        {"text": f"visitor {i} writes about {'parking' if i % 2 else 'a refill'}",
+         "label": "billing"} for i in range(20)])
+    audit = audit_run(run, holdout, embedder=FakeEmbedder())
+    assert audit["method"] == "dp_finetune"
+    assert 0.0 <= audit["membership_inference"]["auc"] <= 1.0  # computed, not unavailable
+    assert audit["dcr"]["n_synthetic"] == 4 and "pii" in audit
+    assert canary not in json.dumps(audit) and "patient 1 " not in json.dumps(audit)
+    assert (run / "private" / "eval" / "audit.json").is_file()
+
+
 # ---------------------------------------------------------------------- the real generator
 def test_a_short_run_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
     """Two DP-SGD steps on SmolLM2-135M (loop per-sample gradients), a handful of records,

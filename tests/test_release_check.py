@@ -543,12 +543,17 @@ def _report(run: Path) -> None:
 
 
 def _evaluate(run: Path) -> None:
-    """eval/eval.json of a run, with the fake embedder against a public test file."""
+    """eval/eval.json of a run, with the fake embedder against a public test file of every
+    declared label (a small run's release may hold one label only, the one no record has)."""
+    import yaml
+
     from dpsynth.eval.suite import EvalOptions, evaluate_run
 
+    data = yaml.safe_load((run / "config.yaml").read_text())["data"]
+    labels = (data.get("label_values") or {}).get("label") or LABELS[:2]
     test = write_csv(run / "public-test.csv", [
-        {"text": f"public test message {i} about {LABELS[i % 2]}", "label": LABELS[i % 2],
-         "user": "t"} for i in range(12)])
+        {"text": f"public test message {i} about {labels[i % len(labels)]}",
+         "label": labels[i % len(labels)], "user": "t"} for i in range(12)])
     evaluate_run(run, test, EvalOptions(with_mauve=False, with_audits=False,
                                         classifier="logreg"), embedder=FakeEmbedder())
 
@@ -792,21 +797,17 @@ def _dp_finetune_config(model_dir: Path, **section: Any) -> Callable[[Path], dic
     return make
 
 
-def test_dp_finetune_user_neighbours(tmp_path, spy, monkeypatch):
+def test_dp_finetune_user_neighbours(tmp_path, spy):
     """User-level DP-SGD (issue 45): D' adds one user with 5 records (4 of them train, the
     first in file order). Both runs release the same events (the user-level label counts, T
     steps at q = 4 / 16 users); replayed on D's releases and D's checkpoint (the adapter,
     post-processing of the noisy gradients) release/ is byte-identical; fresh plans agree on
-    everything but the noise; no exact count or private text reaches release/, stats or the
-    log; and the statement says user-level."""
+    everything but the noise; no exact count or private text reaches release/, stats, the log,
+    eval/ or the shareable report; and the statement says user-level."""
     from test_dp_finetune import _tiny_model_dir
 
-    # `dpsynth eval` and its report do not take dp_finetune runs (dpsynth.eval.release lists
-    # the methods they do): the fresh plans compare release/ and stats without eval/
-    monkeypatch.setattr(sys.modules[__name__], "_evaluate", lambda run: None)
-    monkeypatch.setattr(sys.modules[__name__], "_report", lambda run: None)
     make = _dp_finetune_config(_tiny_model_dir(tmp_path / "model"))
-    rows = private_rows(36, users=12)  # 3 records per user
+    rows = private_rows(40, users=10)  # 4 records per user
     new_user = [{"text": f"patient Quorrin{j} asks about the bill and the insurance form",
                  "label": "billing", "user": "user-new"} for j in range(5)]
     public = frozenset({0, 1, 2, 4, 16, 20})  # the config's numbers (20: label_count_sigma)
