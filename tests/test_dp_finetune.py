@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -480,6 +485,64 @@ def test_kill_and_resume_through_the_runner(tmp_path: Path) -> None:
     assert (late / "release" / "synthetic.jsonl").read_text() == a
     assert "resumed after the last step; nothing trained again" in (late / "log.txt").read_text()
     assert len((late / "private" / "dp-finetune" / "steps.jsonl").read_text().splitlines()) == 5
+
+
+def test_sigkill_mid_training_and_resume_through_the_cli(tmp_path: Path) -> None:
+    """kill -9 of `dpsynth generate` in the middle of DP-SGD, then `--resume`: the release is
+    byte-identical to an uninterrupted run's, the training continued from the last checkpoint
+    (no step lost, none trained twice past it), the budget was reserved once and settled once,
+    and the one dp_sgd release is the planned one."""
+    model_dir = _tiny_model_dir(tmp_path)
+    data = _write(tmp_path / "d.csv", _rows(240))
+    section = {"batch_size": 8, "epochs": 1, "records": 240, "max_tokens": 24, "samples": 4,
+               "max_new_tokens": 8, "sample_batch": 2}
+
+    def config(name: str) -> Path:
+        raw = _config(data, **section)
+        raw["generators"] = [{"model": str(model_dir)}]
+        raw["privacy"]["ledger"] = str(tmp_path / f"{name}.ledger.json")
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def generate(name: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "dpsynth.cli", "generate", str(config(name)), "--output",
+                str(tmp_path / name), "--quiet", *extra]
+
+    whole = subprocess.run(generate("whole"), env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    steps_file = tmp_path / "killed" / "private" / "dp-finetune" / "steps.jsonl"
+    proc = subprocess.Popen(generate("killed"), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if steps_file.is_file() and len(steps_file.read_text().splitlines()) >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL  # killed mid-training, not finished
+    killed = tmp_path / "killed"
+    done_before = len(steps_file.read_text().splitlines())
+    assert 3 <= done_before < 30  # ceil(1 / (8 / 240)) = 30 steps
+    assert json.loads((killed / "run.json").read_text())["status"] == "running"
+    resumed = subprocess.run(generate("killed", "--resume"), env=env, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert ((killed / "release" / "synthetic.jsonl").read_bytes()
+            == (tmp_path / "whole" / "release" / "synthetic.jsonl").read_bytes())
+    steps = [json.loads(x)["step"] for x in steps_file.read_text().splitlines()]
+    assert sorted(set(steps)) == list(range(1, 31)) and len(steps) <= 31
+    releases = (killed / "private" / "releases" / "releases.jsonl").read_text()
+    assert releases.count('"key":"dp_sgd"') == 1
+    ledger = json.loads((tmp_path / "killed.ledger.json").read_text())
+    assert len(ledger["entries"]) == 1 and ledger["entries"][0]["status"] == "settled"
+    privacy = json.loads((killed / "release" / "privacy.json").read_text())
+    assert privacy == {**json.loads((tmp_path / "whole" / "release" / "privacy.json")
+                                    .read_text()), "releases": privacy["releases"]}
 
 
 def test_the_empirical_audits_cover_a_dp_finetune_run(tmp_path: Path) -> None:
