@@ -33,7 +33,7 @@ outside its guarantee or cannot run here:
   number of texts per class then discloses each class's record count to within 7, outside
   the guarantee (dpsynth's arms release noisy counts or none). A class with fewer records
   than its texts need exits, unless ``--fewer-where-small`` gives it what its records allow
-  (Yelp's 2000 reviews fall into 50 classes, 13 of them under 7 reviews): the same disclosure
+  (Yelp's 2000 reviews fall into 50 classes, 14 of them under 7 reviews): the same disclosure
   as ``auto``, for the small classes;
 * ``max_toks``: given, ``--max-tokens`` (invink's ``auto`` is the mean + 2 std of the private
   records' token counts);
