@@ -1,7 +1,8 @@
 """method dp_finetune (issue 45): exact tests of the accounting (the dp_accounting event of T
 Poisson-subsampled Gaussian steps, cross-checked against Opacus's own RDP and PRV accountants
 and dp_accounting's), the plan solving sigma before any model loads, checkpoint / resume on a
-tiny randomly initialised Llama (no download), and one short run on the real SmolLM2. User
+tiny randomly initialised Llama (no download), kill -9 and the audits through the generation API,
+and short runs on the real SmolLM2 (one of them examples/tiny-dp-finetune.yaml itself). User
 level (``privacy.unit: user``): the same event over users, each user's gradient clipped as one,
 a run whose statement says so. ``dpsynth bench dp-finetune``: the shape of its result."""
 
@@ -611,6 +612,27 @@ def test_a_short_run_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
     assert f"sampling the release from the tuned model on {smollm.engine}" in log
     assert not (out / "private" / "dp-finetune" / "tuned-model").exists()
     assert (out / "private" / "dp-finetune" / "adapter").is_dir()
+
+
+def test_the_tiny_example_on_the_real_smollm2(tmp_path: Path, smollm: Any) -> None:
+    """examples/tiny-dp-finetune.yaml itself on the real SmolLM2, cut short through overrides
+    (two DP-SGD steps instead of eight, two 4-token samples): its data, labels, accountant and
+    DP-SGD settings are the example's, and the statement is the one it plans."""
+    from dpsynth.api import run_generation
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-dp-finetune.yaml"
+    out = run_generation(example, tmp_path / "run", progress=False, generators=[smollm],
+                         overrides={"dp_finetune.epochs": 0.25, "dp_finetune.samples": 2,
+                                    "dp_finetune.max_new_tokens": 4,
+                                    "privacy.ledger": str(tmp_path / "ledger.json")})
+    privacy = json.loads((out / "release" / "privacy.json").read_text())
+    assert privacy["method"] == "dp_finetune" and privacy["epsilon"] <= 4.0
+    assert privacy["epsilon"] == pytest.approx(4.0, rel=1e-3)  # sigma solved for the target
+    sgd = privacy["mechanisms"][1]
+    assert sgd["name"] == "dp_sgd" and sgd["count"] == 2  # ceil(0.25 / (16 / 120))
+    rows = [json.loads(x) for x in (out / "release" / "synthetic.jsonl").read_text()
+            .splitlines()]
+    assert len(rows) == 2 and all("department" in r["labels"] for r in rows)
 
 
 def test_training_runs_on_every_core_not_the_idle_ones_at_its_start(
