@@ -53,7 +53,7 @@ def main() -> None:
                          method="dp_finetune", output=run, progress=False,
                          config={"dp_finetune": {"records": args.records, "epochs": 1,
                                                  "samples": args.samples},
-                                 "prompts": PROMPTS,
+                                 "prompts": PROMPTS["banking77"],
                                  "privacy": {"ledger": str(args.out / "ledger.json")}})
         wall = time.perf_counter() - t
     print(f"training {training_seconds(run / 'log.txt'):.0f} s, whole run {wall:.0f} s")
