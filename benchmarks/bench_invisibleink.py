@@ -250,6 +250,11 @@ def _class_key(labels: dict[str, str]) -> str:
     return " / ".join(labels.values())
 
 
+def _class_keys(frame: Any, columns: list[str]) -> Any:
+    """Each row's :func:`_class_key` (a pandas Series)."""
+    return frame[columns].astype(str).apply(lambda row: _class_key(dict(row)), axis=1)
+
+
 def _release_by_class(runs: Path, arm: str) -> dict[str, list[str]]:
     """One side-by-side arm's released texts by class (its label values joined)."""
     path = runs / arm / "release" / "synthetic.jsonl"
@@ -264,8 +269,8 @@ def _release_by_class(runs: Path, arm: str) -> dict[str, list[str]]:
 
 def _private_by_class(private: Any, columns: list[str]) -> dict[str, list[str]]:
     """The private records by class: the ``real`` reference (NOT private)."""
-    keys = private[columns].astype(str).apply(lambda row: " / ".join(row), axis=1)
-    return {key: group.astype(str).tolist() for key, group in private["text"].groupby(keys)}
+    return {key: group.astype(str).tolist()
+            for key, group in private["text"].groupby(_class_keys(private, columns))}
 
 
 def compare(results: list[dict[str, Any]], test: EmbeddedTest,
@@ -475,8 +480,7 @@ def main() -> None:
     if args.intents:
         classes = classes[:args.intents]
         keep = {_class_key(c) for c in classes}
-        test = test[test[list(domain)].astype(str).apply(
-            lambda row: " / ".join(row), axis=1).isin(keep)]
+        test = test[_class_keys(test, list(domain)).isin(keep)]
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         facts, results = saved["facts"], saved["results"]

@@ -488,6 +488,16 @@ def test_kill_and_resume_through_the_runner(tmp_path: Path) -> None:
     assert len((late / "private" / "dp-finetune" / "steps.jsonl").read_text().splitlines()) == 5
 
 
+def _config_file(path: Path, data: Path, model_dir: Path, ledger: Path, **section: Any
+                 ) -> Path:
+    """A config file on the tiny model with its own ledger, for the CLI and the audits."""
+    raw = _config(data, **section)
+    raw["generators"] = [{"model": str(model_dir)}]
+    raw["privacy"]["ledger"] = str(ledger)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 def test_sigkill_mid_training_and_resume_through_the_cli(tmp_path: Path) -> None:
     """kill -9 of `dpsynth generate` in the middle of DP-SGD, then `--resume`: the release is
     byte-identical to an uninterrupted run's, the training continued from the last checkpoint
@@ -499,12 +509,8 @@ def test_sigkill_mid_training_and_resume_through_the_cli(tmp_path: Path) -> None
                "max_new_tokens": 8, "sample_batch": 2}
 
     def config(name: str) -> Path:
-        raw = _config(data, **section)
-        raw["generators"] = [{"model": str(model_dir)}]
-        raw["privacy"]["ledger"] = str(tmp_path / f"{name}.ledger.json")
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(raw))
-        return path
+        return _config_file(tmp_path / f"{name}.yaml", data, model_dir,
+                            tmp_path / f"{name}.ledger.json", **section)
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -557,12 +563,9 @@ def test_the_empirical_audits_cover_a_dp_finetune_run(tmp_path: Path) -> None:
 
     model_dir = _tiny_model_dir(tmp_path)
     data = _write(tmp_path / "d.csv", _rows(40))
-    raw = _config(data, batch_size=8, epochs=1, records=40, max_tokens=24, samples=4,
-                  max_new_tokens=8, sample_batch=2)
-    raw["generators"] = [{"model": str(model_dir)}]
-    raw["privacy"]["ledger"] = str(tmp_path / "ledger.json")
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
+    cfg = _config_file(tmp_path / "cfg.yaml", data, model_dir, tmp_path / "ledger.json",
+                       batch_size=8, epochs=1, records=40, max_tokens=24, samples=4,
+                       max_new_tokens=8, sample_batch=2)
     canary = "the vault code of Quillon Mabberwick is 55-19-73"
     report = run_canary_audit(cfg, tmp_path / "audit", generate=run_generation, canary=canary,
                               copies=3, progress=False)

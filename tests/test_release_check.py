@@ -545,8 +545,6 @@ def _report(run: Path) -> None:
 def _evaluate(run: Path) -> None:
     """eval/eval.json of a run, with the fake embedder against a public test file of every
     declared label (a small run's release may hold one label only, the one no record has)."""
-    import yaml
-
     from dpsynth.eval.suite import EvalOptions, evaluate_run
 
     data = yaml.safe_load((run / "config.yaml").read_text())["data"]
