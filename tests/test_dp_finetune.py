@@ -642,7 +642,9 @@ def test_training_runs_on_every_core_not_the_idle_ones_at_its_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DP-SGD runs for minutes: it trains on the configured threads, else every core, never
     on the cores idle when the run started (a one-minute load left by the job before it once
-    held a 2000-record training to one of two cores). Here the idle-core rule says 1."""
+    held a 2000-record training to one of two cores). Here the idle-core rule says 1. The
+    loop path's passes run in as many processes (pass workers, one thread each), or in
+    ``dp_finetune.workers``."""
     import torch
 
     from dpsynth.llm import runtime
@@ -660,7 +662,10 @@ def test_training_runs_on_every_core_not_the_idle_ones_at_its_start(
 
     def spy(self: Any, *a: Any, **k: Any) -> Any:
         seen.append(torch.get_num_threads())
+        workers.append(self.workers)
         return run(self, *a, **k)
+
+    workers: list[int] = []
 
     monkeypatch.setattr(method.DPSGD, "run", spy)
     model_dir = _tiny_model_dir(tmp_path)
@@ -669,13 +674,18 @@ def test_training_runs_on_every_core_not_the_idle_ones_at_its_start(
                   max_new_tokens=2)
     raw["generators"] = [{"model": str(model_dir), "engine": "transformers"}]
     _run(raw, tmp_path / "run")
-    assert seen == [runtime.available_cores()]
+    assert seen == [runtime.available_cores()] == workers
     assert torch.get_num_threads() == 1  # the generator's count again after the training
     raw["generators"][0]["threads"] = 1  # configured threads are kept
     raw["privacy"].pop("seed")  # a seed's noise is drawn once (the ledger refuses a reuse)
     seen.clear()
+    workers.clear()
     _run(raw, tmp_path / "run1")
-    assert seen == [1]
+    assert seen == [1] == workers
+    raw["dp_finetune"]["workers"] = 3
+    workers.clear()
+    _run(raw, tmp_path / "run2")
+    assert workers == [3]
 
 
 def test_the_merged_model_is_the_tuned_model(tmp_path: Path) -> None:
@@ -1100,12 +1110,15 @@ def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
 
     model_dir = _tiny_model_dir(tmp_path)
     res = bench_dp_finetune(str(model_dir), ("loop", "hooks", "ghost", "plain-top1",
-                                             "loop-top1", "recompute-top1"),
+                                             "loop-top1", "recompute-top1", "loop-w2"),
                             samples=3, threads=1, tokens=12, micro_batch=2, isolate=False,
                             mixed=True, steps=2)
     assert list(res["paths"]) == ["loop", "hooks", "ghost", "plain-top1", "loop-top1",
-                                  "recompute-top1"]
+                                  "recompute-top1", "loop-w2"]
     assert [m for m, r in res["paths"].items() if r["stored_states"]] == ["loop-top1"]
+    assert [m for m, r in res["paths"].items() if r["workers"] > 1] == ["loop-w2"]
+    assert res["paths"]["loop"]["worker_rss_mib"] is None
+    assert set(res["paths"]["loop-w2"]["worker_rss_mib"]) == {"peak_rss", "pss_now"}
     assert res["steps"] == 2 and "2 steps" in lines(res)[0]
     assert res["lengths"] == "mixed, 8-12" and "8-12 tokens" in lines(res)[0]
     assert record_lengths(4, 64, False) == [64] * 4
@@ -1118,9 +1131,12 @@ def test_bench_dp_finetune_shape(tmp_path: Path) -> None:
         assert r["private"] is (mode != "plain-top1")
     assert res["paths"]["plain-top1"]["lora_layers"] == 1
     assert set(res["cpu_vs_hooks"]) <= set(res["paths"]) and res["isolated"] is False
-    assert len(lines(res)) == 7 and "| ghost |" in markdown(res, "cmd")
-    assert parse_mode("hooks-top8") == ("hooks", 8)
-    for bad in ("fast", "loop-top", "loop-top0"):
+    assert len(lines(res)) == 8 and "| ghost |" in markdown(res, "cmd")
+    assert parse_mode("hooks-top8") == ("hooks", 8, 1)
+    assert parse_mode("loop-top2-w3") == ("loop", 2, 3) and parse_mode("loop-w2")[2] == 2
+    with pytest.raises(ValueError, match="loop path only"):
+        parse_mode("hooks-w2")
+    for bad in ("fast", "loop-top", "loop-top0", "loop-w0x"):
         with pytest.raises(ValueError, match="per-sample gradient path"):
             parse_mode(bad)
 

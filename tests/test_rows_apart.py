@@ -346,14 +346,15 @@ def lora_model(smollm: Any, last_layers: int | None = None) -> Any:
 
 
 def train_pass(smollm: Any, model: Any, docs: list[str], clipping: str | None = None,
-               micro_batch: int | None = None, frozen: bool | None = None) -> list[Any]:
+               micro_batch: int | None = None, frozen: bool | None = None,
+               workers: int = 1) -> list[Any]:
     """DP-SGD's exact sum of clipped per-sample gradients (DPSGD.clipped_sum) with the
     dp_finetune defaults (per-sample gradients of one record per pass; or ``clipping`` and
     ``micro_batch`` as given) on ``model``
     (:func:`lora_model`; a sum leaves its weights as they are, so both corpora share it):
     per record its own contribution (the sum over it alone), then the sum over all of them.
     ``frozen``: whether the passes must have run the top layers from the stored lower-layer
-    states (None: not checked)."""
+    states (None: not checked); ``workers``: the loop path's pass workers."""
     from dpsynth.config import PromptConfig
     from dpsynth.methods.dpfinetune.config import DPFineTuneConfig
     from dpsynth.methods.dpfinetune.prompts import label_heads
@@ -368,7 +369,7 @@ def train_pass(smollm: Any, model: Any, docs: list[str], clipping: str | None = 
                             clipping=clipping or s.clipping,
                             micro_batch=micro_batch or s.micro_batch, secure=False)
     trainer = DPSGD(model, examples, settings, Path("/nonexistent"), SeededNoise(0).spawn,
-                    smollm.pad_token_id, first_target=len(head))
+                    smollm.pad_token_id, first_target=len(head), workers=workers)
     own = [np.concatenate([t.numpy().ravel() for t in trainer.clipped_sum(np.array([i]))[0]])
            for i in range(len(docs))]
     total = np.concatenate([t.numpy().ravel()
@@ -381,7 +382,7 @@ def train_pass(smollm: Any, model: Any, docs: list[str], clipping: str | None = 
 
 def check_train(request: pytest.FixtureRequest, tmp: Path, clipping: str | None = None,
                 micro_batch: int | None = None, last_layers: int | None = None,
-                frozen: bool | None = None) -> None:
+                frozen: bool | None = None, workers: int = 1) -> None:
     """Each record's clipped gradient is the same whatever else is in the batch, and adding a
     record moves the exact (integer fixed-point) clipped sum by that record's own clipped
     gradient, bit for bit: the sensitivity C that DP-SGD's accounting assumes. (Every record
@@ -390,7 +391,8 @@ def check_train(request: pytest.FixtureRequest, tmp: Path, clipping: str | None 
     smollm = request.getfixturevalue("smollm")
     model = lora_model(smollm, last_layers)
     alone = train_pass(smollm, model, FEW[:2], clipping, micro_batch, frozen)
-    added = train_pass(smollm, model, [EXTRA, *FEW[:2]], clipping, micro_batch, frozen)
+    added = train_pass(smollm, model, [EXTRA, *FEW[:2]], clipping, micro_batch, frozen,
+                       workers)
     for i, (a, b) in enumerate(zip(alone[:-1], added[1:-1], strict=True)):
         assert a.tobytes() == b.tobytes(), f"record {i}: its clipped gradient moved"
     assert (added[-1] - alone[-1]).tobytes() == added[0].tobytes()
@@ -442,6 +444,15 @@ def test_dp_sgd_stored_lower_layers_are_rows_apart_on_the_real_model(
     each record's stored lower-layer state (SmolLM2 passes the probe) and meets the train
     pass's check: each clipped gradient the same bit for bit whatever else is in the batch."""
     check_train(request, tmp_path, last_layers=2, frozen=True)
+
+
+@pytest.mark.models
+def test_dp_sgd_pass_workers_are_rows_apart_on_the_real_model(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The loop path's passes split between this process and a worker (the default on two
+    cores and more): with the added record the others' passes move to the other process,
+    and each clipped gradient and the sum stay those of one process, bit for bit."""
+    check_train(request, tmp_path, last_layers=2, workers=2)
 
 
 def test_keyword_extraction_asks_the_model_one_document_a_pass() -> None:

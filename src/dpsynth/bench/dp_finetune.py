@@ -46,13 +46,21 @@ BASES = ("loop", "hooks", "ghost", "plain", "recompute")
 REFERENCE = "hooks"
 
 
-def parse_mode(mode: str) -> tuple[str, int | None]:
-    """``"hooks-top8"`` -> ("hooks", 8); ValueError for an unknown path."""
-    base, sep, top = mode.partition("-top")
+def parse_mode(mode: str) -> tuple[str, int | None, int]:
+    """``"hooks-top8"`` -> ("hooks", 8, 1), ``"loop-top2-w2"`` -> ("loop", 2, 2): the path,
+    the adapted layers (None: every layer) and the pass workers (loop only); ValueError for
+    an unknown path."""
+    rest, sep, count = mode.rpartition("-w")
+    if not sep or not count.isdigit() or int(count) < 1:
+        rest, count = mode, "1"
+    base, sep, top = rest.partition("-top")
     if base not in BASES or (sep and not top.isdigit()) or (sep and int(top) < 1):
         raise ValueError(f"unknown per-sample gradient path {mode!r}: one of "
-                         f"{', '.join(BASES)}, optionally with -topK (K >= 1)")
-    return base, int(top) if sep else None
+                         f"{', '.join(BASES)}, optionally with -topK (K >= 1) and, on loop, "
+                         "-wN (N pass workers)")
+    if int(count) > 1 and base != "loop":
+        raise ValueError(f"{mode!r}: pass workers (-wN) run the loop path only")
+    return base, int(top) if sep else None, int(count)
 
 
 def _maxrss_mib() -> float:
@@ -92,7 +100,7 @@ def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int 
     from ..methods.dpfinetune.train import DPSGD, Example, StepSettings, attach_lora
     from ..privacy import SeededNoise
 
-    base, top = parse_mode(mode)
+    base, top, workers = parse_mode(mode)
     torch.set_num_threads(threads)
     gen = LocalGenerator(model, engine="transformers", num_threads=threads, device="cpu")
     torch.manual_seed(0)
@@ -109,23 +117,52 @@ def measure_path(model: str, mode: str, samples: int, threads: int, tokens: int 
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-dpft-{os.getpid()}"
     trainer = DPSGD(net, examples, settings, folder, SeededNoise(1).spawn, gen.pad_token_id,
                     first_target=min(e.start for e in examples),
-                    freeze_below=base != "recompute")
+                    freeze_below=base != "recompute", workers=workers)
     net.train()
     step = _warmed_step(base, trainer, net, examples, micro_batch, gen.pad_token_id)
+    started = trainer.start_workers()  # up since the warm-up step
+    pool = [] if started is None else started.procs
     before = _maxrss_mib()
-    cpu0, t0 = os.times(), time.perf_counter()
+    cpu0, t0 = _cpu_seconds(pool), time.perf_counter()
     for _ in range(steps):
         step()
     wall = time.perf_counter() - t0
-    cpu1 = os.times()
-    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    peak = _maxrss_mib()
+    cpu = _cpu_seconds(pool) - cpu0
+    peak, worker_peak = _maxrss_mib(), _workers_rss_mib(pool)
+    trainer.close()
     done = samples * steps
     return {"cpu_per_sample": cpu / done, "wall_per_sample": wall / done, "steps": steps,
-            "stored_states": trainer.stores_states,
+            "stored_states": trainer.stores_states, "workers": workers,
             "peak_rss_mib": round(peak, 1), "step_extra_mib": round(max(0.0, peak - before), 1),
-            "samples": samples, "private": base != "plain", "lora_layers": top,
-            "load_1min_end": round(os.getloadavg()[0], 2)}
+            "worker_rss_mib": worker_peak, "samples": samples, "private": base != "plain",
+            "lora_layers": top, "load_1min_end": round(os.getloadavg()[0], 2)}
+
+
+def _cpu_seconds(workers: Sequence[Any]) -> float:
+    """User + system CPU seconds of this process and its live pass workers."""
+    import psutil
+
+    mine = os.times()
+    total = mine.user + mine.system
+    for proc in workers:
+        t = psutil.Process(proc.pid).cpu_times()
+        total += t.user + t.system
+    return total
+
+
+def _workers_rss_mib(workers: Sequence[Any]) -> dict[str, float] | None:
+    """Each live pass worker's peak resident set (VmHWM, the shared weights counted in each)
+    and the proportional share of its present one (Pss: the shared pages split between the
+    processes that map them), MiB summed over the workers; None without workers."""
+    if not workers:
+        return None
+    peak = pss = 0.0
+    for proc in workers:
+        status = Path(f"/proc/{proc.pid}/status").read_text(encoding="utf-8")
+        peak += float(next(x for x in status.splitlines() if x.startswith("VmHWM")).split()[1])
+        rollup = Path(f"/proc/{proc.pid}/smaps_rollup").read_text(encoding="utf-8")
+        pss += float(next(x for x in rollup.splitlines() if x.startswith("Pss:")).split()[1])
+    return {"peak_rss": round(peak / 1024, 1), "pss_now": round(pss / 1024, 1)}
 
 
 def _warmed_step(base: str, trainer: Any, net: Any, examples: list[Any], micro_batch: int,
@@ -218,7 +255,8 @@ def lines(res: dict[str, Any]) -> list[str]:
         vs = f", {ratios[mode]:.2f}x hooks" if mode in ratios else ""
         out.append(f"  {mode:<11} {r['cpu_per_sample']:.3f} CPU s / sample, "
                    f"{r['wall_per_sample']:.3f} wall s / sample, peak RSS "
-                   f"{r['peak_rss_mib']:.0f} MiB (step +{r['step_extra_mib']:.0f}){vs}"
+                   f"{r['peak_rss_mib']:.0f} MiB (step +{r['step_extra_mib']:.0f})"
+                   f"{_workers_memory(r)}{vs}"
                    + ("" if r["private"] else "  [NOT private: reference]"))
     m = res.get("machine")
     if m:
@@ -227,6 +265,14 @@ def lines(res: dict[str, Any]) -> list[str]:
                    f"load {load['start']} -> {load['end']} (max {load['max']}), other "
                    f"processes {m['other_load']} cores; quiet: {m['quiet']}")
     return out
+
+
+def _workers_memory(path: dict[str, Any]) -> str:
+    """", workers +P MiB (Pss; peak RSS R)" for a path with pass workers, else ""."""
+    mem = path.get("worker_rss_mib")
+    if not mem:
+        return ""
+    return f", workers +{mem['pss_now']:.0f} MiB (Pss; peak RSS {mem['peak_rss']:.0f})"
 
 
 def _steps(res: dict[str, Any]) -> str:
@@ -252,21 +298,26 @@ def markdown(res: dict[str, Any], command: str) -> str:
         f"v_proj, clip 1, AdamW. {res['memory']}. Load average {load.get('start')} at the "
         f"start, {load.get('max')} at most; quiet: {m.get('quiet')}.",
         "",
-        "| path | CPU s / sample | wall s / sample | peak RSS (MiB) | step + (MiB) | CPU vs "
-        "hooks |",
-        "|---|---|---|---|---|---|",
+        "| path | CPU s / sample | wall s / sample | peak RSS (MiB) | step + (MiB) | "
+        "workers' Pss (MiB) | CPU vs hooks |",
+        "|---|---|---|---|---|---|---|",
     ]
     ratios = res.get("cpu_vs_hooks") or {}
     for mode, r in res["paths"].items():
         ratio = f"{ratios[mode]:.2f}x" if mode in ratios else "-"
+        mem = r.get("worker_rss_mib")
+        workers = f"{mem['pss_now']:.0f}" if mem else "-"
         rows.append(f"| {mode} | {r['cpu_per_sample']:.3f} | {r['wall_per_sample']:.3f} | "
-                    f"{r['peak_rss_mib']:.0f} | {r['step_extra_mib']:.0f} | {ratio} |")
+                    f"{r['peak_rss_mib']:.0f} | {r['step_extra_mib']:.0f} | {workers} | "
+                    f"{ratio} |")
     rows += ["", "`plain` is a NOT private reference (one ordinary backward pass per "
              "micro-batch, no clipping, no noise). `CPU vs hooks`: hooks' CPU seconds over the "
              "path's (above 1: cheaper than hooks). `-topK`: adapters on the last K layers "
              "only, another model than the rows above; `loop-topK` runs them from each "
              "record's state below them, stored on its first pass, `recompute-topK` from the "
-             "embeddings every pass.", ""]
+             "embeddings every pass. `-wN`: the loop path's passes in N processes, one thread "
+             "each (the same sum bit for bit); CPU seconds include the workers', their memory "
+             "is their proportional share (Pss) after the timed steps.", ""]
     return "\n".join(rows)
 
 

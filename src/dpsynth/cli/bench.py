@@ -201,7 +201,8 @@ def dp_finetune(
         "loop,hooks,ghost", "--modes",
         help="Per-sample gradient paths, comma-separated: loop, hooks, ghost, plain (NOT "
              "private: a reference), recompute (loop without stored lower-layer states), "
-             "each optionally -topK (adapters on the last K layers)."),
+             "each optionally -topK (adapters on the last K layers); loop optionally -wN "
+             "(N pass workers, one thread each)."),
     steps: int = typer.Option(1, "--steps", help="Timed steps over the same records (each "
                                                  "an epoch at q = 1)."),
     tokens: int = typer.Option(64, "--tokens", help="Tokens per record (the most, --mixed)."),

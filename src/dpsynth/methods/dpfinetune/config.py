@@ -70,6 +70,13 @@ class DPFineTuneConfig(Section):
                             "equal to the others' up to rounding only). "
                             "benchmarks/results/dp_finetune.md measures them. privacy.unit "
                             "user needs loop")
+    workers: int | None = Field(
+        None, ge=1, description="processes that run the loop path's one-record passes side by "
+                                "side, each pass on one thread (the step's sum is the same bit "
+                                "for bit whatever their number: a resume may change it); "
+                                "None: the generator's threads, else every core. A worker "
+                                "holds about 0.8 GB with SmolLM2-135M (the weights shared, its "
+                                "own activations)")
     checkpoint_every: int = Field(1, ge=1, description="steps between checkpoints")
     secure_mode: bool = Field(
         True, description="noise from the OS CSPRNG (needs privacy.noise: secure), each "

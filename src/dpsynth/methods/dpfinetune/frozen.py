@@ -64,11 +64,12 @@ def first_adapted(model: Any) -> int | None:
 
 class FrozenBelow:
     """Each record's hidden state entering layer ``first`` (its index among the decoder's
-    layers), stored per record index up to :data:`CACHE_BYTES`, and the decoder cut to its
-    layers from ``first`` on (:meth:`top_only`) to run from it."""
+    layers), stored per record index up to ``cap`` bytes (:data:`CACHE_BYTES`), and the
+    decoder cut to its layers from ``first`` on (:meth:`top_only`) to run from it."""
 
-    def __init__(self, model: Any, first: int) -> None:
+    def __init__(self, model: Any, first: int, cap: int = CACHE_BYTES) -> None:
         self.model = model
+        self.cap = int(cap)
         self.inner = decoder_layers(model)
         self.first = int(first)
         self.states: dict[int, Any] = {}
@@ -102,7 +103,7 @@ class FrozenBelow:
         if got is None:
             got = self.hidden(ids, attn)
             size = got.numel() * got.element_size()
-            if self.bytes + size <= CACHE_BYTES:
+            if self.bytes + size <= self.cap:
                 self.states[index] = got
                 self.bytes += size
         return got

@@ -247,13 +247,20 @@ class DPFineTune(Method):
         groups = (user_groups(dataset.users, s.max_records_per_user)
                   if self.user_level(cfg) else None)
         self._warn_noisy_steps(job, model)  # before any noise is drawn
-        noisy = self._releases(job, codes, len(classes))
-        # the earliest a record's text can start: after the shortest label prompt (public)
         # on the configured threads, else every core: never the cores idle at the start of a
         # training that runs for minutes (the one-minute load just after another job left one)
-        with torch_threads(stepper_threads(gen)):
-            seconds = self._train(job, model, examples, pad_id, groups,
-                                  first_target=min(text_start(h) for h in heads))
+        threads = stepper_threads(gen)
+        # the earliest a record's text can start: after the shortest label prompt (public)
+        trainer = self._trainer(job, model, examples, pad_id, groups,
+                                first_target=min(text_start(h) for h in heads),
+                                workers=(s.workers or threads) if s.clipping == "loop" else 1)
+        try:
+            trainer.start_workers()  # one that cannot start fails the run before any spend
+            noisy = self._releases(job, codes, len(classes))
+            with torch_threads(threads):
+                seconds = self._train(job, trainer)
+        finally:
+            trainer.close()
         check = _label_check(job, [dict(zip(columns, c, strict=True)) for c in classes])
         tuned = tuned_generator(model, gen, run.private / FOLDER / TUNED,
                                 engine=cfg.generators[0].engine, batch_size=s.sample_batch,
@@ -338,12 +345,14 @@ class DPFineTune(Method):
             {"charged": "all steps"})
         return noisy
 
-    def _train(self, job: Job, model: Any, examples: list[Any], pad_id: int,
-               groups: list[np.ndarray] | None = None, first_target: int = 1) -> float:
-        """The DP-SGD loop from the last checkpoint; the adapter saved in private/. Per step
-        the private log gets the batch size, the loss and the accountant's epsilon; log.txt a
-        share of the steps done (never T). ``groups``: each user's records (user level);
-        ``first_target``: the shortest label prompt's length (:class:`DPSGD`)."""
+    def _trainer(self, job: Job, model: Any, examples: list[Any], pad_id: int,
+                 groups: list[np.ndarray] | None = None, first_target: int = 1,
+                 workers: int = 1) -> DPSGD:
+        """The DP-SGD loop of the plan (nothing run yet). Per step the private log gets the
+        batch size, the loss and the accountant's epsilon; log.txt a share of the steps done
+        (never T). ``groups``: each user's records (user level); ``first_target``: the
+        shortest label prompt's length; ``workers``: the processes of the loop path's passes
+        (:class:`DPSGD`)."""
 
         cfg, run, plan = job.config, job.run, job.plan
         s, p = self.settings(cfg), cfg.privacy
@@ -372,20 +381,24 @@ class DPFineTune(Method):
                 last[0] = pct
                 run.log(f"dp_finetune: training {pct}% done")
 
-        trainer = DPSGD(model, examples, settings, folder, job.session.noise_for, pad_id,
-                        on_step=on_step, on_checkpoint=job.hooks.on_checkpoint, groups=groups,
-                        first_target=first_target)
+        return DPSGD(model, examples, settings, folder, job.session.noise_for, pad_id,
+                     on_step=on_step, on_checkpoint=job.hooks.on_checkpoint, groups=groups,
+                     first_target=first_target, workers=workers)
+
+    def _train(self, job: Job, trainer: DPSGD) -> float:
+        """Run ``trainer`` from the last checkpoint; the adapter saved in private/."""
+        run, steps = job.run, trainer.s.steps
         facts = trainer.run(resume=True)
         if facts.get("resumed_at") is not None and facts["resumed_at"] >= steps:
             run.log("dp_finetune: resumed after the last step; nothing trained again")
-        elif facts.get("resumed_at") is not None and cfg.privacy.noise == "secure":
+        elif facts.get("resumed_at") is not None and job.config.privacy.noise == "secure":
             # not silent: a step after the last checkpoint was computed again, with fresh
             # coins and noise; its first draw never left the process (nothing was saved or
             # released from it) and the budget was charged once for all T steps
             run.log(f"dp_finetune: resumed at step {facts['resumed_at']}; any step the "
                     "stopped run had begun after its last checkpoint was drawn again with "
                     "fresh secure noise (its first draw was never saved or released)")
-        model.save_pretrained(str(folder / "adapter"))
+        trainer.model.save_pretrained(str(run.private / FOLDER / "adapter"))
         return float(facts["seconds"])
 
     def _sample(self, job: Job, tuned: LocalGenerator, prompt_texts: list[str],

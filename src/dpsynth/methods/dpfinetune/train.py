@@ -18,7 +18,8 @@ L2, whatever their number of records; the noise and B (in users) as above. Only 
 path computes this (hooks and ghost clipping clip per record).
 
 Per-sample gradients (``clipping``): ``loop``, one record per forward and backward pass (no
-batch mixes records at all); ``hooks``, Opacus's GradSampleModule (per-sample gradients from
+batch mixes records at all), each on one thread, in ``workers`` processes (:mod:`.workers`);
+``hooks``, Opacus's GradSampleModule (per-sample gradients from
 its hooks) on passes of a fixed shape (:mod:`dpsynth.fixed_shape`: ``micro_batch`` rows, each
 record padded to a width set by its own length, filler rows with no target), so a record's
 clipped gradient is bit-identical whatever records share its pass, as on ``loop``;
@@ -53,7 +54,9 @@ import numpy as np
 
 from ...fixed_shape import fixed_shape_passes
 from ...llm.models import quiet_transformers
-from .frozen import PROBE_IDS, PROBE_START, FrozenBelow, first_adapted
+from ...llm.runtime import torch_threads
+from .frozen import CACHE_BYTES, PROBE_IDS, PROBE_START, FrozenBelow, first_adapted
+from .workers import PassSpec, PassWorkers
 
 #: fixed-point grid of the exact sum of clipped gradients
 GRID_BITS = 32
@@ -283,14 +286,18 @@ class DPSGD:
     a ``hooks`` pass projects onto the vocabulary only from the position before it on
     (:func:`hooks_keep`). ``freeze_below``: on the loop path, each record's state below the
     adapted layers is computed once and the top layers run from it (:mod:`.frozen`), where
-    that reproduces the full pass bit for bit; False: the full pass every time."""
+    that reproduces the full pass bit for bit (False: the full pass every time), the states
+    kept up to ``state_bytes`` over all processes. ``workers``: processes computing the loop
+    path's passes (:mod:`.workers`; each pass on one thread, the sum the same whatever their
+    number). ``folder`` and ``noise_for`` None: a trainer that only sums (a pass worker's)."""
 
     def __init__(self, model: Any, examples: Sequence[Example], settings: StepSettings,
-                 folder: Path, noise_for: Callable[[str], Any], pad_id: int,
+                 folder: Path | None, noise_for: Callable[[str], Any] | None, pad_id: int,
                  on_step: Callable[[int, dict[str, Any]], None] | None = None,
                  on_checkpoint: Callable[[str], None] | None = None,
                  groups: Sequence[Sequence[int]] | None = None, first_target: int = 1,
-                 freeze_below: bool = True) -> None:
+                 freeze_below: bool = True, workers: int = 1,
+                 state_bytes: int = CACHE_BYTES) -> None:
         import torch
 
         if settings.unit not in ("record", "user"):
@@ -311,7 +318,9 @@ class DPSGD:
             raise ValueError("first_target must be at most every example's start")
         self.first_target = int(first_target)
         self.s = settings
-        self.folder = Path(folder)
+        if workers < 1 or (workers > 1 and settings.clipping != "loop"):
+            raise ValueError("workers > 1 run the loop path's passes only")
+        self.folder = Path(folder) if folder is not None else None
         self.noise_for = noise_for
         self.pad_id = int(pad_id)
         self.on_step = on_step
@@ -323,18 +332,24 @@ class DPSGD:
         self.freeze_below = freeze_below
         self._frozen: FrozenBelow | None = None
         self._frozen_decided = False
+        self.workers = int(workers)
+        self.state_bytes = int(state_bytes) // self.workers  # each process's share
+        self._pool: PassWorkers | None = None
 
     # -- checkpoints -------------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
+        if self.folder is None:
+            raise RuntimeError("a trainer without a folder (a pass worker) keeps no checkpoint")
         return self.folder / CHECKPOINT
 
     def save(self) -> None:
         """Adapter, optimizer state and the next step, written atomically (mode 0600)."""
         import torch
 
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = self.folder / f".{CHECKPOINT}.tmp-{os.getpid()}"
+        folder = self.checkpoint_path.parent
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = folder / f".{CHECKPOINT}.tmp-{os.getpid()}"
         state = {"step": self.step,
                  "adapter": {n: p.detach().clone() for n, p in self.params},
                  "optimizer": self.optimizer.state_dict(),
@@ -368,10 +383,15 @@ class DPSGD:
         """How many units the coins are drawn for: records, or users at user level."""
         return len(self.examples) if self.groups is None else len(self.groups)
 
+    def _stream(self, key: str) -> Any:
+        if self.noise_for is None:
+            raise RuntimeError("a trainer without a noise source (a pass worker) draws nothing")
+        return self.noise_for(key)
+
     def batch(self, t: int) -> np.ndarray:
         """Step t's Poisson batch: unit i (record, or user) with probability q (its own
         coin)."""
-        coins = self.noise_for(f"dp_sgd/step{t}/poisson").uniform(self.units)
+        coins = self._stream(f"dp_sgd/step{t}/poisson").uniform(self.units)
         return np.flatnonzero(np.asarray(coins) < self.s.q)
 
     def _ensure_engine(self) -> Any:
@@ -394,19 +414,91 @@ class DPSGD:
 
     def close(self) -> None:
         """Take Opacus's hooks off the model (hooks / ghost), so that another trainer or a
-        plain forward pass can use it; a later :meth:`clipped_sum` puts them back."""
+        plain forward pass can use it, and stop the pass workers; a later
+        :meth:`clipped_sum` puts either back."""
         if self._engine is not None:
             self._engine.cleanup()
             self._engine = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def set_adapter(self, values: Sequence[Any]) -> None:
+        """The adapter's parameters set to ``values`` (arrays, in :func:`trainable` order)."""
+        import torch
+
+        with torch.no_grad():
+            for (_, p), v in zip(self.params, values, strict=True):
+                p.copy_(torch.as_tensor(v))
 
     def clipped_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
         """The exact fixed-point sum of the clipped per-sample gradients of ``rows`` (one int64
         tensor per parameter) and the summed loss (private: for the private log only). At
-        user level ``rows`` are users and each is clipped as one (:meth:`_user_sum`)."""
+        user level ``rows`` are users and each is clipped as one (:meth:`_user_sum`). On the
+        loop path each record's pass runs on one thread, split between this process and the
+        pass workers when ``workers`` > 1 (:mod:`.workers`: the same sum, bit for bit)."""
+        if self.s.clipping != "loop":
+            return self._batched_sum(rows)
+        pool = self.start_workers()
+        if pool is None:
+            return self._one_thread_sum(rows)
+        adapter = [p.detach().numpy().copy() for _, p in self.params]
+        try:
+            return pool.clipped_sum(rows, adapter, self._one_thread_sum,
+                                    cost=[self._tokens(int(u)) for u in rows])
+        except BaseException:  # a reply may be left in a pipe: no later step may read it
+            self.close()
+            raise
+
+    def start_workers(self) -> PassWorkers | None:
+        """The pass workers, started (and each up) if they are not yet; None with one
+        worker. The method starts them before any budget is charged: a worker that cannot
+        start fails the run before it spends anything."""
+        if self.workers > 1 and self._pool is None:
+            self._pool = PassWorkers(PassSpec(
+                type(self), self.model, self.examples, self.s, self.pad_id, self.groups,
+                self.first_target, self.freeze_below, self.state_bytes), self.workers)
+        return self._pool
+
+    def _tokens(self, unit: int) -> int:
+        """A unit's tokens (a record's, or at user level its records'): its passes' cost."""
+        if self.groups is None:
+            return len(self.examples[unit].ids)
+        return sum(len(self.examples[i].ids) for i in self.groups[unit])
+
+    def _one_thread_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
+        """:meth:`clipped_sum` of the loop path in this process, each pass on one thread."""
+        with torch_threads(1):
+            if self.groups is not None:
+                return self._user_sum(rows)
+            return self._record_sum(rows)
+
+    def _record_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
+        """The loop path's clipped sum: one record, unpadded, a forward and backward pass."""
         import torch
 
-        if self.groups is not None:
-            return self._user_sum(rows)
+        sums = [torch.zeros(p.shape, dtype=torch.int64) for _, p in self.params]
+        total = 0.0
+        for i in np.asarray(rows, dtype=np.int64):
+            ex = self.examples[int(i)]
+            ids, attn, target = collate([ex], self.pad_id)
+            for _, p in self.params:
+                p.grad = None
+            loss = self._record_loss(int(i), ids, attn, target, target_positions(ex))
+            loss.sum().backward()
+            for acc, c in zip(sums, self._clip([p.grad.unsqueeze(0) for _, p in self.params]),
+                              strict=True):
+                acc += to_grid(c).sum(dim=0)
+            total += float(loss.detach().sum())
+        for _, p in self.params:
+            p.grad = None
+        return sums, total
+
+    def _batched_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
+        """The clipped sum on the hooks and ghost paths: Opacus's per-sample gradients or
+        norms over micro-batches (:func:`passes`), on the configured threads."""
+        import torch
+
         sums = [torch.zeros(p.shape, dtype=torch.int64) for _, p in self.params]
         total = 0.0
         engine = self._ensure_engine()
@@ -421,13 +513,7 @@ class DPSGD:
                 p.grad = None
                 if hasattr(p, "grad_sample"):
                     p.grad_sample = None
-            if self.s.clipping == "loop":  # one record, unpadded
-                loss = self._record_loss(int(part[0]), ids, attn, target,
-                                         target_positions(chunk[0]))
-                loss.sum().backward()
-                grads = [p.grad.unsqueeze(0) for _, p in self.params]
-                clipped = self._clip(grads)
-            elif self.s.clipping == "hooks":
+            if self.s.clipping == "hooks":
                 loss = per_sample_loss(engine, ids, attn, target,
                                        keep=hooks_keep(int(ids.shape[1]), self.first_target))
                 loss.sum().backward()
@@ -505,7 +591,7 @@ class DPSGD:
         first = first_adapted(self.model)
         if first is None:
             return None
-        frozen = FrozenBelow(self.model, first)
+        frozen = FrozenBelow(self.model, first, self.state_bytes)
         probe = Example(PROBE_IDS, PROBE_START)
         ids, attn, target = collate([probe], self.pad_id)
         keep = target_positions(probe)
@@ -544,7 +630,7 @@ class DPSGD:
         """(sum + N(0, (sigma C)^2 I)) / B with step t's own noise stream."""
         import torch
 
-        source = self.noise_for(f"dp_sgd/step{t}/noise")
+        source = self._stream(f"dp_sgd/step{t}/noise")
         std = self.s.noise_multiplier * self.s.clip
         out = []
         for (_, p), acc in zip(self.params, sums, strict=True):
@@ -555,32 +641,38 @@ class DPSGD:
         return out
 
     def run(self, resume: bool = True) -> dict[str, Any]:
-        """Train to step T from the last checkpoint; returns public facts (steps, seconds)."""
+        """Train to step T from the last checkpoint; returns public facts (steps, seconds).
+        The pass workers and Opacus's hooks are taken down however it ends."""
         resumed = self.load() if resume else False
         start = self.step
         t0 = time.perf_counter()
         self.model.train()
-        while self.step < self.s.steps:
-            t = self.step
-            rows = self.batch(t)
-            sums, loss = self.clipped_sum(rows)
-            for (_, p), g in zip(self.params, self.noisy_gradient(t, sums), strict=True):
-                p.grad = g
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step = t + 1
-            saved = self.step % self.s.checkpoint_every == 0 or self.step == self.s.steps
-            if saved:
-                self.save()
-            if self.on_step is not None:
-                self.on_step(self.step, {"batch": int(len(rows)),
-                                         "loss": loss / max(1, len(rows))})
-            if saved and self.on_checkpoint is not None:  # the caller's hook (tests: a kill)
-                self.on_checkpoint(f"dp_sgd-{self.step:05d}")
-        self.model.eval()
-        self.close()
+        try:
+            while self.step < self.s.steps:
+                self._one_step()
+        finally:
+            self.model.eval()
+            self.close()
         return {"steps_run": self.step - start, "seconds": time.perf_counter() - t0,
                 "resumed_at": start if resumed else None}
+
+    def _one_step(self) -> None:
+        """Step t: its batch, the exact clipped sum, the noise, AdamW; the checkpoint."""
+        t = self.step
+        rows = self.batch(t)
+        sums, loss = self.clipped_sum(rows)
+        for (_, p), g in zip(self.params, self.noisy_gradient(t, sums), strict=True):
+            p.grad = g
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step = t + 1
+        saved = self.step % self.s.checkpoint_every == 0 or self.step == self.s.steps
+        if saved:
+            self.save()
+        if self.on_step is not None:
+            self.on_step(self.step, {"batch": int(len(rows)), "loss": loss / max(1, len(rows))})
+        if saved and self.on_checkpoint is not None:  # the caller's hook (tests: a kill)
+            self.on_checkpoint(f"dp_sgd-{self.step:05d}")
 
 
 def step_logger(path: Path, epsilon_at: Callable[[int], float]
