@@ -675,6 +675,8 @@ def test_training_runs_on_every_core_not_the_idle_ones_at_its_start(
     raw["generators"] = [{"model": str(model_dir), "engine": "transformers"}]
     _run(raw, tmp_path / "run")
     assert seen == [runtime.available_cores()] == workers
+    said = f"passes in {runtime.available_cores()} process(es), one thread each"
+    assert said in (tmp_path / "run" / "log.txt").read_text()
     assert torch.get_num_threads() == 1  # the generator's count again after the training
     raw["generators"][0]["threads"] = 1  # configured threads are kept
     raw["privacy"].pop("seed")  # a seed's noise is drawn once (the ledger refuses a reuse)

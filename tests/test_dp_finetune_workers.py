@@ -25,7 +25,7 @@ pytest.importorskip("opacus")
 pytest.importorskip("peft")
 
 from dpsynth.methods.dpfinetune.train import DPSGD, Example  # noqa: E402
-from dpsynth.methods.dpfinetune.workers import shares  # noqa: E402
+from dpsynth.methods.dpfinetune.workers import default_workers, shares  # noqa: E402
 from test_dp_finetune import Keys, Killed, _adapter, _examples, _settings, _tiny  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -60,6 +60,16 @@ def test_shares_deal_every_unit_once_and_balance_the_cost() -> None:
     many = rng.integers(30, 80, size=33).astype(float)
     loads = [many[p].sum() for p in shares(np.arange(33), 2, many)]
     assert abs(loads[0] - loads[1]) <= many.max()
+
+
+def test_default_workers_follow_the_threads_and_the_memory_available() -> None:
+    """One per thread while half the memory available holds them (600 MiB each besides half
+    the model's bytes), never fewer than one."""
+    gib, model = 1 << 30, 540 << 20
+    assert default_workers(2, model, 16 * gib) == 2
+    assert default_workers(16, model, 4 * gib) == 2  # 2048 MiB / 870 MiB
+    assert default_workers(4, model, gib) == 1
+    assert default_workers(3, 0, 0) == 1
 
 
 @pytest.mark.parametrize("case", ["record", "stored states", "user"])

@@ -74,9 +74,10 @@ class DPFineTuneConfig(Section):
         None, ge=1, description="processes that run the loop path's one-record passes side by "
                                 "side, each pass on one thread (the step's sum is the same bit "
                                 "for bit whatever their number: a resume may change it); "
-                                "None: the generator's threads, else every core. A worker "
-                                "holds about 0.8 GB with SmolLM2-135M (the weights shared, its "
-                                "own activations)")
+                                "None: one per thread (the generator's threads, else every "
+                                "core) as far as half the memory available holds them. A "
+                                "worker holds about 0.5 GB of its own with SmolLM2-135M (the "
+                                "weights are shared); log.txt says how many ran")
     checkpoint_every: int = Field(1, ge=1, description="steps between checkpoints")
     secure_mode: bool = Field(
         True, description="noise from the OS CSPRNG (needs privacy.noise: secure), each "

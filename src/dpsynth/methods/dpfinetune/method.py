@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import psutil
 
 from ...config import ConfigError, RunConfig
 from ...context import Rngs, label_classes
@@ -64,6 +65,7 @@ from .train import (
     text_start,
     trainable,
 )
+from .workers import default_workers
 
 #: the folder of the method's private state under private/
 FOLDER = "dp-finetune"
@@ -253,7 +255,7 @@ class DPFineTune(Method):
         # the earliest a record's text can start: after the shortest label prompt (public)
         trainer = self._trainer(job, model, examples, pad_id, groups,
                                 first_target=min(text_start(h) for h in heads),
-                                workers=(s.workers or threads) if s.clipping == "loop" else 1)
+                                workers=_pass_workers(s, threads, model, run))
         try:
             trainer.start_workers()  # one that cannot start fails the run before any spend
             noisy = self._releases(job, codes, len(classes))
@@ -497,6 +499,21 @@ class DPFineTune(Method):
                 f"gradients of {which}, clipped to clip as one")
             st["training"]["max_records_per_user"] = s.max_records_per_user
         return st
+
+
+def _pass_workers(s: DPFineTuneConfig, threads: int, model: Any, run: RunDir) -> int:
+    """The loop path's pass workers: ``dp_finetune.workers``, else one per thread as far as
+    the memory available holds them (:func:`default_workers`); 1 on hooks and ghost. Said in
+    log.txt (a machine fact, nothing of the data)."""
+    if s.clipping != "loop":
+        return 1
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    workers = s.workers or default_workers(threads, model_bytes,
+                                           psutil.virtual_memory().available)
+    how = "dp_finetune.workers" if s.workers else f"{threads} threads and the free memory"
+    run.log(f"dp_finetune: one-record passes in {workers} process(es), one thread each "
+            f"({how})")
+    return workers
 
 
 def user_codes(users: Any) -> np.ndarray:

@@ -27,6 +27,19 @@ from typing import Any
 
 import numpy as np
 
+#: a worker's own memory besides its share of the shared weights: the runtime it imports and
+#: one record's activations (measured with SmolLM2-135M: ~0.46 GB; benchmarks/results/
+#: dp_finetune.md), with room for longer records and larger models (plus half their weights)
+WORKER_BYTES = 600 << 20
+
+
+def default_workers(threads: int, model_bytes: int, available_bytes: int) -> int:
+    """The pass workers a run starts unless told: one per thread, as many as half the
+    memory available now holds at :data:`WORKER_BYTES` plus half the model's bytes each
+    (at least 1: the training process itself)."""
+    per_worker = WORKER_BYTES + model_bytes // 2
+    return max(1, min(int(threads), int(available_bytes // 2 // per_worker)))
+
 
 @dataclass(frozen=True)
 class PassSpec:
