@@ -246,3 +246,47 @@ def test_workers_that_cannot_start_fail_the_run_before_any_release(
     assert trainer._pool is None
     assert [c for c in psutil.Process().children(recursive=True)
             if "spawn_main" in " ".join(c.cmdline())] == []
+
+
+def test_the_plan_times_dp_sgd_on_public_records_of_the_longest_shape(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dpsynth plan`` on a dp_finetune config: its gradients timed on the loop path's own
+    code over public records (the run's prompt for a public sentence and max_tokens text
+    tokens), cached, the training stage estimated over the pass workers; hooks are not."""
+    from dpsynth import estimate as est
+    from dpsynth.config import parse_config
+    from dpsynth.methods import get_method
+    from dpsynth.methods.dpfinetune.calibrate import RECORDS, trainer_for
+    from test_dp_finetune import _config, _rows, _tiny_model_dir, _write
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    raw = _config(_write(tmp_path / "d.csv", _rows(12)), batch_size=4, records=12, epochs=1,
+                  max_tokens=8, samples=2, max_new_tokens=2, workers=2)
+    raw["generators"] = [{"model": str(_tiny_model_dir(tmp_path))}]
+    cfg = parse_config(raw)
+    method = get_method(cfg.method)
+    probe = trainer_for(cfg, method.settings(cfg))
+    lengths = {len(e.ids) - e.start for e in probe.examples}
+    assert lengths == {8 + 1} and len(probe.examples) == RECORDS + 1  # text and end token
+    assert method.gradients_per_second(probe) > 0
+    work = est.TuneWork(3, 4.0, 8, 2, 2, workers=2)
+    cache = est.RateCache()
+    first = est.estimate_finetune(cfg, work, method=method, cache=cache,
+                                  rates=([_rate(50.0)], ""))
+    training = {s.stage: s for s in first.stages}["DP-SGD training"]
+    assert training.seconds is not None and training.seconds > 0 and first.gradients
+    again = est.estimate_finetune(cfg, work, method=method, cache=cache, calibrate=False,
+                                  rates=([_rate(50.0)], ""))
+    assert {s.stage: s for s in again.stages}["DP-SGD training"].seconds == training.seconds
+    raw["dp_finetune"]["clipping"] = "hooks"
+    hooks = parse_config(raw)
+    assert method.training_key(hooks) is None
+    stage = {s.stage: s for s in est.estimate_finetune(
+        hooks, work, method=method, rates=([_rate(50.0)], "")).stages}["DP-SGD training"]
+    assert stage.seconds is None and stage.note == est.FINETUNE_REASON
+
+
+def _rate(per_s: float) -> Any:
+    from dpsynth import estimate as est
+
+    return est.Rate(per_s=per_s, load_s=0.0, seconds=1.0)

@@ -263,6 +263,28 @@ def test_dp_finetune_says_its_training_is_not_estimated(tmp_path: Path) -> None:
     assert not estimate.complete and "at least" in _total_line(estimate)
 
 
+def test_dp_finetune_training_at_its_gradient_rate_over_its_workers(tmp_path: Path) -> None:
+    """With a measured rate (per-record gradients a second on one thread) the training is
+    the gradients over the rate times the pass workers, the load the rate's; at user level
+    it stays unestimated (a user's passes follow their private record count)."""
+    cfg = _cfg(tmp_path)
+    work = est.TuneWork(steps=40, batch=32.0, max_tokens=64, samples=100, sample_tokens=48,
+                        workers=2)
+    estimate = est.estimate_finetune(cfg, work, rates=([_rate(80.0, 5.0)], ""),
+                                     train_rate=_rate(4.0, 2.0))
+    by = {s.stage: s for s in estimate.stages}
+    assert by["DP-SGD training"].seconds == pytest.approx(1280 / (4.0 * 2))
+    assert "in 2 process(es)" in by["DP-SGD training"].work
+    assert by["loading models"].seconds == pytest.approx(2.0)
+    assert estimate.complete and estimate.gradients
+    assert "DP-SGD's gradients of public records" in estimate.caveat()
+    users = est.estimate_finetune(cfg, est.TuneWork(40, 32.0, 64, 100, 48, unit="user",
+                                                    workers=2),
+                                  rates=([_rate(80.0, 5.0)], ""), train_rate=_rate(4.0, 2.0))
+    training = {s.stage: s for s in users.stages}["DP-SGD training"]
+    assert training.seconds is None and training.note == est.USER_REASON
+
+
 def test_plan_estimates_wasp_by_its_own_counts(
         tmp_path: Path, fake_models: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -25,8 +25,10 @@ configured models, multiplied by the counts the plan already knows.
     the documents' (and the knowledge base's) embedding, the private prediction's token steps
     (passages x tokens, each step decoding every document row of the cluster and the public
     row: that many contexts at the generator's rate), the self-filter.
-  - dp_finetune (:func:`finetune_stages`): the DP-SGD training is not estimated (per-sample
-    gradients are not calibrated), the release's sampling at the generator's rate.
+  - dp_finetune (:func:`finetune_stages`): the DP-SGD training at the per-record gradient rate
+    the method measures on public records of the run's longest shape, on one thread, over its
+    pass workers (an upper bound; hooks, ghost and user level are not estimated), the
+    release's sampling at the generator's rate.
 
   A vote (nearest-neighbour search and noise) is negligible.
 
@@ -72,7 +74,8 @@ if TYPE_CHECKING:
 __all__ = ["PROMPTS", "TEXTS", "TOKENS", "Estimate", "RagWork", "Rate", "RateCache", "Stage",
            "TuneWork", "Work", "calibrate_embedder", "calibrate_generator", "estimate_finetune",
            "estimate_rag", "estimate_run", "estimate_stages", "finetune_stages", "pe_work",
-           "rag_stages", "rag_work", "secpe_stages", "secpe_work", "wasp_stages", "wasp_work"]
+           "rag_stages", "rag_work", "secpe_stages", "secpe_work", "training_rate",
+           "wasp_stages", "wasp_work"]
 
 #: prompts generated at once by the calibration (at most the generator's batch size)
 PROMPTS = 16
@@ -419,27 +422,45 @@ def rag_stages(work: RagWork, generator: str, embedder: str, gen_rate: Measured,
     return stages
 
 
-#: why dp_finetune's training has no estimate
+#: why dp_finetune's training has no estimate (where it is not calibrated)
 FINETUNE_REASON = ("per-sample gradients are not calibrated (benchmarks/results/dp_finetune.md "
                    "has measured ones)")
+#: why a user-level training has none
+USER_REASON = "a user's gradient takes a pass per record of theirs (their count is private)"
 
 
-def finetune_stages(work: TuneWork, generator: str, gen_rate: Measured) -> list[Stage]:
-    """A dp_finetune run's rows: loading the model in torch and the DP-SGD training, not
-    estimated (:data:`FINETUNE_REASON`), and the release's sampling at the configured
-    generator's calibrated rate (the tuned model, its adapter merged, samples on the
-    generator's own engine; its export or conversion is not counted)."""
+def training_rate(cache: RateCache, key: str, calibrate: bool, what: str,
+                  load: Callable[[], Any], measure: Callable[[Any], float]) -> Measured:
+    """The cached DP-SGD rate of ``key`` on this machine (per-record gradients a second on
+    one thread), else (with ``calibrate``) ``measure(load())``'s, cached; else why none."""
+    return _measured(cache, "dp_sgd", f"{key}|{machine()}", calibrate, what, load, measure)
+
+
+def finetune_stages(work: TuneWork, generator: str, gen_rate: Measured,
+                    train_rate: Measured = FINETUNE_REASON) -> list[Stage]:
+    """A dp_finetune run's rows: loading the model in torch, the DP-SGD training at
+    ``train_rate`` (per-record gradients a second on one thread, public records of the
+    longest shape: an upper bound) over the work's pass workers, and the release's sampling
+    at the configured generator's calibrated rate (the tuned model, its adapter merged,
+    samples on the generator's own engine; its export or conversion is not counted)."""
     grads = math.ceil(work.steps * work.batch)
-    return [
-        Stage("loading models", f"{generator} in torch with a LoRA adapter", None,
-              "the torch load is not calibrated"),
-        Stage("DP-SGD training", f"{work.steps} steps x {work.batch:.4g} expected "
-              f"{work.unit}s = about {grads} per-{work.unit} gradients of up to {work.max_tokens} "
-              "tokens", None, FINETUNE_REASON),
-        _at_rate("release sampling", f"{work.samples} texts x up to {work.sample_tokens} tokens "
-               f"(the tuned model on {generator}'s engine, at its calibrated rate)",
-               work.samples * work.sample_tokens, gen_rate),
-    ]
+    text = (f"{work.steps} steps x {work.batch:.4g} expected {work.unit}s = about {grads} "
+            f"per-{work.unit} gradients of up to {work.max_tokens} tokens")
+    if work.unit != "record":
+        training = Stage("DP-SGD training", text, None, USER_REASON)
+    elif isinstance(train_rate, Rate):
+        training = Stage("DP-SGD training", f"{text}, in {work.workers} process(es)",
+                         grads / (train_rate.per_s * work.workers))
+    else:
+        training = Stage("DP-SGD training", text, None, train_rate)
+    loading = (Stage("loading models", f"{generator} in torch with a LoRA adapter",
+                     train_rate.load_s) if isinstance(train_rate, Rate) else
+               Stage("loading models", f"{generator} in torch with a LoRA adapter", None,
+                     "the torch load is not calibrated"))
+    return [loading, training,
+            _at_rate("release sampling", f"{work.samples} texts x up to {work.sample_tokens} "
+                     f"tokens (the tuned model on {generator}'s engine, at its calibrated "
+                     "rate)", work.samples * work.sample_tokens, gen_rate)]
 
 
 @dataclass
@@ -452,6 +473,8 @@ class Estimate:
     calibration_s: float = 0.0  # the calibrations' wall time (cached ones: when measured)
     cached: bool = False  # every rate came from the cache
     cache: str = ""
+    #: the calibration also timed DP-SGD's per-record gradients (public records)
+    gradients: bool = False
 
     @property
     def total_s(self) -> float:
@@ -486,9 +509,11 @@ class Estimate:
             return "nothing was calibrated: no time estimated"
         how = (f"cached in {self.cache}; delete it to measure again" if self.cached
                else "measured now, cached for the next plan")
+        grads = (", and DP-SGD's gradients of public records as long as the run's longest "
+                 "(the training time is an upper bound)" if self.gradients else "")
         return (f"an estimate, not a promise: from a calibration of {self.calibration_s:.1f} s "
                 f"on this machine ({how}) of up to {PROMPTS} prompts x {TOKENS} tokens and {TEXTS} "
-                "texts embedded; the run's batches, text lengths and the machine's load "
+                f"texts embedded{grads}; the run's batches, text lengths and the machine's load "
                 "change it")
 
 
@@ -546,11 +571,22 @@ def estimate_rag(cfg: RunConfig, work: RagWork, *, calibrate: bool = True,
 
 def estimate_finetune(cfg: RunConfig, work: TuneWork, *, calibrate: bool = True,
                       cache: RateCache | None = None, generator: Any = None,
-                      rates: tuple[Sequence[Measured], Measured] | None = None) -> Estimate:
+                      rates: tuple[Sequence[Measured], Measured] | None = None,
+                      method: Any = None, train_rate: Measured | None = None) -> Estimate:
     """The :class:`Estimate` of ``cfg``'s dp_finetune run doing ``work``: its first
-    generator (the base model) rated as :func:`estimate_run` rates it; no embedder."""
+    generator (the base model) rated as :func:`estimate_run` rates it; its training at
+    ``train_rate`` when given, else at the rate ``method`` (a
+    :class:`~dpsynth.work.TuningMethod`) measures or the cache holds; no embedder."""
     cache = cache or RateCache()
     given = None if generator is None else [generator]
     gen_rates, _ = _rates(cfg, cache, calibrate, given, None, rates, False, first=1)
-    stages = finetune_stages(work, cfg.generators[0].short_name, gen_rates[0])
-    return _estimate(stages, gen_rates[:1], cache)
+    if train_rate is None:
+        key = None if method is None else method.training_key(cfg)
+        train_rate = (FINETUNE_REASON if key is None or work.unit != "record" else
+                      training_rate(cache, key, calibrate, "DP-SGD's per-record gradients",
+                                    lambda: method.training_probe(cfg),
+                                    method.gradients_per_second))
+    stages = finetune_stages(work, cfg.generators[0].short_name, gen_rates[0], train_rate)
+    estimate = _estimate(stages, [gen_rates[0], train_rate], cache)
+    estimate.gradients = isinstance(train_rate, Rate)
+    return estimate

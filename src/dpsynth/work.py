@@ -145,7 +145,8 @@ def secpe_stages(records: int, clusters: int, detection_s: float | None,
 class TuneWork:
     """What a dp_finetune run does: ``steps`` DP-SGD steps of ``batch`` expected units
     (records, or users: ``unit``) of up to ``max_tokens`` tokens, then ``samples`` texts of
-    up to ``sample_tokens`` new tokens sampled from the tuned model."""
+    up to ``sample_tokens`` new tokens sampled from the tuned model; ``workers``: the
+    processes its per-record gradients run in, one thread each."""
 
     steps: int
     batch: float
@@ -153,6 +154,7 @@ class TuneWork:
     samples: int
     sample_tokens: int
     unit: str = "record"
+    workers: int = 1
 
 
 @runtime_checkable
@@ -162,6 +164,19 @@ class TuningMethod(Protocol):
     users) that set its sampling rate."""
 
     def tune_work(self, config: Any, plan: Any, units: int) -> TuneWork: ...
+
+    def training_key(self, config: Any) -> str | None:
+        """What its per-gradient cost depends on (the cache key of its calibration), or
+        None where it is not calibrated."""
+        ...
+
+    def training_probe(self, config: Any) -> Any:
+        """What its calibration times (the model loaded, public records)."""
+        ...
+
+    def gradients_per_second(self, probe: Any) -> float:
+        """Per-record gradients a second on one thread of ``probe``."""
+        ...
 
     def plan_noisy_steps(self, config: Any, plan: Any
                          ) -> tuple[dict[str, float] | None, str | None]:

@@ -299,7 +299,8 @@ def _held_estimate(cfg: Any, method: Any, held: Any, units: int,
     ``units``; None for another method (no count is known)."""
     if not isinstance(method, TuningMethod):
         return None
-    return estimate_finetune(cfg, method.tune_work(cfg, held, units), calibrate=calibrate)
+    return estimate_finetune(cfg, method.tune_work(cfg, held, units), calibrate=calibrate,
+                             method=method)
 
 
 def _from_data(cfg: Any, method: Any, labels: int | None) -> tuple[Any, float]:

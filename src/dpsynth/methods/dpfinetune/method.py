@@ -42,7 +42,7 @@ from ...files import SHARED_MODE, atomic_write_json, write_jsonl
 from ...label_domain import declared_statement, undeclared_columns
 from ...llm.local import LocalGenerator
 from ...llm.models import quiet_transformers
-from ...llm.runtime import stepper_threads, torch_threads
+from ...llm.runtime import available_cores, stepper_threads, torch_threads
 from ...privacy import run_seed
 from ...privacy.lattice import count_lattice
 from ...progress import note, warn
@@ -52,6 +52,7 @@ from ...work import TuneWork
 from ..base import Job, Method, Outcome, PrivacyPlan, check_prompt_fields
 from ..loop import MOSTLY_FILTERED, warn_if_mostly_cut
 from . import accounting
+from .calibrate import calibration_key, gradients_per_second, trainer_for
 from .config import DPFineTuneConfig
 from .prompts import label_heads, label_prompts
 from .sample import engine_draw, quota, sample_texts, tuned_generator
@@ -101,8 +102,24 @@ class DPFineTune(Method):
         estimate)."""
         s = self.settings(config)
         q, steps = float(plan.notes["q"]), int(plan.notes["steps"])
+        threads = config.generators[0].threads or available_cores()
         return TuneWork(steps, q * float(self.declared_units(config) or units), s.max_tokens,
-                        s.samples, s.max_new_tokens, config.privacy.unit)
+                        s.samples, s.max_new_tokens, config.privacy.unit,
+                        workers=(s.workers or threads) if s.clipping == "loop" else 1)
+
+    def training_key(self, config: RunConfig) -> str | None:
+        """The cache key of the DP-SGD calibration (:mod:`.calibrate`); None off the loop
+        path (hooks and ghost are not calibrated)."""
+        s = self.settings(config)
+        return None if s.clipping != "loop" else calibration_key(config, s)
+
+    def training_probe(self, config: RunConfig) -> Any:
+        """The loop path's trainer on public records of the run's longest shape."""
+        return trainer_for(config, self.settings(config))
+
+    @staticmethod
+    def gradients_per_second(probe: Any) -> float:
+        return gradients_per_second(probe)
 
     @classmethod
     def extras(cls, config: RunConfig) -> list[tuple[str, str, str]]:
