@@ -27,7 +27,8 @@ configured models, multiplied by the counts the plan already knows.
     row: that many contexts at the generator's rate), the self-filter.
   - dp_finetune (:func:`finetune_stages`): the DP-SGD training at the per-record gradient rate
     the method measures on public records of the run's longest shape, on one thread, over its
-    pass workers (an upper bound; hooks, ghost and user level are not estimated), the
+    pass workers (records shorter than that train faster; hooks, ghost and user level are
+    not estimated), the
     release's sampling at the generator's rate.
 
   A vote (nearest-neighbour search and noise) is negligible.
@@ -440,7 +441,8 @@ def finetune_stages(work: TuneWork, generator: str, gen_rate: Measured,
                     train_rate: Measured = FINETUNE_REASON) -> list[Stage]:
     """A dp_finetune run's rows: loading the model in torch, the DP-SGD training at
     ``train_rate`` (per-record gradients a second on one thread, public records of the
-    longest shape: an upper bound) over the work's pass workers, and the release's sampling
+    longest shape; shorter records train faster) over the work's pass workers, and the
+    release's sampling
     at the configured generator's calibrated rate (the tuned model, its adapter merged,
     samples on the generator's own engine; its export or conversion is not counted)."""
     grads = math.ceil(work.steps * work.batch)
@@ -510,7 +512,8 @@ class Estimate:
         how = (f"cached in {self.cache}; delete it to measure again" if self.cached
                else "measured now, cached for the next plan")
         grads = (", and DP-SGD's gradients of public records as long as the run's longest "
-                 "(the training time is an upper bound)" if self.gradients else "")
+                 "(shorter records train faster; the steps' own work is not counted)"
+                 if self.gradients else "")
         return (f"an estimate, not a promise: from a calibration of {self.calibration_s:.1f} s "
                 f"on this machine ({how}) of up to {PROMPTS} prompts x {TOKENS} tokens and {TEXTS} "
                 f"texts embedded{grads}; the run's batches, text lengths and the machine's load "
