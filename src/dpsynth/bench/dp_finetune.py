@@ -153,15 +153,21 @@ def _cpu_seconds(workers: Sequence[Any]) -> float:
 def _workers_rss_mib(workers: Sequence[Any]) -> dict[str, float] | None:
     """Each live pass worker's peak resident set (VmHWM, the shared weights counted in each)
     and the proportional share of its present one (Pss: the shared pages split between the
-    processes that map them), MiB summed over the workers; None without workers."""
+    processes that map them), MiB summed over the workers; None without workers or where
+    /proc does not say (not Linux)."""
     if not workers:
         return None
     peak = pss = 0.0
-    for proc in workers:
-        status = Path(f"/proc/{proc.pid}/status").read_text(encoding="utf-8")
-        peak += float(next(x for x in status.splitlines() if x.startswith("VmHWM")).split()[1])
-        rollup = Path(f"/proc/{proc.pid}/smaps_rollup").read_text(encoding="utf-8")
-        pss += float(next(x for x in rollup.splitlines() if x.startswith("Pss:")).split()[1])
+    try:
+        for proc in workers:
+            status = Path(f"/proc/{proc.pid}/status").read_text(encoding="utf-8")
+            peak += float(next(x for x in status.splitlines()
+                               if x.startswith("VmHWM")).split()[1])
+            rollup = Path(f"/proc/{proc.pid}/smaps_rollup").read_text(encoding="utf-8")
+            pss += float(next(x for x in rollup.splitlines()
+                              if x.startswith("Pss:")).split()[1])
+    except (OSError, StopIteration):
+        return None
     return {"peak_rss": round(peak / 1024, 1), "pss_now": round(pss / 1024, 1)}
 
 

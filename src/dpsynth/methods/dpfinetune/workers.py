@@ -1,6 +1,6 @@
 """The loop path's per-record passes in several processes at once, one thread each.
 
-A loop pass is one record of some 30-80 tokens: products that small keep a second thread of
+A loop pass is one record of some 30-120 tokens: products that small keep a second thread of
 the same pass mostly waiting (on 2 cores, 0.54 wall s a record on two threads against 0.59
 on one), where a second process running other records on its own thread nearly halves the
 step (benchmarks/results/dp_finetune.md). :class:`PassWorkers` splits a step's units (records,
