@@ -17,7 +17,6 @@ import numpy as np
 
 from ...config import RunConfig
 from ...llm.local import LocalGenerator
-from ...privacy import SeededNoise
 from .config import DPFineTuneConfig
 from .prompts import label_heads
 from .train import DPSGD, Example, StepSettings, attach_lora, text_start
@@ -53,7 +52,7 @@ def trainer_for(config: RunConfig, s: DPFineTuneConfig) -> DPSGD:
                             clip=s.max_grad_norm, learning_rate=s.learning_rate,
                             secure=False)
     model.train()
-    return DPSGD(model, examples, settings, None, SeededNoise(0).spawn, int(gen.pad_token_id),
+    return DPSGD(model, examples, settings, None, None, int(gen.pad_token_id),
                  first_target=examples[0].start)
 
 

@@ -480,19 +480,24 @@ class DPSGD:
         sums = [torch.zeros(p.shape, dtype=torch.int64) for _, p in self.params]
         total = 0.0
         for i in np.asarray(rows, dtype=np.int64):
-            ex = self.examples[int(i)]
-            ids, attn, target = collate([ex], self.pad_id)
-            for _, p in self.params:
-                p.grad = None
-            loss = self._record_loss(int(i), ids, attn, target, target_positions(ex))
-            loss.sum().backward()
-            for acc, c in zip(sums, self._clip([p.grad.unsqueeze(0) for _, p in self.params]),
-                              strict=True):
+            grads, loss = self._record_grads(int(i))
+            for acc, c in zip(sums, self._clip([g.unsqueeze(0) for g in grads]), strict=True):
                 acc += to_grid(c).sum(dim=0)
-            total += float(loss.detach().sum())
+            total += loss
         for _, p in self.params:
             p.grad = None
         return sums, total
+
+    def _record_grads(self, index: int) -> tuple[list[Any], float]:
+        """Record ``index``'s gradient of the adapter (one tensor per parameter) and its loss,
+        from a forward and backward pass of its own, unpadded."""
+        ex = self.examples[index]
+        ids, attn, target = collate([ex], self.pad_id)
+        for _, p in self.params:
+            p.grad = None
+        loss = self._record_loss(index, ids, attn, target, target_positions(ex))
+        loss.sum().backward()
+        return [p.grad for _, p in self.params], float(loss.detach().sum())
 
     def _batched_sum(self, rows: np.ndarray) -> tuple[list[Any], float]:
         """The clipped sum on the hooks and ghost paths: Opacus's per-sample gradients or
@@ -555,15 +560,10 @@ class DPSGD:
             acc = [torch.zeros(p.shape, dtype=torch.float64) for _, p in self.params]
             loss_sum = 0.0
             for i in rows:
-                ids, attn, target = collate([self.examples[i]], self.pad_id)
-                for _, p in self.params:
-                    p.grad = None
-                loss = self._record_loss(i, ids, attn, target,
-                                         target_positions(self.examples[i]))
-                loss.sum().backward()
-                for a, (_, p) in zip(acc, self.params, strict=True):
-                    a += p.grad.double()
-                loss_sum += float(loss.detach().sum())
+                grads, loss = self._record_grads(i)
+                for a, g in zip(acc, grads, strict=True):
+                    a += g.double()
+                loss_sum += loss
             mean = [(a / float(len(rows))).unsqueeze(0) for a in acc]
             for s, c in zip(sums, self._clip(mean), strict=True):
                 s += to_grid(c).sum(dim=0)
