@@ -313,6 +313,7 @@ def nonprivate_training() -> Iterator[None]:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
         self.model.eval()
+        self.close()  # the pass workers the method started: this loop does not use them
         return {"steps_run": 0, "seconds": time.perf_counter() - t0, "resumed_at": None}
 
     original = method.DPSGD.run

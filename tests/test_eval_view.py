@@ -82,15 +82,19 @@ def test_table_rows_are_the_suites_numbers(runs, evaluated):
     (table,) = utility_tables(evaluated["utility"], operator=True)
     got = {r.key: r for r in table.rows}
     assert [r.name for r in table.rows] == ["synthetic", "zero-shot reference", "real-trained",
+                                            "real-trained, as many records as synthetic texts",
                                             "chance (majority class)"]
-    for key in ("synthetic", "zero_shot", "private"):
+    for key in ("synthetic", "zero_shot", "private", "private_at_size"):
         assert got[key].accuracy == row[key]["accuracy"]
         assert got[key].macro_f1 == row[key]["macro_f1"]
     acc, f1 = _chance(runs["test"])
     assert got["chance"].accuracy == pytest.approx(acc) == row["chance"]
     assert got["chance"].macro_f1 == pytest.approx(f1) == row["chance_macro_f1"]
+    # the at-size reference: a draw of as many private records as the synthetic set has
+    assert row["private"]["n_train"] == 120
+    assert row["private_at_size"]["n_train"] == row["synthetic"]["n_train"] == 60
     shareable = utility_tables(evaluated["utility"], operator=False)[0]
-    assert "private" not in {r.key for r in shareable.rows}
+    assert not {"private", "private_at_size"} & {r.key for r in shareable.rows}
     # the comparison and the one-line verdict
     cmp = evaluated["versus_zero_shot"]["logreg"][LABEL]
     points = round(100 * (row["synthetic"]["accuracy"] - row["zero_shot"]["accuracy"]), 1)
@@ -105,7 +109,7 @@ def test_table_rows_are_the_suites_numbers(runs, evaluated):
 
 def test_real_trained_reference_is_written_to_private_only(runs, evaluated):
     on_disk = json.loads((runs["run"] / "eval" / "eval.json").read_text())
-    assert "private" not in on_disk["utility"]["logreg"][LABEL]
+    assert not {"private", "private_at_size"} & set(on_disk["utility"]["logreg"][LABEL])
     assert "private" not in on_disk["n"]
     assert on_disk["verdict"] == evaluated["verdict"]
     assert on_disk["utility"]["logreg"][LABEL]["synthetic"] == \
@@ -113,8 +117,8 @@ def test_real_trained_reference_is_written_to_private_only(runs, evaluated):
     ref_file = runs["run"] / "private" / "eval" / REFERENCE_FILE
     assert oct(ref_file.stat().st_mode)[-3:] == "600"
     ref = json.loads(ref_file.read_text())
-    assert ref["utility"]["logreg"][LABEL]["private"] == \
-        evaluated["utility"]["logreg"][LABEL]["private"]
+    for key in ("private", "private_at_size"):
+        assert ref["utility"]["logreg"][LABEL][key] == evaluated["utility"]["logreg"][LABEL][key]
     assert ref["n_private"] == evaluated["n"]["private"]
 
 
@@ -234,3 +238,38 @@ def test_audit_run_shows_bars_of_its_texts_and_its_audits(runs):
     assert f"{AUDITS_BAR}: 0/3" in text and f"{AUDITS_BAR}: 3/3 in" in text, text
     assert "embedding synthetic (texts)" in text and "embedding holdout (texts)" in text
     assert AUDITS_BAR not in shown(False)
+
+
+def test_the_release_sizes_ceiling_is_the_at_size_references_share_of_the_gap():
+    """real records as many as the synthetic texts: the share of the zero-shot -> real gap
+    they close, said to the operator with what raises it."""
+    from dpsynth.eval.view import in_context
+
+    cell = {"n_test": 1000}
+    block = {"synthetic": {"accuracy": 0.45, **cell}, "zero_shot": {"accuracy": 0.40, **cell},
+             "private": {"accuracy": 0.80, **cell}, "private_at_size": {"accuracy": 0.50, **cell},
+             "chance": 0.1}
+    (line,) = in_context({"logreg": {LABEL: block}}, operator=True)
+    assert line.real_at_size == 0.50
+    assert line.size_ceiling == pytest.approx(0.25)
+    assert line.gap_closed == pytest.approx(0.125)
+    assert "25 % of the gap" in line.size_sentence and "synthesis.samples" in line.size_sentence
+    (shared,) = in_context({"logreg": {LABEL: block}}, operator=False)
+    assert shared.real_at_size is None and shared.size_sentence == ""
+    del block["private_at_size"]
+    (line,) = in_context({"logreg": {LABEL: block}}, operator=True)
+    assert line.size_ceiling is None and line.size_sentence == ""
+
+
+def test_no_at_size_reference_where_the_private_data_is_no_larger():
+    from dpsynth.eval.release import LabeledTexts
+    from dpsynth.eval.suite import at_release_size
+
+    data = LabeledTexts(["a", "b", "c"], {LABEL: ["x", "y", "x"]})
+    emb = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert "no more records" in at_release_size(emb, data, 3, 0)
+    got_emb, got = at_release_size(emb, data, 2, 0)
+    assert len(got) == 2 and got_emb.shape == (2, 2)
+    for vec, text, label in zip(got_emb, got.texts, got.labels[LABEL], strict=True):
+        i = data.texts.index(text)
+        assert (vec == emb[i]).all() and label == data.labels[LABEL][i]

@@ -98,7 +98,8 @@ def print_eval(result: dict[str, Any], audit: dict[str, Any] | None) -> None:
     for line in in_context(util, operator=True):
         gap = "" if line.gap_closed is None else \
             f"; {100 * line.gap_closed:.0f} % of the zero-shot -> real-trained gap closed"
-        console.print(escape(f"{line.column} ({line.kind}): {line.sentence}{gap}"))
+        size = f"; {line.size_sentence}" if line.size_sentence else ""
+        console.print(escape(f"{line.column} ({line.kind}): {line.sentence}{gap}{size}"))
     if "next_token" in util:
         table = Table(title="Utility: next-token accuracy (word bigram LM) on real test text")
         table.add_column("trained on")

@@ -566,6 +566,8 @@ def context_table(rows: Sequence[InContext], operator: bool) -> dict[str, Any]:
         if operator and r.gap_closed is not None:
             text += f"; it closed {_pct(r.gap_closed)} of the gap between zero-shot and " \
                     "real-trained"
+        if operator and r.size_sentence:
+            text += f"; {r.size_sentence}"
         sentences.append(text + ".")
     return {"context": _table(header, body), "sentences": sentences}
 

@@ -63,7 +63,7 @@ from . import fidelity as fi
 from . import utility as ut
 from .common import EvalInputError, guarded, unavailable
 from .release import LabeledTexts, load_private_data, load_run, load_test_data, run_label_domain
-from .view import NOT_GIVEN, PAIRED_KEY, verdict, versus_zero_shot
+from .view import NOT_GIVEN, OPERATOR_ROWS, PAIRED_KEY, verdict, versus_zero_shot
 
 Classifier = Literal["logreg", "finetune", "both"]
 
@@ -220,6 +220,19 @@ def _cap(texts: list[str], y: list[str], cap: int | None, seed: int
         return texts, y
     idx = np.sort(np.random.default_rng(seed).choice(len(texts), cap, replace=False))
     return [texts[i] for i in idx], [y[i] for i in idx]
+
+
+def at_release_size(emb: np.ndarray, data: LabeledTexts, size: int, seed: int
+                    ) -> tuple[np.ndarray, LabeledTexts] | str:
+    """A seeded draw of ``size`` private records (embeddings and texts): the real-trained
+    reference at the synthetic set's size (the most a release of that size is likely to
+    give); the reason there is none where the private data is no larger."""
+    if len(data) <= size:
+        return (f"the private data has no more records than the synthetic set's {size}: "
+                "see the real-trained row")
+    idx = np.sort(np.random.default_rng(seed).choice(len(data), size, replace=False))
+    return emb[idx], LabeledTexts([data.texts[i] for i in idx],
+                                  {c: [v[i] for i in idx] for c, v in data.labels.items()})
 
 
 def audit_block(
@@ -395,6 +408,9 @@ def evaluate_run(
     train_sets: dict[str, tuple[np.ndarray, LabeledTexts] | str | None] = {
         "synthetic": (syn_emb, release.synthetic),
         "private": (priv_emb, private.data) if private and priv_emb is not None else None,
+        "private_at_size": (at_release_size(priv_emb, private.data, len(release.synthetic),
+                                            seed)
+                            if private and priv_emb is not None else None),
         "zero_shot": (zs_emb, zero_shot)
         if zero_shot is not None and zs_emb is not None else zs_missing,
     }
@@ -481,19 +497,23 @@ def split_private(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     """(shareable part, private part) of an eval result (docs/methods.md §5, §6).
 
     The private part holds what was computed on the private data: the real-trained
-    ("private") utility cells and the private data's size; it goes to
+    utility cells (:data:`.view.OPERATOR_ROWS`: on all the private records and on as many as
+    the synthetic set has texts) and the private data's size; it goes to
     ``private/eval/reference.json``. None when the result holds nothing private.
     """
     shareable = copy.deepcopy(result)
     utility: dict[str, Any] = {}
     for kind, block in (shareable.get("utility") or {}).items():
-        if kind == "next_token":
-            if "private" in block:
-                utility[kind] = {"private": block.pop("private")}
-            continue
-        for col, row in block.items():
-            if "private" in row:
-                utility.setdefault(kind, {})[col] = {"private": row.pop("private")}
+        rows = [block] if kind == "next_token" else list(block.values())
+        keys = [None] if kind == "next_token" else list(block)
+        for col, row in zip(keys, rows, strict=True):
+            cells = {key: row.pop(key) for key in sorted(OPERATOR_ROWS) if key in row}
+            if not cells:
+                continue
+            if col is None:
+                utility[kind] = cells
+            else:
+                utility.setdefault(kind, {})[col] = cells
     n_private = (shareable.get("n") or {}).pop("private", None)
     shareable["notes"] = [n for n in shareable.get("notes", []) if n != PRIVATE_USE_NOTE]
     if not utility and n_private is None:

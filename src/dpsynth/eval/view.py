@@ -7,6 +7,9 @@ One table per (classifier, label column), built from the ``utility`` block that
 * **zero-shot reference**: trained on zero-shot generations that saw no private data;
 * **real-trained**: trained on the private data (operator view only: it is computed on the
   private data and is not covered by the DP guarantee);
+* **real-trained at the synthetic set's size**: trained on a seeded draw of as many private
+  records as the synthetic set has texts (operator view only): what a release of that size
+  could give if its texts were real records, the ceiling the set's size puts on it;
 * **chance**: always predicting the test split's most frequent label (accuracy = majority
   share; macro-F1 = that class's F1 / number of test classes).
 
@@ -31,10 +34,11 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("synthetic", "synthetic"),
     ("zero_shot", "zero-shot reference"),
     ("private", "real-trained"),
+    ("private_at_size", "real-trained, as many records as synthetic texts"),
     ("chance", "chance (majority class)"),
 )
 #: Rows computed on the private data: only in the operator's view.
-OPERATOR_ROWS = frozenset({"private"})
+OPERATOR_ROWS = frozenset({"private", "private_at_size"})
 KIND_TITLES = {"logreg": "logistic regression on sentence embeddings",
                "finetune": "fine-tuned MiniLM classifier"}
 NOT_GIVEN = "not given"
@@ -270,6 +274,26 @@ class InContext:
     points: float | None
     interval: list[float] | None
     gap_closed: float | None
+    real_at_size: float | None = None
+
+    @property
+    def size_ceiling(self) -> float | None:
+        """The share of the zero-shot -> real gap that real records as many as the synthetic
+        texts close: what a release of this size could close at best (None: not computed)."""
+        if self.real_at_size is None or self.real is None or self.zero_shot is None or \
+                self.real - self.zero_shot < 0.005:
+            return None
+        return (self.real_at_size - self.zero_shot) / (self.real - self.zero_shot)
+
+    @property
+    def size_sentence(self) -> str:
+        """The operator's line on the release's size, '' where not computed."""
+        ceiling = self.size_ceiling
+        if ceiling is None or self.real_at_size is None:
+            return ""
+        return (f"real records as many as the synthetic texts score {self.real_at_size:.3f}, "
+                f"{100 * ceiling:.0f} % of the gap: the most a release of this size is likely "
+                "to close; a larger release (synthesis.samples) costs no budget")
 
     @property
     def sentence(self) -> str:
@@ -296,10 +320,12 @@ def in_context(utility: dict[str, Any] | None, *, operator: bool,
         if chance is None and majority is not None:
             chance = majority(table.column)
         real = rows["private"].accuracy if "private" in rows else None
+        at_size = rows["private_at_size"].accuracy if "private_at_size" in rows else None
         cell = (comparison.get(table.kind) or {}).get(table.column) or {}
         gap = None
         if real is not None and zs is not None and real - zs >= 0.005:
             gap = (syn - zs) / (real - zs)
         out.append(InContext(table.kind, table.column, syn, zs, chance, real,
-                             cell.get("accuracy_points"), cell.get("interval_points"), gap))
+                             cell.get("accuracy_points"), cell.get("interval_points"), gap,
+                             at_size))
     return out
