@@ -29,6 +29,7 @@ from dpsynth.evolution.pool import Pool
 from dpsynth.methods import get_method
 from dpsynth.methods.pe import plan_pe
 from dpsynth.planning import (
+    FEW_TEXTS_A_VALUE,
     FEW_WINNERS,
     VOTE_MARGIN,
     PlanInputs,
@@ -159,6 +160,23 @@ def test_the_plan_says_when_the_release_is_drawn_from_few_winners(tmp_path) -> N
                                                    "synthesis.population": None}))
     sized = _plan(wcfg, wasp, 150, 3, 6.46)
     assert sized.population * FEW_WINNERS < 200 and sized.release_note == ""
+
+
+def test_the_plan_says_when_the_release_has_few_texts_a_label_value(tmp_path) -> None:
+    """Fewer than FEW_TEXTS_A_VALUE texts a value of the widest label column: the plan says
+    the release's size holds a classifier back and what raises it; at that many it is
+    silent."""
+    method = get_method("aug_pe")
+    values = [f"intent_{i}" for i in range(77)]
+    cfg = _config(tmp_path, **{"synthesis.samples": 500, "data.label_values": {"label": values}})
+    few = _plan(cfg, method, 2000, 77, 1.88)
+    assert "500 texts over 77 values of 'label' is 6.49 a value" in few.size_note
+    assert "synthesis.samples" in few.size_note and f"  {few.size_note}" in few.lines()
+    enough = _config(tmp_path, **{"synthesis.samples": FEW_TEXTS_A_VALUE * 77,
+                                  "data.label_values": {"label": values}})
+    assert _plan(enough, method, 2000, 77, 1.88).size_note == ""
+    three = _config(tmp_path, **{"synthesis.samples": 500})  # 3 declared values
+    assert _plan(three, method, 2000, 3, 1.88).size_note == ""
 
 
 def test_wasps_plan_counts_the_pool_its_last_vote_sees(tmp_path) -> None:
