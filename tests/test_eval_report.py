@@ -295,6 +295,7 @@ def test_unlabeled_corpus_gets_next_token_accuracy(fake, tmp_path, embedder):
 PRIVATE_ACC = 0.987654  # the private-trained reference: computed on private data
 MIA_AUC = 0.876543  # membership inference: computed on private data
 SYN_ACC = 0.612345  # synthetic-trained, scored on the public test set: shareable
+AT_SIZE_ACC = 0.765432  # real-trained on as many private records as synthetic texts: private
 
 
 def _evaluated_run(tmp_path: Path, privacy: dict) -> Path:
@@ -319,6 +320,7 @@ def _evaluated_run(tmp_path: Path, privacy: dict) -> Path:
         "fidelity": {"synthetic": {"n": 6, "fid": 0.5}},
         "utility": {"logreg": {"department": {
             "synthetic": cell(SYN_ACC), "private": cell(PRIVATE_ACC),
+            "private_at_size": cell(AT_SIZE_ACC),
             "zero_shot": {"unavailable": "none"}, "chance": 0.5}}},
         "notes": [PRIVATE_USE_NOTE],
     }))
@@ -341,7 +343,8 @@ def test_shareable_report_holds_no_private_derived_value(tmp_path):
     run = _evaluated_run(tmp_path, SEEDED)
     page = write_report(run).read_text(encoding="utf-8")
     assert f"{SYN_ACC:.3f}" in page  # the release's own test-set score is shareable
-    for private_value in (f"{PRIVATE_ACC:.3f}", f"{MIA_AUC:.3f}", "4321"):
+    for private_value in (f"{PRIVATE_ACC:.3f}", f"{AT_SIZE_ACC:.3f}", f"{MIA_AUC:.3f}",
+                          "4321"):
         assert private_value not in page, private_value
     assert "Membership inference" not in page and "Canary audit" not in page
     assert "OPERATOR ONLY" not in page and "report-operator.html" in page
@@ -528,6 +531,10 @@ def test_headline_puts_the_score_beside_its_baselines_and_words_the_interval(tmp
     op_head = operator[:operator.index("Privacy guarantee")]
     gap = (SYN_ACC - ZS_ACC) / (PRIVATE_ACC - ZS_ACC)
     assert f"{PRIVATE_ACC:.3f}" in op_head and f"{100 * gap:.0f} %" in op_head
+    # the ceiling the release's size sets: real records as many as the synthetic texts
+    ceiling = (AT_SIZE_ACC - ZS_ACC) / (PRIVATE_ACC - ZS_ACC)
+    assert f"score {AT_SIZE_ACC:.3f}, {100 * ceiling:.0f} % of the gap" in op_head
+    assert f"{AT_SIZE_ACC:.3f}" not in page
 
     # paired on the same 400 texts, the same +1.5 points is measurable when the two sets'
     # classifiers agree but on 6 texts, all won by synthetic; not when they differ on 60
