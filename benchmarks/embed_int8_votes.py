@@ -41,9 +41,9 @@ from dpsynth.embed.engines import WIDTH_STEP, OpenVinoEngine  # noqa: E402
 from dpsynth.embed.export import export_onnx  # noqa: E402
 from dpsynth.llm.runtime import import_openvino  # noqa: E402
 from embed_shapes import Arm, compiled_call, quantised  # noqa: E402
+from harness import SHARED  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SETS = {"banking77": DATA / "banking77" / "train.csv", "yelp": DATA / "yelp" / "dev.csv"}
+SETS = {"banking77": SHARED / "banking77" / "train.csv", "yelp": SHARED / "yelp" / "dev.csv"}
 
 
 def unit(v: np.ndarray) -> np.ndarray:

@@ -214,11 +214,16 @@ def _missing(name: str, reason: str | None) -> dict[str, str]:
     return unavailable(reason or f"no {name} data")
 
 
+def _seeded_draw(n: int, size: int, seed: int) -> np.ndarray:
+    """``size`` of ``range(n)`` drawn without replacement by ``seed``, in order."""
+    return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
+
+
 def _cap(texts: list[str], y: list[str], cap: int | None, seed: int
          ) -> tuple[list[str], list[str]]:
     if cap is None or len(texts) <= cap:
         return texts, y
-    idx = np.sort(np.random.default_rng(seed).choice(len(texts), cap, replace=False))
+    idx = _seeded_draw(len(texts), cap, seed)
     return [texts[i] for i in idx], [y[i] for i in idx]
 
 
@@ -230,7 +235,7 @@ def at_release_size(emb: np.ndarray, data: LabeledTexts, size: int, seed: int
     if len(data) <= size:
         return (f"the private data has no more records than the synthetic set's {size}: "
                 "see the real-trained row")
-    idx = np.sort(np.random.default_rng(seed).choice(len(data), size, replace=False))
+    idx = _seeded_draw(len(data), size, seed)
     return emb[idx], LabeledTexts([data.texts[i] for i in idx],
                                   {c: [v[i] for i in idx] for c, v in data.labels.items()})
 
@@ -504,15 +509,12 @@ def split_private(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     shareable = copy.deepcopy(result)
     utility: dict[str, Any] = {}
     for kind, block in (shareable.get("utility") or {}).items():
-        rows = [block] if kind == "next_token" else list(block.values())
-        keys = [None] if kind == "next_token" else list(block)
-        for col, row in zip(keys, rows, strict=True):
-            cells = {key: row.pop(key) for key in sorted(OPERATOR_ROWS) if key in row}
-            if not cells:
-                continue
-            if col is None:
+        if kind == "next_token":
+            if cells := _operator_cells(block):
                 utility[kind] = cells
-            else:
+            continue
+        for col, row in block.items():
+            if cells := _operator_cells(row):
                 utility.setdefault(kind, {})[col] = cells
     n_private = (shareable.get("n") or {}).pop("private", None)
     shareable["notes"] = [n for n in shareable.get("notes", []) if n != PRIVATE_USE_NOTE]
@@ -520,6 +522,11 @@ def split_private(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
         return shareable, None
     return shareable, {"run_id": result.get("run_id"), "n_private": n_private,
                        "utility": utility, "note": PRIVATE_USE_NOTE}
+
+
+def _operator_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """The cells of :data:`.view.OPERATOR_ROWS` taken out of one utility row."""
+    return {key: row.pop(key) for key in sorted(OPERATOR_ROWS) if key in row}
 
 
 def merge_private(shareable: dict[str, Any], reference: dict[str, Any] | None
